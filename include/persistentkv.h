@@ -1,0 +1,353 @@
+/*
+ * persistentkv.h - decode attention over a paged KV cache for grouped-query attention.
+ *
+ * One header, C11, sized integer types, `pkv_` prefix.  A decode step is two calls:
+ *
+ *   pkv_plan_step(ctx, &problem, &table, &opts, plan);  host only, O(B + tasks), no device sync
+ *   pkv_run(ctx, plan, workspace, bytes, &tensors, stream);   per layer, allocates nothing
+ *
+ * A plan is plain data (tasks, merges, counters) and is reused by every layer of the step.
+ * The CPU backend and the CUDA backend execute the same plans.
+ *
+ * Math (for query head h of row i, KV head g = h / G, G = Hq / Hkv, N_i tokens):
+ *   s_j = scale * dot(q[i,h,:], K[i,g,j,:]),  o[i,h,:] = sum_j softmax(s)_j V[i,g,j,:],
+ *   lse[i,h] = ln(sum_j exp(s_j)); a row with N_i = 0 yields o = 0 and lse = -inf.
+ */
+#ifndef PERSISTENTKV_H
+#define PERSISTENTKV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PKV_VERSION_MAJOR 0
+#define PKV_VERSION_MINOR 1
+#define PKV_VERSION_PATCH 0
+
+/* ------------------------------------------------------------------------------------------------
+ * Status codes.  Values never change once released; new codes are appended.
+ * ---------------------------------------------------------------------------------------------- */
+typedef enum pkv_status {
+    PKV_OK = 0,
+    PKV_ERR_NULL_POINTER = 1,        /* a required pointer argument is NULL */
+    PKV_ERR_INVALID_ARGUMENT = 2,    /* an argument out of its documented range */
+    PKV_ERR_HEAD_GROUP = 3,          /* num_qo_heads is not a positive multiple of num_kv_heads */
+    PKV_ERR_UNSUPPORTED_HEAD_DIM = 4,/* head_dim not in {64, 128, 256} */
+    PKV_ERR_UNSUPPORTED_DTYPE = 5,   /* dtype not supported by this backend */
+    PKV_ERR_NEGATIVE_LENGTH = 6,     /* a seq_lens entry is negative */
+    PKV_ERR_LENGTH_EXCEEDS_PAGES = 7,/* seq_lens[i] > pages of row i x page_size */
+    PKV_ERR_PAGE_OUT_OF_RANGE = 8,   /* a page id < 0 or >= num_pages */
+    PKV_ERR_WORKSPACE_TOO_SMALL = 9, /* workspace smaller than pkv_plan_workspace_size() */
+    PKV_ERR_BAD_INDPTR = 10,         /* kv_indptr not starting at 0 or not non-decreasing */
+    PKV_ERR_UNSUPPORTED = 11,        /* a valid request this build/backend does not implement */
+    PKV_ERR_BACKEND_UNAVAILABLE = 12,/* e.g. CUDA asked for without a GPU or without CUDA support */
+    PKV_ERR_CUDA = 13,               /* a CUDA runtime call failed; message has the details */
+    PKV_ERR_OUT_OF_MEMORY = 14,      /* host allocation failed */
+    PKV_ERR_PLAN_MISMATCH = 15,      /* plan made for another problem or context */
+    PKV_ERR_IO = 16,                 /* file could not be opened, read or written */
+    PKV_ERR_PARSE = 17,              /* malformed file content */
+    PKV_ERR_PAGE_SIZE = 18,          /* page_size not in [1, 256] */
+    PKV_ERR_BATCH_SIZE = 19          /* batch_size negative or above the supported maximum */
+} pkv_status;
+
+/* Never NULL; "unknown status" for codes this version does not know. */
+const char *pkv_status_string(pkv_status status);
+
+/* ------------------------------------------------------------------------------------------------
+ * Problem description.
+ * ---------------------------------------------------------------------------------------------- */
+typedef enum pkv_dtype { PKV_DTYPE_FP16 = 0, PKV_DTYPE_BF16 = 1, PKV_DTYPE_FP32 = 2 } pkv_dtype;
+
+/* NHD: k_cache [num_pages, page_size, num_kv_heads, head_dim];
+ * HND: k_cache [num_pages, num_kv_heads, page_size, head_dim].  Same for v_cache. */
+typedef enum pkv_layout { PKV_LAYOUT_NHD = 0, PKV_LAYOUT_HND = 1 } pkv_layout;
+
+typedef struct pkv_problem {
+    int32_t num_qo_heads;  /* Hq */
+    int32_t num_kv_heads;  /* Hkv; Hq % Hkv == 0, G = Hq / Hkv in [1, 16] (plus G = Hq for MQA) */
+    int32_t head_dim;      /* 64, 128 or 256 */
+    int32_t page_size;     /* tokens per page, 1..256 */
+    int64_t num_pages;     /* size of the page pool; page ids must lie in [0, num_pages) */
+    pkv_layout layout;
+    pkv_dtype dtype;       /* q, k_cache, v_cache and o: FP16 or BF16; lse is always fp32 */
+    float sm_scale;        /* <= 0 selects 1 / sqrt(head_dim) */
+} pkv_problem;
+
+/* Fills p with the defaults of the `paper` shape (Hq 32, Hkv 8, d 128, page 16, NHD, fp16). */
+void pkv_problem_default(pkv_problem *p);
+
+/* The page table in CSR form (host arrays, as FlashInfer's plan takes them).
+ * Row i owns pages kv_page_indices[kv_indptr[i] .. kv_indptr[i+1]) and its true length seq_lens[i]
+ * must fit in them.  kv_page_indices may be NULL in pkv_plan when the caller only wants a schedule
+ * (page ids are then checked by pkv_check_page_table or trusted). */
+typedef struct pkv_page_table {
+    int32_t batch_size;
+    const int32_t *kv_indptr;       /* [batch_size + 1] */
+    const int32_t *kv_page_indices; /* [kv_indptr[batch_size]] */
+    const int32_t *seq_lens;        /* [batch_size] */
+} pkv_page_table;
+
+/* Converts a vLLM-style padded block table [batch_size, max_pages] (row-major, entries past a row's
+ * page count are ignored) into CSR: indptr_out [batch_size + 1], indices_out [capacity].
+ * Row i uses ceil(seq_lens[i] / page_size) pages.  Fails with PKV_ERR_LENGTH_EXCEEDS_PAGES if a row
+ * would need more than max_pages pages, PKV_ERR_INVALID_ARGUMENT if capacity is too small. */
+pkv_status pkv_block_table_to_csr(const int32_t *block_table, int32_t batch_size, int32_t max_pages,
+                                  const int32_t *seq_lens, int32_t page_size, int32_t *indptr_out,
+                                  int32_t *indices_out, int64_t capacity);
+
+/* Validates the whole page table against the problem (indptr, lengths, page ids).  pkv_plan runs the
+ * same checks. */
+pkv_status pkv_check_page_table(const pkv_problem *problem, const pkv_page_table *table);
+
+/* ------------------------------------------------------------------------------------------------
+ * Context and backends.
+ * ---------------------------------------------------------------------------------------------- */
+typedef enum pkv_backend_kind {
+    PKV_BACKEND_CPU = 0,
+    PKV_BACKEND_CUDA = 1,
+    PKV_BACKEND_BEST = 2 /* CUDA when a GPU is present and the build has CUDA, else CPU */
+} pkv_backend_kind;
+
+typedef struct pkv_context pkv_context;
+
+typedef struct pkv_context_config {
+    pkv_backend_kind backend;
+    int32_t device;      /* CUDA device ordinal */
+    int32_t num_threads; /* CPU backend threads; <= 0: number of online processors */
+} pkv_context_config;
+
+void pkv_context_config_default(pkv_context_config *cfg);
+
+/* On failure *ctx is NULL unless the failure is reported through the context itself; the status
+ * says why. */
+pkv_status pkv_context_create(const pkv_context_config *cfg, pkv_context **ctx);
+void pkv_context_free(pkv_context *ctx); /* accepts NULL */
+/* The message of the last failing call on this context ("" if none).  Valid until the next call. */
+const char *pkv_context_last_error(const pkv_context *ctx);
+/* The message of the last failure of a call that had no context (thread-local). */
+const char *pkv_last_error(void);
+pkv_backend_kind pkv_context_backend(const pkv_context *ctx);
+/* Parallel units the planner splits work over: SM count (CUDA) or thread count (CPU). */
+int32_t pkv_context_parallelism(const pkv_context *ctx);
+/* Human-readable device name ("cpu (2 threads)", "NVIDIA H200 (132 SMs)"). */
+const char *pkv_context_device_name(const pkv_context *ctx);
+/* 1 if this build has the CUDA backend and a device is visible. */
+int pkv_cuda_available(void);
+
+/* ------------------------------------------------------------------------------------------------
+ * Plans.
+ * ---------------------------------------------------------------------------------------------- */
+typedef enum pkv_route {
+    PKV_ROUTE_AUTO = 0,      /* the policy picks (today: the documented heuristic, see pkv_plan) */
+    PKV_ROUTE_SINGLE = 1,    /* one task per (row, KV head); no merge */
+    PKV_ROUTE_SPLIT = 2,     /* rectangular (row, KV head, S) grid over true lengths + merge */
+    PKV_ROUTE_BUCKETED = 3,  /* rows grouped by length bucket, split + merge launch per bucket */
+    PKV_ROUTE_WORKQUEUE = 4, /* compact list of non-empty tasks, one launch + one merge launch */
+    PKV_ROUTE_COUNT_ = 5
+} pkv_route;
+
+const char *pkv_route_name(pkv_route route);
+/* Parses "auto", "single", "split", "bucketed", "workqueue". */
+pkv_status pkv_route_parse(const char *name, pkv_route *route);
+
+typedef struct pkv_plan_options {
+    pkv_route route;
+    int32_t parallelism;       /* <= 0: the context's (SMs or threads) */
+    int32_t ctas_per_unit;     /* target resident tasks per parallel unit; <= 0: backend default */
+    int32_t num_splits;        /* SPLIT/BUCKETED: > 0 forces S; <= 0 chooses by the rule */
+    int32_t chunk_pages;       /* WORKQUEUE: > 0 forces the chunk size in pages; <= 0 chooses */
+    int32_t min_chunk_tokens;  /* smallest split worth making; <= 0: 128 tokens */
+    int32_t max_splits;        /* cap on splits of one (row, KV head); <= 0: 256 */
+} pkv_plan_options;
+
+void pkv_plan_options_default(pkv_plan_options *opts);
+
+/* A task: attention of one (row, KV head) over tokens [tok_begin, tok_end) for all G query heads.
+ * state_slot < 0: the task covers the whole row and writes o/lse directly; otherwise it writes the
+ * partial state slot.  page_base = kv_indptr[row]. */
+typedef struct pkv_task {
+    int32_t row, kv_head, tok_begin, tok_end, page_base, state_slot;
+} pkv_task;
+
+/* A merge: (row, KV head) whose state lives in slots [first_slot, first_slot + count), merged in slot
+ * order.  count == 0 marks an empty row (N = 0): o = 0, lse = -inf. */
+typedef struct pkv_merge {
+    int32_t row, kv_head, first_slot, count;
+} pkv_merge;
+
+/* One launch group: tasks [task_begin, task_end) then merges [merge_begin, merge_end).
+ * WORKQUEUE and SPLIT have one phase; BUCKETED one per non-empty bucket. */
+typedef struct pkv_phase {
+    int32_t task_begin, task_end, merge_begin, merge_end;
+    int32_t grid_splits;  /* SPLIT/BUCKETED/SINGLE: S of the rectangular grid; WORKQUEUE: 0 */
+    int32_t row_begin, row_end; /* rows of this phase in the plan's row order (rect routes) */
+} pkv_phase;
+
+/* Per-row schedule of the rectangular routes (row order as in pkv_plan.row_order). */
+typedef struct pkv_row_sched {
+    int32_t row, seq_len, page_base, chunk_tokens, num_splits, slot_base;
+} pkv_row_sched;
+
+typedef struct pkv_counters {
+    int64_t launches;          /* kernel launches per layer */
+    int64_t tasks;             /* non-empty tasks */
+    int64_t grid_ctas;         /* CTAs launched (rect routes include empty splits) */
+    int64_t merges;            /* merge entries (split rows + empty rows) */
+    int64_t kv_bytes;          /* K and V bytes that must be read */
+    int64_t qo_bytes;          /* q read + o written + lse written */
+    int64_t merge_state_bytes; /* partial states written and read back */
+    int64_t total_tokens;      /* sum of seq_lens */
+} pkv_counters;
+
+typedef struct pkv_plan pkv_plan;
+
+pkv_status pkv_plan_create(pkv_plan **plan);
+void pkv_plan_free(pkv_plan *plan); /* accepts NULL */
+
+/* Plans one decode step.  Reuses the plan's storage (allocates only to grow).  Validates the page
+ * table.  Host only; never touches device memory. */
+pkv_status pkv_plan_step(pkv_context *ctx, const pkv_problem *problem, const pkv_page_table *table,
+                    const pkv_plan_options *opts, pkv_plan *plan);
+
+/* pkv_plan_step without a context (CPU tools, tests); parallelism must be set in opts. */
+pkv_status pkv_plan_step_host(const pkv_problem *problem, const pkv_page_table *table,
+                         const pkv_plan_options *opts, pkv_plan *plan);
+
+/* Read-only views of a plan. */
+pkv_route pkv_plan_route(const pkv_plan *plan);
+const pkv_counters *pkv_plan_counters(const pkv_plan *plan);
+int32_t pkv_plan_num_tasks(const pkv_plan *plan);
+const pkv_task *pkv_plan_tasks(const pkv_plan *plan);
+int32_t pkv_plan_num_merges(const pkv_plan *plan);
+const pkv_merge *pkv_plan_merges(const pkv_plan *plan);
+int32_t pkv_plan_num_phases(const pkv_plan *plan);
+const pkv_phase *pkv_plan_phases(const pkv_plan *plan);
+int32_t pkv_plan_num_rows(const pkv_plan *plan);
+const pkv_row_sched *pkv_plan_rows(const pkv_plan *plan);
+int32_t pkv_plan_num_state_slots(const pkv_plan *plan);
+const pkv_problem *pkv_plan_problem(const pkv_plan *plan);
+int32_t pkv_plan_batch_size(const pkv_plan *plan);
+/* Bytes of workspace this plan needs on its backend (plan data + partial states). */
+size_t pkv_plan_workspace_size(const pkv_plan *plan);
+
+/* Checks the plan's internal consistency: every token of every (row, KV head) covered exactly once,
+ * slots unique, merges consistent with tasks, counters consistent.  Returns PKV_ERR_INVALID_ARGUMENT
+ * with a message in *why (static buffer, may be NULL) on the first violation. */
+pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens, const char **why);
+
+/* An upper bound of pkv_plan_workspace_size for any plan of this problem with up to max_batch rows
+ * under the given options (defaults if NULL) on this context. */
+pkv_status pkv_workspace_size(pkv_context *ctx, const pkv_problem *problem, int32_t max_batch,
+                              const pkv_plan_options *opts, size_t *bytes);
+
+/* ------------------------------------------------------------------------------------------------
+ * Run.
+ * ---------------------------------------------------------------------------------------------- */
+typedef struct pkv_tensors {
+    const void *q;                  /* [B, Hq, d] */
+    const void *k_cache;            /* NHD or HND pages, see pkv_layout */
+    const void *v_cache;
+    const int32_t *kv_page_indices; /* same content as the plan's table, in the backend's memory */
+    void *o;                        /* [B, Hq, d] */
+    float *lse;                     /* [B, Hq] or NULL */
+} pkv_tensors;
+
+/* Executes the plan: tasks then merges, phase by phase.  CPU backend: host pointers, stream
+ * ignored, workspace is host memory.  CUDA backend: device pointers, stream is a cudaStream_t
+ * (NULL: default stream), workspace is device memory; the plan is uploaded into the workspace when
+ * it changed (one async copy) and nothing is allocated, so a run can be captured in a CUDA graph
+ * once its plan is uploaded (see pkv_plan_upload). */
+pkv_status pkv_run(pkv_context *ctx, const pkv_plan *plan, void *workspace, size_t workspace_bytes,
+                   const pkv_tensors *tensors, void *stream);
+
+/* Uploads the plan into the workspace now (CUDA); a no-op on the CPU backend. */
+pkv_status pkv_plan_upload(pkv_context *ctx, const pkv_plan *plan, void *workspace,
+                           size_t workspace_bytes, void *stream);
+
+/* ------------------------------------------------------------------------------------------------
+ * Float64 reference (CPU): the definition every backend is checked against.  Inputs are host
+ * arrays of problem->dtype; o_ref [B, Hq, d] and lse_ref [B, Hq] are doubles.
+ * ---------------------------------------------------------------------------------------------- */
+pkv_status pkv_reference(const pkv_problem *problem, const pkv_page_table *table, const void *q,
+                         const void *k_cache, const void *v_cache, double *o_ref, double *lse_ref);
+
+/* fp16 / bf16 <-> float conversions used by the library (round to nearest even). */
+uint16_t pkv_float_to_half(float f);
+float pkv_half_to_float(uint16_t h);
+uint16_t pkv_float_to_bf16(float f);
+float pkv_bf16_to_float(uint16_t h);
+
+/* ------------------------------------------------------------------------------------------------
+ * Traces (workloads.md).  A trace is a sequence of decode steps; each step lists its active rows
+ * (request id, current length).  Generators are deterministic for a seed on every platform.
+ * ---------------------------------------------------------------------------------------------- */
+typedef enum pkv_trace_family {
+    PKV_TRACE_UNIFORM = 0,
+    PKV_TRACE_BIMODAL = 1,
+    PKV_TRACE_ZIPF = 2,
+    PKV_TRACE_BUCKETED = 3,
+    PKV_TRACE_HOMOGENEOUS = 4,
+    PKV_TRACE_FAMILY_COUNT_ = 5
+} pkv_trace_family;
+
+const char *pkv_trace_family_name(pkv_trace_family f);
+pkv_status pkv_trace_family_parse(const char *name, pkv_trace_family *f);
+
+typedef struct pkv_trace_config {
+    pkv_trace_family family;
+    uint64_t seed;
+    int32_t num_requests; /* requests in the trace */
+    int32_t max_active;   /* rows served per step (B in steady state) */
+    int32_t max_steps;    /* stop after this many steps (<= 0: until every request finished) */
+    int32_t page_size;    /* for the page permutation */
+    double hole_fraction; /* fraction of unused pages in the pool, [0, 0.9] */
+} pkv_trace_config;
+
+/* Defaults of workloads.md for the family: B8 runs (24 requests, max_active 8, 48 steps), or the
+ * B1 bucketed run (16 requests, max_active 1, 64 steps) for PKV_TRACE_BUCKETED. */
+void pkv_trace_config_default(pkv_trace_config *cfg, pkv_trace_family family);
+
+typedef struct pkv_trace pkv_trace;
+
+pkv_status pkv_trace_generate(const pkv_trace_config *cfg, pkv_trace **trace);
+void pkv_trace_free(pkv_trace *trace); /* accepts NULL */
+
+int32_t pkv_trace_num_steps(const pkv_trace *t);
+int32_t pkv_trace_num_requests(const pkv_trace *t);
+const pkv_trace_config *pkv_trace_get_config(const pkv_trace *t);
+/* Active rows of step s: count, and pointers to request ids and lengths (valid while t lives). */
+int32_t pkv_trace_step(const pkv_trace *t, int32_t s, const int32_t **request_ids,
+                       const int32_t **seq_lens);
+/* Prompt and decode lengths of request r. */
+void pkv_trace_request(const pkv_trace *t, int32_t r, int32_t *prompt_len, int32_t *decode_len);
+/* Total pages of the pool (including holes) and the physical page of page j of request r. */
+int64_t pkv_trace_num_pages(const pkv_trace *t);
+int32_t pkv_trace_page(const pkv_trace *t, int32_t request, int32_t j);
+/* Fills the CSR page table of step s: indptr [B+1], indices (capacity entries), lens [B]. */
+pkv_status pkv_trace_step_table(const pkv_trace *t, int32_t s, int32_t *indptr, int32_t *indices,
+                                int64_t capacity, int32_t *lens);
+/* A 64-bit FNV-1a checksum of every step's rows and lengths and every request's pages. */
+uint64_t pkv_trace_checksum(const pkv_trace *t);
+
+/* Trace files: a small CSV (header comment with the config, then "step,request,seq_len" rows and
+ * "page" rows).  Reading a written file gives a trace with the same checksum. */
+pkv_status pkv_trace_write(const pkv_trace *t, const char *path);
+pkv_status pkv_trace_read(const char *path, pkv_trace **trace);
+
+/* Our deterministic RNG (splitmix64), exposed so tools and tests draw the same numbers. */
+typedef struct pkv_rng { uint64_t state; } pkv_rng;
+void pkv_rng_seed(pkv_rng *r, uint64_t seed);
+uint64_t pkv_rng_next(pkv_rng *r);
+/* lo + next() % (hi - lo + 1), as anchors.md defines it. */
+int64_t pkv_rng_uniform_int(pkv_rng *r, int64_t lo, int64_t hi);
+/* (next() >> 11) * 2^-53, in [0, 1). */
+double pkv_rng_uniform01(pkv_rng *r);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PERSISTENTKV_H */

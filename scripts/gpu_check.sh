@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# gpu_check.sh OUT_DIR [--quick] - the GPU check, end to end on a bare machine with a GPU and the
+# CUDA toolkit: build, GPU tests (every route against the float64 CPU reference, outputs poisoned),
+# compute-sanitizer memcheck and racecheck on a reduced set, then the benchmark (anchor steps and
+# trace families).  Full logs and JSON go to OUT_DIR; a short table is printed last.
+#   --quick   fewer random cases, fewer timing repetitions, anchors only (a smoke run)
+set -u -o pipefail
+out=${1:?usage: scripts/gpu_check.sh OUT_DIR [--quick]}
+quick=0; [ "${2:-}" = "--quick" ] && quick=1
+mkdir -p "$out"
+log=$(mktemp -d)
+root=$(cd "$(dirname "$0")/.." && pwd)
+build="$root/build-gpu"
+jobs=$(nproc 2>/dev/null || echo 8)
+status=0
+say() { printf '\n== %s\n' "$*"; }
+
+say "build (CUDA, sm_90a for this machine)"
+arch=${PKV_CUDA_ARCH:-90a-real}
+if ! { cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" &&
+       cmake --build "$build" -j "$jobs"; } >"$log/build.log" 2>&1; then
+  tail -n 40 "$log/build.log"; cat "$log/build.log" >"$out/log.txt"; echo "build failed"; exit 1
+fi
+grep -E "spill|warning" "$log/build.log" | head -n 20
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>/dev/null | tee "$log/gpu.txt"
+
+say "tests (ctest: CPU and GPU)"
+cases=60; [ $quick = 1 ] && cases=20
+if ! PKV_TEST_CASES=$cases ctest --test-dir "$build" --output-on-failure >"$log/tests.log" 2>&1; then status=1; fi
+grep -E "tests passed|Passed|Failed|SKIP|passed, " "$log/tests.log" | tail -n 20
+"$build/pkv" check --backend cuda --count $((cases / 2)) 2>/dev/null | tail -n 5 | tee -a "$log/tests.log" || status=1
+
+say "compute-sanitizer (memcheck, racecheck) on a reduced set"
+if command -v compute-sanitizer >/dev/null; then
+  { PKV_TEST_CASES=3 compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/test_cuda" &&
+    PKV_TEST_CASES=1 compute-sanitizer --tool racecheck --error-exitcode 9 "$build/tests/test_cuda"; } \
+    >"$log/sanitizer.log" 2>&1 || status=1
+  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed, " "$log/sanitizer.log"
+else
+  echo "compute-sanitizer not found" | tee "$log/sanitizer.log"
+fi
+
+say "benchmark: anchor steps (paper shape)"
+reps=100; [ $quick = 1 ] && reps=30
+export PKV_COMMIT=${PKV_COMMIT:-$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
+"$build/pkv" bench --backend cuda --anchor all --reps $reps --json "$out/anchors.json" --quiet \
+  >"$out/anchors.md" 2>"$log/bench.log" || status=1
+
+if [ $quick = 0 ]; then
+  say "benchmark: trace families (paper shape, seed 20260623)"
+  for fam in bimodal uniform zipf; do
+    "$build/pkv" bench --backend cuda --trace $fam --seed 20260623 --reps 30 --wall-reps 10 --quiet \
+      --json "$log/trace_$fam.json" >>"$out/traces.md" 2>>"$log/bench.log" || status=1
+  done
+  "$build/pkv" bench --backend cuda --trace bucketed --seed 20260623 --reps 30 --wall-reps 10 --quiet \
+    --json "$log/trace_bucketed.json" >>"$out/traces.md" 2>>"$log/bench.log" || status=1
+fi
+
+say "summary"
+cat "$log/gpu.txt" "$log/build.log" "$log/tests.log" "$log/sanitizer.log" "$log/bench.log" >"$out/log.txt" 2>/dev/null
+python3 "$root/scripts/summarize.py" "$out" "$log"/trace_*.json || true
+exit $status

@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""summarize.py OUT_DIR [trace JSON ...] - the short table of a GPU check: for each anchor step the
+best route's kernel time next to FlashInfer's best (anchors.md), its fraction of the read ceiling
+and its step efficiency; per trace family the per-route means.  Writes OUT_DIR/summary.md and
+OUT_DIR/traces.json (the trace runs merged)."""
+import json
+import os
+import sys
+
+
+def anchors_table(path):
+    with open(path) as f:
+        data = json.load(f)
+    rows = data["rows"]
+    steps = []
+    for r in rows:
+        if r["step"] not in steps:
+            steps.append(r["step"])
+    ceil = data["ceilings"]["read_gbps"]
+    out = [f"commit {data['meta']['commit']}, {data['meta'].get('gpu', {}).get('name', data['meta']['device'])}, "
+           f"read ceiling {ceil:.0f} GB/s, empty launch {data['ceilings']['empty_launch_us']:.2f} us",
+           "",
+           "| step | KV MB | best route | kernel us | FlashInfer us | FI / ours | of ceiling | floor us | step eff | "
+           "single | split | bucketed | workqueue | auto | rel err |",
+           "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    wins = 0
+    effs = []
+    for s in steps:
+        rs = [r for r in rows if r["step"] == s]
+        fixed = [r for r in rs if r["route"] != "auto"]
+        best = min(fixed, key=lambda r: r["kernel_us"])
+        by = {r["route"]: r for r in rs}
+        fi = best.get("flashinfer_best_us")
+        ratio = fi / best["kernel_us"] if fi else None
+        if ratio and ratio >= 1 / 1.10:
+            wins += 1
+        effs.append(best["step_efficiency"] or 0)
+        cell = lambda k: f"{by[k]['kernel_us']:.1f}" if k in by else "-"
+        worst_err = max((r["rel_err"] or 0) for r in rs)
+        out.append(f"| {s} | {best['kv_bytes'] / 1e6:.1f} | {best['route']} | {best['kernel_us']:.1f} | "
+                   f"{fi if fi else '-'} | {ratio:.2f} | {best['frac_read_ceiling']:.2f} | {best['floor_us']:.1f} | "
+                   f"{best['step_efficiency']:.2f} | {cell('single')} | {cell('split')} | {cell('bucketed')} | "
+                   f"{cell('workqueue')} | {cell('auto')} | {worst_err:.1e} |")
+    out.append("")
+    out.append(f"steps within 10% of FlashInfer or faster: {wins}/{len(steps)}; step efficiency of the best route: "
+               f"min {min(effs):.2f}, median {sorted(effs)[len(effs) // 2]:.2f}, max {max(effs):.2f}")
+    return out
+
+
+def traces_table(paths):
+    merged = []
+    out = ["", "| trace | route | steps | mean kernel us | mean wall us | tokens/s | launches/step | mean step eff | worst rel err |",
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for p in paths:
+        with open(p) as f:
+            d = json.load(f)
+        merged.append(d)
+        routes = []
+        for r in d["rows"]:
+            if r["route"] not in routes:
+                routes.append(r["route"])
+        for rt in routes:
+            rs = [r for r in d["rows"] if r["route"] == rt]
+            n = len(rs)
+            kt = sum(r["kernel_us"] for r in rs) / n
+            wt = sum(r["wall_us"] for r in rs) / n
+            tok = sum(r["batch"] for r in rs) / (sum(r["wall_us"] for r in rs) * 1e-6)
+            la = sum(r["launches"] for r in rs) / n
+            se = sum((r["step_efficiency"] or 0) for r in rs) / n
+            we = max((r["rel_err"] or 0) for r in rs)
+            out.append(f"| {d['meta']['workload']} | {rt} | {n} | {kt:.1f} | {wt:.1f} | {tok:.0f} | {la:.2f} | {se:.2f} | {we:.1e} |")
+    return out, merged
+
+
+def main():
+    out_dir = sys.argv[1]
+    lines = []
+    a = os.path.join(out_dir, "anchors.json")
+    if os.path.exists(a):
+        lines += anchors_table(a)
+    traces = [p for p in sys.argv[2:] if os.path.exists(p)]
+    if traces:
+        t, merged = traces_table(traces)
+        lines += t
+        with open(os.path.join(out_dir, "traces.json"), "w") as f:
+            json.dump({"runs": merged}, f, indent=1)
+    text = "\n".join(lines)
+    with open(os.path.join(out_dir, "summary.md"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

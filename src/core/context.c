@@ -1,0 +1,96 @@
+/* context.c - context creation, backend selection and the public entry points of run. */
+#include "internal.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+static atomic_uint_fast64_t pkv_next_context_id = 1;
+
+void pkv_context_config_default(pkv_context_config *cfg) {
+    if (!cfg) return;
+    cfg->backend = PKV_BACKEND_BEST;
+    cfg->device = 0;
+    cfg->num_threads = 0;
+}
+
+int pkv_cuda_available(void) { return pkv_cuda_device_count() > 0; }
+
+pkv_status pkv_context_create(const pkv_context_config *cfg, pkv_context **out) {
+    if (!out) return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "context output pointer is NULL");
+    *out = NULL;
+    pkv_context_config def;
+    if (!cfg) {
+        pkv_context_config_default(&def);
+        cfg = &def;
+    }
+    if (cfg->backend != PKV_BACKEND_CPU && cfg->backend != PKV_BACKEND_CUDA && cfg->backend != PKV_BACKEND_BEST)
+        return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, "backend %d is not CPU, CUDA or BEST", (int)cfg->backend);
+    pkv_context *ctx = (pkv_context *)calloc(1, sizeof *ctx);
+    if (!ctx) return pkv_fail(NULL, PKV_ERR_OUT_OF_MEMORY, "cannot allocate a context");
+    ctx->id = atomic_fetch_add(&pkv_next_context_id, 1);
+    pkv_backend_kind kind = cfg->backend;
+    if (kind == PKV_BACKEND_BEST) kind = pkv_cuda_available() ? PKV_BACKEND_CUDA : PKV_BACKEND_CPU;
+    ctx->kind = kind;
+    pkv_status st = kind == PKV_BACKEND_CUDA ? pkv_cuda_backend_init(ctx, cfg->device)
+                                             : pkv_cpu_backend_init(ctx, cfg->num_threads);
+    if (st != PKV_OK) {
+        /* keep the message thread-locally, the context goes away */
+        pkv_fail(NULL, st, "%s", ctx->last_error[0] ? ctx->last_error : "backend initialisation failed");
+        if (ctx->ops && ctx->ops->destroy) ctx->ops->destroy(ctx);
+        free(ctx);
+        return st;
+    }
+    *out = ctx;
+    return PKV_OK;
+}
+
+void pkv_context_free(pkv_context *ctx) {
+    if (!ctx) return;
+    if (ctx->ops && ctx->ops->destroy) ctx->ops->destroy(ctx);
+    free(ctx);
+}
+
+pkv_backend_kind pkv_context_backend(const pkv_context *ctx) { return ctx ? ctx->kind : PKV_BACKEND_CPU; }
+int32_t pkv_context_parallelism(const pkv_context *ctx) { return ctx ? ctx->parallelism : 0; }
+const char *pkv_context_device_name(const pkv_context *ctx) { return ctx ? ctx->device_name : ""; }
+
+static pkv_status check_run_args(pkv_context *ctx, const pkv_plan *plan, void *workspace, size_t ws_bytes) {
+    if (!plan) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "plan is NULL");
+    if (plan->generation == 0) return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "plan was never filled by pkv_plan_step");
+    if (plan->workspace_bytes > 0 && !workspace)
+        return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "workspace is NULL but the plan needs %zu bytes",
+                        plan->workspace_bytes);
+    if (ws_bytes < plan->workspace_bytes)
+        return pkv_fail(ctx, PKV_ERR_WORKSPACE_TOO_SMALL, "workspace has %zu bytes, the plan needs %zu", ws_bytes,
+                        plan->workspace_bytes);
+    if (ctx->ops->supports) {
+        pkv_status st = ctx->ops->supports(ctx, &plan->problem);
+        if (st != PKV_OK) return st;
+    }
+    return PKV_OK;
+}
+
+pkv_status pkv_run(pkv_context *ctx, const pkv_plan *plan, void *workspace, size_t ws_bytes,
+                   const pkv_tensors *t, void *stream) {
+    if (!ctx) return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "context is NULL");
+    pkv_clear_error(ctx);
+    pkv_status st = check_run_args(ctx, plan, workspace, ws_bytes);
+    if (st != PKV_OK) return st;
+    if (!t) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "tensors is NULL");
+    if (plan->batch_size > 0) {
+        if (!t->q || !t->o) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "q and o must not be NULL");
+        if (plan->counters.total_tokens > 0 && (!t->k_cache || !t->v_cache || !t->kv_page_indices))
+            return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "k_cache, v_cache and kv_page_indices must not be NULL");
+    }
+    return ctx->ops->run(ctx, plan, workspace, ws_bytes, t, stream);
+}
+
+pkv_status pkv_plan_upload(pkv_context *ctx, const pkv_plan *plan, void *workspace, size_t ws_bytes,
+                           void *stream) {
+    if (!ctx) return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "context is NULL");
+    pkv_clear_error(ctx);
+    pkv_status st = check_run_args(ctx, plan, workspace, ws_bytes);
+    if (st != PKV_OK) return st;
+    return ctx->ops->upload ? ctx->ops->upload(ctx, plan, workspace, ws_bytes, stream) : PKV_OK;
+}

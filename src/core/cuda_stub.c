@@ -1,0 +1,67 @@
+/* cuda_stub.c - the CUDA backend's entry points in a build without CUDA: it is reported as
+ * unavailable, never faked. */
+#include "internal.h"
+
+int pkv_cuda_device_count(void) { return 0; }
+
+pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device) {
+    (void)device;
+    return pkv_fail(ctx, PKV_ERR_BACKEND_UNAVAILABLE, "this build of PersistentKV has no CUDA backend");
+}
+
+/* Device helpers (pkv_dev.h): unavailable without CUDA. */
+#include "pkv_dev.h"
+
+#define PKV_NO_CUDA(ctx) pkv_fail((ctx), PKV_ERR_BACKEND_UNAVAILABLE, "this build of PersistentKV has no CUDA backend")
+
+pkv_status pkv_dev_malloc(pkv_context *ctx, size_t bytes, void **ptr) {
+    (void)bytes;
+    if (ptr) *ptr = NULL;
+    return PKV_NO_CUDA(ctx);
+}
+pkv_status pkv_dev_free(pkv_context *ctx, void *ptr) {
+    (void)ptr;
+    return PKV_NO_CUDA(ctx);
+}
+pkv_status pkv_dev_copy_h2d(pkv_context *ctx, void *dst, const void *src, size_t bytes) {
+    (void)dst, (void)src, (void)bytes;
+    return PKV_NO_CUDA(ctx);
+}
+pkv_status pkv_dev_copy_d2h(pkv_context *ctx, void *dst, const void *src, size_t bytes) {
+    (void)dst, (void)src, (void)bytes;
+    return PKV_NO_CUDA(ctx);
+}
+pkv_status pkv_dev_memset(pkv_context *ctx, void *dst, int value, size_t bytes) {
+    (void)dst, (void)value, (void)bytes;
+    return PKV_NO_CUDA(ctx);
+}
+pkv_status pkv_dev_synchronize(pkv_context *ctx) { return PKV_NO_CUDA(ctx); }
+pkv_status pkv_dev_fill_random(pkv_context *ctx, void *dst, int64_t count, pkv_dtype dtype, uint64_t seed) {
+    (void)dst, (void)count, (void)dtype, (void)seed;
+    return PKV_NO_CUDA(ctx);
+}
+pkv_status pkv_dev_get_info(pkv_context *ctx, pkv_dev_info *info) {
+    (void)info;
+    return PKV_NO_CUDA(ctx);
+}
+pkv_status pkv_dev_time_plan(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_bytes,
+                             const pkv_tensors *base, const int32_t *const *page_sets, int32_t nsets,
+                             int32_t warmup, int32_t reps, double *samples_us) {
+    (void)plan, (void)ws, (void)ws_bytes, (void)base, (void)page_sets, (void)nsets, (void)warmup, (void)reps,
+        (void)samples_us;
+    return PKV_NO_CUDA(ctx);
+}
+pkv_status pkv_dev_time_read(pkv_context *ctx, const void *buf, size_t buf_bytes, size_t bytes, int32_t reps,
+                             double *median_us) {
+    (void)buf, (void)buf_bytes, (void)bytes, (void)reps, (void)median_us;
+    return PKV_NO_CUDA(ctx);
+}
+pkv_status pkv_dev_launch_latency(pkv_context *ctx, double *empty_us, double *graph_us) {
+    (void)empty_us, (void)graph_us;
+    return PKV_NO_CUDA(ctx);
+}
+pkv_status pkv_dev_graph_run(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_bytes,
+                             const pkv_tensors *t, int32_t replays) {
+    (void)plan, (void)ws, (void)ws_bytes, (void)t, (void)replays;
+    return PKV_NO_CUDA(ctx);
+}

@@ -1,0 +1,56 @@
+/* errors.c - status strings and the per-context / thread-local last-error message. */
+#include "internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static _Thread_local char pkv_tls_error[512];
+
+const char *pkv_status_string(pkv_status status) {
+    switch (status) {
+    case PKV_OK: return "ok";
+    case PKV_ERR_NULL_POINTER: return "null pointer";
+    case PKV_ERR_INVALID_ARGUMENT: return "invalid argument";
+    case PKV_ERR_HEAD_GROUP: return "num_qo_heads is not a multiple of num_kv_heads";
+    case PKV_ERR_UNSUPPORTED_HEAD_DIM: return "unsupported head dim";
+    case PKV_ERR_UNSUPPORTED_DTYPE: return "unsupported dtype";
+    case PKV_ERR_NEGATIVE_LENGTH: return "negative sequence length";
+    case PKV_ERR_LENGTH_EXCEEDS_PAGES: return "sequence length exceeds the row's pages";
+    case PKV_ERR_PAGE_OUT_OF_RANGE: return "page id out of range";
+    case PKV_ERR_WORKSPACE_TOO_SMALL: return "workspace too small";
+    case PKV_ERR_BAD_INDPTR: return "malformed kv_indptr";
+    case PKV_ERR_UNSUPPORTED: return "unsupported";
+    case PKV_ERR_BACKEND_UNAVAILABLE: return "backend unavailable";
+    case PKV_ERR_CUDA: return "CUDA error";
+    case PKV_ERR_OUT_OF_MEMORY: return "out of memory";
+    case PKV_ERR_PLAN_MISMATCH: return "plan does not match";
+    case PKV_ERR_IO: return "I/O error";
+    case PKV_ERR_PARSE: return "parse error";
+    case PKV_ERR_PAGE_SIZE: return "unsupported page size";
+    case PKV_ERR_BATCH_SIZE: return "invalid batch size";
+    }
+    return "unknown status";
+}
+
+pkv_status pkv_fail(pkv_context *ctx, pkv_status st, const char *fmt, ...) {
+    char *buf = ctx ? ctx->last_error : pkv_tls_error;
+    size_t cap = ctx ? sizeof ctx->last_error : sizeof pkv_tls_error;
+    int n = snprintf(buf, cap, "%s: ", pkv_status_string(st));
+    if (n < 0 || (size_t)n >= cap) n = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf + n, cap - (size_t)n, fmt, ap);
+    va_end(ap);
+    if (ctx) memcpy(pkv_tls_error, buf, sizeof pkv_tls_error < cap ? sizeof pkv_tls_error : cap);
+    return st;
+}
+
+void pkv_clear_error(pkv_context *ctx) {
+    if (ctx) ctx->last_error[0] = '\0';
+}
+
+const char *pkv_context_last_error(const pkv_context *ctx) {
+    return ctx ? ctx->last_error : pkv_tls_error;
+}
+
+const char *pkv_last_error(void) { return pkv_tls_error; }

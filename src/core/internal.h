@@ -1,0 +1,104 @@
+/* internal.h - structures shared by the library's layers (not installed). */
+#ifndef PKV_INTERNAL_H
+#define PKV_INTERNAL_H
+
+#include "persistentkv.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PKV_MAX_GROUP 16  /* largest G = Hq / Hkv the kernels handle */
+#define PKV_MAX_BATCH (1 << 20)
+#define PKV_WS_ALIGN 256
+
+/* A backend executes plans; it never decides schedules. */
+typedef struct pkv_backend_ops {
+    const char *name;
+    /* Executes every phase of the plan (tasks, then merges). */
+    pkv_status (*run)(pkv_context *ctx, const pkv_plan *plan, void *workspace, size_t ws_bytes,
+                      const pkv_tensors *t, void *stream);
+    /* Makes the plan's data visible to the device (CUDA); may be NULL. */
+    pkv_status (*upload)(pkv_context *ctx, const pkv_plan *plan, void *workspace, size_t ws_bytes,
+                         void *stream);
+    /* Whether the backend supports this problem (dtype, head dim, group). */
+    pkv_status (*supports)(pkv_context *ctx, const pkv_problem *p);
+    void (*destroy)(pkv_context *ctx);
+} pkv_backend_ops;
+
+struct pkv_context {
+    pkv_backend_kind kind;
+    const pkv_backend_ops *ops;
+    void *backend_state;
+    int32_t parallelism;     /* SMs or threads */
+    int32_t ctas_per_unit;   /* planner default for this backend */
+    int32_t device;
+    uint64_t id;             /* unique per context */
+    char device_name[160];
+    char last_error[512];
+};
+
+/* Plan storage: tasks, rows and merges live in one host blob so the CUDA backend uploads the
+ * whole plan with one copy; the partial states follow it in the workspace. */
+struct pkv_plan {
+    pkv_problem problem;
+    int32_t batch_size;
+    pkv_route route;
+    int32_t group;           /* G */
+
+    pkv_task *tasks;         /* points into blob */
+    int32_t num_tasks;
+    pkv_row_sched *rows;     /* points into blob */
+    int32_t num_rows;
+    pkv_merge *merges;       /* points into blob */
+    int32_t num_merges;
+    pkv_phase *phases;       /* separate, host only */
+    int32_t num_phases, cap_phases;
+
+    int32_t num_state_slots;
+    pkv_counters counters;
+
+    void *blob;              /* [tasks | rows | merges], each part PKV_WS_ALIGN aligned */
+    size_t blob_cap, blob_bytes;
+    size_t off_tasks, off_rows, off_merges;
+    size_t off_state_o, off_state_lse, workspace_bytes;
+
+    uint64_t generation;     /* unique per successful pkv_plan call */
+    /* scratch of the planner */
+    int32_t *scratch;
+    size_t scratch_cap;
+};
+
+/* Errors: record a formatted message on the context (or thread-locally when ctx is NULL) and
+ * return the status, so call sites read `return pkv_fail(ctx, PKV_ERR_..., "...", ...);`. */
+pkv_status pkv_fail(pkv_context *ctx, pkv_status st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+void pkv_clear_error(pkv_context *ctx);
+
+/* Shape checks shared by plan, reference and backends. */
+pkv_status pkv_check_problem(pkv_context *ctx, const pkv_problem *p);
+pkv_status pkv_check_table(pkv_context *ctx, const pkv_problem *p, const pkv_page_table *t,
+                           bool check_page_ids);
+size_t pkv_dtype_size(pkv_dtype d);
+float pkv_problem_scale(const pkv_problem *p);
+
+/* Strides in elements of the KV cache for the problem's layout. */
+typedef struct pkv_kv_strides { int64_t page, head, token; } pkv_kv_strides;
+pkv_kv_strides pkv_kv_strides_of(const pkv_problem *p);
+
+/* Backends. */
+pkv_status pkv_cpu_backend_init(pkv_context *ctx, int32_t num_threads);
+pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device); /* stub without CUDA */
+int pkv_cuda_device_count(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PKV_INTERNAL_H */

@@ -1,0 +1,49 @@
+/* pkv_dev.h - device helpers for the pkv tool, benchmarks and tests (exported by the library).
+ * In a build without CUDA every function returns PKV_ERR_BACKEND_UNAVAILABLE. */
+#ifndef PKV_DEV_H
+#define PKV_DEV_H
+
+#include "persistentkv.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+pkv_status pkv_dev_malloc(pkv_context *ctx, size_t bytes, void **ptr);
+pkv_status pkv_dev_free(pkv_context *ctx, void *ptr);
+pkv_status pkv_dev_copy_h2d(pkv_context *ctx, void *dst, const void *src, size_t bytes);
+pkv_status pkv_dev_copy_d2h(pkv_context *ctx, void *dst, const void *src, size_t bytes);
+pkv_status pkv_dev_memset(pkv_context *ctx, void *dst, int value, size_t bytes);
+pkv_status pkv_dev_synchronize(pkv_context *ctx);
+/* Fills count fp16/bf16 values with seeded pseudo-random numbers in [-1, 1] on the device. */
+pkv_status pkv_dev_fill_random(pkv_context *ctx, void *dst, int64_t count, pkv_dtype dtype, uint64_t seed);
+/* Device properties: name, SMs, L2 bytes, compute capability, CUDA runtime and driver versions. */
+typedef struct pkv_dev_info {
+    char name[128];
+    int32_t sms, cc_major, cc_minor, runtime_version, driver_version;
+    int64_t l2_bytes, mem_bytes;
+} pkv_dev_info;
+pkv_status pkv_dev_get_info(pkv_context *ctx, pkv_dev_info *info);
+
+/* Kernel time of reps runs of the plan (CUDA events around each run; each run queued behind a short
+ * spin kernel so the host's launch cost is off the clock).  Run r uses page-index set r % nsets
+ * (device pointers), so KV can rotate over a pool larger than L2.  samples_us has reps entries. */
+pkv_status pkv_dev_time_plan(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_bytes,
+                             const pkv_tensors *base, const int32_t *const *page_sets, int32_t nsets,
+                             int32_t warmup, int32_t reps, double *samples_us);
+/* Streaming read of `bytes` from buf (16-byte loads), timed like a step; the window moves through
+ * buf_bytes so L2 does not help.  Best of a few grid sizes; median over reps. */
+pkv_status pkv_dev_time_read(pkv_context *ctx, const void *buf, size_t buf_bytes, size_t bytes, int32_t reps,
+                             double *median_us);
+/* Launch costs: back-to-back empty launches (us per launch), and the replay of a CUDA graph of one
+ * empty kernel (us per replay). */
+pkv_status pkv_dev_launch_latency(pkv_context *ctx, double *empty_us, double *graph_us);
+/* Captures one pkv_run of an uploaded plan into a CUDA graph, replays it `replays` times. */
+pkv_status pkv_dev_graph_run(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_bytes,
+                             const pkv_tensors *t, int32_t replays);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,143 @@
+/* problem.c - problem defaults, shape checks, page-table checks and the block-table helper. */
+#include "internal.h"
+
+#include <math.h>
+
+void pkv_problem_default(pkv_problem *p) {
+    if (!p) return;
+    p->num_qo_heads = 32;
+    p->num_kv_heads = 8;
+    p->head_dim = 128;
+    p->page_size = 16;
+    p->num_pages = 0;
+    p->layout = PKV_LAYOUT_NHD;
+    p->dtype = PKV_DTYPE_FP16;
+    p->sm_scale = 0.0f;
+}
+
+size_t pkv_dtype_size(pkv_dtype d) {
+    switch (d) {
+    case PKV_DTYPE_FP16:
+    case PKV_DTYPE_BF16: return 2;
+    case PKV_DTYPE_FP32: return 4;
+    }
+    return 0;
+}
+
+float pkv_problem_scale(const pkv_problem *p) {
+    return p->sm_scale > 0.0f ? p->sm_scale : (float)(1.0 / sqrt((double)p->head_dim));
+}
+
+pkv_kv_strides pkv_kv_strides_of(const pkv_problem *p) {
+    pkv_kv_strides s;
+    int64_t d = p->head_dim, hkv = p->num_kv_heads, ps = p->page_size;
+    s.page = ps * hkv * d;
+    if (p->layout == PKV_LAYOUT_NHD) {
+        s.token = hkv * d;
+        s.head = d;
+    } else {
+        s.head = ps * d;
+        s.token = d;
+    }
+    return s;
+}
+
+pkv_status pkv_check_problem(pkv_context *ctx, const pkv_problem *p) {
+    if (!p) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "problem is NULL");
+    if (p->num_kv_heads <= 0 || p->num_qo_heads <= 0)
+        return pkv_fail(ctx, PKV_ERR_HEAD_GROUP, "num_qo_heads (%d) and num_kv_heads (%d) must be positive",
+                        p->num_qo_heads, p->num_kv_heads);
+    if (p->num_qo_heads % p->num_kv_heads != 0)
+        return pkv_fail(ctx, PKV_ERR_HEAD_GROUP, "num_qo_heads (%d) is not a multiple of num_kv_heads (%d)",
+                        p->num_qo_heads, p->num_kv_heads);
+    int32_t g = p->num_qo_heads / p->num_kv_heads;
+    if (g > PKV_MAX_GROUP)
+        return pkv_fail(ctx, PKV_ERR_UNSUPPORTED, "group size G = %d is above the supported maximum %d", g,
+                        PKV_MAX_GROUP);
+    if (p->head_dim != 64 && p->head_dim != 128 && p->head_dim != 256)
+        return pkv_fail(ctx, PKV_ERR_UNSUPPORTED_HEAD_DIM, "head_dim %d is not one of 64, 128, 256", p->head_dim);
+    if (p->page_size < 1 || p->page_size > 256)
+        return pkv_fail(ctx, PKV_ERR_PAGE_SIZE, "page_size %d is not in [1, 256]", p->page_size);
+    if (p->dtype != PKV_DTYPE_FP16 && p->dtype != PKV_DTYPE_BF16)
+        return pkv_fail(ctx, PKV_ERR_UNSUPPORTED_DTYPE, "dtype %d is not fp16 or bf16", (int)p->dtype);
+    if (p->layout != PKV_LAYOUT_NHD && p->layout != PKV_LAYOUT_HND)
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "layout %d is not NHD or HND", (int)p->layout);
+    if (p->num_pages < 0 || p->num_pages > INT32_MAX)
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "num_pages %lld is not in [0, 2^31)", (long long)p->num_pages);
+    if (!(p->sm_scale == p->sm_scale) || isinf(p->sm_scale))
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "sm_scale is not finite");
+    return PKV_OK;
+}
+
+pkv_status pkv_check_table(pkv_context *ctx, const pkv_problem *p, const pkv_page_table *t,
+                           bool check_page_ids) {
+    if (!t) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "page table is NULL");
+    if (t->batch_size < 0 || t->batch_size > PKV_MAX_BATCH)
+        return pkv_fail(ctx, PKV_ERR_BATCH_SIZE, "batch_size %d is not in [0, %d]", t->batch_size, PKV_MAX_BATCH);
+    if (!t->kv_indptr) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "kv_indptr is NULL");
+    if (!t->seq_lens && t->batch_size > 0) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "seq_lens is NULL");
+    if (t->kv_indptr[0] != 0)
+        return pkv_fail(ctx, PKV_ERR_BAD_INDPTR, "kv_indptr[0] is %d, expected 0", t->kv_indptr[0]);
+    for (int32_t i = 0; i < t->batch_size; i++) {
+        int32_t a = t->kv_indptr[i], b = t->kv_indptr[i + 1];
+        if (b < a)
+            return pkv_fail(ctx, PKV_ERR_BAD_INDPTR, "kv_indptr decreases at row %d (%d -> %d)", i, a, b);
+        int32_t n = t->seq_lens[i];
+        if (n < 0) return pkv_fail(ctx, PKV_ERR_NEGATIVE_LENGTH, "seq_lens[%d] = %d is negative", i, n);
+        if ((int64_t)n > (int64_t)(b - a) * p->page_size)
+            return pkv_fail(ctx, PKV_ERR_LENGTH_EXCEEDS_PAGES,
+                            "seq_lens[%d] = %d does not fit in its %d pages of %d tokens", i, n, b - a,
+                            p->page_size);
+    }
+    if (check_page_ids && t->batch_size > 0) {
+        if (!t->kv_page_indices && t->kv_indptr[t->batch_size] > 0)
+            return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "kv_page_indices is NULL");
+        for (int32_t i = 0; i < t->batch_size; i++) {
+            /* only pages that hold tokens are read; all listed pages must still be valid ids */
+            for (int32_t j = t->kv_indptr[i]; j < t->kv_indptr[i + 1]; j++) {
+                int32_t pg = t->kv_page_indices[j];
+                if (pg < 0 || (int64_t)pg >= p->num_pages)
+                    return pkv_fail(ctx, PKV_ERR_PAGE_OUT_OF_RANGE,
+                                    "kv_page_indices[%d] = %d (row %d) is outside [0, %lld)", j, pg, i,
+                                    (long long)p->num_pages);
+            }
+        }
+    }
+    return PKV_OK;
+}
+
+pkv_status pkv_check_page_table(const pkv_problem *problem, const pkv_page_table *table) {
+    pkv_status st = pkv_check_problem(NULL, problem);
+    if (st != PKV_OK) return st;
+    return pkv_check_table(NULL, problem, table, true);
+}
+
+pkv_status pkv_block_table_to_csr(const int32_t *block_table, int32_t batch_size, int32_t max_pages,
+                                  const int32_t *seq_lens, int32_t page_size, int32_t *indptr_out,
+                                  int32_t *indices_out, int64_t capacity) {
+    if (!block_table || !seq_lens || !indptr_out || !indices_out)
+        return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "block_table, seq_lens, indptr_out and indices_out must not be NULL");
+    if (batch_size < 0 || batch_size > PKV_MAX_BATCH)
+        return pkv_fail(NULL, PKV_ERR_BATCH_SIZE, "batch_size %d is not in [0, %d]", batch_size, PKV_MAX_BATCH);
+    if (max_pages < 0) return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, "max_pages %d is negative", max_pages);
+    if (page_size < 1 || page_size > 256)
+        return pkv_fail(NULL, PKV_ERR_PAGE_SIZE, "page_size %d is not in [1, 256]", page_size);
+    int64_t at = 0;
+    indptr_out[0] = 0;
+    for (int32_t i = 0; i < batch_size; i++) {
+        int32_t n = seq_lens[i];
+        if (n < 0) return pkv_fail(NULL, PKV_ERR_NEGATIVE_LENGTH, "seq_lens[%d] = %d is negative", i, n);
+        int64_t need = ((int64_t)n + page_size - 1) / page_size;
+        if (need > max_pages)
+            return pkv_fail(NULL, PKV_ERR_LENGTH_EXCEEDS_PAGES,
+                            "row %d needs %lld pages for %d tokens but the block table has %d", i,
+                            (long long)need, n, max_pages);
+        if (at + need > capacity || at + need > INT32_MAX)
+            return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, "indices capacity %lld is too small",
+                            (long long)capacity);
+        for (int64_t j = 0; j < need; j++) indices_out[at + j] = block_table[(int64_t)i * max_pages + j];
+        at += need;
+        indptr_out[i + 1] = (int32_t)at;
+    }
+    return PKV_OK;
+}

@@ -1,0 +1,111 @@
+/* reference.c - the float64 reference of decode attention over a paged KV cache (design.md §1):
+ * the definition every backend is checked against.  Slow on purpose: plain loops, one row and one
+ * KV head at a time, every score kept in double, exact two-pass softmax (max, then sum).
+ *
+ * For query head h of row i (KV head g = h / G), with N = seq_lens[i]:
+ *   s_j = scale * dot(q[i,h,:], K[i,g,j,:])           j in [0, N)
+ *   o[i,h,:] = sum_j exp(s_j - max s) V[i,g,j,:] / sum_j exp(s_j - max s)
+ *   lse[i,h] = max s + ln(sum_j exp(s_j - max s));     N = 0: o = 0, lse = -inf. */
+#include "internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static double load_elem(const uint16_t *base, int64_t index, pkv_dtype dtype) {
+    uint16_t bits = base[index];
+    return dtype == PKV_DTYPE_BF16 ? (double)pkv_bf16_to_float(bits) : (double)pkv_half_to_float(bits);
+}
+
+pkv_status pkv_reference(const pkv_problem *problem, const pkv_page_table *table, const void *q,
+                         const void *k_cache, const void *v_cache, double *o_ref, double *lse_ref) {
+    pkv_status st = pkv_check_problem(NULL, problem);
+    if (st != PKV_OK) return st;
+    st = pkv_check_table(NULL, problem, table, true);
+    if (st != PKV_OK) return st;
+    const int32_t B = table->batch_size;
+    if (B == 0) return PKV_OK;
+    if (!q || !o_ref || !lse_ref)
+        return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "q, o_ref and lse_ref must not be NULL");
+    int64_t max_len = 0;
+    for (int32_t i = 0; i < B; i++)
+        if (table->seq_lens[i] > max_len) max_len = table->seq_lens[i];
+    if (max_len > 0 && (!k_cache || !v_cache))
+        return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "k_cache and v_cache must not be NULL");
+
+    const int32_t hq = problem->num_qo_heads, hkv = problem->num_kv_heads, d = problem->head_dim;
+    const int32_t G = hq / hkv, ps = problem->page_size;
+    const pkv_dtype dtype = problem->dtype;
+    const double scale = (double)pkv_problem_scale(problem);
+    const pkv_kv_strides kvs = pkv_kv_strides_of(problem);
+    const uint16_t *q16 = (const uint16_t *)q;        // q [B, Hq, d]
+    const uint16_t *k16 = (const uint16_t *)k_cache;  // K pages, NHD or HND
+    const uint16_t *v16 = (const uint16_t *)v_cache;
+
+    /* scores [G, max_len], the G query vectors [G, d] and one K or V row [d], all double */
+    size_t n_scores = (size_t)G * (size_t)(max_len > 0 ? max_len : 1);
+    double *scores = (double *)malloc(n_scores * sizeof(double));
+    double *qd = (double *)malloc((size_t)G * (size_t)d * sizeof(double));
+    double *row = (double *)malloc((size_t)d * sizeof(double));
+    if (!scores || !qd || !row) {
+        free(scores);
+        free(qd);
+        free(row);
+        return pkv_fail(NULL, PKV_ERR_OUT_OF_MEMORY, "cannot allocate the reference's scratch");
+    }
+
+    for (int32_t i = 0; i < B; i++) {
+        const int32_t n = table->seq_lens[i];
+        const int32_t *pages = n > 0 ? table->kv_page_indices + table->kv_indptr[i] : NULL;
+        for (int32_t g = 0; g < hkv; g++) {
+            double *o_rows = o_ref + ((int64_t)i * hq + (int64_t)g * G) * d; // o_ref [B, Hq, d]
+            double *lse_rows = lse_ref + (int64_t)i * hq + (int64_t)g * G;   // lse_ref [B, Hq]
+            memset(o_rows, 0, (size_t)G * (size_t)d * sizeof(double));
+            if (n == 0) {
+                for (int32_t j = 0; j < G; j++) lse_rows[j] = -INFINITY;
+                continue;
+            }
+            for (int32_t j = 0; j < G; j++)
+                for (int32_t e = 0; e < d; e++)
+                    qd[(int64_t)j * d + e] = load_elem(q16, ((int64_t)i * hq + (int64_t)g * G + j) * d + e, dtype);
+            /* pass 1: scores */
+            for (int32_t t = 0; t < n; t++) {
+                int64_t at = (int64_t)pages[t / ps] * kvs.page + (int64_t)g * kvs.head + (int64_t)(t % ps) * kvs.token;
+                for (int32_t e = 0; e < d; e++) row[e] = load_elem(k16, at + e, dtype);
+                for (int32_t j = 0; j < G; j++) {
+                    double dot = 0.0;
+                    for (int32_t e = 0; e < d; e++) dot += qd[(int64_t)j * d + e] * row[e];
+                    scores[(int64_t)j * n + t] = scale * dot;
+                }
+            }
+            /* pass 2: softmax weights and the weighted sum of V */
+            double maxs[PKV_MAX_GROUP], sums[PKV_MAX_GROUP];
+            for (int32_t j = 0; j < G; j++) {
+                double m = -INFINITY;
+                for (int32_t t = 0; t < n; t++)
+                    if (scores[(int64_t)j * n + t] > m) m = scores[(int64_t)j * n + t];
+                maxs[j] = m;
+                sums[j] = 0.0;
+            }
+            for (int32_t t = 0; t < n; t++) {
+                int64_t at = (int64_t)pages[t / ps] * kvs.page + (int64_t)g * kvs.head + (int64_t)(t % ps) * kvs.token;
+                for (int32_t e = 0; e < d; e++) row[e] = load_elem(v16, at + e, dtype);
+                for (int32_t j = 0; j < G; j++) {
+                    double p = exp(scores[(int64_t)j * n + t] - maxs[j]);
+                    sums[j] += p;
+                    double *o = o_rows + (int64_t)j * d;
+                    for (int32_t e = 0; e < d; e++) o[e] += p * row[e];
+                }
+            }
+            for (int32_t j = 0; j < G; j++) {
+                double *o = o_rows + (int64_t)j * d;
+                for (int32_t e = 0; e < d; e++) o[e] /= sums[j];
+                lse_rows[j] = maxs[j] + log(sums[j]);
+            }
+        }
+    }
+    free(scores);
+    free(qd);
+    free(row);
+    return PKV_OK;
+}

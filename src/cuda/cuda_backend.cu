@@ -1,0 +1,111 @@
+// cuda_backend.cu - the CUDA backend behind the C API: device selection, plan upload (one async
+// copy of the plan blob into the workspace, skipped when that plan is already there), and run.
+#include "cuda_common.cuh"
+#include "pkv_cuda.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+namespace {
+
+struct cuda_state {
+    int device;
+    int cc_major, cc_minor;
+    bool pdl;                 // programmatic dependent launch of the merge (sm_90+)
+    const void *uploaded_ws;  // workspace that holds uploaded_gen's plan
+    uint64_t uploaded_gen;
+};
+
+cuda_state *state_of(pkv_context *ctx) { return static_cast<cuda_state *>(ctx->backend_state); }
+
+pkv_status cuda_supports(pkv_context *ctx, const pkv_problem *p) {
+    if (p->dtype != PKV_DTYPE_FP16 && p->dtype != PKV_DTYPE_BF16)
+        return pkv_fail(ctx, PKV_ERR_UNSUPPORTED_DTYPE, "the CUDA backend runs fp16 and bf16");
+    if (p->head_dim != 64 && p->head_dim != 128 && p->head_dim != 256)
+        return pkv_fail(ctx, PKV_ERR_UNSUPPORTED_HEAD_DIM, "the CUDA backend runs head dims 64, 128, 256");
+    if (p->num_qo_heads / p->num_kv_heads > PKV_MAX_GROUP)
+        return pkv_fail(ctx, PKV_ERR_UNSUPPORTED, "the CUDA backend runs G <= %d", PKV_MAX_GROUP);
+    if (p->num_kv_heads > 65535)
+        return pkv_fail(ctx, PKV_ERR_UNSUPPORTED, "num_kv_heads %d is above the grid limit 65535", p->num_kv_heads);
+    return PKV_OK;
+}
+
+pkv_status cuda_upload(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_bytes, void *stream) {
+    cuda_state *s = state_of(ctx);
+    if (s->uploaded_ws == ws && s->uploaded_gen == plan->generation) return PKV_OK;
+    cudaStream_t st = static_cast<cudaStream_t>(stream);
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    PKV_CUDA_TRY(ctx, cudaStreamIsCapturing(st, &cap));
+    if (cap != cudaStreamCaptureStatusNone)
+        return pkv_fail(ctx, PKV_ERR_UNSUPPORTED,
+                        "the plan is not in this workspace yet and a stream capture is active: call "
+                        "pkv_plan_upload (or one pkv_run) before capturing");
+    PKV_CUDA_TRY(ctx, cudaSetDevice(s->device));
+    if (plan->blob_bytes > 0)
+        PKV_CUDA_TRY(ctx, cudaMemcpyAsync(ws, plan->blob, plan->blob_bytes, cudaMemcpyHostToDevice, st));
+    s->uploaded_ws = ws;
+    s->uploaded_gen = plan->generation;
+    return PKV_OK;
+}
+
+pkv_status cuda_run(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_bytes, const pkv_tensors *t,
+                    void *stream) {
+    cuda_state *s = state_of(ctx);
+    if (plan->num_phases == 0 || (plan->num_tasks == 0 && plan->num_merges == 0)) return PKV_OK;
+    pkv_status ps = cuda_upload(ctx, plan, ws, ws_bytes, stream);
+    if (ps != PKV_OK) return ps;
+    cudaError_t e = pkv_cuda_decode_run(plan, ws, t, static_cast<cudaStream_t>(stream), s->pdl ? 1 : 0);
+    if (e != cudaSuccess)
+        return pkv_fail(ctx, PKV_ERR_CUDA, "decode launch failed: %s", cudaGetErrorString(e));
+    return PKV_OK;
+}
+
+void cuda_destroy(pkv_context *ctx) {
+    free(ctx->backend_state);
+    ctx->backend_state = nullptr;
+}
+
+const pkv_backend_ops cuda_ops = {"cuda", cuda_run, cuda_upload, cuda_supports, cuda_destroy};
+
+} // namespace
+
+extern "C" int pkv_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); // clear the sticky "no device" error
+        return 0;
+    }
+    return n;
+}
+
+extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device) {
+    int n = pkv_cuda_device_count();
+    if (n <= 0) return pkv_fail(ctx, PKV_ERR_BACKEND_UNAVAILABLE, "no CUDA device is visible");
+    if (device < 0 || device >= n)
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "CUDA device %d is not in [0, %d)", device, n);
+    PKV_CUDA_TRY(ctx, cudaSetDevice(device));
+    cudaDeviceProp prop;
+    PKV_CUDA_TRY(ctx, cudaGetDeviceProperties(&prop, device));
+    if (prop.major < 8)
+        return pkv_fail(ctx, PKV_ERR_UNSUPPORTED, "device %s has compute capability %d.%d; sm_80 or newer is needed",
+                        prop.name, prop.major, prop.minor);
+    cudaError_t e = pkv_cuda_decode_init_attributes();
+    if (e != cudaSuccess)
+        return pkv_fail(ctx, PKV_ERR_CUDA, "cannot configure the decode kernels for %s: %s", prop.name,
+                        cudaGetErrorString(e));
+    cuda_state *s = static_cast<cuda_state *>(calloc(1, sizeof(cuda_state)));
+    if (!s) return pkv_fail(ctx, PKV_ERR_OUT_OF_MEMORY, "cannot allocate the CUDA backend state");
+    s->device = device;
+    s->cc_major = prop.major;
+    s->cc_minor = prop.minor;
+    s->pdl = prop.major >= 9 && getenv("PKV_NO_PDL") == nullptr;
+    ctx->backend_state = s;
+    ctx->ops = &cuda_ops;
+    ctx->device = device;
+    ctx->parallelism = prop.multiProcessorCount;
+    ctx->ctas_per_unit = 2;
+    snprintf(ctx->device_name, sizeof ctx->device_name, "%s (%d SMs, sm_%d%d)", prop.name, prop.multiProcessorCount,
+             prop.major, prop.minor);
+    return PKV_OK;
+}

@@ -1,0 +1,292 @@
+// devtools.cu - device helpers for the pkv tool, benchmarks and tests: memory, random fill, the
+// ceilings measured in the same run (streaming read, launch latency) and event timing of plans.
+#include "cuda_common.cuh"
+#include "pkv_cuda.h"
+#include "pkv_dev.h"
+
+#include <algorithm>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+namespace {
+
+__global__ void fill_random_kernel(uint16_t *dst, int64_t n, uint64_t seed, int bf16) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint64_t z = seed + (uint64_t)i * 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        float f = (float)(z >> 40) * (2.0f / 16777216.0f) - 1.0f; // [-1, 1)
+        if (bf16) {
+            __nv_bfloat16 b = __float2bfloat16_rn(f);
+            dst[i] = *reinterpret_cast<uint16_t *>(&b);
+        } else {
+            __half h = __float2half_rn(f);
+            dst[i] = *reinterpret_cast<uint16_t *>(&h);
+        }
+    }
+}
+
+// Busy-waits about `ns` nanoseconds so that the launches queued behind it are off the host's clock.
+__global__ void spin_kernel(int64_t ns) {
+    uint64_t t0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    for (;;) {
+        uint64_t t1;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+        if ((int64_t)(t1 - t0) >= ns) break;
+    }
+}
+
+__global__ void empty_kernel() {}
+
+__global__ void read_kernel(const uint4 *__restrict__ src, int64_t n16, uint32_t *sink) {
+    uint32_t x = 0;
+    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    for (; i + 3 * stride < n16; i += 4 * stride) {
+        uint4 a = pkv::ldg_nc_v4(src + i), b = pkv::ldg_nc_v4(src + i + stride);
+        uint4 c = pkv::ldg_nc_v4(src + i + 2 * stride), d = pkv::ldg_nc_v4(src + i + 3 * stride);
+        x ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+    }
+    for (; i < n16; i += stride) {
+        uint4 a = pkv::ldg_nc_v4(src + i);
+        x ^= a.x ^ a.y ^ a.z ^ a.w;
+    }
+    if (x == 0x12345678u) *sink = x; // keeps the loads alive
+}
+
+double median(std::vector<double> v) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+constexpr int64_t kSpinNs = 30000;
+
+} // namespace
+
+extern "C" {
+
+pkv_status pkv_dev_malloc(pkv_context *ctx, size_t bytes, void **ptr) {
+    if (!ptr) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "ptr is NULL");
+    *ptr = nullptr;
+    PKV_CUDA_TRY(ctx, cudaMalloc(ptr, bytes ? bytes : 1));
+    return PKV_OK;
+}
+pkv_status pkv_dev_free(pkv_context *ctx, void *ptr) {
+    if (ptr) PKV_CUDA_TRY(ctx, cudaFree(ptr));
+    return PKV_OK;
+}
+pkv_status pkv_dev_copy_h2d(pkv_context *ctx, void *dst, const void *src, size_t bytes) {
+    if (bytes) PKV_CUDA_TRY(ctx, cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    return PKV_OK;
+}
+pkv_status pkv_dev_copy_d2h(pkv_context *ctx, void *dst, const void *src, size_t bytes) {
+    if (bytes) PKV_CUDA_TRY(ctx, cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    return PKV_OK;
+}
+pkv_status pkv_dev_memset(pkv_context *ctx, void *dst, int value, size_t bytes) {
+    if (bytes) PKV_CUDA_TRY(ctx, cudaMemset(dst, value, bytes));
+    return PKV_OK;
+}
+pkv_status pkv_dev_synchronize(pkv_context *ctx) {
+    PKV_CUDA_TRY(ctx, cudaDeviceSynchronize());
+    return PKV_OK;
+}
+
+pkv_status pkv_dev_fill_random(pkv_context *ctx, void *dst, int64_t count, pkv_dtype dtype, uint64_t seed) {
+    if (count <= 0) return PKV_OK;
+    fill_random_kernel<<<1024, 256>>>(static_cast<uint16_t *>(dst), count, seed, dtype == PKV_DTYPE_BF16);
+    PKV_CUDA_TRY(ctx, cudaGetLastError());
+    PKV_CUDA_TRY(ctx, cudaDeviceSynchronize());
+    return PKV_OK;
+}
+
+pkv_status pkv_dev_get_info(pkv_context *ctx, pkv_dev_info *info) {
+    if (!info) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "info is NULL");
+    memset(info, 0, sizeof *info);
+    int dev = 0;
+    PKV_CUDA_TRY(ctx, cudaGetDevice(&dev));
+    cudaDeviceProp p;
+    PKV_CUDA_TRY(ctx, cudaGetDeviceProperties(&p, dev));
+    snprintf(info->name, sizeof info->name, "%s", p.name);
+    info->sms = p.multiProcessorCount;
+    info->cc_major = p.major;
+    info->cc_minor = p.minor;
+    info->l2_bytes = p.l2CacheSize;
+    info->mem_bytes = (int64_t)p.totalGlobalMem;
+    PKV_CUDA_TRY(ctx, cudaRuntimeGetVersion(&info->runtime_version));
+    PKV_CUDA_TRY(ctx, cudaDriverGetVersion(&info->driver_version));
+    return PKV_OK;
+}
+
+pkv_status pkv_dev_time_plan(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_bytes,
+                             const pkv_tensors *base, const int32_t *const *page_sets, int32_t nsets, int32_t warmup,
+                             int32_t reps, double *samples_us) {
+    if (!plan || !base || !samples_us || (nsets > 0 && !page_sets))
+        return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "plan, tensors, page sets and samples must not be NULL");
+    if (reps <= 0) return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "reps must be positive");
+    pkv_tensors t = *base;
+    pkv_status st = pkv_plan_upload(ctx, plan, ws, ws_bytes, nullptr);
+    if (st != PKV_OK) return st;
+    for (int32_t r = 0; r < warmup; r++) {
+        if (nsets > 0) t.kv_page_indices = page_sets[r % nsets];
+        st = pkv_run(ctx, plan, ws, ws_bytes, &t, nullptr);
+        if (st != PKV_OK) return st;
+    }
+    std::vector<cudaEvent_t> ev(2 * (size_t)reps);
+    for (auto &e : ev) PKV_CUDA_TRY(ctx, cudaEventCreate(&e));
+    pkv_status result = PKV_OK;
+    // Batches of 16 runs behind one spin, so the queue never drains while the host launches.
+    for (int32_t r = 0; r < reps && result == PKV_OK; r++) {
+        if (r % 16 == 0) {
+            spin_kernel<<<1, 1>>>(kSpinNs * 4);
+            if (cudaGetLastError() != cudaSuccess) result = pkv_fail(ctx, PKV_ERR_CUDA, "spin launch failed");
+        }
+        if (nsets > 0) t.kv_page_indices = page_sets[(warmup + r) % nsets];
+        cudaEventRecord(ev[2 * r], nullptr);
+        if (result == PKV_OK) result = pkv_run(ctx, plan, ws, ws_bytes, &t, nullptr);
+        cudaEventRecord(ev[2 * r + 1], nullptr);
+    }
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess && result == PKV_OK)
+        result = pkv_fail(ctx, PKV_ERR_CUDA, "timed runs failed: %s", cudaGetErrorString(e));
+    for (int32_t r = 0; r < reps && result == PKV_OK; r++) {
+        float ms = 0;
+        e = cudaEventElapsedTime(&ms, ev[2 * r], ev[2 * r + 1]);
+        if (e != cudaSuccess) result = pkv_fail(ctx, PKV_ERR_CUDA, "event timing failed: %s", cudaGetErrorString(e));
+        samples_us[r] = ms * 1000.0;
+    }
+    for (auto &x : ev) cudaEventDestroy(x);
+    return result;
+}
+
+pkv_status pkv_dev_time_read(pkv_context *ctx, const void *buf, size_t buf_bytes, size_t bytes, int32_t reps,
+                             double *median_us) {
+    if (!buf || !median_us) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "buffer and output must not be NULL");
+    bytes &= ~(size_t)15;
+    if (bytes == 0 || bytes > buf_bytes)
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "read of %zu bytes from a %zu-byte buffer", bytes, buf_bytes);
+    uint32_t *sink = nullptr;
+    PKV_CUDA_TRY(ctx, cudaMalloc(&sink, sizeof(uint32_t)));
+    int dev = 0, sms = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    const size_t windows = std::max<size_t>(1, buf_bytes / bytes);
+    const int grids[3] = {sms * 2, sms * 4, sms * 8};
+    double best = 1e30;
+    std::vector<cudaEvent_t> ev(2 * (size_t)reps);
+    for (auto &e : ev) PKV_CUDA_TRY(ctx, cudaEventCreate(&e));
+    pkv_status result = PKV_OK;
+    for (int gi = 0; gi < 3 && result == PKV_OK; gi++) {
+        int64_t n16 = (int64_t)(bytes / 16);
+        int grid = (int)std::min<int64_t>(grids[gi], (n16 + 255) / 256);
+        for (int32_t r = 0; r < reps; r++) {
+            if (r % 16 == 0) spin_kernel<<<1, 1>>>(kSpinNs * 4);
+            const char *src = static_cast<const char *>(buf) + ((size_t)r % windows) * bytes;
+            cudaEventRecord(ev[2 * r], nullptr);
+            read_kernel<<<grid, 256>>>(reinterpret_cast<const uint4 *>(src), n16, sink);
+            cudaEventRecord(ev[2 * r + 1], nullptr);
+        }
+        cudaError_t e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) {
+            result = pkv_fail(ctx, PKV_ERR_CUDA, "read kernel failed: %s", cudaGetErrorString(e));
+            break;
+        }
+        std::vector<double> t(reps);
+        for (int32_t r = 0; r < reps; r++) {
+            float ms = 0;
+            cudaEventElapsedTime(&ms, ev[2 * r], ev[2 * r + 1]);
+            t[r] = ms * 1000.0;
+        }
+        best = std::min(best, median(t));
+    }
+    for (auto &x : ev) cudaEventDestroy(x);
+    cudaFree(sink);
+    *median_us = best;
+    return result;
+}
+
+pkv_status pkv_dev_launch_latency(pkv_context *ctx, double *empty_us, double *graph_us) {
+    if (!empty_us || !graph_us) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "outputs must not be NULL");
+    cudaStream_t s;
+    PKV_CUDA_TRY(ctx, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaEvent_t a, b;
+    PKV_CUDA_TRY(ctx, cudaEventCreate(&a));
+    PKV_CUDA_TRY(ctx, cudaEventCreate(&b));
+    const int n = 2000;
+    for (int i = 0; i < 100; i++) empty_kernel<<<1, 32, 0, s>>>();
+    PKV_CUDA_TRY(ctx, cudaStreamSynchronize(s));
+    std::vector<double> per;
+    for (int rep = 0; rep < 5; rep++) {
+        spin_kernel<<<1, 1, 0, s>>>(kSpinNs * 100); // the host queues all launches meanwhile
+        cudaEventRecord(a, s);
+        for (int i = 0; i < n; i++) empty_kernel<<<1, 32, 0, s>>>();
+        cudaEventRecord(b, s);
+        PKV_CUDA_TRY(ctx, cudaStreamSynchronize(s));
+        float ms = 0;
+        cudaEventElapsedTime(&ms, a, b);
+        per.push_back(ms * 1000.0 / n);
+    }
+    *empty_us = median(per);
+    cudaGraph_t g;
+    cudaGraphExec_t ge;
+    PKV_CUDA_TRY(ctx, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    empty_kernel<<<1, 32, 0, s>>>();
+    PKV_CUDA_TRY(ctx, cudaStreamEndCapture(s, &g));
+    PKV_CUDA_TRY(ctx, cudaGraphInstantiate(&ge, g, 0));
+    for (int i = 0; i < 100; i++) cudaGraphLaunch(ge, s);
+    PKV_CUDA_TRY(ctx, cudaStreamSynchronize(s));
+    per.clear();
+    for (int rep = 0; rep < 5; rep++) {
+        spin_kernel<<<1, 1, 0, s>>>(kSpinNs * 100);
+        cudaEventRecord(a, s);
+        for (int i = 0; i < n; i++) cudaGraphLaunch(ge, s);
+        cudaEventRecord(b, s);
+        PKV_CUDA_TRY(ctx, cudaStreamSynchronize(s));
+        float ms = 0;
+        cudaEventElapsedTime(&ms, a, b);
+        per.push_back(ms * 1000.0 / n);
+    }
+    *graph_us = median(per);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(g);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    cudaStreamDestroy(s);
+    return PKV_OK;
+}
+
+pkv_status pkv_dev_graph_run(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_bytes, const pkv_tensors *t,
+                             int32_t replays) {
+    cudaStream_t s;
+    PKV_CUDA_TRY(ctx, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    pkv_status st = pkv_plan_upload(ctx, plan, ws, ws_bytes, s);
+    if (st == PKV_OK && cudaStreamSynchronize(s) != cudaSuccess) st = pkv_fail(ctx, PKV_ERR_CUDA, "upload failed");
+    cudaGraph_t g = nullptr;
+    cudaGraphExec_t ge = nullptr;
+    if (st == PKV_OK && cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+        st = pkv_fail(ctx, PKV_ERR_CUDA, "cannot begin capture");
+    if (st == PKV_OK) {
+        pkv_status rs = pkv_run(ctx, plan, ws, ws_bytes, t, s);
+        cudaError_t e = cudaStreamEndCapture(s, &g);
+        if (rs != PKV_OK)
+            st = rs;
+        else if (e != cudaSuccess)
+            st = pkv_fail(ctx, PKV_ERR_CUDA, "capture failed: %s", cudaGetErrorString(e));
+    }
+    if (st == PKV_OK && cudaGraphInstantiate(&ge, g, 0) != cudaSuccess)
+        st = pkv_fail(ctx, PKV_ERR_CUDA, "graph instantiation failed");
+    for (int32_t r = 0; st == PKV_OK && r < replays; r++)
+        if (cudaGraphLaunch(ge, s) != cudaSuccess) st = pkv_fail(ctx, PKV_ERR_CUDA, "graph launch failed");
+    if (st == PKV_OK && cudaStreamSynchronize(s) != cudaSuccess) st = pkv_fail(ctx, PKV_ERR_CUDA, "graph replay failed");
+    if (ge) cudaGraphExecDestroy(ge);
+    if (g) cudaGraphDestroy(g);
+    cudaStreamDestroy(s);
+    return st;
+}
+
+} // extern "C"

@@ -1,0 +1,23 @@
+/* pkv_cuda.h - entry points between the CUDA backend's host glue and its kernels. */
+#ifndef PKV_CUDA_H
+#define PKV_CUDA_H
+
+#include <cuda_runtime.h>
+
+#include "internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Raises the dynamic shared-memory limit of every decode kernel instance (once per device). */
+cudaError_t pkv_cuda_decode_init_attributes(void);
+/* Launches every phase of an uploaded plan on the stream (attention, then merge with PDL). */
+cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace, const pkv_tensors *t, cudaStream_t stream,
+                                int use_pdl);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,508 @@
+/* planner.c - turns one decode step (per-row lengths) into a plan: tasks over non-empty
+ * (row, KV head, split) token ranges, merges for rows split in more than one part, launch phases
+ * and counters.  Pure C, host only, O(B + tasks), allocates only to grow the plan's storage.
+ *
+ * Split rules (P = parallelism x ctas_per_unit, the number of tasks the device runs in one wave;
+ * chunks are whole pages, at least min_chunk_tokens long, at most max_splits per (row, KV head)):
+ *   single     S = 1 for every row.
+ *   split      S = ceil(P / (nonempty_rows x Hkv)), capped so the longest row's chunks stay at least
+ *              min_chunk_tokens long; row i uses chunk_i = max(ceil(pages_i / S), min_chunk) pages
+ *              and ceil(pages_i / chunk_i) <= S splits (the rest of its grid column exits early).
+ *   bucketed   rows grouped by floor(log2(N)); each bucket is planned as `split` on its own and
+ *              launched separately (split + merge per bucket).  Partial-state slots are reused by
+ *              the next bucket, since buckets run one after the other.
+ *   workqueue  one chunk size c for the whole step: the smallest c >= min_chunk such that
+ *              sum_i ceil(pages_i / c) x Hkv <= P (one wave); if even c = max pages does not fit,
+ *              no row is split.  Full chunks come first in the task list, then the row tails,
+ *              longest first.
+ *   auto       single when the non-empty rows already fill a wave (rows x Hkv >= P), else workqueue.
+ */
+#include "internal.h"
+
+#include <limits.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+static atomic_uint_fast64_t pkv_next_generation = 1;
+
+static const char *const route_names[PKV_ROUTE_COUNT_] = {"auto", "single", "split", "bucketed", "workqueue"};
+
+const char *pkv_route_name(pkv_route route) {
+    return (route >= 0 && route < PKV_ROUTE_COUNT_) ? route_names[route] : "unknown";
+}
+
+pkv_status pkv_route_parse(const char *name, pkv_route *route) {
+    if (!name || !route) return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "route name or output is NULL");
+    for (int i = 0; i < PKV_ROUTE_COUNT_; i++)
+        if (strcmp(name, route_names[i]) == 0) {
+            *route = (pkv_route)i;
+            return PKV_OK;
+        }
+    return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT,
+                    "unknown route '%s' (expected auto, single, split, bucketed or workqueue)", name);
+}
+
+void pkv_plan_options_default(pkv_plan_options *o) {
+    if (!o) return;
+    memset(o, 0, sizeof *o);
+    o->route = PKV_ROUTE_AUTO;
+}
+
+pkv_status pkv_plan_create(pkv_plan **plan) {
+    if (!plan) return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "plan output pointer is NULL");
+    *plan = (pkv_plan *)calloc(1, sizeof **plan);
+    if (!*plan) return pkv_fail(NULL, PKV_ERR_OUT_OF_MEMORY, "cannot allocate a plan");
+    return PKV_OK;
+}
+
+void pkv_plan_free(pkv_plan *plan) {
+    if (!plan) return;
+    free(plan->blob);
+    free(plan->phases);
+    free(plan->scratch);
+    free(plan);
+}
+
+static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* ---- per-step scratch: the resolved options and per-row quantities ---------------------------- */
+typedef struct plan_params {
+    int64_t P;             /* tasks in one wave */
+    int32_t min_chunk_pages;
+    int32_t max_splits;
+    int32_t forced_splits; /* > 0: S given */
+    int32_t forced_chunk;  /* > 0: workqueue chunk given (pages) */
+} plan_params;
+
+static int32_t row_pages(const pkv_problem *p, int32_t n) { return (int32_t)ceil_div(n, p->page_size); }
+
+/* S for a set of rows under the `split` rule. */
+static int32_t choose_splits(const plan_params *pp, const pkv_problem *p, const int32_t *lens,
+                             const int32_t *rows, int32_t nrows) {
+    if (pp->forced_splits > 0) return pp->forced_splits < pp->max_splits ? pp->forced_splits : pp->max_splits;
+    int64_t nonempty = 0;
+    int32_t max_pages = 0;
+    for (int32_t k = 0; k < nrows; k++) {
+        int32_t n = lens[rows[k]];
+        if (n > 0) nonempty++;
+        int32_t pg = row_pages(p, n);
+        if (pg > max_pages) max_pages = pg;
+    }
+    if (nonempty == 0) return 1;
+    int64_t s = ceil_div(pp->P, nonempty * p->num_kv_heads);
+    int64_t by_len = ceil_div(max_pages, pp->min_chunk_pages);
+    if (s > by_len) s = by_len;
+    if (s > pp->max_splits) s = pp->max_splits;
+    return s < 1 ? 1 : (int32_t)s;
+}
+
+/* Chunk (pages) of one row under S splits. */
+static int32_t row_chunk_pages(const plan_params *pp, int32_t pages, int32_t S) {
+    int64_t c = ceil_div(pages, S);
+    if (S > 1 && c < pp->min_chunk_pages) c = pp->min_chunk_pages;
+    if (c < 1) c = 1;
+    return (int32_t)c;
+}
+
+/* Workqueue chunk: smallest c with sum ceil(pages_i / c) x Hkv <= P. */
+static int32_t choose_workqueue_chunk(const plan_params *pp, const pkv_problem *p, const int32_t *lens, int32_t B) {
+    int32_t max_pages = 0;
+    for (int32_t i = 0; i < B; i++) {
+        int32_t pg = row_pages(p, lens[i]);
+        if (pg > max_pages) max_pages = pg;
+    }
+    if (max_pages == 0) return 1;
+    int32_t lo_cap = (int32_t)ceil_div(max_pages, pp->max_splits); /* respect max_splits */
+    if (pp->forced_chunk > 0) return pp->forced_chunk > lo_cap ? pp->forced_chunk : lo_cap;
+    int32_t lo = pp->min_chunk_pages > lo_cap ? pp->min_chunk_pages : lo_cap;
+    if (lo >= max_pages) return max_pages;
+    int32_t hi = max_pages;
+    /* cost(hi) may exceed P (many rows): then no split at all. */
+    int64_t cost_hi = 0;
+    for (int32_t i = 0; i < B; i++) cost_hi += lens[i] > 0 ? 1 : 0;
+    if (cost_hi * p->num_kv_heads > pp->P) return max_pages;
+    while (lo < hi) {
+        int32_t mid = lo + (hi - lo) / 2;
+        int64_t cost = 0;
+        for (int32_t i = 0; i < B; i++) cost += ceil_div(row_pages(p, lens[i]), mid);
+        if (cost * p->num_kv_heads <= pp->P)
+            hi = mid;
+        else
+            lo = mid + 1;
+    }
+    return lo;
+}
+
+/* ---- storage ---------------------------------------------------------------------------------- */
+static pkv_status plan_reserve(pkv_context *ctx, pkv_plan *plan, int64_t ntasks, int64_t nrows, int64_t nmerges,
+                               int64_t nphases) {
+    if (ntasks > INT32_MAX || nmerges > INT32_MAX)
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "plan would have too many tasks (%lld)", (long long)ntasks);
+    size_t off_tasks = 0;
+    size_t off_rows = align_up(off_tasks + (size_t)ntasks * sizeof(pkv_task), PKV_WS_ALIGN);
+    size_t off_merges = align_up(off_rows + (size_t)nrows * sizeof(pkv_row_sched), PKV_WS_ALIGN);
+    size_t bytes = align_up(off_merges + (size_t)nmerges * sizeof(pkv_merge), PKV_WS_ALIGN);
+    if (bytes > plan->blob_cap) {
+        size_t cap = plan->blob_cap ? plan->blob_cap : 4096;
+        while (cap < bytes) cap *= 2;
+        void *nb = malloc(cap);
+        if (!nb) return pkv_fail(ctx, PKV_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of plan storage", cap);
+        free(plan->blob);
+        plan->blob = nb;
+        plan->blob_cap = cap;
+    }
+    if (nphases > plan->cap_phases) {
+        int32_t cap = plan->cap_phases ? plan->cap_phases : 4;
+        while (cap < nphases) cap *= 2;
+        pkv_phase *np = (pkv_phase *)realloc(plan->phases, (size_t)cap * sizeof *np);
+        if (!np) return pkv_fail(ctx, PKV_ERR_OUT_OF_MEMORY, "cannot allocate plan phases");
+        plan->phases = np;
+        plan->cap_phases = cap;
+    }
+    plan->blob_bytes = bytes;
+    plan->off_tasks = off_tasks;
+    plan->off_rows = off_rows;
+    plan->off_merges = off_merges;
+    plan->tasks = (pkv_task *)((char *)plan->blob + off_tasks);
+    plan->rows = (pkv_row_sched *)((char *)plan->blob + off_rows);
+    plan->merges = (pkv_merge *)((char *)plan->blob + off_merges);
+    plan->num_tasks = plan->num_rows = plan->num_merges = plan->num_phases = 0;
+    return PKV_OK;
+}
+
+static pkv_status scratch_reserve(pkv_context *ctx, pkv_plan *plan, size_t n) {
+    if (n <= plan->scratch_cap) return PKV_OK;
+    size_t cap = plan->scratch_cap ? plan->scratch_cap : 256;
+    while (cap < n) cap *= 2;
+    int32_t *ns = (int32_t *)malloc(cap * sizeof *ns);
+    if (!ns) return pkv_fail(ctx, PKV_ERR_OUT_OF_MEMORY, "cannot allocate planner scratch");
+    free(plan->scratch);
+    plan->scratch = ns;
+    plan->scratch_cap = cap;
+    return PKV_OK;
+}
+
+/* ---- emitting --------------------------------------------------------------------------------- */
+/* Emits the schedule of one row split in chunks of chunk_tokens: its row record, its tasks (split
+ * outer, KV head inner), and merges for split or empty rows.  Returns the slots it used. */
+static int32_t emit_row(pkv_plan *plan, int32_t row, int32_t n, int32_t page_base, int32_t chunk_tokens,
+                        int32_t slot_base, bool emit_tasks) {
+    const int32_t hkv = plan->problem.num_kv_heads;
+    int32_t nsplit = n > 0 ? (int32_t)ceil_div(n, chunk_tokens) : 0;
+    pkv_row_sched *rs = &plan->rows[plan->num_rows++];
+    rs->row = row;
+    rs->seq_len = n;
+    rs->page_base = page_base;
+    rs->chunk_tokens = chunk_tokens;
+    rs->num_splits = nsplit;
+    rs->slot_base = nsplit > 1 ? slot_base : -1;
+    if (emit_tasks)
+        for (int32_t s = 0; s < nsplit; s++)
+            for (int32_t h = 0; h < hkv; h++) {
+                pkv_task *t = &plan->tasks[plan->num_tasks++];
+                t->row = row;
+                t->kv_head = h;
+                t->tok_begin = s * chunk_tokens;
+                t->tok_end = (s + 1) * chunk_tokens < n ? (s + 1) * chunk_tokens : n;
+                t->page_base = page_base;
+                t->state_slot = nsplit > 1 ? slot_base + h * nsplit + s : -1;
+            }
+    if (nsplit != 1)
+        for (int32_t h = 0; h < hkv; h++) {
+            pkv_merge *m = &plan->merges[plan->num_merges++];
+            m->row = row;
+            m->kv_head = h;
+            m->first_slot = nsplit > 1 ? slot_base + h * nsplit : 0;
+            m->count = nsplit;
+        }
+    return nsplit > 1 ? nsplit * hkv : 0;
+}
+
+static void begin_phase(pkv_plan *plan, int32_t S) {
+    pkv_phase *ph = &plan->phases[plan->num_phases++];
+    ph->task_begin = ph->task_end = plan->num_tasks;
+    ph->merge_begin = ph->merge_end = plan->num_merges;
+    ph->row_begin = ph->row_end = plan->num_rows;
+    ph->grid_splits = S;
+}
+
+static void end_phase(pkv_plan *plan) {
+    pkv_phase *ph = &plan->phases[plan->num_phases - 1];
+    ph->task_end = plan->num_tasks;
+    ph->merge_end = plan->num_merges;
+    ph->row_end = plan->num_rows;
+}
+
+/* One rectangular phase (single / split / a bucket) over the given rows. */
+static int32_t emit_rect_phase(pkv_plan *plan, const plan_params *pp, const pkv_page_table *t, const int32_t *rows,
+                               int32_t nrows, int32_t S) {
+    const pkv_problem *p = &plan->problem;
+    begin_phase(plan, S);
+    int32_t slots = 0;
+    for (int32_t k = 0; k < nrows; k++) {
+        int32_t i = rows[k], n = t->seq_lens[i];
+        int32_t pages = row_pages(p, n);
+        int32_t chunk = row_chunk_pages(pp, pages, S) * p->page_size;
+        slots += emit_row(plan, i, n, t->kv_indptr[i], chunk, slots, true);
+    }
+    end_phase(plan);
+    return slots;
+}
+
+static int cmp_task_len_desc(const void *a, const void *b) {
+    const pkv_task *x = (const pkv_task *)a, *y = (const pkv_task *)b;
+    int32_t lx = x->tok_end - x->tok_begin, ly = y->tok_end - y->tok_begin;
+    if (lx != ly) return lx > ly ? -1 : 1;
+    if (x->row != y->row) return x->row < y->row ? -1 : 1;
+    if (x->kv_head != y->kv_head) return x->kv_head < y->kv_head ? -1 : 1;
+    return x->tok_begin < y->tok_begin ? -1 : (x->tok_begin > y->tok_begin);
+}
+
+static void compute_counters(pkv_plan *plan) {
+    const pkv_problem *p = &plan->problem;
+    pkv_counters *c = &plan->counters;
+    memset(c, 0, sizeof *c);
+    const int64_t es = (int64_t)pkv_dtype_size(p->dtype), d = p->head_dim, hkv = p->num_kv_heads;
+    int64_t split_tasks = 0;
+    for (int32_t k = 0; k < plan->num_tasks; k++) {
+        const pkv_task *t = &plan->tasks[k];
+        c->kv_bytes += (int64_t)(t->tok_end - t->tok_begin) * d * es * 2;
+        if (t->state_slot >= 0) split_tasks++;
+    }
+    for (int32_t k = 0; k < plan->num_rows; k++) c->total_tokens += plan->rows[k].seq_len;
+    c->tasks = plan->num_tasks;
+    c->merges = plan->num_merges;
+    c->qo_bytes = (int64_t)plan->batch_size * p->num_qo_heads * (d * es * 2 + 4);
+    c->merge_state_bytes = 2 * split_tasks * plan->group * (d + 1) * 4;
+    /* a phase launches its task kernel when it has tasks and its merge kernel when it has merges */
+    for (int32_t k = 0; k < plan->num_phases; k++) {
+        const pkv_phase *ph = &plan->phases[k];
+        if (ph->task_end > ph->task_begin) {
+            c->launches++;
+            c->grid_ctas += plan->route == PKV_ROUTE_WORKQUEUE
+                                ? (int64_t)(ph->task_end - ph->task_begin)
+                                : (int64_t)(ph->row_end - ph->row_begin) * hkv * ph->grid_splits;
+        }
+        if (ph->merge_end > ph->merge_begin) c->launches++;
+    }
+}
+
+static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t default_cpu, const pkv_problem *problem,
+                            const pkv_page_table *table, const pkv_plan_options *opts_in, pkv_plan *plan) {
+    pkv_status st = pkv_check_problem(ctx, problem);
+    if (st != PKV_OK) return st;
+    st = pkv_check_table(ctx, problem, table, table && table->kv_page_indices != NULL);
+    if (st != PKV_OK) return st;
+    if (!plan) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "plan is NULL");
+    pkv_plan_options opts;
+    if (opts_in)
+        opts = *opts_in;
+    else
+        pkv_plan_options_default(&opts);
+    if (opts.route < 0 || opts.route >= PKV_ROUTE_COUNT_)
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "route %d is not a known route", (int)opts.route);
+    if (opts.parallelism > 0) parallelism = opts.parallelism;
+    if (parallelism <= 0)
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "parallelism must be positive (set it in the options)");
+    plan_params pp;
+    int32_t per_unit = opts.ctas_per_unit > 0 ? opts.ctas_per_unit : default_cpu;
+    pp.P = (int64_t)parallelism * per_unit;
+    int32_t min_tokens = opts.min_chunk_tokens > 0 ? opts.min_chunk_tokens : 128;
+    pp.min_chunk_pages = (int32_t)ceil_div(min_tokens, problem->page_size);
+    pp.max_splits = opts.max_splits > 0 ? opts.max_splits : 256;
+    pp.forced_splits = opts.num_splits;
+    pp.forced_chunk = opts.chunk_pages;
+
+    const int32_t B = table->batch_size, hkv = problem->num_kv_heads;
+    const int32_t *lens = table->seq_lens;
+    plan->problem = *problem;
+    plan->batch_size = B;
+    plan->group = problem->num_qo_heads / hkv;
+
+    int64_t nonempty = 0, max_pages = 0, empty = 0;
+    for (int32_t i = 0; i < B; i++) {
+        if (lens[i] > 0)
+            nonempty++;
+        else
+            empty++;
+        int64_t pg = row_pages(problem, lens[i]);
+        if (pg > max_pages) max_pages = pg;
+    }
+    pkv_route route = opts.route;
+    if (route == PKV_ROUTE_AUTO) route = nonempty * hkv >= pp.P ? PKV_ROUTE_SINGLE : PKV_ROUTE_WORKQUEUE;
+    plan->route = route;
+
+    st = scratch_reserve(ctx, plan, (size_t)B + 64);
+    if (st != PKV_OK) return st;
+    int32_t *order = plan->scratch;
+    int32_t slots = 0;
+
+    if (route == PKV_ROUTE_SINGLE || route == PKV_ROUTE_SPLIT) {
+        for (int32_t i = 0; i < B; i++) order[i] = i;
+        int32_t S = route == PKV_ROUTE_SINGLE ? 1 : choose_splits(&pp, problem, lens, order, B);
+        int64_t ntasks = 0, nmerges = empty * hkv;
+        for (int32_t i = 0; i < B; i++) {
+            int32_t pages = row_pages(problem, lens[i]);
+            int64_t ns = lens[i] > 0 ? ceil_div(pages, row_chunk_pages(&pp, pages, S)) : 0;
+            ntasks += ns * hkv;
+            if (ns > 1) nmerges += hkv;
+        }
+        st = plan_reserve(ctx, plan, ntasks, B, nmerges, 1);
+        if (st != PKV_OK) return st;
+        slots = emit_rect_phase(plan, &pp, table, order, B, S);
+    } else if (route == PKV_ROUTE_BUCKETED) {
+        /* counting sort of rows by bucket = floor(log2(N)) + 1, 0 for empty rows */
+        int32_t counts[34] = {0};
+        for (int32_t i = 0; i < B; i++) {
+            int32_t b = 0;
+            for (uint32_t n = (uint32_t)lens[i]; n; n >>= 1) b++;
+            counts[b]++;
+        }
+        int32_t starts[34], at = 0, nb = 0;
+        for (int b = 0; b < 34; b++) {
+            starts[b] = at;
+            at += counts[b];
+            nb += counts[b] > 0;
+        }
+        int32_t fill[34];
+        memcpy(fill, starts, sizeof fill);
+        for (int32_t i = 0; i < B; i++) {
+            int32_t b = 0;
+            for (uint32_t n = (uint32_t)lens[i]; n; n >>= 1) b++;
+            order[fill[b]++] = i;
+        }
+        int64_t ntasks = 0, nmerges = 0;
+        int32_t Sb[34];
+        for (int b = 0; b < 34; b++) {
+            if (!counts[b]) continue;
+            Sb[b] = choose_splits(&pp, problem, lens, order + starts[b], counts[b]);
+            for (int32_t k = 0; k < counts[b]; k++) {
+                int32_t n = lens[order[starts[b] + k]];
+                int32_t pages = row_pages(problem, n);
+                int64_t ns = n > 0 ? ceil_div(pages, row_chunk_pages(&pp, pages, Sb[b])) : 0;
+                ntasks += ns * hkv;
+                if (ns != 1) nmerges += hkv;
+            }
+        }
+        st = plan_reserve(ctx, plan, ntasks, B, nmerges, nb);
+        if (st != PKV_OK) return st;
+        for (int b = 0; b < 34; b++) {
+            if (!counts[b]) continue;
+            int32_t s = emit_rect_phase(plan, &pp, table, order + starts[b], counts[b], Sb[b]);
+            if (s > slots) slots = s; /* buckets run in sequence: slots are reused */
+        }
+    } else { /* WORKQUEUE */
+        int32_t c = choose_workqueue_chunk(&pp, problem, lens, B);
+        int32_t chunk_tokens = c * problem->page_size;
+        int64_t ntasks = 0, nmerges = empty * hkv;
+        for (int32_t i = 0; i < B; i++) {
+            int64_t ns = lens[i] > 0 ? ceil_div(lens[i], chunk_tokens) : 0;
+            ntasks += ns * hkv;
+            if (ns > 1) nmerges += hkv;
+        }
+        st = plan_reserve(ctx, plan, ntasks, B, nmerges, 1);
+        if (st != PKV_OK) return st;
+        begin_phase(plan, 0);
+        for (int32_t i = 0; i < B; i++) slots += emit_row(plan, i, lens[i], table->kv_indptr[i], chunk_tokens, slots, true);
+        /* full chunks first (already in row order), then the tails longest first */
+        int32_t w = 0;
+        int32_t ntail = 0;
+        /* stable partition: move full-size tasks to the front; tails kept in a scratch copy */
+        pkv_task *tasks = plan->tasks;
+        int32_t nt = plan->num_tasks;
+        st = scratch_reserve(ctx, plan, (size_t)(B + 64) + (size_t)nt * (sizeof(pkv_task) / sizeof(int32_t)));
+        if (st != PKV_OK) return st;
+        pkv_task *tails = (pkv_task *)(plan->scratch + B + 64);
+        for (int32_t k = 0; k < nt; k++) {
+            if (tasks[k].tok_end - tasks[k].tok_begin == chunk_tokens)
+                tasks[w++] = tasks[k];
+            else
+                tails[ntail++] = tasks[k];
+        }
+        qsort(tails, (size_t)ntail, sizeof *tails, cmp_task_len_desc);
+        memcpy(tasks + w, tails, (size_t)ntail * sizeof *tails);
+        end_phase(plan);
+    }
+    plan->num_state_slots = slots;
+
+    /* workspace layout: [plan blob | partial o (slots x G x d fp32) | partial lse (slots x G fp32)] */
+    size_t state_o = (size_t)slots * (size_t)plan->group * (size_t)problem->head_dim * sizeof(float);
+    size_t state_lse = (size_t)slots * (size_t)plan->group * sizeof(float);
+    plan->off_state_o = align_up(plan->blob_bytes, PKV_WS_ALIGN);
+    plan->off_state_lse = align_up(plan->off_state_o + state_o, PKV_WS_ALIGN);
+    plan->workspace_bytes = align_up(plan->off_state_lse + state_lse, PKV_WS_ALIGN);
+    compute_counters(plan);
+    plan->generation = atomic_fetch_add(&pkv_next_generation, 1);
+    return PKV_OK;
+}
+
+pkv_status pkv_plan_step(pkv_context *ctx, const pkv_problem *problem, const pkv_page_table *table,
+                    const pkv_plan_options *opts, pkv_plan *plan) {
+    if (!ctx) return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "context is NULL");
+    pkv_clear_error(ctx);
+    if (ctx->ops->supports && problem) {
+        pkv_status st = pkv_check_problem(ctx, problem);
+        if (st != PKV_OK) return st;
+        st = ctx->ops->supports(ctx, problem);
+        if (st != PKV_OK) return st;
+    }
+    return plan_impl(ctx, ctx->parallelism, ctx->ctas_per_unit, problem, table, opts, plan);
+}
+
+pkv_status pkv_plan_step_host(const pkv_problem *problem, const pkv_page_table *table, const pkv_plan_options *opts,
+                         pkv_plan *plan) {
+    return plan_impl(NULL, 0, 2, problem, table, opts, plan);
+}
+
+pkv_status pkv_workspace_size(pkv_context *ctx, const pkv_problem *problem, int32_t max_batch,
+                              const pkv_plan_options *opts_in, size_t *bytes) {
+    if (!bytes) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "bytes output is NULL");
+    pkv_status st = pkv_check_problem(ctx, problem);
+    if (st != PKV_OK) return st;
+    if (max_batch < 0 || max_batch > PKV_MAX_BATCH)
+        return pkv_fail(ctx, PKV_ERR_BATCH_SIZE, "max_batch %d is not in [0, %d]", max_batch, PKV_MAX_BATCH);
+    pkv_plan_options opts;
+    if (opts_in)
+        opts = *opts_in;
+    else
+        pkv_plan_options_default(&opts);
+    int64_t par = opts.parallelism > 0 ? opts.parallelism : (ctx ? ctx->parallelism : 0);
+    if (par <= 0) return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "parallelism unknown: pass a context or set it");
+    int64_t per = opts.ctas_per_unit > 0 ? opts.ctas_per_unit : (ctx ? ctx->ctas_per_unit : 2);
+    int64_t P = par * per, hkv = problem->num_kv_heads, G = problem->num_qo_heads / hkv;
+    int64_t max_splits = opts.max_splits > 0 ? opts.max_splits : 256;
+    /* Every rule keeps split slots <= P + B x Hkv (a wave plus one rounding per row); a forced S
+     * gives up to B x Hkv x S, a forced workqueue chunk up to B x Hkv x max_splits. */
+    int64_t slots = P + (int64_t)max_batch * hkv;
+    if (opts.num_splits > 0) {
+        int64_t s = (int64_t)max_batch * hkv * (opts.num_splits < max_splits ? opts.num_splits : max_splits);
+        if (s > slots) slots = s;
+    }
+    if (opts.chunk_pages > 0 && (int64_t)max_batch * hkv * max_splits > slots) slots = (int64_t)max_batch * hkv * max_splits;
+    int64_t tasks = slots + (int64_t)max_batch * hkv;
+    size_t blob = align_up((size_t)tasks * sizeof(pkv_task), PKV_WS_ALIGN) +
+                  align_up((size_t)max_batch * sizeof(pkv_row_sched), PKV_WS_ALIGN) +
+                  align_up((size_t)max_batch * hkv * sizeof(pkv_merge), PKV_WS_ALIGN);
+    size_t so = align_up((size_t)slots * G * problem->head_dim * sizeof(float), PKV_WS_ALIGN);
+    size_t sl = align_up((size_t)slots * G * sizeof(float), PKV_WS_ALIGN);
+    *bytes = blob + so + sl + PKV_WS_ALIGN;
+    return PKV_OK;
+}
+
+/* ---- views -------------------------------------------------------------------------------------- */
+pkv_route pkv_plan_route(const pkv_plan *p) { return p ? p->route : PKV_ROUTE_AUTO; }
+const pkv_counters *pkv_plan_counters(const pkv_plan *p) { return p ? &p->counters : NULL; }
+int32_t pkv_plan_num_tasks(const pkv_plan *p) { return p ? p->num_tasks : 0; }
+const pkv_task *pkv_plan_tasks(const pkv_plan *p) { return p ? p->tasks : NULL; }
+int32_t pkv_plan_num_merges(const pkv_plan *p) { return p ? p->num_merges : 0; }
+const pkv_merge *pkv_plan_merges(const pkv_plan *p) { return p ? p->merges : NULL; }
+int32_t pkv_plan_num_phases(const pkv_plan *p) { return p ? p->num_phases : 0; }
+const pkv_phase *pkv_plan_phases(const pkv_plan *p) { return p ? p->phases : NULL; }
+int32_t pkv_plan_num_rows(const pkv_plan *p) { return p ? p->num_rows : 0; }
+const pkv_row_sched *pkv_plan_rows(const pkv_plan *p) { return p ? p->rows : NULL; }
+int32_t pkv_plan_num_state_slots(const pkv_plan *p) { return p ? p->num_state_slots : 0; }
+const pkv_problem *pkv_plan_problem(const pkv_plan *p) { return p ? &p->problem : NULL; }
+int32_t pkv_plan_batch_size(const pkv_plan *p) { return p ? p->batch_size : 0; }
+size_t pkv_plan_workspace_size(const pkv_plan *p) { return p ? p->workspace_bytes : 0; }

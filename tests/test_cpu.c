@@ -1,0 +1,398 @@
+/* test_cpu.c - the CPU backend against the float64 reference, on every route.
+ *
+ * Random problems cover G in {1, 2, 4, 7, 8, 16}, d in {64, 128, 256}, page sizes {1, 16, 64}, NHD
+ * and HND, fp16 and bf16, lengths 0 and 1 among typical ones (a few long rows), page ids scattered
+ * over a pool with holes, and every KV slot no row may read set to NaN.  Outputs are poisoned with
+ * NaN before every run.  Checked: relative L2 error of o and error of lse against the reference,
+ * every output written, empty rows exactly 0 / -inf, bitwise identical results when the same plan
+ * runs twice and on 1 and 4 threads, lse = NULL accepted, and the workspace and page-id errors.
+ *
+ * Tolerances: the CPU backend reads the same fp16/bf16 inputs as the reference, so its error is the
+ * rounding of o to the dtype (relative RMS about 2^-11 / sqrt(3) for fp16, 2^-8 / sqrt(3) for bf16)
+ * plus fp32 accumulation.  The bounds below sit at about 2.5x the rounding alone. */
+#include "persistentkv.h"
+#include "pkv_test.h"
+#include "test_util.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TOL_O_FP16 1.0e-3  /* relative L2 of o */
+#define TOL_O_BF16 6.0e-3
+#define TOL_LSE 5.0e-5     /* |lse - ref| / max(1, |ref|), fp32 lse */
+
+static void *g_ws = NULL;
+static size_t g_ws_cap = 0;
+
+static void *workspace_for(size_t bytes) {
+    if (bytes > g_ws_cap) {
+        free(g_ws);
+        g_ws = malloc(bytes);
+        g_ws_cap = g_ws ? bytes : 0;
+    }
+    return g_ws;
+}
+
+static pkv_context *make_ctx(int32_t threads) {
+    pkv_context_config cfg;
+    pkv_context_config_default(&cfg);
+    cfg.backend = PKV_BACKEND_CPU;
+    cfg.num_threads = threads;
+    pkv_context *ctx = NULL;
+    pkv_status st = pkv_context_create(&cfg, &ctx);
+    CHECK_MSG(st == PKV_OK, "pkv_context_create(%d threads): %s", threads, pkv_last_error());
+    return ctx;
+}
+
+static pkv_tensors tensors_of(const pkv_test_case *tc, bool with_lse) {
+    pkv_tensors t;
+    t.q = tc->q;
+    t.k_cache = tc->k_cache;
+    t.v_cache = tc->v_cache;
+    t.kv_page_indices = tc->kv_page_indices;
+    t.o = tc->o;
+    t.lse = with_lse ? tc->lse : NULL;
+    return t;
+}
+
+/* Poisons the outputs and runs the plan. */
+static pkv_status run_poisoned(pkv_context *ctx, const pkv_plan *plan, pkv_test_case *tc, bool with_lse) {
+    pkv_test_poison(tc);
+    size_t need = pkv_plan_workspace_size(plan);
+    void *ws = workspace_for(need ? need : 1);
+    pkv_tensors t = tensors_of(tc, with_lse);
+    pkv_status st = pkv_run(ctx, plan, ws, need, &t, NULL);
+    if (st != PKV_OK) fprintf(stderr, "pkv_run: %s\n", pkv_context_last_error(ctx));
+    return st;
+}
+
+typedef struct error_stats {
+    double worst_o[2], worst_lse, worst_abs[2];
+    int runs;
+} error_stats;
+
+static error_stats g_stats;
+
+/* Checks the outputs against the reference; returns true when everything holds. */
+static bool check_outputs(const pkv_test_case *tc, const char *label) {
+    bool ok = true;
+    const int di = tc->problem.dtype == PKV_DTYPE_BF16;
+    int64_t unwritten = pkv_test_unwritten(tc);
+    double rel = pkv_test_rel_l2(tc), mabs = pkv_test_max_abs(tc), lerr = pkv_test_lse_err(tc);
+    int64_t nonzero_empty = pkv_test_empty_rows_nonzero(tc);
+    const double tol = di ? TOL_O_BF16 : TOL_O_FP16;
+    CHECK_MSG(unwritten == 0, "%s: %lld output elements left unwritten", label, (long long)unwritten);
+    CHECK_MSG(rel < tol, "%s: relative L2 error %.3g >= %.3g", label, rel, tol);
+    CHECK_MSG(lerr < TOL_LSE, "%s: lse error %.3g >= %.3g", label, lerr, TOL_LSE);
+    CHECK_MSG(nonzero_empty == 0, "%s: %lld elements of empty rows are not 0", label, (long long)nonzero_empty);
+    ok = unwritten == 0 && rel < tol && lerr < TOL_LSE && nonzero_empty == 0;
+    if (rel > g_stats.worst_o[di]) g_stats.worst_o[di] = rel;
+    if (mabs > g_stats.worst_abs[di]) g_stats.worst_abs[di] = mabs;
+    if (lerr > g_stats.worst_lse) g_stats.worst_lse = lerr;
+    g_stats.runs++;
+    return ok;
+}
+
+static void describe(const pkv_test_case *tc, char *buf, size_t cap, const char *route, int case_id) {
+    const pkv_problem *p = &tc->problem;
+    int n = snprintf(buf, cap, "case %d %s: Hq %d Hkv %d d %d page %d %s %s B %d lens", case_id, route,
+                     p->num_qo_heads, p->num_kv_heads, p->head_dim, p->page_size,
+                     p->layout == PKV_LAYOUT_NHD ? "NHD" : "HND", p->dtype == PKV_DTYPE_FP16 ? "fp16" : "bf16",
+                     tc->batch_size);
+    for (int32_t i = 0; i < tc->batch_size && n > 0 && (size_t)n < cap - 12; i++)
+        n += snprintf(buf + n, cap - (size_t)n, "%s%d", i ? "," : " ", tc->seq_lens[i]);
+}
+
+/* Every route on one case: accuracy, determinism (same plan twice, 1 vs 4 threads), lse = NULL. */
+static void check_case(pkv_context *ctx1, pkv_context *ctx4, pkv_test_case *tc, pkv_rng *rng, int case_id,
+                       bool compare_threads) {
+    CHECK_OK(pkv_test_case_reference(tc));
+    pkv_plan *plan = NULL;
+    CHECK_OK(pkv_plan_create(&plan));
+    const size_t o_bytes = (size_t)tc->q_elems * sizeof(uint16_t), l_bytes = (size_t)tc->lse_elems * sizeof(float);
+    uint16_t *o_first = (uint16_t *)malloc(o_bytes + 2);
+    float *lse_first = (float *)malloc(l_bytes + 4);
+    static const int32_t pars[] = {0, 2, 16, 132};
+    for (int r = PKV_ROUTE_AUTO; r < PKV_ROUTE_COUNT_; r++) {
+        pkv_plan_options opts;
+        pkv_plan_options_default(&opts);
+        opts.route = (pkv_route)r;
+        opts.parallelism = pars[pkv_rng_uniform_int(rng, 0, 3)];
+        if (pkv_rng_uniform01(rng) < 0.25) opts.num_splits = (int32_t)pkv_rng_uniform_int(rng, 1, 40);
+        if (pkv_rng_uniform01(rng) < 0.25) opts.chunk_pages = (int32_t)pkv_rng_uniform_int(rng, 1, 8);
+        if (pkv_rng_uniform01(rng) < 0.25) opts.min_chunk_tokens = (int32_t)pkv_rng_uniform_int(rng, 1, 64);
+        char label[512];
+        describe(tc, label, sizeof label, pkv_route_name((pkv_route)r), case_id);
+        pkv_status st = pkv_plan_step(ctx4, &tc->problem, &tc->table, &opts, plan);
+        CHECK_MSG(st == PKV_OK, "%s: pkv_plan: %s", label, pkv_context_last_error(ctx4));
+        if (st != PKV_OK) continue;
+        const char *why = NULL;
+        CHECK_MSG(pkv_plan_validate(plan, tc->seq_lens, &why) == PKV_OK, "%s: %s", label, why);
+
+        CHECK_OK(run_poisoned(ctx4, plan, tc, true));
+        if (!check_outputs(tc, label)) continue;
+        memcpy(o_first, tc->o, o_bytes);
+        memcpy(lse_first, tc->lse, l_bytes);
+        /* the same plan again: bitwise identical */
+        CHECK_OK(run_poisoned(ctx4, plan, tc, true));
+        CHECK_MSG(memcmp(o_first, tc->o, o_bytes) == 0 && memcmp(lse_first, tc->lse, l_bytes) == 0,
+                  "%s: second run differs", label);
+        if (compare_threads) { /* one thread: bitwise identical */
+            CHECK_OK(run_poisoned(ctx1, plan, tc, true));
+            CHECK_MSG(memcmp(o_first, tc->o, o_bytes) == 0 && memcmp(lse_first, tc->lse, l_bytes) == 0,
+                      "%s: 1 thread differs from 4 threads", label);
+        }
+        if (r == PKV_ROUTE_WORKQUEUE) { /* no lse output: the same o */
+            CHECK_OK(run_poisoned(ctx4, plan, tc, false));
+            CHECK_MSG(memcmp(o_first, tc->o, o_bytes) == 0, "%s: o differs without lse", label);
+        }
+    }
+    free(o_first);
+    free(lse_first);
+    pkv_plan_free(plan);
+}
+
+static void test_random(pkv_context *ctx1, pkv_context *ctx4) {
+    static const int32_t groups[] = {1, 2, 4, 7, 8, 16}, kv_heads[] = {1, 2, 3}, dims[] = {64, 128, 256},
+                         pages[] = {1, 16, 64};
+    pkv_test_choices ch;
+    pkv_test_choices_default(&ch);
+    ch.groups = groups;
+    ch.num_groups = 6;
+    ch.kv_heads = kv_heads;
+    ch.num_kv_heads = 3;
+    ch.head_dims = dims;
+    ch.num_head_dims = 3;
+    ch.page_sizes = pages;
+    ch.num_page_sizes = 3;
+    ch.max_batch = 6;
+    ch.max_len = 3000;
+    ch.long_len = 20000;
+    ch.long_prob = 0.04;
+    pkv_rng rng;
+    pkv_rng_seed(&rng, 20260702);
+    const int cases = 48;
+    for (int c = 0; c < cases; c++) {
+        pkv_test_case tc;
+        if (!pkv_test_case_random(&rng, &ch, &tc)) {
+            CHECK_MSG(false, "case %d: out of memory", c);
+            pkv_test_case_free(&tc);
+            continue;
+        }
+        check_case(ctx1, ctx4, &tc, &rng, c, c % 3 == 0);
+        pkv_test_case_free(&tc);
+    }
+}
+
+/* Hand-made cases: empty batch, all rows empty, one-token rows, a long row split many ways, large
+ * scores (scale 30: softmax far beyond exp's range without the running max), a huge G x d group. */
+static void test_edges(pkv_context *ctx1, pkv_context *ctx4) {
+    pkv_rng rng;
+    pkv_rng_seed(&rng, 99);
+    pkv_problem p;
+    pkv_problem_default(&p);
+    p.num_qo_heads = 8;
+    p.num_kv_heads = 2;
+
+    { /* B = 0: nothing to do, nothing touched */
+        pkv_test_case tc;
+        CHECK(pkv_test_case_build(&rng, &p, 0, NULL, 0.0, 1, &tc));
+        pkv_plan *plan = NULL;
+        CHECK_OK(pkv_plan_create(&plan));
+        CHECK_OK(pkv_plan_step(ctx4, &tc.problem, &tc.table, NULL, plan));
+        pkv_tensors t = {NULL, NULL, NULL, NULL, NULL, NULL};
+        void *ws = workspace_for(pkv_plan_workspace_size(plan) + 1);
+        CHECK_OK(pkv_run(ctx4, plan, ws, pkv_plan_workspace_size(plan), &t, NULL));
+        pkv_plan_free(plan);
+        pkv_test_case_free(&tc);
+    }
+    { /* every row empty: o = 0, lse = -inf, no KV needed */
+        const int32_t lens[3] = {0, 0, 0};
+        pkv_test_case tc;
+        CHECK(pkv_test_case_build(&rng, &p, 3, lens, 0.0, 1, &tc));
+        CHECK_OK(pkv_test_case_reference(&tc));
+        for (int r = PKV_ROUTE_AUTO; r < PKV_ROUTE_COUNT_; r++) {
+            pkv_plan_options opts;
+            pkv_plan_options_default(&opts);
+            opts.route = (pkv_route)r;
+            pkv_plan *plan = NULL;
+            CHECK_OK(pkv_plan_create(&plan));
+            CHECK_OK(pkv_plan_step(ctx4, &tc.problem, &tc.table, &opts, plan));
+            CHECK(pkv_plan_num_tasks(plan) == 0);
+            pkv_test_poison(&tc);
+            pkv_tensors t = tensors_of(&tc, true);
+            t.k_cache = t.v_cache = NULL;
+            t.kv_page_indices = NULL;
+            size_t need = pkv_plan_workspace_size(plan);
+            CHECK_OK(pkv_run(ctx4, plan, workspace_for(need + 1), need, &t, NULL));
+            check_outputs(&tc, "all rows empty");
+            for (int64_t e = 0; e < tc.lse_elems; e++) CHECK(isinf(tc.lse[e]) && tc.lse[e] < 0);
+            pkv_plan_free(plan);
+        }
+        pkv_test_case_free(&tc);
+    }
+    { /* one-token rows and a long row split many ways */
+        const int32_t lens[5] = {1, 1, 20000, 0, 1};
+        for (int layout = 0; layout < 2; layout++) {
+            pkv_problem q = p;
+            q.layout = (pkv_layout)layout;
+            q.page_size = 16;
+            pkv_test_case tc;
+            CHECK(pkv_test_case_build(&rng, &q, 5, lens, 0.5, 1, &tc));
+            CHECK_OK(pkv_test_case_reference(&tc));
+            static const int32_t splits[] = {1, 2, 3, 64, 256, 1000};
+            for (int s = 0; s < 6; s++) {
+                for (int r = PKV_ROUTE_SPLIT; r <= PKV_ROUTE_BUCKETED; r++) {
+                    pkv_plan_options opts;
+                    pkv_plan_options_default(&opts);
+                    opts.route = (pkv_route)r;
+                    opts.num_splits = splits[s];
+                    opts.min_chunk_tokens = 1;
+                    opts.max_splits = 2000;
+                    pkv_plan *plan = NULL;
+                    CHECK_OK(pkv_plan_create(&plan));
+                    CHECK_OK(pkv_plan_step(ctx4, &tc.problem, &tc.table, &opts, plan));
+                    CHECK_OK(run_poisoned(ctx4, plan, &tc, true));
+                    char label[96];
+                    snprintf(label, sizeof label, "long row, %s, S = %d, %s", pkv_route_name((pkv_route)r),
+                             splits[s], layout ? "HND" : "NHD");
+                    check_outputs(&tc, label);
+                    pkv_plan_free(plan);
+                }
+            }
+            /* workqueue with chunks of one page */
+            pkv_plan_options opts;
+            pkv_plan_options_default(&opts);
+            opts.route = PKV_ROUTE_WORKQUEUE;
+            opts.chunk_pages = 1;
+            opts.max_splits = 4096;
+            pkv_plan *plan = NULL;
+            CHECK_OK(pkv_plan_create(&plan));
+            CHECK_OK(pkv_plan_step(ctx4, &tc.problem, &tc.table, &opts, plan));
+            CHECK(pkv_plan_num_state_slots(plan) >= 1250 * 2);
+            CHECK_OK(run_poisoned(ctx4, plan, &tc, true));
+            check_outputs(&tc, "long row, workqueue, chunk of 1 page");
+            pkv_plan_free(plan);
+            pkv_test_case_free(&tc);
+        }
+    }
+    { /* large scores: sm_scale 30 */
+        const int32_t lens[4] = {3000, 17, 1, 700};
+        for (int dt = 0; dt < 2; dt++) {
+            pkv_problem q = p;
+            q.sm_scale = 30.0f;
+            q.dtype = dt ? PKV_DTYPE_BF16 : PKV_DTYPE_FP16;
+            pkv_test_case tc;
+            CHECK(pkv_test_case_build(&rng, &q, 4, lens, 0.1, 1, &tc));
+            CHECK_OK(pkv_test_case_reference(&tc));
+            double max_lse = 0;
+            for (int64_t e = 0; e < tc.lse_elems; e++)
+                if (tc.lse_ref[e] > max_lse) max_lse = tc.lse_ref[e];
+            CHECK_MSG(max_lse > 100.0, "scores not large enough (lse %.1f)", max_lse);
+            for (int r = PKV_ROUTE_SINGLE; r < PKV_ROUTE_COUNT_; r++) {
+                pkv_plan_options opts;
+                pkv_plan_options_default(&opts);
+                opts.route = (pkv_route)r;
+                opts.parallelism = 64;
+                pkv_plan *plan = NULL;
+                CHECK_OK(pkv_plan_create(&plan));
+                CHECK_OK(pkv_plan_step(ctx1, &tc.problem, &tc.table, &opts, plan));
+                CHECK_OK(run_poisoned(ctx1, plan, &tc, true));
+                char label[64];
+                snprintf(label, sizeof label, "scale 30, %s, %s", pkv_route_name((pkv_route)r), dt ? "bf16" : "fp16");
+                check_outputs(&tc, label);
+                pkv_plan_free(plan);
+            }
+            pkv_test_case_free(&tc);
+        }
+    }
+    { /* the largest group: G 16, d 256, with splits */
+        const int32_t lens[2] = {2500, 300};
+        pkv_problem q = p;
+        q.num_kv_heads = 1;
+        q.num_qo_heads = 16;
+        q.head_dim = 256;
+        q.page_size = 64;
+        pkv_test_case tc;
+        CHECK(pkv_test_case_build(&rng, &q, 2, lens, 0.2, 1, &tc));
+        CHECK_OK(pkv_test_case_reference(&tc));
+        pkv_plan_options opts;
+        pkv_plan_options_default(&opts);
+        opts.route = PKV_ROUTE_WORKQUEUE;
+        pkv_plan *plan = NULL;
+        CHECK_OK(pkv_plan_create(&plan));
+        CHECK_OK(pkv_plan_step(ctx4, &tc.problem, &tc.table, &opts, plan));
+        CHECK(pkv_plan_num_state_slots(plan) > 0);
+        CHECK_OK(run_poisoned(ctx4, plan, &tc, true));
+        check_outputs(&tc, "G 16 d 256 workqueue");
+        pkv_plan_free(plan);
+        pkv_test_case_free(&tc);
+    }
+}
+
+/* Workspace too small, and page ids in the run's tensors that differ from the plan's table. */
+static void test_run_errors(pkv_context *ctx4) {
+    pkv_rng rng;
+    pkv_rng_seed(&rng, 5);
+    pkv_problem p;
+    pkv_problem_default(&p);
+    p.num_qo_heads = 4;
+    p.num_kv_heads = 1;
+    const int32_t lens[2] = {900, 40};
+    pkv_test_case tc;
+    CHECK(pkv_test_case_build(&rng, &p, 2, lens, 0.2, 1, &tc));
+    pkv_plan_options opts;
+    pkv_plan_options_default(&opts);
+    opts.route = PKV_ROUTE_SPLIT;
+    opts.num_splits = 4;
+    pkv_plan *plan = NULL;
+    CHECK_OK(pkv_plan_create(&plan));
+    CHECK_OK(pkv_plan_step(ctx4, &tc.problem, &tc.table, &opts, plan));
+    size_t need = pkv_plan_workspace_size(plan);
+    CHECK(need > 0);
+    CHECK(pkv_plan_num_state_slots(plan) > 0);
+    void *ws = workspace_for(need);
+    pkv_tensors t = tensors_of(&tc, true);
+    pkv_test_poison(&tc);
+    CHECK_STATUS(pkv_run(ctx4, plan, ws, need - 1, &t, NULL), PKV_ERR_WORKSPACE_TOO_SMALL);
+    CHECK(pkv_context_last_error(ctx4)[0] != '\0');
+    CHECK(pkv_test_unwritten(&tc) == tc.q_elems + tc.lse_elems); /* nothing written */
+    CHECK_STATUS(pkv_run(ctx4, plan, ws, 0, &t, NULL), PKV_ERR_WORKSPACE_TOO_SMALL);
+    CHECK_OK(pkv_run(ctx4, plan, ws, need, &t, NULL));
+    CHECK(pkv_context_last_error(ctx4)[0] == '\0');
+    /* a page id out of range in the run's copy of the table */
+    int32_t *bad = (int32_t *)malloc((size_t)tc.kv_indptr[2] * sizeof(int32_t));
+    memcpy(bad, tc.kv_page_indices, (size_t)tc.kv_indptr[2] * sizeof(int32_t));
+    bad[3] = (int32_t)tc.problem.num_pages;
+    t.kv_page_indices = bad;
+    CHECK_STATUS(pkv_run(ctx4, plan, ws, need, &t, NULL), PKV_ERR_PAGE_OUT_OF_RANGE);
+    bad[3] = -1;
+    CHECK_STATUS(pkv_run(ctx4, plan, ws, need, &t, NULL), PKV_ERR_PAGE_OUT_OF_RANGE);
+    CHECK(pkv_context_last_error(ctx4)[0] != '\0');
+    free(bad);
+    pkv_plan_free(plan);
+    pkv_test_case_free(&tc);
+}
+
+int main(void) {
+    pkv_context *ctx1 = make_ctx(1), *ctx4 = make_ctx(4);
+    if (!ctx1 || !ctx4) return pkv_test_finish("test_cpu");
+    CHECK(pkv_context_backend(ctx4) == PKV_BACKEND_CPU);
+    CHECK(pkv_context_parallelism(ctx1) == 1 && pkv_context_parallelism(ctx4) == 4);
+    CHECK(strcmp(pkv_context_device_name(ctx4), "cpu (4 threads)") == 0);
+    CHECK(strcmp(pkv_context_device_name(ctx1), "cpu (1 thread)") == 0);
+    test_edges(ctx1, ctx4);
+    test_run_errors(ctx4);
+    test_random(ctx1, ctx4);
+    printf("test_cpu: %d checked runs; worst relative L2 of o: fp16 %.3g, bf16 %.3g; worst max abs: fp16 %.3g, "
+           "bf16 %.3g; worst lse error %.3g\n",
+           g_stats.runs, g_stats.worst_o[0], g_stats.worst_o[1], g_stats.worst_abs[0], g_stats.worst_abs[1],
+           g_stats.worst_lse);
+    pkv_context_free(ctx1);
+    pkv_context_free(ctx4);
+    free(g_ws);
+    return pkv_test_finish("test_cpu");
+}

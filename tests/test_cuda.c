@@ -1,0 +1,182 @@
+/* test_cuda.c - the CUDA backend against the float64 reference: every route on randomized shapes
+ * (G 1..16 including 7, head dims 64/128/256, fp16/bf16, NHD/HND, page sizes 1..256, lengths 0 and
+ * 1, scattered pages, NaN in every KV slot no row may read), outputs poisoned before each run;
+ * bitwise repeatability; CUDA graph capture and replay; errors.  Skips (77) without a GPU.
+ * PKV_TEST_CASES=N sets the number of random problems (default 60). */
+#include "pkv_test.h"
+#include "test_device.h"
+
+#include <string.h>
+
+static const pkv_route routes[] = {PKV_ROUTE_AUTO, PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_BUCKETED,
+                                   PKV_ROUTE_WORKQUEUE};
+
+static void check_case(pkv_context *ctx, pkv_plan *plan, pkv_test_case *tc, const char *what) {
+    const pkv_problem *p = &tc->problem;
+    double tol = p->dtype == PKV_DTYPE_BF16 ? 1.5e-2 : 2e-3;
+    for (size_t r = 0; r < sizeof routes / sizeof routes[0]; r++) {
+        pkv_plan_options opts;
+        pkv_plan_options_default(&opts);
+        opts.route = routes[r];
+        pkv_test_poison(tc);
+        pkv_status st = pkv_plan_step(ctx, p, &tc->table, &opts, plan);
+        if (st == PKV_OK) st = pkv_test_run(ctx, plan, tc);
+        CHECK_MSG(st == PKV_OK, "%s route %s: %s", what, pkv_route_name(routes[r]), pkv_context_last_error(ctx));
+        if (st != PKV_OK) continue;
+        double err = pkv_test_rel_l2(tc), lerr = pkv_test_lse_err(tc);
+        int64_t unwritten = pkv_test_unwritten(tc);
+        CHECK_MSG(err < tol && lerr < 1e-2 && unwritten == 0 && pkv_test_empty_rows_nonzero(tc) == 0,
+                  "%s route %s: B=%d G=%d Hkv=%d d=%d page=%d %s %s rel_l2=%.2e lse=%.2e unwritten=%lld", what,
+                  pkv_route_name(routes[r]), tc->batch_size, p->num_qo_heads / p->num_kv_heads, p->num_kv_heads,
+                  p->head_dim, p->page_size, p->layout == PKV_LAYOUT_HND ? "HND" : "NHD",
+                  p->dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", err, lerr, (long long)unwritten);
+    }
+}
+
+/* Fixed shapes that must work: G = 7, G = 16, d = 256, odd page sizes, a long split row. */
+static void fixed_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
+    struct {
+        int32_t hq, hkv, d, page;
+        pkv_layout layout;
+        pkv_dtype dtype;
+        int32_t B;
+        int32_t lens[6];
+    } cases[] = {
+        {28, 4, 128, 16, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 4, {5000, 0, 1, 777}},
+        {32, 2, 128, 16, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 3, {4097, 16, 33}},
+        {16, 8, 256, 16, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 3, {3000, 129, 2}},
+        {14, 2, 64, 5, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 3, {1234, 5, 6}},
+        {8, 8, 128, 256, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 2, {700, 256}},
+        {32, 8, 128, 1, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 2, {300, 17}},
+        {32, 8, 128, 16, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 1, {70000}},
+        {64, 8, 128, 16, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 2, {20000, 3}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        pkv_problem p;
+        pkv_problem_default(&p);
+        p.num_qo_heads = cases[i].hq;
+        p.num_kv_heads = cases[i].hkv;
+        p.head_dim = cases[i].d;
+        p.page_size = cases[i].page;
+        p.layout = cases[i].layout;
+        p.dtype = cases[i].dtype;
+        pkv_test_case tc;
+        CHECK(pkv_test_case_build(rng, &p, cases[i].B, cases[i].lens, 0.25, 1, &tc));
+        if (!tc.ok) continue;
+        CHECK_OK(pkv_test_case_reference(&tc));
+        char what[32];
+        snprintf(what, sizeof what, "fixed case %zu", i);
+        check_case(ctx, plan, &tc, what);
+        pkv_test_case_free(&tc);
+    }
+}
+
+/* The same plan twice, and as a captured CUDA graph: bitwise identical outputs. */
+static void repeat_and_graph(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
+    pkv_problem p;
+    pkv_problem_default(&p);
+    int32_t lens[5] = {9000, 300, 0, 1, 4500};
+    pkv_test_case tc;
+    CHECK(pkv_test_case_build(rng, &p, 5, lens, 0.1, 1, &tc));
+    if (!tc.ok) return;
+    pkv_plan_options opts;
+    pkv_plan_options_default(&opts);
+    opts.route = PKV_ROUTE_WORKQUEUE;
+    CHECK_OK(pkv_plan_step(ctx, &p, &tc.table, &opts, plan));
+    size_t qb = (size_t)tc.q_elems * 2, kvb = (size_t)tc.kv_elems * 2, lb = (size_t)tc.lse_elems * 4;
+    size_t ib = (size_t)tc.kv_indptr[tc.batch_size] * 4, wsb = pkv_plan_workspace_size(plan);
+    void *q, *k, *v, *o, *lse, *idx, *ws;
+    CHECK_OK(pkv_dev_malloc(ctx, qb, &q));
+    CHECK_OK(pkv_dev_malloc(ctx, kvb, &k));
+    CHECK_OK(pkv_dev_malloc(ctx, kvb, &v));
+    CHECK_OK(pkv_dev_malloc(ctx, qb, &o));
+    CHECK_OK(pkv_dev_malloc(ctx, lb, &lse));
+    CHECK_OK(pkv_dev_malloc(ctx, ib, &idx));
+    CHECK_OK(pkv_dev_malloc(ctx, wsb, &ws));
+    pkv_dev_copy_h2d(ctx, q, tc.q, qb);
+    pkv_dev_copy_h2d(ctx, k, tc.k_cache, kvb);
+    pkv_dev_copy_h2d(ctx, v, tc.v_cache, kvb);
+    pkv_dev_copy_h2d(ctx, idx, tc.kv_page_indices, ib);
+    pkv_tensors t = {q, k, v, (const int32_t *)idx, o, (float *)lse};
+    uint16_t *o1 = (uint16_t *)malloc(qb), *o2 = (uint16_t *)malloc(qb), *o3 = (uint16_t *)malloc(qb);
+    float *l1 = (float *)malloc(lb), *l3 = (float *)malloc(lb);
+    pkv_dev_memset(ctx, o, 0xff, qb);
+    CHECK_OK(pkv_run(ctx, plan, ws, wsb, &t, NULL));
+    pkv_dev_synchronize(ctx);
+    pkv_dev_copy_d2h(ctx, o1, o, qb);
+    pkv_dev_copy_d2h(ctx, l1, lse, lb);
+    pkv_dev_memset(ctx, o, 0xff, qb);
+    CHECK_OK(pkv_run(ctx, plan, ws, wsb, &t, NULL));
+    pkv_dev_synchronize(ctx);
+    pkv_dev_copy_d2h(ctx, o2, o, qb);
+    CHECK_MSG(memcmp(o1, o2, qb) == 0, "two runs of one plan differ");
+    /* graph: poison, capture one run, replay 3 times */
+    pkv_dev_memset(ctx, o, 0xff, qb);
+    pkv_dev_memset(ctx, lse, 0xff, lb);
+    CHECK_OK(pkv_dev_graph_run(ctx, plan, ws, wsb, &t, 3));
+    pkv_dev_copy_d2h(ctx, o3, o, qb);
+    pkv_dev_copy_d2h(ctx, l3, lse, lb);
+    CHECK_MSG(memcmp(o1, o3, qb) == 0, "graph replay differs from a direct run");
+    CHECK_MSG(memcmp(l1, l3, lb) == 0, "graph replay lse differs from a direct run");
+    /* and it is right */
+    memcpy(tc.o, o3, qb);
+    memcpy(tc.lse, l3, lb);
+    CHECK_OK(pkv_test_case_reference(&tc));
+    CHECK(pkv_test_rel_l2(&tc) < 2e-3);
+    /* a workspace too small is refused */
+    CHECK_STATUS(pkv_run(ctx, plan, ws, wsb - 1, &t, NULL), PKV_ERR_WORKSPACE_TOO_SMALL);
+    free(o1), free(o2), free(o3), free(l1), free(l3);
+    void *bufs[] = {q, k, v, o, lse, idx, ws};
+    for (size_t i = 0; i < 7; i++) pkv_dev_free(ctx, bufs[i]);
+    pkv_test_case_free(&tc);
+}
+
+int main(void) {
+    if (!pkv_cuda_available()) PKV_TEST_SKIP("no CUDA device (or a build without CUDA): GPU tests not run");
+    pkv_context_config cc;
+    pkv_context_config_default(&cc);
+    cc.backend = PKV_BACKEND_CUDA;
+    pkv_context *ctx = NULL;
+    CHECK_OK(pkv_context_create(&cc, &ctx));
+    if (!ctx) return pkv_test_finish("test_cuda");
+    printf("device: %s\n", pkv_context_device_name(ctx));
+    pkv_plan *plan = NULL;
+    CHECK_OK(pkv_plan_create(&plan));
+    pkv_rng rng;
+    pkv_rng_seed(&rng, 20261129);
+
+    fixed_cases(ctx, plan, &rng);
+    repeat_and_graph(ctx, plan, &rng);
+
+    static const int32_t groups[] = {1, 2, 3, 4, 7, 8, 12, 16}, dims[] = {64, 128, 256}, pages[] = {1, 8, 16, 64, 256},
+                         hkv[] = {1, 2, 4, 8};
+    static const pkv_layout layouts[] = {PKV_LAYOUT_NHD, PKV_LAYOUT_HND};
+    static const pkv_dtype dtypes[] = {PKV_DTYPE_FP16, PKV_DTYPE_BF16};
+    pkv_test_choices ch;
+    pkv_test_choices_default(&ch);
+    ch.groups = groups, ch.num_groups = 8;
+    ch.head_dims = dims, ch.num_head_dims = 3;
+    ch.page_sizes = pages, ch.num_page_sizes = 5;
+    ch.kv_heads = hkv, ch.num_kv_heads = 4;
+    ch.layouts = layouts, ch.num_layouts = 2;
+    ch.dtypes = dtypes, ch.num_dtypes = 2;
+    ch.max_batch = 12;
+    ch.max_len = 2500;
+    ch.long_len = 40000;
+    ch.long_prob = 0.05;
+    const char *env = getenv("PKV_TEST_CASES");
+    int count = env ? atoi(env) : 60;
+    for (int n = 0; n < count; n++) {
+        pkv_test_case tc;
+        CHECK(pkv_test_case_random(&rng, &ch, &tc));
+        if (!tc.ok) continue;
+        CHECK_OK(pkv_test_case_reference(&tc));
+        char what[32];
+        snprintf(what, sizeof what, "random case %d", n);
+        check_case(ctx, plan, &tc, what);
+        pkv_test_case_free(&tc);
+    }
+    pkv_plan_free(plan);
+    pkv_context_free(ctx);
+    return pkv_test_finish("test_cuda");
+}

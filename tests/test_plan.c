@@ -1,0 +1,712 @@
+/* test_plan.c - the planner and the plan validator, without running attention:
+ *   (a) coverage: thousands of random batches on every route; each plan validates and obeys the
+ *       route's rules (launches, merges, slots, counters, workspace bound);
+ *   (b) planted bugs: one-field mutations of valid plans that pkv_plan_validate must reject;
+ *   (c) the B8 bimodal anchor step (anchor-steps.txt) on the paper shape;
+ *   (d) one plan object reused for a bigger, a smaller and a bigger batch again;
+ *   (e) pkv_block_table_to_csr conversions and its errors. */
+#include "persistentkv.h"
+#include "internal.h"
+#include "pkv_test.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int32_t bucket_of(int32_t n) {
+    int32_t b = 0;
+    for (uint32_t x = (uint32_t)n; x; x >>= 1) b++;
+    return b;
+}
+
+static int64_t ceil_div64(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* A batch: lengths and the CSR table (page ids optional). */
+typedef struct batch {
+    int32_t B;
+    int32_t *lens;    // [B]
+    int32_t *indptr;  // [B + 1]
+    int32_t *pages;   // [indptr[B]] or NULL
+    pkv_page_table table;
+} batch;
+
+static void batch_free(batch *b) {
+    free(b->lens);
+    free(b->indptr);
+    free(b->pages);
+    memset(b, 0, sizeof *b);
+}
+
+/* Fills indptr (each row ceil(len / ps) pages, plus one spare page when spare is set for the row
+ * by the rng) and, when with_pages, identity page ids; sets problem->num_pages. */
+static void batch_make(batch *b, const int32_t *lens, int32_t B, pkv_problem *problem, pkv_rng *rng,
+                       bool with_pages) {
+    memset(b, 0, sizeof *b);
+    b->B = B;
+    b->lens = (int32_t *)malloc((size_t)(B + 1) * sizeof(int32_t));
+    b->indptr = (int32_t *)malloc((size_t)(B + 1) * sizeof(int32_t));
+    b->indptr[0] = 0;
+    for (int32_t i = 0; i < B; i++) {
+        b->lens[i] = lens[i];
+        int64_t pages = ceil_div64(lens[i], problem->page_size);
+        if (rng && pkv_rng_uniform01(rng) < 0.1) pages++;
+        b->indptr[i + 1] = b->indptr[i] + (int32_t)pages;
+    }
+    problem->num_pages = b->indptr[B];
+    if (with_pages) {
+        b->pages = (int32_t *)malloc((size_t)(b->indptr[B] + 1) * sizeof(int32_t));
+        for (int32_t j = 0; j < b->indptr[B]; j++) b->pages[j] = b->indptr[B] - 1 - j;
+    }
+    b->table.batch_size = B;
+    b->table.kv_indptr = b->indptr;
+    b->table.kv_page_indices = b->pages;
+    b->table.seq_lens = b->lens;
+}
+
+/* ---- (a) the rules every plan obeys ---------------------------------------------------------------- */
+static int rules_failed = 0; /* plans with at least one broken rule (printed for the first few) */
+
+#define RULE(cond, ...)                                                                            \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            if (rules_failed < 12) {                                                               \
+                fprintf(stderr, "case %d (%s): rule failed: %s: ", case_id, pkv_route_name(route), #cond); \
+                fprintf(stderr, __VA_ARGS__);                                                      \
+                fputc('\n', stderr);                                                               \
+            }                                                                                      \
+            ok = false;                                                                            \
+        }                                                                                          \
+    } while (0)
+
+static bool check_rules(int case_id, const pkv_problem *pb, const batch *b, const pkv_plan_options *opts,
+                        const pkv_plan *plan) {
+    bool ok = true;
+    const pkv_route route = pkv_plan_route(plan);
+    const int32_t B = b->B, hkv = pb->num_kv_heads, G = pb->num_qo_heads / hkv, d = pb->head_dim;
+    const int64_t per = opts->ctas_per_unit > 0 ? opts->ctas_per_unit : 2;
+    const int64_t P = (int64_t)opts->parallelism * per;
+
+    const char *why = NULL;
+    pkv_status vst = pkv_plan_validate(plan, b->lens, &why);
+    RULE(vst == PKV_OK, "validate: %s", why ? why : "?");
+
+    int64_t total = 0, nonempty = 0, empty = 0;
+    for (int32_t i = 0; i < B; i++) {
+        total += b->lens[i];
+        if (b->lens[i] > 0)
+            nonempty++;
+        else
+            empty++;
+    }
+    if (opts->route == PKV_ROUTE_AUTO)
+        RULE(route == (nonempty * hkv >= P ? PKV_ROUTE_SINGLE : PKV_ROUTE_WORKQUEUE), "auto picked %s",
+             pkv_route_name(route));
+    else
+        RULE(route == opts->route, "route %d", (int)route);
+
+    const int32_t nt = pkv_plan_num_tasks(plan), nm = pkv_plan_num_merges(plan), nph = pkv_plan_num_phases(plan);
+    const pkv_task *tasks = pkv_plan_tasks(plan);
+    const pkv_merge *merges = pkv_plan_merges(plan);
+    const pkv_phase *phases = pkv_plan_phases(plan);
+    const pkv_counters *c = pkv_plan_counters(plan);
+
+    /* tasks per (row, KV head); tasks never empty, page_base = indptr[row] */
+    int32_t *per_rh = (int32_t *)calloc((size_t)B * (size_t)hkv + 1, sizeof(int32_t));
+    int64_t split_tasks = 0;
+    bool any_split = false;
+    for (int32_t k = 0; k < nt; k++) {
+        const pkv_task *t = &tasks[k];
+        RULE(t->tok_end > t->tok_begin, "task %d empty [%d, %d)", k, t->tok_begin, t->tok_end);
+        if (t->row < 0 || t->row >= B || t->kv_head < 0 || t->kv_head >= hkv) {
+            RULE(false, "task %d row/head out of range", k);
+            continue;
+        }
+        RULE(t->page_base == b->indptr[t->row], "task %d page_base %d", k, t->page_base);
+        RULE(t->state_slot >= -1 && t->state_slot < pkv_plan_num_state_slots(plan), "task %d slot %d", k,
+             t->state_slot);
+        per_rh[(int64_t)t->row * hkv + t->kv_head]++;
+        if (t->state_slot >= 0) split_tasks++;
+    }
+    int64_t expected_merges = 0;
+    for (int32_t i = 0; i < B; i++)
+        for (int32_t h = 0; h < hkv; h++) {
+            int32_t n = per_rh[(int64_t)i * hkv + h];
+            if (n != 1) expected_merges++;
+            if (n > 1) any_split = true;
+            RULE((n == 0) == (b->lens[i] == 0), "row %d head %d: %d tasks for %d tokens", i, h, n, b->lens[i]);
+        }
+    /* merges only for split rows (count = their tasks) and empty rows (count 0) */
+    RULE(nm == expected_merges, "%d merges, expected %lld", nm, (long long)expected_merges);
+    for (int32_t m = 0; m < nm; m++) {
+        const pkv_merge *mg = &merges[m];
+        if (mg->row < 0 || mg->row >= B || mg->kv_head < 0 || mg->kv_head >= hkv) {
+            RULE(false, "merge %d row/head out of range", m);
+            continue;
+        }
+        int32_t n = per_rh[(int64_t)mg->row * hkv + mg->kv_head];
+        RULE(mg->count == n && n != 1, "merge %d counts %d for %d tasks", m, mg->count, n);
+        RULE((mg->count == 0) == (b->lens[mg->row] == 0), "merge %d count %d for length %d", m, mg->count,
+             b->lens[mg->row]);
+        if (mg->count > 0)
+            RULE(mg->first_slot >= 0 && mg->first_slot + mg->count <= pkv_plan_num_state_slots(plan),
+                 "merge %d slots [%d, +%d)", m, mg->first_slot, mg->count);
+    }
+
+    /* counters */
+    int64_t launches = 0;
+    for (int32_t k = 0; k < nph; k++) {
+        launches += phases[k].task_end > phases[k].task_begin;
+        launches += phases[k].merge_end > phases[k].merge_begin;
+    }
+    RULE(c->launches == launches, "launches %lld, phases say %lld", (long long)c->launches, (long long)launches);
+    RULE(c->tasks == nt, "tasks counter");
+    RULE(c->merges == nm, "merges counter");
+    RULE(c->total_tokens == total, "total_tokens %lld != %lld", (long long)c->total_tokens, (long long)total);
+    RULE(c->kv_bytes == total * hkv * d * 2 * 2, "kv_bytes %lld != %lld", (long long)c->kv_bytes,
+         (long long)(total * hkv * d * 2 * 2));
+    RULE(c->merge_state_bytes == 2 * split_tasks * G * (d + 1) * 4, "merge_state_bytes");
+    RULE(c->qo_bytes == (int64_t)B * pb->num_qo_heads * (d * 2 * 2 + 4), "qo_bytes");
+    RULE(pkv_plan_num_rows(plan) == B, "%d rows for B %d", pkv_plan_num_rows(plan), B);
+    RULE(pkv_plan_batch_size(plan) == B, "batch size");
+
+    /* route rules */
+    if (route == PKV_ROUTE_SINGLE) {
+        RULE(pkv_plan_num_state_slots(plan) == 0, "single has %d state slots", pkv_plan_num_state_slots(plan));
+        RULE(split_tasks == 0, "single has split tasks");
+        RULE(nph == 1, "single has %d phases", nph);
+        RULE(nt == nonempty * hkv, "single has %d tasks for %lld rows", nt, (long long)nonempty);
+        RULE(c->launches == (nt > 0) + (empty > 0), "single launches %lld, empty rows %lld", (long long)c->launches,
+             (long long)empty);
+    }
+    if (route == PKV_ROUTE_WORKQUEUE) {
+        RULE(nph == 1 && phases[0].grid_splits == 0, "workqueue phases");
+        if (any_split) RULE(c->launches == 2, "workqueue with splits launches %lld", (long long)c->launches);
+        for (int32_t k = 1; k < nt; k++)
+            if (tasks[k].tok_end - tasks[k].tok_begin > tasks[k - 1].tok_end - tasks[k - 1].tok_begin) {
+                RULE(false, "workqueue task %d longer than task %d", k, k - 1);
+                break;
+            }
+        if (any_split && opts->chunk_pages <= 0) RULE(nt <= P, "workqueue made %d tasks for a wave of %lld", nt, (long long)P);
+    }
+    if (route == PKV_ROUTE_SPLIT) {
+        RULE(nph == 1, "split has %d phases", nph);
+        const pkv_row_sched *rows = pkv_plan_rows(plan);
+        for (int32_t r = 0; r < pkv_plan_num_rows(plan); r++)
+            RULE(rows[r].num_splits <= phases[0].grid_splits, "row %d has %d splits, grid %d", rows[r].row,
+                 rows[r].num_splits, phases[0].grid_splits);
+    }
+    if (route == PKV_ROUTE_BUCKETED) {
+        bool seen[34] = {false};
+        int32_t nb = 0;
+        for (int32_t i = 0; i < B; i++)
+            if (!seen[bucket_of(b->lens[i])]) {
+                seen[bucket_of(b->lens[i])] = true;
+                nb++;
+            }
+        RULE(nph == nb, "bucketed has %d phases for %d buckets", nph, nb);
+        const pkv_row_sched *rows = pkv_plan_rows(plan);
+        bool all_split = nph > 0;
+        for (int32_t k = 0; k < nph; k++) {
+            const pkv_phase *ph = &phases[k];
+            for (int32_t r = ph->row_begin; r < ph->row_end; r++) {
+                RULE(bucket_of(rows[r].seq_len) == bucket_of(rows[ph->row_begin].seq_len), "phase %d mixes buckets", k);
+                RULE(rows[r].num_splits <= ph->grid_splits, "row %d has %d splits, grid %d", rows[r].row,
+                     rows[r].num_splits, ph->grid_splits);
+            }
+            bool has_split = false;
+            for (int32_t t = ph->task_begin; t < ph->task_end; t++) has_split |= tasks[t].state_slot >= 0;
+            all_split &= has_split;
+        }
+        if (all_split) RULE(c->launches == 2 * nph, "bucketed launches %lld for %d buckets", (long long)c->launches, nph);
+    }
+
+    /* workspace: the plan's size is within the bound for the same options and max_batch = B */
+    size_t bound = 0;
+    pkv_status wst = pkv_workspace_size(NULL, pb, B, opts, &bound);
+    RULE(wst == PKV_OK, "pkv_workspace_size: %s", pkv_last_error());
+    RULE(pkv_plan_workspace_size(plan) <= bound,
+         "workspace %zu > bound %zu (B %d Hkv %d G %d d %d, P %lld, num_splits %d chunk_pages %d max_splits %d)",
+         pkv_plan_workspace_size(plan), bound, B, hkv, G, d, (long long)P, opts->num_splits, opts->chunk_pages,
+         opts->max_splits);
+    free(per_rh);
+    if (!ok) rules_failed++;
+    return ok;
+}
+
+static void test_coverage(void) {
+    static const int32_t kv_heads[] = {1, 2, 4, 8, 32}, page_sizes[] = {1, 16, 64, 256}, dims[] = {64, 128, 256},
+                         pars[] = {2, 8, 132}, ctas[] = {0, 1, 2, 4};
+    const int cases = 3000;
+    pkv_rng rng;
+    pkv_rng_seed(&rng, 20260701);
+    pkv_plan *plan = NULL;
+    CHECK_OK(pkv_plan_create(&plan));
+    int32_t lens[64];
+    int route_count[PKV_ROUTE_COUNT_] = {0}, good = 0;
+    for (int case_id = 0; case_id < cases; case_id++) {
+        pkv_problem pb;
+        pkv_problem_default(&pb);
+        pb.num_kv_heads = kv_heads[pkv_rng_uniform_int(&rng, 0, 4)];
+        pb.num_qo_heads = pb.num_kv_heads * (int32_t)pkv_rng_uniform_int(&rng, 1, 16);
+        pb.page_size = page_sizes[pkv_rng_uniform_int(&rng, 0, 3)];
+        pb.head_dim = dims[pkv_rng_uniform_int(&rng, 0, 2)];
+        pb.dtype = pkv_rng_uniform01(&rng) < 0.5 ? PKV_DTYPE_FP16 : PKV_DTYPE_BF16;
+        int32_t B = (int32_t)pkv_rng_uniform_int(&rng, 0, 64);
+        double shape = pkv_rng_uniform01(&rng);
+        int32_t same = (int32_t)pkv_rng_uniform_int(&rng, 1, 70000);
+        for (int32_t i = 0; i < B; i++) {
+            double u = pkv_rng_uniform01(&rng);
+            if (shape < 0.1)
+                lens[i] = same; /* homogeneous batch */
+            else if (u < 0.1)
+                lens[i] = 0;
+            else if (u < 0.2)
+                lens[i] = 1;
+            else if (u < 0.5)
+                lens[i] = (int32_t)pkv_rng_uniform_int(&rng, 2, 3000);
+            else
+                lens[i] = (int32_t)pkv_rng_uniform_int(&rng, 2, 70000);
+        }
+        batch b;
+        batch_make(&b, lens, B, &pb, &rng, pkv_rng_uniform01(&rng) < 0.1);
+        pkv_plan_options opts;
+        pkv_plan_options_default(&opts);
+        opts.route = (pkv_route)pkv_rng_uniform_int(&rng, 0, PKV_ROUTE_COUNT_ - 1);
+        opts.parallelism = pars[pkv_rng_uniform_int(&rng, 0, 2)];
+        opts.ctas_per_unit = ctas[pkv_rng_uniform_int(&rng, 0, 3)];
+        if (pkv_rng_uniform01(&rng) < 0.2) opts.num_splits = (int32_t)pkv_rng_uniform_int(&rng, 1, 64);
+        if (pkv_rng_uniform01(&rng) < 0.2) opts.chunk_pages = (int32_t)pkv_rng_uniform_int(&rng, 1, 512);
+        if (pkv_rng_uniform01(&rng) < 0.15) opts.min_chunk_tokens = (int32_t)pkv_rng_uniform_int(&rng, 1, 4096);
+        if (pkv_rng_uniform01(&rng) < 0.15) opts.max_splits = (int32_t)pkv_rng_uniform_int(&rng, 1, 64);
+        pkv_status st = pkv_plan_step_host(&pb, &b.table, &opts, plan);
+        CHECK_MSG(st == PKV_OK, "case %d: pkv_plan_host: %s", case_id, pkv_last_error());
+        if (st == PKV_OK) {
+            route_count[pkv_plan_route(plan)]++;
+            good += check_rules(case_id, &pb, &b, &opts, plan);
+        }
+        batch_free(&b);
+    }
+    CHECK_MSG(good == cases, "%d of %d random plans broke a rule", cases - good, cases);
+    for (int r = 1; r < PKV_ROUTE_COUNT_; r++)
+        CHECK_MSG(route_count[r] > cases / 10, "route %s planned only %d times", pkv_route_name((pkv_route)r),
+                  route_count[r]);
+    printf("coverage: %d random batches, %d obeyed every rule (single %d, split %d, bucketed %d, workqueue %d)\n",
+           cases, good, route_count[1], route_count[2], route_count[3], route_count[4]);
+    pkv_plan_free(plan);
+}
+
+/* ---- (b) planted bugs ------------------------------------------------------------------------------ */
+typedef struct plan_snapshot {
+    pkv_task *tasks;
+    pkv_merge *merges;
+    pkv_phase *phases;
+    int32_t num_tasks, num_merges, num_phases, num_state_slots;
+    pkv_counters counters;
+} plan_snapshot;
+
+static void snapshot_take(plan_snapshot *s, const pkv_plan *p) {
+    s->tasks = (pkv_task *)malloc(((size_t)p->num_tasks + 1) * sizeof(pkv_task));
+    s->merges = (pkv_merge *)malloc(((size_t)p->num_merges + 1) * sizeof(pkv_merge));
+    s->phases = (pkv_phase *)malloc(((size_t)p->num_phases + 1) * sizeof(pkv_phase));
+    memcpy(s->tasks, p->tasks, (size_t)p->num_tasks * sizeof(pkv_task));
+    memcpy(s->merges, p->merges, (size_t)p->num_merges * sizeof(pkv_merge));
+    memcpy(s->phases, p->phases, (size_t)p->num_phases * sizeof(pkv_phase));
+    s->num_tasks = p->num_tasks;
+    s->num_merges = p->num_merges;
+    s->num_phases = p->num_phases;
+    s->num_state_slots = p->num_state_slots;
+    s->counters = p->counters;
+}
+
+static void snapshot_restore(const plan_snapshot *s, pkv_plan *p) {
+    memcpy(p->tasks, s->tasks, (size_t)s->num_tasks * sizeof(pkv_task));
+    memcpy(p->merges, s->merges, (size_t)s->num_merges * sizeof(pkv_merge));
+    memcpy(p->phases, s->phases, (size_t)s->num_phases * sizeof(pkv_phase));
+    p->num_tasks = s->num_tasks;
+    p->num_merges = s->num_merges;
+    p->num_phases = s->num_phases;
+    p->num_state_slots = s->num_state_slots;
+    p->counters = s->counters;
+}
+
+static void snapshot_free(plan_snapshot *s) {
+    free(s->tasks);
+    free(s->merges);
+    free(s->phases);
+}
+
+static int mutations_tried = 0;
+
+/* Validates the mutated plan (must fail with a message), then restores it (must pass again). */
+static void expect_rejected(pkv_plan *plan, const plan_snapshot *snap, const int32_t *lens, const char *route,
+                            const char *what, int32_t index) {
+    const char *why = NULL;
+    pkv_status st = pkv_plan_validate(plan, lens, &why);
+    CHECK_MSG(st != PKV_OK, "%s: mutation '%s' at %d was not detected", route, what, index);
+    CHECK_MSG(st == PKV_OK || (why && why[0]), "%s: mutation '%s' rejected without a message", route, what);
+    mutations_tried++;
+    snapshot_restore(snap, plan);
+    CHECK_MSG(pkv_plan_validate(plan, lens, &why) == PKV_OK, "%s: restored plan invalid: %s", route, why);
+}
+
+static void mutate_plan(pkv_plan *plan, const int32_t *lens, const char *route) {
+    plan_snapshot snap;
+    snapshot_take(&snap, plan);
+    const int32_t nt = plan->num_tasks, nm = plan->num_merges, hkv = plan->problem.num_kv_heads;
+    const int32_t B = plan->batch_size;
+    pkv_task *T = plan->tasks;
+    /* task indices to mutate: first, middle, last, the first split task and the first whole-row task */
+    int32_t picks[5] = {0, nt / 2, nt - 1, -1, -1};
+    for (int32_t k = 0; k < nt; k++) {
+        if (picks[3] < 0 && T[k].state_slot >= 0) picks[3] = k;
+        if (picks[4] < 0 && T[k].state_slot < 0) picks[4] = k;
+    }
+    for (int pi = 0; pi < 5; pi++) {
+        int32_t k = picks[pi];
+        if (k < 0 || k >= nt) continue;
+        T[k].tok_end += 1;
+        expect_rejected(plan, &snap, lens, route, "tok_end += 1", k);
+        T[k].tok_end -= 1;
+        expect_rejected(plan, &snap, lens, route, "tok_end -= 1", k);
+        T[k].tok_begin -= 1;
+        expect_rejected(plan, &snap, lens, route, "tok_begin -= 1", k);
+        T[k].tok_begin += 1;
+        expect_rejected(plan, &snap, lens, route, "tok_begin += 1", k);
+        if (hkv > 1) {
+            T[k].kv_head = (T[k].kv_head + 1) % hkv;
+            expect_rejected(plan, &snap, lens, route, "kv_head changed", k);
+        }
+        if (B > 1) {
+            T[k].row = (T[k].row + 1) % B;
+            expect_rejected(plan, &snap, lens, route, "row changed", k);
+        }
+        if (T[k].state_slot >= 0) {
+            T[k].state_slot = -1;
+            expect_rejected(plan, &snap, lens, route, "split task writes o directly", k);
+            T[k].state_slot = plan->num_state_slots;
+            expect_rejected(plan, &snap, lens, route, "slot out of range", k);
+            /* swap slots with another split task of the same (row, head), then of another one */
+            for (int32_t j = 0; j < nt; j++) {
+                if (j == k || T[j].state_slot < 0 || T[j].row != T[k].row || T[j].kv_head != T[k].kv_head) continue;
+                int32_t s = T[j].state_slot;
+                T[j].state_slot = T[k].state_slot;
+                T[k].state_slot = s;
+                expect_rejected(plan, &snap, lens, route, "slots swapped within a row", k);
+                break;
+            }
+            for (int32_t j = 0; j < nt; j++) {
+                if (T[j].state_slot < 0 || (T[j].row == T[k].row && T[j].kv_head == T[k].kv_head)) continue;
+                int32_t s = T[j].state_slot;
+                T[j].state_slot = T[k].state_slot;
+                T[k].state_slot = s;
+                expect_rejected(plan, &snap, lens, route, "slots swapped between rows", k);
+                break;
+            }
+        } else {
+            T[k].state_slot = 0;
+            expect_rejected(plan, &snap, lens, route, "whole-row task writes a partial state", k);
+        }
+        /* a duplicate of another task in place of this one */
+        int32_t other = (k + 1) % nt;
+        if (other != k) {
+            T[k] = T[other];
+            expect_rejected(plan, &snap, lens, route, "task replaced by a duplicate", k);
+        }
+        /* the task dropped from the list (last task moved into its place) */
+        T[k] = T[nt - 1];
+        plan->num_tasks = nt - 1;
+        plan->phases[plan->num_phases - 1].task_end -= 1;
+        plan->counters.tasks -= 1;
+        expect_rejected(plan, &snap, lens, route, "task dropped", k);
+    }
+    /* a phase that forgets its last task */
+    if (nt > 0) {
+        for (int32_t ph = 0; ph < plan->num_phases; ph++) {
+            if (plan->phases[ph].task_end == plan->phases[ph].task_begin) continue;
+            plan->phases[ph].task_end -= 1;
+            expect_rejected(plan, &snap, lens, route, "phase task_end -= 1", ph);
+        }
+    }
+    /* a split task moved into the next phase (bucketed) */
+    for (int32_t ph = 0; ph + 1 < plan->num_phases; ph++) {
+        const pkv_phase *a = &plan->phases[ph];
+        if (a->task_end > a->task_begin && T[a->task_end - 1].state_slot >= 0) {
+            plan->phases[ph].task_end -= 1;
+            plan->phases[ph + 1].task_begin -= 1;
+            expect_rejected(plan, &snap, lens, route, "split task moved to the next phase", ph);
+        }
+    }
+    /* merges */
+    for (int32_t m = 0; m < nm; m++) {
+        pkv_merge *M = &plan->merges[m];
+        M->count += 1;
+        expect_rejected(plan, &snap, lens, route, "merge count += 1", m);
+        if (M->count > 0) {
+            M->count -= 1;
+            expect_rejected(plan, &snap, lens, route, "merge count -= 1", m);
+            M->first_slot += 1;
+            expect_rejected(plan, &snap, lens, route, "merge first_slot += 1", m);
+        }
+        if (B > 1) {
+            M->row = (M->row + 1) % B;
+            expect_rejected(plan, &snap, lens, route, "merge row changed", m);
+        }
+        if (m == 0 || m == nm - 1) {
+            plan->merges[m] = plan->merges[nm - 1];
+            plan->num_merges = nm - 1;
+            plan->phases[plan->num_phases - 1].merge_end -= 1;
+            expect_rejected(plan, &snap, lens, route, "merge dropped", m);
+        }
+        if (m > 4 && m < nm - 2) m += nm / 8; /* a sample is enough on long lists */
+    }
+    /* counters */
+    plan->counters.kv_bytes += 2;
+    expect_rejected(plan, &snap, lens, route, "kv_bytes counter", 0);
+    plan->counters.tasks += 1;
+    expect_rejected(plan, &snap, lens, route, "tasks counter", 0);
+    plan->counters.merge_state_bytes += 4;
+    expect_rejected(plan, &snap, lens, route, "merge_state_bytes counter", 0);
+    snapshot_free(&snap);
+}
+
+static void test_mutations(void) {
+    static const int32_t lens[] = {0, 1, 500, 3000, 7000, 16, 17, 12000, 129, 0, 2048};
+    const int32_t B = (int32_t)(sizeof lens / sizeof lens[0]);
+    pkv_problem pb;
+    pkv_problem_default(&pb);
+    pb.num_qo_heads = 8;
+    pb.num_kv_heads = 2;
+    batch b;
+    batch_make(&b, lens, B, &pb, NULL, true);
+    pkv_plan *plan = NULL;
+    CHECK_OK(pkv_plan_create(&plan));
+    for (int r = PKV_ROUTE_SINGLE; r < PKV_ROUTE_COUNT_; r++) {
+        pkv_plan_options opts;
+        pkv_plan_options_default(&opts);
+        opts.route = (pkv_route)r;
+        opts.parallelism = 16;
+        CHECK_OK(pkv_plan_step_host(&pb, &b.table, &opts, plan));
+        const char *why = NULL;
+        CHECK_MSG(pkv_plan_validate(plan, lens, &why) == PKV_OK, "%s: %s", pkv_route_name((pkv_route)r), why);
+        if (r != PKV_ROUTE_SINGLE)
+            CHECK_MSG(pkv_plan_num_state_slots(plan) > 0, "%s plan has no split", pkv_route_name((pkv_route)r));
+        if (r == PKV_ROUTE_BUCKETED) CHECK(pkv_plan_num_phases(plan) > 2);
+        mutate_plan(plan, lens, pkv_route_name((pkv_route)r));
+    }
+    /* NULL arguments */
+    const char *why = NULL;
+    CHECK_STATUS(pkv_plan_validate(NULL, lens, &why), PKV_ERR_NULL_POINTER);
+    CHECK_STATUS(pkv_plan_validate(plan, NULL, &why), PKV_ERR_NULL_POINTER);
+    printf("mutations: %d planted bugs tried\n", mutations_tried);
+    pkv_plan_free(plan);
+    batch_free(&b);
+}
+
+/* ---- (c) the B8 bimodal anchor step -------------------------------------------------------------- */
+static void test_anchor_b8_bimodal(void) {
+    static const int32_t lens[] = {910, 539, 29200, 1006, 553, 839, 567, 27555};
+    pkv_problem pb;
+    pkv_problem_default(&pb); /* paper shape: Hq 32, Hkv 8, d 128, page 16, fp16 */
+    batch b;
+    batch_make(&b, lens, 8, &pb, NULL, true);
+    pkv_plan *plan = NULL;
+    CHECK_OK(pkv_plan_create(&plan));
+    pkv_plan_options opts;
+    pkv_plan_options_default(&opts);
+    opts.parallelism = 132;
+    opts.ctas_per_unit = 2;
+    int64_t total = 0;
+    for (int i = 0; i < 8; i++) total += lens[i];
+    CHECK(total == 61169);
+    for (int r = PKV_ROUTE_AUTO; r < PKV_ROUTE_COUNT_; r++) {
+        opts.route = (pkv_route)r;
+        CHECK_OK(pkv_plan_step_host(&pb, &b.table, &opts, plan));
+        const char *why = NULL;
+        CHECK_MSG(pkv_plan_validate(plan, lens, &why) == PKV_OK, "%s", why);
+        const pkv_counters *c = pkv_plan_counters(plan);
+        CHECK(c->kv_bytes == total * 8 * 128 * 2 * 2);
+        CHECK(c->kv_bytes == 250548224); /* anchor-steps.txt: kv_MB = 250.55 */
+        switch (r) {
+        case PKV_ROUTE_AUTO: CHECK(pkv_plan_route(plan) == PKV_ROUTE_WORKQUEUE); break;
+        case PKV_ROUTE_SINGLE:
+            CHECK(c->launches == 1);
+            CHECK(c->tasks == 64);
+            break;
+        case PKV_ROUTE_SPLIT: CHECK(c->launches == 2); break;
+        case PKV_ROUTE_BUCKETED: {
+            /* buckets floor(log2 N) + 1: 10 (six short rows) and 15 (two long rows), both split */
+            CHECK(pkv_plan_num_phases(plan) == 2);
+            int32_t nonempty_buckets = 0;
+            for (int32_t k = 0; k < pkv_plan_num_phases(plan); k++) {
+                const pkv_phase *ph = &pkv_plan_phases(plan)[k];
+                nonempty_buckets += ph->row_end > ph->row_begin;
+                CHECK(ph->merge_end > ph->merge_begin);
+            }
+            CHECK(nonempty_buckets == 2);
+            CHECK_MSG(c->launches == 2 * nonempty_buckets, "bucketed launches %lld", (long long)c->launches);
+            break;
+        }
+        case PKV_ROUTE_WORKQUEUE:
+            CHECK_MSG(c->launches == 2, "workqueue launches %lld", (long long)c->launches);
+            CHECK(c->tasks <= 264);
+            CHECK(c->tasks > 64);
+            break;
+        }
+    }
+    pkv_plan_free(plan);
+    batch_free(&b);
+}
+
+/* ---- (d) plan reuse ---------------------------------------------------------------------------------- */
+static bool plans_equal(const pkv_plan *a, const pkv_plan *b) {
+    if (a->num_tasks != b->num_tasks || a->num_merges != b->num_merges || a->num_phases != b->num_phases ||
+        a->num_rows != b->num_rows || a->num_state_slots != b->num_state_slots || a->route != b->route ||
+        a->workspace_bytes != b->workspace_bytes)
+        return false;
+    if (memcmp(&a->counters, &b->counters, sizeof a->counters) != 0) return false;
+    if (a->num_tasks && memcmp(a->tasks, b->tasks, (size_t)a->num_tasks * sizeof(pkv_task)) != 0) return false;
+    if (a->num_merges && memcmp(a->merges, b->merges, (size_t)a->num_merges * sizeof(pkv_merge)) != 0) return false;
+    if (a->num_rows && memcmp(a->rows, b->rows, (size_t)a->num_rows * sizeof(pkv_row_sched)) != 0) return false;
+    return memcmp(a->phases, b->phases, (size_t)a->num_phases * sizeof(pkv_phase)) == 0;
+}
+
+static void test_plan_reuse(void) {
+    pkv_rng rng;
+    pkv_rng_seed(&rng, 7);
+    int32_t big[64], small[3] = {5000, 0, 1};
+    for (int i = 0; i < 64; i++) big[i] = (int32_t)pkv_rng_uniform_int(&rng, 0, 40000);
+    pkv_problem pb;
+    pkv_problem_default(&pb);
+    pkv_problem pb_big = pb, pb_small = pb;
+    batch bb, bs;
+    batch_make(&bb, big, 64, &pb_big, NULL, true);
+    batch_make(&bs, small, 3, &pb_small, NULL, true);
+    pkv_plan *reused = NULL, *fresh = NULL;
+    CHECK_OK(pkv_plan_create(&reused));
+    for (int r = PKV_ROUTE_AUTO; r < PKV_ROUTE_COUNT_; r++) {
+        pkv_plan_options opts;
+        pkv_plan_options_default(&opts);
+        opts.route = (pkv_route)r;
+        opts.parallelism = 132;
+        opts.num_splits = r == PKV_ROUTE_SPLIT ? 9 : 0;
+        const batch *seq[3] = {&bb, &bs, &bb};
+        const pkv_problem *pbs[3] = {&pb_big, &pb_small, &pb_big};
+        for (int s = 0; s < 3; s++) {
+            CHECK_OK(pkv_plan_step_host(pbs[s], &seq[s]->table, &opts, reused));
+            const char *why = NULL;
+            CHECK_MSG(pkv_plan_validate(reused, seq[s]->lens, &why) == PKV_OK, "reuse %s step %d: %s",
+                      pkv_route_name((pkv_route)r), s, why);
+            CHECK_OK(pkv_plan_create(&fresh));
+            CHECK_OK(pkv_plan_step_host(pbs[s], &seq[s]->table, &opts, fresh));
+            CHECK_MSG(plans_equal(reused, fresh), "reused plan differs from a fresh one (%s, step %d)",
+                      pkv_route_name((pkv_route)r), s);
+            CHECK(pkv_plan_batch_size(reused) == seq[s]->B);
+            pkv_plan_free(fresh);
+            fresh = NULL;
+        }
+    }
+    /* a failed plan call leaves a usable plan object behind for the next call */
+    int32_t bad_lens[2] = {5, -1};
+    int32_t bad_indptr[3] = {0, 1, 2};
+    pkv_page_table bad = {2, bad_indptr, NULL, bad_lens};
+    CHECK_STATUS(pkv_plan_step_host(&pb_small, &bad, NULL, reused), PKV_ERR_NEGATIVE_LENGTH);
+    pkv_plan_options opts;
+    pkv_plan_options_default(&opts);
+    opts.parallelism = 8;
+    CHECK_OK(pkv_plan_step_host(&pb_small, &bs.table, &opts, reused));
+    CHECK(pkv_plan_validate(reused, bs.lens, NULL) == PKV_OK);
+
+    /* the planner through a CPU context uses its parallelism and ctas_per_unit */
+    pkv_context_config cfg;
+    pkv_context_config_default(&cfg);
+    cfg.backend = PKV_BACKEND_CPU;
+    cfg.num_threads = 3;
+    pkv_context *ctx = NULL;
+    CHECK_OK(pkv_context_create(&cfg, &ctx));
+    if (ctx) {
+        CHECK(pkv_context_parallelism(ctx) == 3);
+        pkv_plan_options_default(&opts);
+        opts.route = PKV_ROUTE_WORKQUEUE;
+        CHECK_OK(pkv_plan_step(ctx, &pb_small, &bs.table, &opts, reused));
+        CHECK(pkv_plan_validate(reused, bs.lens, NULL) == PKV_OK);
+        CHECK_MSG(pkv_plan_num_tasks(reused) <= 3 * 4 || pkv_plan_num_state_slots(reused) == 0, "%d tasks",
+                  pkv_plan_num_tasks(reused));
+        size_t bound = 0;
+        CHECK_OK(pkv_workspace_size(ctx, &pb_small, 3, &opts, &bound));
+        CHECK(pkv_plan_workspace_size(reused) <= bound);
+        pkv_context_free(ctx);
+    }
+    pkv_plan_free(reused);
+    batch_free(&bb);
+    batch_free(&bs);
+}
+
+/* ---- (e) block tables ------------------------------------------------------------------------------- */
+static void test_block_table(void) {
+    /* B 4, max_pages 4, page size 16; lengths 0, 17, 64, 1 -> 0, 2, 4, 1 pages */
+    const int32_t table[4 * 4] = {90, 91, 92, 93, 10, 11, -5, -5, 20, 21, 22, 23, 30, 77, 77, 77};
+    const int32_t lens[4] = {0, 17, 64, 1};
+    int32_t indptr[5] = {-1, -1, -1, -1, -1}, idx[16];
+    memset(idx, 0xff, sizeof idx);
+    CHECK_OK(pkv_block_table_to_csr(table, 4, 4, lens, 16, indptr, idx, 16));
+    const int32_t want_indptr[5] = {0, 0, 2, 6, 7}, want_idx[7] = {10, 11, 20, 21, 22, 23, 30};
+    CHECK(memcmp(indptr, want_indptr, sizeof want_indptr) == 0);
+    CHECK(memcmp(idx, want_idx, sizeof want_idx) == 0);
+    CHECK(idx[7] == -1); /* nothing written past the last page */
+    /* the result is a valid page table */
+    pkv_problem pb;
+    pkv_problem_default(&pb);
+    pb.num_pages = 100;
+    pkv_page_table t = {4, indptr, idx, lens};
+    CHECK_OK(pkv_check_page_table(&pb, &t));
+    /* exact capacity works, one less fails */
+    CHECK_OK(pkv_block_table_to_csr(table, 4, 4, lens, 16, indptr, idx, 7));
+    CHECK_STATUS(pkv_block_table_to_csr(table, 4, 4, lens, 16, indptr, idx, 6), PKV_ERR_INVALID_ARGUMENT);
+    CHECK(pkv_last_error()[0] != '\0');
+    /* page size 1: one page per token */
+    const int32_t lens1[2] = {3, 2};
+    const int32_t table1[2 * 3] = {5, 6, 7, 8, 9, 99};
+    CHECK_OK(pkv_block_table_to_csr(table1, 2, 3, lens1, 1, indptr, idx, 16));
+    CHECK(indptr[0] == 0 && indptr[1] == 3 && indptr[2] == 5);
+    CHECK(idx[0] == 5 && idx[2] == 7 && idx[3] == 8 && idx[4] == 9);
+    /* empty batch */
+    indptr[0] = -1;
+    CHECK_OK(pkv_block_table_to_csr(table, 0, 4, lens, 16, indptr, idx, 0));
+    CHECK(indptr[0] == 0);
+    /* errors */
+    const int32_t long_lens[4] = {0, 17, 65, 1}; /* 65 tokens need 5 pages of 16 */
+    CHECK_STATUS(pkv_block_table_to_csr(table, 4, 4, long_lens, 16, indptr, idx, 16), PKV_ERR_LENGTH_EXCEEDS_PAGES);
+    CHECK(pkv_last_error()[0] != '\0');
+    const int32_t neg_lens[4] = {0, -17, 64, 1};
+    CHECK_STATUS(pkv_block_table_to_csr(table, 4, 4, neg_lens, 16, indptr, idx, 16), PKV_ERR_NEGATIVE_LENGTH);
+    CHECK_STATUS(pkv_block_table_to_csr(NULL, 4, 4, lens, 16, indptr, idx, 16), PKV_ERR_NULL_POINTER);
+    CHECK_STATUS(pkv_block_table_to_csr(table, 4, 4, NULL, 16, indptr, idx, 16), PKV_ERR_NULL_POINTER);
+    CHECK_STATUS(pkv_block_table_to_csr(table, 4, 4, lens, 16, NULL, idx, 16), PKV_ERR_NULL_POINTER);
+    CHECK_STATUS(pkv_block_table_to_csr(table, 4, 4, lens, 16, indptr, NULL, 16), PKV_ERR_NULL_POINTER);
+    CHECK_STATUS(pkv_block_table_to_csr(table, -1, 4, lens, 16, indptr, idx, 16), PKV_ERR_BATCH_SIZE);
+    CHECK_STATUS(pkv_block_table_to_csr(table, 4, -1, lens, 16, indptr, idx, 16), PKV_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(pkv_block_table_to_csr(table, 4, 4, lens, 0, indptr, idx, 16), PKV_ERR_PAGE_SIZE);
+    CHECK_STATUS(pkv_block_table_to_csr(table, 4, 4, lens, 257, indptr, idx, 16), PKV_ERR_PAGE_SIZE);
+}
+
+/* ---- route names -------------------------------------------------------------------------------------- */
+static void test_route_names(void) {
+    for (int r = 0; r < PKV_ROUTE_COUNT_; r++) {
+        pkv_route parsed = PKV_ROUTE_COUNT_;
+        CHECK_OK(pkv_route_parse(pkv_route_name((pkv_route)r), &parsed));
+        CHECK(parsed == (pkv_route)r);
+    }
+    CHECK(strcmp(pkv_route_name(PKV_ROUTE_WORKQUEUE), "workqueue") == 0);
+    CHECK(strcmp(pkv_route_name((pkv_route)42), "unknown") == 0);
+}
+
+int main(void) {
+    test_route_names();
+    test_block_table();
+    test_anchor_b8_bimodal();
+    test_plan_reuse();
+    test_mutations();
+    test_coverage();
+    return pkv_test_finish("test_plan");
+}

@@ -1,0 +1,327 @@
+/* test_util.h - helpers shared by the CPU and GPU tests (header only, static inline functions):
+ * a seeded random problem generator (shape, lengths, a scattered page pool, fp16/bf16 data, the CSR
+ * table), the float64 reference of a generated problem, output poisoning and the comparisons
+ * (relative L2 and max abs error of o, lse error, "every element written").
+ *
+ * Typical use:
+ *   pkv_test_case tc;
+ *   pkv_test_choices ch; pkv_test_choices_default(&ch);
+ *   pkv_test_case_random(&rng, &ch, &tc);      // or pkv_test_case_build(&rng, &problem, B, lens, &tc)
+ *   pkv_test_case_reference(&tc);              // o_ref, lse_ref
+ *   pkv_test_poison(&tc);  ... run into tc.o / tc.lse ...
+ *   pkv_test_unwritten(&tc) == 0, pkv_test_rel_l2(&tc) < tol, pkv_test_lse_err(&tc) < tol
+ *   pkv_test_case_free(&tc);
+ *
+ * Data: q, K and V are uniform in [-1, 1] rounded to the dtype, never zero.  With
+ * poison_unused_kv set, every KV slot no row reads (the tail of a row's last page, pages a row owns
+ * past its length, and the unused "hole" pages of the pool) holds NaN, so a kernel that reads or
+ * mixes in a token it must not see turns its output into NaN. */
+#ifndef PKV_TEST_UTIL_H
+#define PKV_TEST_UTIL_H
+
+#include "persistentkv.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* NaN bit patterns used to poison outputs and unused KV slots. */
+#define PKV_TEST_NAN_FP16 ((uint16_t)0x7e00u)
+#define PKV_TEST_NAN_BF16 ((uint16_t)0x7fc0u)
+
+static inline uint16_t pkv_test_nan_bits(pkv_dtype dtype) {
+    return dtype == PKV_DTYPE_BF16 ? PKV_TEST_NAN_BF16 : PKV_TEST_NAN_FP16;
+}
+
+static inline float pkv_test_to_float(uint16_t bits, pkv_dtype dtype) {
+    return dtype == PKV_DTYPE_BF16 ? pkv_bf16_to_float(bits) : pkv_half_to_float(bits);
+}
+
+static inline uint16_t pkv_test_from_float(float f, pkv_dtype dtype) {
+    return dtype == PKV_DTYPE_BF16 ? pkv_float_to_bf16(f) : pkv_float_to_half(f);
+}
+
+/* What the random generator may pick.  Each list has count entries (count 0: the default noted). */
+typedef struct pkv_test_choices {
+    const int32_t *groups;      int32_t num_groups;      /* G; default {1, 4, 8} */
+    const int32_t *kv_heads;    int32_t num_kv_heads;    /* Hkv; default {1, 2} */
+    const int32_t *head_dims;   int32_t num_head_dims;   /* default {64, 128} */
+    const int32_t *page_sizes;  int32_t num_page_sizes;  /* default {1, 16, 64} */
+    const pkv_layout *layouts;  int32_t num_layouts;     /* default {NHD, HND} */
+    const pkv_dtype *dtypes;    int32_t num_dtypes;      /* default {FP16, BF16} */
+    int32_t max_batch;          /* B drawn in [min_batch, max_batch]; default 1..6 */
+    int32_t min_batch;
+    int32_t max_len;            /* typical lengths drawn in [2, max_len]; default 3000 */
+    int32_t long_len;           /* with probability long_prob a row gets up to long_len tokens */
+    double long_prob;
+    double empty_prob;          /* probability of a row of length 0; default 0.1 */
+    double one_prob;            /* probability of a row of length 1; default 0.1 */
+    double hole_fraction;       /* unused pages / used pages; default 0.25 */
+    int poison_unused_kv;       /* NaN in every KV slot no row reads; default 1 */
+} pkv_test_choices;
+
+static inline void pkv_test_choices_default(pkv_test_choices *c) {
+    memset(c, 0, sizeof *c);
+    c->max_batch = 6;
+    c->min_batch = 1;
+    c->max_len = 3000;
+    c->long_len = 0;
+    c->long_prob = 0.0;
+    c->empty_prob = 0.1;
+    c->one_prob = 0.1;
+    c->hole_fraction = 0.25;
+    c->poison_unused_kv = 1;
+}
+
+/* A generated problem with its host data, outputs and reference. */
+typedef struct pkv_test_case {
+    pkv_problem problem;
+    pkv_page_table table;     /* points at the arrays below */
+    int32_t batch_size;
+    int32_t *seq_lens;        // [B]
+    int32_t *kv_indptr;       // [B + 1]
+    int32_t *kv_page_indices; // [kv_indptr[B]]
+    uint16_t *q;              // [B, Hq, d]
+    uint16_t *k_cache;        // [num_pages, page_size, Hkv, d] (NHD) or [num_pages, Hkv, page_size, d] (HND)
+    uint16_t *v_cache;
+    uint16_t *o;              // [B, Hq, d]   output under test
+    float *lse;               // [B, Hq]      output under test
+    double *o_ref;            // [B, Hq, d]
+    double *lse_ref;          // [B, Hq]
+    int64_t q_elems, kv_elems, lse_elems, total_tokens;
+    int ok;                   /* 1 when every allocation succeeded */
+} pkv_test_case;
+
+static inline int64_t pkv_test_pick(pkv_rng *rng, int64_t count) {
+    return count <= 1 ? 0 : pkv_rng_uniform_int(rng, 0, count - 1);
+}
+
+/* Uniform in [-1, 1], rounded to the dtype, never zero (nor -0). */
+static inline uint16_t pkv_test_random_value(pkv_rng *rng, pkv_dtype dtype) {
+    for (;;) {
+        float f = (float)(2.0 * pkv_rng_uniform01(rng) - 1.0);
+        uint16_t bits = pkv_test_from_float(f, dtype);
+        if ((bits & 0x7fffu) != 0) return bits;
+    }
+}
+
+static inline void pkv_test_case_free(pkv_test_case *tc) {
+    free(tc->seq_lens);
+    free(tc->kv_indptr);
+    free(tc->kv_page_indices);
+    free(tc->q);
+    free(tc->k_cache);
+    free(tc->v_cache);
+    free(tc->o);
+    free(tc->lse);
+    free(tc->o_ref);
+    free(tc->lse_ref);
+    memset(tc, 0, sizeof *tc);
+}
+
+/* Builds a case for the given problem shape (num_pages is computed) and lengths: each row owns
+ * ceil(len / page_size) pages, sometimes one more; page ids are a random permutation of the pool
+ * (no page shared between rows) with hole_fraction unused pages.  Returns tc->ok. */
+static inline int pkv_test_case_build(pkv_rng *rng, const pkv_problem *shape, int32_t batch_size,
+                                      const int32_t *lens, double hole_fraction, int poison_unused_kv,
+                                      pkv_test_case *tc) {
+    memset(tc, 0, sizeof *tc);
+    tc->problem = *shape;
+    tc->batch_size = batch_size;
+    const pkv_problem *p = &tc->problem;
+    const int32_t ps = p->page_size, hq = p->num_qo_heads, hkv = p->num_kv_heads, d = p->head_dim;
+    const size_t B = (size_t)batch_size;
+    tc->seq_lens = (int32_t *)malloc((B + 1) * sizeof(int32_t));
+    tc->kv_indptr = (int32_t *)malloc((B + 1) * sizeof(int32_t));
+    if (!tc->seq_lens || !tc->kv_indptr) return 0;
+    int64_t used = 0;
+    tc->kv_indptr[0] = 0;
+    for (int32_t i = 0; i < batch_size; i++) {
+        tc->seq_lens[i] = lens[i];
+        tc->total_tokens += lens[i];
+        int64_t pages = ((int64_t)lens[i] + ps - 1) / ps;
+        if (pkv_rng_uniform01(rng) < 0.2) pages += 1; /* a spare page past the length */
+        used += pages;
+        tc->kv_indptr[i + 1] = (int32_t)used;
+    }
+    int64_t holes = (int64_t)((double)used * hole_fraction) + (used > 0 ? 1 : 0);
+    int64_t num_pages = used + holes;
+    tc->problem.num_pages = num_pages;
+    /* pool: a random permutation of [0, num_pages); rows take the first `used` entries */
+    int32_t *perm = (int32_t *)malloc((size_t)(num_pages > 0 ? num_pages : 1) * sizeof(int32_t));
+    tc->kv_page_indices = (int32_t *)malloc((size_t)(used > 0 ? used : 1) * sizeof(int32_t));
+    if (!perm || !tc->kv_page_indices) {
+        free(perm);
+        return 0;
+    }
+    for (int64_t j = 0; j < num_pages; j++) perm[j] = (int32_t)j;
+    for (int64_t j = num_pages - 1; j > 0; j--) {
+        int64_t r = pkv_rng_uniform_int(rng, 0, j);
+        int32_t tmp = perm[j];
+        perm[j] = perm[r];
+        perm[r] = tmp;
+    }
+    for (int64_t j = 0; j < used; j++) tc->kv_page_indices[j] = perm[j];
+    free(perm);
+
+    tc->q_elems = (int64_t)batch_size * hq * d;
+    tc->lse_elems = (int64_t)batch_size * hq;
+    tc->kv_elems = num_pages * ps * hkv * d;
+    size_t qn = (size_t)(tc->q_elems > 0 ? tc->q_elems : 1), ln = (size_t)(tc->lse_elems > 0 ? tc->lse_elems : 1);
+    size_t kn = (size_t)(tc->kv_elems > 0 ? tc->kv_elems : 1);
+    tc->q = (uint16_t *)malloc(qn * sizeof(uint16_t));
+    tc->o = (uint16_t *)malloc(qn * sizeof(uint16_t));
+    tc->o_ref = (double *)malloc(qn * sizeof(double));
+    tc->lse = (float *)malloc(ln * sizeof(float));
+    tc->lse_ref = (double *)malloc(ln * sizeof(double));
+    tc->k_cache = (uint16_t *)malloc(kn * sizeof(uint16_t));
+    tc->v_cache = (uint16_t *)malloc(kn * sizeof(uint16_t));
+    if (!tc->q || !tc->o || !tc->o_ref || !tc->lse || !tc->lse_ref || !tc->k_cache || !tc->v_cache) return 0;
+    for (int64_t e = 0; e < tc->q_elems; e++) tc->q[e] = pkv_test_random_value(rng, p->dtype);
+    const uint16_t nan_bits = pkv_test_nan_bits(p->dtype);
+    for (int64_t e = 0; e < tc->kv_elems; e++) {
+        tc->k_cache[e] = poison_unused_kv ? nan_bits : pkv_test_random_value(rng, p->dtype);
+        tc->v_cache[e] = poison_unused_kv ? nan_bits : pkv_test_random_value(rng, p->dtype);
+    }
+    if (poison_unused_kv) { /* real data only where a row's tokens live */
+        const int64_t s_page = (int64_t)ps * hkv * d;
+        const int64_t s_token = p->layout == PKV_LAYOUT_NHD ? (int64_t)hkv * d : d;
+        const int64_t s_head = p->layout == PKV_LAYOUT_NHD ? d : (int64_t)ps * d;
+        for (int32_t i = 0; i < batch_size; i++)
+            for (int32_t t = 0; t < lens[i]; t++) {
+                int64_t page = tc->kv_page_indices[tc->kv_indptr[i] + t / ps];
+                for (int32_t h = 0; h < hkv; h++) {
+                    int64_t at = page * s_page + (int64_t)h * s_head + (int64_t)(t % ps) * s_token;
+                    for (int32_t e = 0; e < d; e++) {
+                        tc->k_cache[at + e] = pkv_test_random_value(rng, p->dtype);
+                        tc->v_cache[at + e] = pkv_test_random_value(rng, p->dtype);
+                    }
+                }
+            }
+    }
+    tc->table.batch_size = batch_size;
+    tc->table.kv_indptr = tc->kv_indptr;
+    tc->table.kv_page_indices = tc->kv_page_indices;
+    tc->table.seq_lens = tc->seq_lens;
+    tc->ok = 1;
+    return 1;
+}
+
+/* Draws one random length under the choices. */
+static inline int32_t pkv_test_random_len(pkv_rng *rng, const pkv_test_choices *c) {
+    double u = pkv_rng_uniform01(rng);
+    if (u < c->empty_prob) return 0;
+    if (u < c->empty_prob + c->one_prob) return 1;
+    if (c->long_len > 0 && pkv_rng_uniform01(rng) < c->long_prob)
+        return (int32_t)pkv_rng_uniform_int(rng, 2, c->long_len);
+    return (int32_t)pkv_rng_uniform_int(rng, 2, c->max_len > 2 ? c->max_len : 2);
+}
+
+/* Draws a whole random case under the choices.  Returns tc->ok. */
+static inline int pkv_test_case_random(pkv_rng *rng, const pkv_test_choices *c, pkv_test_case *tc) {
+    static const int32_t def_groups[] = {1, 4, 8}, def_kv[] = {1, 2}, def_dims[] = {64, 128},
+                         def_pages[] = {1, 16, 64};
+    static const pkv_layout def_layouts[] = {PKV_LAYOUT_NHD, PKV_LAYOUT_HND};
+    static const pkv_dtype def_dtypes[] = {PKV_DTYPE_FP16, PKV_DTYPE_BF16};
+    pkv_problem p;
+    pkv_problem_default(&p);
+    int32_t G = c->num_groups ? c->groups[pkv_test_pick(rng, c->num_groups)] : def_groups[pkv_test_pick(rng, 3)];
+    p.num_kv_heads = c->num_kv_heads ? c->kv_heads[pkv_test_pick(rng, c->num_kv_heads)] : def_kv[pkv_test_pick(rng, 2)];
+    p.num_qo_heads = G * p.num_kv_heads;
+    p.head_dim = c->num_head_dims ? c->head_dims[pkv_test_pick(rng, c->num_head_dims)] : def_dims[pkv_test_pick(rng, 2)];
+    p.page_size = c->num_page_sizes ? c->page_sizes[pkv_test_pick(rng, c->num_page_sizes)] : def_pages[pkv_test_pick(rng, 3)];
+    p.layout = c->num_layouts ? c->layouts[pkv_test_pick(rng, c->num_layouts)] : def_layouts[pkv_test_pick(rng, 2)];
+    p.dtype = c->num_dtypes ? c->dtypes[pkv_test_pick(rng, c->num_dtypes)] : def_dtypes[pkv_test_pick(rng, 2)];
+    int32_t lo = c->min_batch > 0 ? c->min_batch : 0, hi = c->max_batch > lo ? c->max_batch : lo;
+    int32_t B = (int32_t)pkv_rng_uniform_int(rng, lo, hi);
+    int32_t *lens = (int32_t *)malloc((size_t)(B > 0 ? B : 1) * sizeof(int32_t));
+    if (!lens) {
+        memset(tc, 0, sizeof *tc);
+        return 0;
+    }
+    for (int32_t i = 0; i < B; i++) lens[i] = pkv_test_random_len(rng, c);
+    int ok = pkv_test_case_build(rng, &p, B, lens, c->hole_fraction, c->poison_unused_kv, tc);
+    free(lens);
+    return ok;
+}
+
+/* Fills o_ref and lse_ref with the float64 reference. */
+static inline pkv_status pkv_test_case_reference(pkv_test_case *tc) {
+    return pkv_reference(&tc->problem, &tc->table, tc->q, tc->k_cache, tc->v_cache, tc->o_ref, tc->lse_ref);
+}
+
+/* Fills o with the dtype's NaN pattern and lse with NaN, so unwritten elements show. */
+static inline void pkv_test_poison(pkv_test_case *tc) {
+    const uint16_t nan_bits = pkv_test_nan_bits(tc->problem.dtype);
+    for (int64_t e = 0; e < tc->q_elems; e++) tc->o[e] = nan_bits;
+    for (int64_t e = 0; e < tc->lse_elems; e++) tc->lse[e] = NAN;
+}
+
+/* Output elements (o and lse) still NaN: 0 when every element was written with a number. */
+static inline int64_t pkv_test_unwritten(const pkv_test_case *tc) {
+    int64_t bad = 0;
+    for (int64_t e = 0; e < tc->q_elems; e++) {
+        float f = pkv_test_to_float(tc->o[e], tc->problem.dtype);
+        if (isnan(f)) bad++;
+    }
+    for (int64_t e = 0; e < tc->lse_elems; e++)
+        if (isnan(tc->lse[e])) bad++;
+    return bad;
+}
+
+/* Relative L2 error of o against o_ref: ||o - o_ref|| / max(||o_ref||, tiny).  NaN or inf in o
+ * gives +inf. */
+static inline double pkv_test_rel_l2(const pkv_test_case *tc) {
+    double num = 0.0, den = 0.0;
+    for (int64_t e = 0; e < tc->q_elems; e++) {
+        double x = (double)pkv_test_to_float(tc->o[e], tc->problem.dtype);
+        if (!isfinite(x)) return INFINITY;
+        double diff = x - tc->o_ref[e];
+        num += diff * diff;
+        den += tc->o_ref[e] * tc->o_ref[e];
+    }
+    if (den < 1e-300) return sqrt(num);
+    return sqrt(num / den);
+}
+
+/* Largest |o - o_ref|; +inf when o holds NaN or inf. */
+static inline double pkv_test_max_abs(const pkv_test_case *tc) {
+    double worst = 0.0;
+    for (int64_t e = 0; e < tc->q_elems; e++) {
+        double x = (double)pkv_test_to_float(tc->o[e], tc->problem.dtype);
+        if (!isfinite(x)) return INFINITY;
+        double diff = fabs(x - tc->o_ref[e]);
+        if (diff > worst) worst = diff;
+    }
+    return worst;
+}
+
+/* Largest |lse - lse_ref| / max(1, |lse_ref|); empty rows must give -inf in both (0 error), any
+ * other mismatch of infinities or a NaN gives +inf. */
+static inline double pkv_test_lse_err(const pkv_test_case *tc) {
+    double worst = 0.0;
+    for (int64_t e = 0; e < tc->lse_elems; e++) {
+        double x = (double)tc->lse[e], r = tc->lse_ref[e];
+        if (isinf(r) || isinf(x) || isnan(x)) {
+            if (!(isinf(r) && isinf(x) && (r < 0) == (x < 0))) return INFINITY;
+            continue;
+        }
+        double err = fabs(x - r) / (fabs(r) > 1.0 ? fabs(r) : 1.0);
+        if (err > worst) worst = err;
+    }
+    return worst;
+}
+
+/* Rows of length 0 must give o == +0 or -0 exactly: count the elements that do not. */
+static inline int64_t pkv_test_empty_rows_nonzero(const pkv_test_case *tc) {
+    const int64_t row = (int64_t)tc->problem.num_qo_heads * tc->problem.head_dim;
+    int64_t bad = 0;
+    for (int32_t i = 0; i < tc->batch_size; i++)
+        if (tc->seq_lens[i] == 0)
+            for (int64_t e = 0; e < row; e++)
+                if ((tc->o[(int64_t)i * row + e] & 0x7fffu) != 0) bad++;
+    return bad;
+}
+
+#endif /* PKV_TEST_UTIL_H */

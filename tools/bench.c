@@ -1,0 +1,945 @@
+/* bench.c - `pkv bench`: replays a trace, the anchor steps or one isolated step on a backend and
+ * route, and reports every metric of design.md section 5 that the backend can give: kernel time
+ * (CUDA events, median of many runs, KV rotated over a pool larger than L2), synchronized wall
+ * time of a whole step (plan + upload + launches + sync), launches, tasks, KV and merge-state
+ * bytes, achieved bandwidth against the read ceiling measured in the same run, the floor of the
+ * step (a streaming read of the same bytes, timed the same way) and the step efficiency, and the
+ * error against the float64 reference on sampled rows.  Markdown table on stdout, JSON on request. */
+#define _POSIX_C_SOURCE 200809L
+#include "cli.h"
+#include "pkv_dev.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_ROUTES 5
+
+typedef struct bench_opts {
+    pkv_context *ctx;
+    bool cuda;
+    const pkv_shape *shape;
+    pkv_problem prob; /* num_pages set per step */
+    pkv_route routes[MAX_ROUTES];
+    int nroutes;
+    int reps, warmup, wall_reps;
+    bool check, per_step, quiet;
+    int64_t rotate_bytes;
+    const char *cmdline;
+} bench_opts;
+
+/* One step to measure: lengths and, per rotation, the physical page of each logical page. */
+typedef struct step_input {
+    char name[48];
+    int32_t batch;
+    int32_t *lens;
+    int32_t *indptr;
+    int32_t *pages;      /* [rotations][indptr[B]] */
+    int32_t rotations;
+    int64_t pool_pages;  /* pages the K and V pools hold */
+    double flashinfer_us; /* 0 when unknown */
+    char workload_arg[192];
+} step_input;
+
+typedef struct row_result {
+    char step[48];
+    int32_t batch;
+    int64_t total_tokens;
+    pkv_route route_asked, route_used;
+    pkv_counters c;
+    double kernel_us, kernel_p10, kernel_p90, wall_us, plan_us, floor_us;
+    double gbps, frac_ceiling, step_eff, tokens_per_s;
+    double rel_err, max_err;
+    int nan_outputs;
+    double flashinfer_us;
+    char repro[512];
+} row_result;
+
+typedef struct results {
+    row_result *rows;
+    int n, cap;
+} results;
+
+static void results_push(results *r, const row_result *x) {
+    if (r->n == r->cap) {
+        r->cap = r->cap ? 2 * r->cap : 64;
+        r->rows = (row_result *)realloc(r->rows, (size_t)r->cap * sizeof *r->rows);
+        if (!r->rows) {
+            fprintf(stderr, "pkv bench: out of memory\n");
+            exit(1);
+        }
+    }
+    r->rows[r->n++] = *x;
+}
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "pkv bench: cannot allocate %zu bytes\n", n);
+        exit(1);
+    }
+    return p;
+}
+
+static void die_status(pkv_context *ctx, pkv_status st, const char *what) {
+    fprintf(stderr, "pkv bench: %s failed: %s\n", what, ctx ? pkv_context_last_error(ctx) : pkv_last_error());
+    (void)st;
+    exit(1);
+}
+#define TRY(ctx, expr, what)                        \
+    do {                                            \
+        pkv_status st_ = (expr);                    \
+        if (st_ != PKV_OK) die_status(ctx, st_, what); \
+    } while (0)
+
+/* ---- workloads ------------------------------------------------------------------------------ */
+static int32_t pages_of(int32_t len, int32_t ps) { return (len + ps - 1) / ps; }
+
+/* Rotations so that the rotated window covers rotate_bytes (L2 does not help); capped by memory. */
+static int32_t choose_rotations(const bench_opts *o, int64_t step_kv_bytes, int64_t pool_kv_bytes) {
+    if (!o->cuda || step_kv_bytes <= 0) return 1;
+    int64_t r = (o->rotate_bytes + step_kv_bytes - 1) / step_kv_bytes;
+    int64_t cap = (int64_t)24 << 30;
+    int64_t by_mem = pool_kv_bytes > 0 ? cap / pool_kv_bytes : 256;
+    if (r > by_mem) r = by_mem;
+    if (r > 256) r = 256;
+    return r < 1 ? 1 : (int32_t)r;
+}
+
+static int64_t kv_bytes_per_token(const pkv_problem *p) {
+    return (int64_t)p->num_kv_heads * p->head_dim * 2 * 2; /* K and V, 2-byte elements */
+}
+
+/* An isolated step: pages scattered at random over a pool of rotations x step pages. */
+static void make_isolated_step(const bench_opts *o, const char *name, const int32_t *lens, int32_t B, double fi_us,
+                               const char *arg, uint64_t seed, step_input *s) {
+    memset(s, 0, sizeof *s);
+    snprintf(s->name, sizeof s->name, "%s", name);
+    snprintf(s->workload_arg, sizeof s->workload_arg, "%s", arg);
+    s->batch = B;
+    s->flashinfer_us = fi_us;
+    s->lens = (int32_t *)xmalloc((size_t)(B ? B : 1) * sizeof(int32_t));
+    s->indptr = (int32_t *)xmalloc((size_t)(B + 1) * sizeof(int32_t));
+    s->indptr[0] = 0;
+    int64_t tokens = 0;
+    for (int32_t i = 0; i < B; i++) {
+        s->lens[i] = lens[i];
+        tokens += lens[i];
+        s->indptr[i + 1] = s->indptr[i] + pages_of(lens[i], o->prob.page_size);
+    }
+    int32_t np = s->indptr[B];
+    int64_t step_bytes = (int64_t)np * o->prob.page_size * kv_bytes_per_token(&o->prob);
+    s->rotations = choose_rotations(o, tokens * kv_bytes_per_token(&o->prob), step_bytes);
+    s->pool_pages = (int64_t)np * s->rotations;
+    if (s->pool_pages < 1) s->pool_pages = 1;
+    /* random permutation of the pool; rotation r takes the r-th slice */
+    int32_t *perm = (int32_t *)xmalloc((size_t)s->pool_pages * sizeof(int32_t));
+    for (int64_t i = 0; i < s->pool_pages; i++) perm[i] = (int32_t)i;
+    pkv_rng r;
+    pkv_rng_seed(&r, seed);
+    for (int64_t i = s->pool_pages - 1; i > 0; i--) {
+        int64_t j = (int64_t)(pkv_rng_next(&r) % (uint64_t)(i + 1));
+        int32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    s->pages = perm; /* [rotations][np] laid out contiguously */
+}
+
+/* A trace step: the trace's own pages; rotation r uses copy r of the pool. */
+static void make_trace_step(const bench_opts *o, const pkv_trace *t, int32_t step, int32_t rotations,
+                            const char *arg, step_input *s) {
+    memset(s, 0, sizeof *s);
+    const int32_t *ids, *lens;
+    int32_t B = pkv_trace_step(t, step, &ids, &lens);
+    snprintf(s->name, sizeof s->name, "step%d", step);
+    snprintf(s->workload_arg, sizeof s->workload_arg, "%s --step %d", arg, step);
+    s->batch = B;
+    s->lens = (int32_t *)xmalloc((size_t)(B ? B : 1) * sizeof(int32_t));
+    s->indptr = (int32_t *)xmalloc((size_t)(B + 1) * sizeof(int32_t));
+    int64_t cap = 0;
+    for (int32_t i = 0; i < B; i++) cap += pages_of(lens[i], o->prob.page_size);
+    int32_t *idx = (int32_t *)xmalloc((size_t)(cap ? cap : 1) * sizeof(int32_t));
+    TRY(NULL, pkv_trace_step_table(t, step, s->indptr, idx, cap, s->lens), "trace step table");
+    int64_t np = pkv_trace_num_pages(t);
+    s->rotations = rotations;
+    s->pool_pages = np * rotations;
+    s->pages = (int32_t *)xmalloc((size_t)(cap ? cap : 1) * (size_t)rotations * sizeof(int32_t));
+    for (int32_t r = 0; r < rotations; r++)
+        for (int64_t j = 0; j < cap; j++) s->pages[r * cap + j] = (int32_t)(idx[j] + r * np);
+    free(idx);
+}
+
+static void free_step(step_input *s) {
+    free(s->lens);
+    free(s->indptr);
+    free(s->pages);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- device or host buffers ------------------------------------------------------------------ */
+typedef struct buffers {
+    void *k, *v, *q, *o, *ws;
+    float *lse;
+    int32_t **page_sets; /* per rotation */
+    int32_t nsets;
+    size_t kv_bytes, ws_bytes, q_bytes;
+    int64_t pool_pages;
+} buffers;
+
+static void *buf_alloc(const bench_opts *o, size_t n) {
+    if (!o->cuda) return xmalloc(n);
+    void *p = NULL;
+    TRY(o->ctx, pkv_dev_malloc(o->ctx, n, &p), "device allocation");
+    return p;
+}
+
+static void buf_free(const bench_opts *o, void *p) {
+    if (!p) return;
+    if (o->cuda)
+        pkv_dev_free(o->ctx, p);
+    else
+        free(p);
+}
+
+static void fill_random(const bench_opts *o, void *p, int64_t n, uint64_t seed) {
+    if (o->cuda)
+        TRY(o->ctx, pkv_dev_fill_random(o->ctx, p, n, o->prob.dtype, seed), "random fill");
+    else
+        cli_fill_random((uint16_t *)p, n, o->prob.dtype, seed);
+}
+
+static void to_backend(const bench_opts *o, void *dst, const void *src, size_t n) {
+    if (o->cuda)
+        TRY(o->ctx, pkv_dev_copy_h2d(o->ctx, dst, src, n), "copy to device");
+    else
+        memcpy(dst, src, n);
+}
+
+static void from_backend(const bench_opts *o, void *dst, const void *src, size_t n) {
+    if (o->cuda)
+        TRY(o->ctx, pkv_dev_copy_d2h(o->ctx, dst, src, n), "copy to host");
+    else
+        memcpy(dst, src, n);
+}
+
+static void buffers_free(const bench_opts *o, buffers *b) {
+    buf_free(o, b->k);
+    buf_free(o, b->v);
+    buf_free(o, b->q);
+    buf_free(o, b->o);
+    buf_free(o, b->lse);
+    buf_free(o, b->ws);
+    for (int32_t r = 0; r < b->nsets; r++) buf_free(o, b->page_sets[r]);
+    free(b->page_sets);
+    memset(b, 0, sizeof *b);
+}
+
+/* Allocates the pools for a step (reusing the K/V pools when they are large enough). */
+static void buffers_for_step(const bench_opts *o, buffers *b, const step_input *s, uint64_t seed) {
+    const pkv_problem *p = &o->prob;
+    size_t kv = (size_t)s->pool_pages * (size_t)p->page_size * (size_t)p->num_kv_heads * (size_t)p->head_dim * 2;
+    if (kv > b->kv_bytes) {
+        buf_free(o, b->k);
+        buf_free(o, b->v);
+        b->k = buf_alloc(o, kv);
+        b->v = buf_alloc(o, kv);
+        b->kv_bytes = kv;
+        fill_random(o, b->k, (int64_t)(kv / 2), seed * 3 + 1);
+        fill_random(o, b->v, (int64_t)(kv / 2), seed * 3 + 2);
+    }
+    size_t qb = (size_t)(s->batch ? s->batch : 1) * (size_t)p->num_qo_heads * (size_t)p->head_dim * 2;
+    if (qb > b->q_bytes) {
+        buf_free(o, b->q);
+        buf_free(o, b->o);
+        buf_free(o, b->lse);
+        b->q = buf_alloc(o, qb);
+        b->o = buf_alloc(o, qb);
+        b->lse = (float *)buf_alloc(o, qb); /* >= B x Hq floats */
+        b->q_bytes = qb;
+    }
+    fill_random(o, b->q, (int64_t)(qb / 2), seed * 3 + 3);
+    for (int32_t r = 0; r < b->nsets; r++) buf_free(o, b->page_sets[r]);
+    free(b->page_sets);
+    int32_t np = s->indptr[s->batch];
+    b->nsets = s->rotations;
+    b->page_sets = (int32_t **)xmalloc((size_t)b->nsets * sizeof(int32_t *));
+    for (int32_t r = 0; r < b->nsets; r++) {
+        b->page_sets[r] = (int32_t *)buf_alloc(o, (size_t)(np ? np : 1) * sizeof(int32_t));
+        to_backend(o, b->page_sets[r], s->pages + (size_t)r * np, (size_t)np * sizeof(int32_t));
+    }
+    b->pool_pages = s->pool_pages;
+}
+
+static void ensure_workspace(const bench_opts *o, buffers *b, size_t need) {
+    if (need <= b->ws_bytes) return;
+    buf_free(o, b->ws);
+    b->ws_bytes = need + (need >> 2) + 4096;
+    b->ws = buf_alloc(o, b->ws_bytes);
+}
+
+/* ---- reference on sampled rows ----------------------------------------------------------------- */
+typedef struct reference {
+    int32_t nrows;
+    int32_t rows[4];
+    double *o; /* [nrows, Hq, d] */
+    double *lse;
+} reference;
+
+static void reference_free(reference *r) {
+    free(r->o);
+    free(r->lse);
+    memset(r, 0, sizeof *r);
+}
+
+/* Picks up to 4 rows (longest, shortest, first, last) with at most ~96K tokens in all, copies their
+ * pages (rotation 0) to the host and computes the float64 reference. */
+static void reference_compute(const bench_opts *o, const buffers *b, const step_input *s, reference *ref) {
+    memset(ref, 0, sizeof *ref);
+    if (s->batch == 0) return;
+    const pkv_problem *p = &o->prob;
+    int32_t cand[4] = {0, s->batch - 1, 0, 0};
+    for (int32_t i = 0; i < s->batch; i++) {
+        if (s->lens[i] > s->lens[cand[2]]) cand[2] = i;
+        if (s->lens[i] < s->lens[cand[3]]) cand[3] = i;
+    }
+    int64_t budget = 96 * 1024;
+    for (int k = 0; k < 4; k++) {
+        bool dup = false;
+        for (int32_t j = 0; j < ref->nrows; j++) dup |= ref->rows[j] == cand[k];
+        if (dup || (s->lens[cand[k]] > budget && ref->nrows > 0)) continue;
+        ref->rows[ref->nrows++] = cand[k];
+        budget -= s->lens[cand[k]];
+    }
+    const int32_t R = ref->nrows, ps = p->page_size;
+    const size_t page_elems = (size_t)ps * p->num_kv_heads * p->head_dim;
+    int32_t indptr[5] = {0}, lens[4];
+    for (int32_t j = 0; j < R; j++) {
+        lens[j] = s->lens[ref->rows[j]];
+        indptr[j + 1] = indptr[j] + pages_of(lens[j], ps);
+    }
+    int32_t np = indptr[R];
+    uint16_t *hk = (uint16_t *)xmalloc((size_t)(np ? np : 1) * page_elems * 2);
+    uint16_t *hv = (uint16_t *)xmalloc((size_t)(np ? np : 1) * page_elems * 2);
+    int32_t *hidx = (int32_t *)xmalloc((size_t)(np ? np : 1) * sizeof(int32_t));
+    uint16_t *hq = (uint16_t *)xmalloc((size_t)R * p->num_qo_heads * p->head_dim * 2);
+    for (int32_t j = 0; j < R; j++) {
+        int32_t row = ref->rows[j];
+        for (int32_t k = 0; k < indptr[j + 1] - indptr[j]; k++) {
+            int32_t phys = s->pages[s->indptr[row] + k]; /* rotation 0 */
+            size_t at = (size_t)(indptr[j] + k);
+            from_backend(o, hk + at * page_elems, (const char *)b->k + (size_t)phys * page_elems * 2, page_elems * 2);
+            from_backend(o, hv + at * page_elems, (const char *)b->v + (size_t)phys * page_elems * 2, page_elems * 2);
+            hidx[at] = (int32_t)at;
+        }
+        size_t qrow = (size_t)p->num_qo_heads * p->head_dim;
+        from_backend(o, hq + j * qrow, (const char *)b->q + (size_t)row * qrow * 2, qrow * 2);
+    }
+    pkv_problem sub = *p;
+    sub.num_pages = np;
+    pkv_page_table t = {R, indptr, hidx, lens};
+    ref->o = (double *)xmalloc((size_t)R * p->num_qo_heads * p->head_dim * sizeof(double));
+    ref->lse = (double *)xmalloc((size_t)R * p->num_qo_heads * sizeof(double));
+    TRY(NULL, pkv_reference(&sub, &t, hq, hk, hv, ref->o, ref->lse), "reference");
+    free(hk);
+    free(hv);
+    free(hidx);
+    free(hq);
+}
+
+static float to_f(uint16_t x, pkv_dtype d) { return d == PKV_DTYPE_BF16 ? pkv_bf16_to_float(x) : pkv_half_to_float(x); }
+
+/* Compares the backend's o with the reference; counts outputs left unwritten (NaN poison). */
+static void reference_compare(const bench_opts *o, const buffers *b, const step_input *s, const reference *ref,
+                              row_result *r) {
+    const pkv_problem *p = &o->prob;
+    size_t n = (size_t)s->batch * p->num_qo_heads * p->head_dim;
+    uint16_t *ho = (uint16_t *)xmalloc(n * 2 + 2);
+    from_backend(o, ho, b->o, n * 2);
+    r->nan_outputs = 0;
+    for (size_t i = 0; i < n; i++) r->nan_outputs += isnan(to_f(ho[i], p->dtype)) ? 1 : 0;
+    double num = 0, den = 0, mx = 0;
+    size_t qrow = (size_t)p->num_qo_heads * p->head_dim;
+    for (int32_t j = 0; j < ref->nrows; j++)
+        for (size_t e = 0; e < qrow; e++) {
+            double got = to_f(ho[(size_t)ref->rows[j] * qrow + e], p->dtype), want = ref->o[j * qrow + e];
+            double d = fabs(got - want);
+            if (!(d <= mx)) mx = d; /* NaN propagates */
+            num += d * d;
+            den += want * want;
+        }
+    r->max_err = mx;
+    r->rel_err = den > 0 ? sqrt(num / den) : sqrt(num);
+    free(ho);
+}
+
+/* ---- measuring one (step, route) -------------------------------------------------------------------- */
+typedef struct ceilings {
+    double read_gbps, launch_us, graph_us;
+    void *read_buf;
+    size_t read_buf_bytes;
+} ceilings;
+
+static void measure(const bench_opts *o, buffers *b, const step_input *s, pkv_route route, const ceilings *ce,
+                    const reference *ref, double floor_us, pkv_plan *plan, row_result *r) {
+    memset(r, 0, sizeof *r);
+    pkv_problem prob = o->prob;
+    prob.num_pages = b->pool_pages;
+    pkv_page_table tab = {s->batch, s->indptr, s->pages, s->lens};
+    pkv_plan_options opts;
+    pkv_plan_options_default(&opts);
+    opts.route = route;
+    TRY(o->ctx, pkv_plan_step(o->ctx, &prob, &tab, &opts, plan), "plan");
+    ensure_workspace(o, b, pkv_plan_workspace_size(plan));
+    snprintf(r->step, sizeof r->step, "%s", s->name);
+    r->batch = s->batch;
+    r->route_asked = route;
+    r->route_used = pkv_plan_route(plan);
+    r->c = *pkv_plan_counters(plan);
+    r->total_tokens = r->c.total_tokens;
+    r->flashinfer_us = s->flashinfer_us;
+    pkv_tensors t = {b->q, b->k, b->v, b->page_sets[0], b->o, b->lse};
+
+    /* correctness first: poisoned outputs, rotation 0 */
+    size_t on = (size_t)s->batch * prob.num_qo_heads * prob.head_dim * 2;
+    if (o->cuda)
+        TRY(o->ctx, pkv_dev_memset(o->ctx, b->o, 0xff, on), "poison");
+    else
+        memset(b->o, 0xff, on);
+    TRY(o->ctx, pkv_run(o->ctx, plan, b->ws, b->ws_bytes, &t, NULL), "run");
+    if (o->cuda) TRY(o->ctx, pkv_dev_synchronize(o->ctx), "synchronize");
+    if (o->check)
+        reference_compare(o, b, s, ref, r);
+    else
+        r->rel_err = r->max_err = NAN;
+
+    /* kernel time */
+    double *samples = (double *)xmalloc((size_t)o->reps * sizeof(double));
+    if (o->cuda) {
+        TRY(o->ctx,
+            pkv_dev_time_plan(o->ctx, plan, b->ws, b->ws_bytes, &t, (const int32_t *const *)b->page_sets, b->nsets,
+                              o->warmup, o->reps, samples),
+            "timing");
+    } else {
+        for (int i = 0; i < o->reps; i++) {
+            double t0 = cli_now_us();
+            TRY(o->ctx, pkv_run(o->ctx, plan, b->ws, b->ws_bytes, &t, NULL), "run");
+            samples[i] = cli_now_us() - t0;
+        }
+    }
+    r->kernel_us = cli_median(samples, o->reps);
+    r->kernel_p10 = cli_percentile(samples, o->reps, 0.1);
+    r->kernel_p90 = cli_percentile(samples, o->reps, 0.9);
+    free(samples);
+
+    /* whole step: plan + upload + launches + sync (host clock), and plan alone */
+    int wr = o->wall_reps;
+    double *wall = (double *)xmalloc((size_t)wr * sizeof(double));
+    double *pl = (double *)xmalloc((size_t)wr * sizeof(double));
+    for (int i = 0; i < wr; i++) {
+        t.kv_page_indices = b->page_sets[i % b->nsets];
+        tab.kv_page_indices = s->pages + (size_t)(i % b->nsets) * s->indptr[s->batch];
+        double t0 = cli_now_us();
+        TRY(o->ctx, pkv_plan_step(o->ctx, &prob, &tab, &opts, plan), "plan");
+        double t1 = cli_now_us();
+        TRY(o->ctx, pkv_run(o->ctx, plan, b->ws, b->ws_bytes, &t, NULL), "run");
+        if (o->cuda) TRY(o->ctx, pkv_dev_synchronize(o->ctx), "synchronize");
+        double t2 = cli_now_us();
+        wall[i] = t2 - t0;
+        pl[i] = t1 - t0;
+    }
+    r->wall_us = cli_median(wall, wr);
+    r->plan_us = cli_median(pl, wr);
+    free(wall);
+    free(pl);
+
+    double bytes = (double)(r->c.kv_bytes + r->c.qo_bytes + r->c.merge_state_bytes);
+    r->gbps = r->kernel_us > 0 ? bytes / (r->kernel_us * 1e3) : 0;
+    r->frac_ceiling = ce && ce->read_gbps > 0 ? r->gbps / ce->read_gbps : NAN;
+    r->floor_us = floor_us;
+    r->step_eff = floor_us > 0 && r->kernel_us > 0 ? floor_us / r->kernel_us : NAN;
+    r->tokens_per_s = r->wall_us > 0 ? s->batch / (r->wall_us * 1e-6) : 0;
+    snprintf(r->repro, sizeof r->repro, "pkv bench --backend %s --shape %s --dtype %s --layout %s --page-size %d %s --route %s",
+             o->cuda ? "cuda" : "cpu", o->shape->name, o->prob.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16",
+             o->prob.layout == PKV_LAYOUT_HND ? "hnd" : "nhd", o->prob.page_size, s->workload_arg, pkv_route_name(route));
+}
+
+/* ---- output -------------------------------------------------------------------------------------- */
+static void print_row_header(void) {
+    printf("| step | B | KV MB | route | kernel us | wall us | launches | tasks | merge KB | GB/s | of ceiling | floor us "
+           "| step eff | FlashInfer us | FI / ours | rel err |\n");
+    printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+}
+
+static void route_label(const row_result *r, char *buf, size_t n) {
+    if (r->route_asked == PKV_ROUTE_AUTO)
+        snprintf(buf, n, "auto:%s", pkv_route_name(r->route_used));
+    else
+        snprintf(buf, n, "%s", pkv_route_name(r->route_used));
+}
+
+static void print_row(const row_result *r) {
+    char rl[32], fi[32] = "-", ratio[32] = "-", ceil_s[32] = "-", floor_s[32] = "-", eff[32] = "-";
+    route_label(r, rl, sizeof rl);
+    if (r->flashinfer_us > 0) {
+        snprintf(fi, sizeof fi, "%.1f", r->flashinfer_us);
+        snprintf(ratio, sizeof ratio, "%.2f", r->flashinfer_us / r->kernel_us);
+    }
+    if (!isnan(r->frac_ceiling)) snprintf(ceil_s, sizeof ceil_s, "%.2f", r->frac_ceiling);
+    if (r->floor_us > 0) snprintf(floor_s, sizeof floor_s, "%.1f", r->floor_us);
+    if (!isnan(r->step_eff)) snprintf(eff, sizeof eff, "%.2f", r->step_eff);
+    printf("| %s | %d | %.1f | %s | %.1f | %.1f | %lld | %lld | %.1f | %.0f | %s | %s | %s | %s | %s | %.1e |\n", r->step,
+           r->batch, r->c.kv_bytes / 1e6, rl, r->kernel_us, r->wall_us, (long long)r->c.launches, (long long)r->c.tasks,
+           r->c.merge_state_bytes / 1e3, r->gbps, ceil_s, floor_s, eff, fi, ratio, r->rel_err);
+}
+
+static void json_str(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        if (*s == '"' || *s == '\\')
+            fprintf(f, "\\%c", *s);
+        else if ((unsigned char)*s < 0x20)
+            fprintf(f, "\\u%04x", *s);
+        else
+            fputc(*s, f);
+    }
+    fputc('"', f);
+}
+
+static void json_num(FILE *f, double x) {
+    if (isnan(x) || isinf(x))
+        fputs("null", f);
+    else
+        fprintf(f, "%.6g", x);
+}
+
+static void write_json(const char *path, const bench_opts *o, const ceilings *ce, const results *res, const char *workload) {
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "pkv bench: cannot write %s\n", path);
+        exit(1);
+    }
+    char commit[64] = "unknown", date[64] = "";
+    const char *env = getenv("PKV_COMMIT");
+    if (env && *env) {
+        snprintf(commit, sizeof commit, "%s", env);
+    } else {
+        FILE *g = popen("git rev-parse --short=12 HEAD 2>/dev/null", "r");
+        if (g) {
+            if (fgets(commit, sizeof commit, g)) commit[strcspn(commit, "\n")] = 0;
+            if (!commit[0]) snprintf(commit, sizeof commit, "unknown");
+            pclose(g);
+        }
+    }
+    time_t now = time(NULL);
+    strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
+    fprintf(f, "{\n  \"meta\": {\"tool\": \"pkv bench\", \"commit\": ");
+    json_str(f, commit);
+    fprintf(f, ", \"date\": ");
+    json_str(f, date);
+    fprintf(f, ", \"backend\": ");
+    json_str(f, o->cuda ? "cuda" : "cpu");
+    fprintf(f, ", \"device\": ");
+    json_str(f, pkv_context_device_name(o->ctx));
+    pkv_dev_info info;
+    if (o->cuda && pkv_dev_get_info(o->ctx, &info) == PKV_OK)
+        fprintf(f, ", \"gpu\": {\"name\": \"%s\", \"sms\": %d, \"cc\": \"%d.%d\", \"l2_bytes\": %lld, \"cuda_runtime\": %d, \"cuda_driver\": %d}",
+                info.name, info.sms, info.cc_major, info.cc_minor, (long long)info.l2_bytes, info.runtime_version,
+                info.driver_version);
+    fprintf(f, ", \"command\": ");
+    json_str(f, o->cmdline);
+    fprintf(f, ", \"workload\": ");
+    json_str(f, workload);
+    fprintf(f, ",\n    \"shape\": {\"name\": \"%s\", \"num_qo_heads\": %d, \"num_kv_heads\": %d, \"head_dim\": %d, \"page_size\": %d, "
+               "\"layout\": \"%s\", \"dtype\": \"%s\"}, \"reps\": %d, \"wall_reps\": %d},\n",
+            o->shape->name, o->prob.num_qo_heads, o->prob.num_kv_heads, o->prob.head_dim, o->prob.page_size,
+            o->prob.layout == PKV_LAYOUT_HND ? "HND" : "NHD", o->prob.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", o->reps,
+            o->wall_reps);
+    fprintf(f, "  \"ceilings\": {\"read_gbps\": ");
+    json_num(f, ce->read_gbps);
+    fprintf(f, ", \"empty_launch_us\": ");
+    json_num(f, ce->launch_us);
+    fprintf(f, ", \"graph_launch_us\": ");
+    json_num(f, ce->graph_us);
+    fprintf(f, "},\n  \"rows\": [\n");
+    for (int i = 0; i < res->n; i++) {
+        const row_result *r = &res->rows[i];
+        char rl[32];
+        route_label(r, rl, sizeof rl);
+        fprintf(f, "    {\"step\": \"%s\", \"batch\": %d, \"total_tokens\": %lld, \"route\": \"%s\", \"route_used\": \"%s\", ",
+                r->step, r->batch, (long long)r->total_tokens, pkv_route_name(r->route_asked), pkv_route_name(r->route_used));
+        fprintf(f, "\"kernel_us\": ");
+        json_num(f, r->kernel_us);
+        fprintf(f, ", \"kernel_p10_us\": ");
+        json_num(f, r->kernel_p10);
+        fprintf(f, ", \"kernel_p90_us\": ");
+        json_num(f, r->kernel_p90);
+        fprintf(f, ", \"wall_us\": ");
+        json_num(f, r->wall_us);
+        fprintf(f, ", \"plan_us\": ");
+        json_num(f, r->plan_us);
+        fprintf(f, ", \"kv_bytes\": %lld, \"qo_bytes\": %lld, \"merge_state_bytes\": %lld, \"launches\": %lld, \"tasks\": %lld, "
+                   "\"grid_ctas\": %lld, \"merges\": %lld, ",
+                (long long)r->c.kv_bytes, (long long)r->c.qo_bytes, (long long)r->c.merge_state_bytes,
+                (long long)r->c.launches, (long long)r->c.tasks, (long long)r->c.grid_ctas, (long long)r->c.merges);
+        fprintf(f, "\"achieved_gbps\": ");
+        json_num(f, r->gbps);
+        fprintf(f, ", \"frac_read_ceiling\": ");
+        json_num(f, r->frac_ceiling);
+        fprintf(f, ", \"floor_us\": ");
+        json_num(f, r->floor_us > 0 ? r->floor_us : NAN);
+        fprintf(f, ", \"step_efficiency\": ");
+        json_num(f, r->step_eff);
+        fprintf(f, ", \"tokens_per_s\": ");
+        json_num(f, r->tokens_per_s);
+        fprintf(f, ", \"rel_err\": ");
+        json_num(f, r->rel_err);
+        fprintf(f, ", \"max_err\": ");
+        json_num(f, r->max_err);
+        fprintf(f, ", \"unwritten_outputs\": %d, \"flashinfer_best_us\": ", r->nan_outputs);
+        json_num(f, r->flashinfer_us > 0 ? r->flashinfer_us : NAN);
+        fprintf(f, ", \"repro\": ");
+        json_str(f, r->repro);
+        fprintf(f, "}%s\n", i + 1 < res->n ? "," : "");
+    }
+    fprintf(f, "  ]\n}\n");
+    fclose(f);
+}
+
+/* Per-route summary over the steps of a trace. */
+static void print_summary(const bench_opts *o, const results *res) {
+    printf("\n| route | steps | mean kernel us | mean wall us | tokens/s | launches/step | tasks/step | mean GB/s | "
+           "mean of ceiling | mean step eff | worst rel err |\n");
+    printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    for (int k = 0; k < o->nroutes; k++) {
+        double kt = 0, wt = 0, tok = 0, la = 0, ta = 0, gb = 0, fc = 0, se = 0, worst = 0;
+        int n = 0, ne = 0;
+        for (int i = 0; i < res->n; i++) {
+            const row_result *r = &res->rows[i];
+            if (r->route_asked != o->routes[k]) continue;
+            n++;
+            kt += r->kernel_us;
+            wt += r->wall_us;
+            tok += r->batch;
+            la += (double)r->c.launches;
+            ta += (double)r->c.tasks;
+            gb += r->gbps;
+            if (!isnan(r->frac_ceiling)) fc += r->frac_ceiling;
+            if (!isnan(r->step_eff)) {
+                se += r->step_eff;
+                ne++;
+            }
+            if (!(r->rel_err <= worst)) worst = r->rel_err;
+        }
+        if (!n) continue;
+        printf("| %s | %d | %.1f | %.1f | %.0f | %.2f | %.1f | %.0f | %s%.2f | %s%.2f | %.1e |\n", pkv_route_name(o->routes[k]),
+               n, kt / n, wt / n, wt > 0 ? tok / (wt * 1e-6) : 0, la / n, ta / n, gb / n, o->cuda ? "" : "~", fc / n,
+               ne ? "" : "~", ne ? se / ne : 0, worst);
+    }
+}
+
+static void usage(void) {
+    printf("usage: pkv bench [options]\n"
+           "Replays a trace, the anchor steps or one isolated step and prints a Markdown table.\n\n"
+           "backend and route:\n"
+           "  --backend best|cpu|cuda   (default best: cuda when a GPU is present)\n"
+           "  --route R|all             auto, single, split, bucketed, workqueue or all (default all)\n"
+           "  --threads N               CPU backend threads\n"
+           "problem:\n"
+           "  --shape NAME              paper (default), g8, g7, mha, d256, d64\n"
+           "  --dtype fp16|bf16         (default: the shape's)\n"
+           "  --layout nhd|hnd          (default nhd)\n"
+           "  --page-size N             (default 16)\n"
+           "workload (one of; default: --trace bimodal):\n"
+           "  --trace FAMILY            uniform, bimodal, zipf, bucketed, homogeneous\n"
+           "      --seed S --batch B --requests N --steps N --step S (one step only)\n"
+           "  --trace-file PATH         a trace written by `pkv trace --out`\n"
+           "  --anchor NAME|all         the anchor steps of anchors.md (paper shape)\n"
+           "  --lens N1,N2,...          one isolated step with these lengths\n"
+           "measuring:\n"
+           "  --reps N --warmup N --wall-reps N   (CUDA defaults 100 / 10 / 20; CPU 3 / 1 / 3)\n"
+           "  --rotate-gib X            KV rotated over at least X GiB (default 2)\n"
+           "  --no-check                skip the comparison with the float64 reference\n"
+           "  --per-step                print every trace step, not only the per-route summary\n"
+           "  --json PATH               write every metric as JSON\n");
+}
+
+int cmd_bench(int argc, char **argv) {
+    static const char *const known[] = {"--backend", "--route", "--threads", "--shape", "--dtype", "--layout",
+                                        "--page-size", "--trace", "--seed", "--batch", "--requests", "--steps",
+                                        "--step", "--trace-file", "--anchor", "--lens", "--reps", "--warmup",
+                                        "--wall-reps", "--rotate-gib", "--no-check!", "--per-step!", "--json",
+                                        "--quiet!", "--help!", NULL};
+    if (cli_flag(argc, argv, "--help")) {
+        usage();
+        return 0;
+    }
+    if (!cli_check_options(argc, argv, known, "bench")) return 2;
+    bench_opts o;
+    memset(&o, 0, sizeof o);
+    /* the command line, for the JSON */
+    static char cmdline[1024];
+    size_t at = (size_t)snprintf(cmdline, sizeof cmdline, "pkv bench");
+    for (int i = 0; i < argc && at < sizeof cmdline; i++)
+        at += (size_t)snprintf(cmdline + at, sizeof cmdline - at, " %s", argv[i]);
+    o.cmdline = cmdline;
+
+    pkv_context_config cc;
+    pkv_context_config_default(&cc);
+    const char *be = cli_opt(argc, argv, "--backend");
+    if (be && strcmp(be, "cpu") == 0)
+        cc.backend = PKV_BACKEND_CPU;
+    else if (be && strcmp(be, "cuda") == 0)
+        cc.backend = PKV_BACKEND_CUDA;
+    else if (be && strcmp(be, "best") != 0) {
+        fprintf(stderr, "pkv bench: unknown backend '%s'\n", be);
+        return 2;
+    }
+    cc.num_threads = (int32_t)cli_opt_int(argc, argv, "--threads", 0);
+    if (pkv_context_create(&cc, &o.ctx) != PKV_OK) {
+        fprintf(stderr, "pkv bench: %s\n", pkv_last_error());
+        return 1;
+    }
+    o.cuda = pkv_context_backend(o.ctx) == PKV_BACKEND_CUDA;
+
+    const char *shape = cli_opt(argc, argv, "--shape");
+    o.shape = cli_shape_find(shape ? shape : "paper");
+    if (!o.shape) {
+        fprintf(stderr, "pkv bench: unknown shape '%s'\n", shape);
+        return 2;
+    }
+    pkv_problem_default(&o.prob);
+    o.prob.num_qo_heads = o.shape->hq;
+    o.prob.num_kv_heads = o.shape->hkv;
+    o.prob.head_dim = o.shape->d;
+    o.prob.dtype = o.shape->dtype;
+    const char *dt = cli_opt(argc, argv, "--dtype");
+    if (dt) o.prob.dtype = strcmp(dt, "bf16") == 0 ? PKV_DTYPE_BF16 : PKV_DTYPE_FP16;
+    const char *lay = cli_opt(argc, argv, "--layout");
+    if (lay) o.prob.layout = strcmp(lay, "hnd") == 0 ? PKV_LAYOUT_HND : PKV_LAYOUT_NHD;
+    o.prob.page_size = (int32_t)cli_opt_int(argc, argv, "--page-size", 16);
+
+    const char *route = cli_opt(argc, argv, "--route");
+    if (!route || strcmp(route, "all") == 0) {
+        pkv_route all[MAX_ROUTES] = {PKV_ROUTE_AUTO, PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_BUCKETED,
+                                     PKV_ROUTE_WORKQUEUE};
+        memcpy(o.routes, all, sizeof all);
+        o.nroutes = MAX_ROUTES;
+    } else {
+        if (pkv_route_parse(route, &o.routes[0]) != PKV_OK) {
+            fprintf(stderr, "pkv bench: %s\n", pkv_last_error());
+            return 2;
+        }
+        o.nroutes = 1;
+    }
+    o.reps = (int)cli_opt_int(argc, argv, "--reps", o.cuda ? 100 : 3);
+    o.warmup = (int)cli_opt_int(argc, argv, "--warmup", o.cuda ? 10 : 1);
+    o.wall_reps = (int)cli_opt_int(argc, argv, "--wall-reps", o.cuda ? 20 : 3);
+    if (o.reps < 1 || o.wall_reps < 1 || o.warmup < 0) {
+        fprintf(stderr, "pkv bench: --reps and --wall-reps must be >= 1, --warmup >= 0\n");
+        return 2;
+    }
+    o.rotate_bytes = (int64_t)(cli_opt_double(argc, argv, "--rotate-gib", 2.0) * (double)(1 << 30));
+    o.check = !cli_flag(argc, argv, "--no-check");
+    o.per_step = cli_flag(argc, argv, "--per-step");
+    o.quiet = cli_flag(argc, argv, "--quiet");
+
+    /* ceilings, measured in this run */
+    ceilings ce;
+    memset(&ce, 0, sizeof ce);
+    ce.read_gbps = NAN;
+    ce.launch_us = ce.graph_us = NAN;
+    if (o.cuda) {
+        ce.read_buf_bytes = (size_t)4 << 30;
+        TRY(o.ctx, pkv_dev_malloc(o.ctx, ce.read_buf_bytes, &ce.read_buf), "ceiling buffer");
+        TRY(o.ctx, pkv_dev_fill_random(o.ctx, ce.read_buf, (int64_t)(ce.read_buf_bytes / 2), PKV_DTYPE_FP16, 7), "fill");
+        double us = 0;
+        TRY(o.ctx, pkv_dev_time_read(o.ctx, ce.read_buf, ce.read_buf_bytes, ce.read_buf_bytes, 10, &us), "read ceiling");
+        ce.read_gbps = (double)ce.read_buf_bytes / (us * 1e3);
+        TRY(o.ctx, pkv_dev_launch_latency(o.ctx, &ce.launch_us, &ce.graph_us), "launch latency");
+        fprintf(stderr, "pkv bench: %s; read ceiling %.0f GB/s (4 GiB streaming read); empty launch %.2f us; graph replay %.2f us\n",
+                pkv_context_device_name(o.ctx), ce.read_gbps, ce.launch_us, ce.graph_us);
+    } else {
+        fprintf(stderr, "pkv bench: %s (kernel time = wall time of pkv_run; no device ceilings)\n",
+                pkv_context_device_name(o.ctx));
+    }
+
+    /* workload -> steps */
+    step_input *steps = NULL;
+    int nsteps = 0;
+    char workload[256];
+    const char *anchor = cli_opt(argc, argv, "--anchor");
+    const char *lens = cli_opt(argc, argv, "--lens");
+    const char *tfile = cli_opt(argc, argv, "--trace-file");
+    bool trace_mode = false;
+    if (anchor) {
+        int first = 0, last = cli_anchor_count();
+        if (strcmp(anchor, "all") != 0) {
+            first = cli_anchor_find(anchor);
+            if (first < 0) {
+                fprintf(stderr, "pkv bench: unknown anchor '%s'\n", anchor);
+                return 2;
+            }
+            last = first + 1;
+        }
+        bool paper = strcmp(o.shape->name, "paper") == 0 && o.prob.page_size == 16;
+        steps = (step_input *)xmalloc((size_t)(last - first) * sizeof *steps);
+        for (int i = first; i < last; i++) {
+            pkv_anchor a;
+            cli_anchor_get(i, &a);
+            char arg[64];
+            snprintf(arg, sizeof arg, "--anchor %s", a.name);
+            make_isolated_step(&o, a.name, a.lens, a.batch, paper && o.cuda ? a.flashinfer_us : 0, arg, 1000 + (uint64_t)i, &steps[nsteps++]);
+        }
+        snprintf(workload, sizeof workload, "anchor %s", anchor);
+    } else if (lens) {
+        int32_t buf[4096];
+        int32_t B = 0;
+        const char *p = lens;
+        while (*p && B < 4096) {
+            char *end;
+            long v = strtol(p, &end, 10);
+            if (end == p || v < 0 || v > 1 << 30) {
+                fprintf(stderr, "pkv bench: --lens expects comma-separated lengths\n");
+                return 2;
+            }
+            buf[B++] = (int32_t)v;
+            p = *end == ',' ? end + 1 : end;
+            if (*end && *end != ',') {
+                fprintf(stderr, "pkv bench: --lens expects comma-separated lengths\n");
+                return 2;
+            }
+        }
+        steps = (step_input *)xmalloc(sizeof *steps);
+        char arg[96];
+        snprintf(arg, sizeof arg, "--lens %.80s", lens);
+        make_isolated_step(&o, "lens", buf, B, 0, arg, 99, &steps[nsteps++]);
+        snprintf(workload, sizeof workload, "lens %.200s", lens);
+    } else {
+        trace_mode = true;
+        pkv_trace *tr = NULL;
+        char arg[96];
+        if (tfile) {
+            TRY(NULL, pkv_trace_read(tfile, &tr), "trace read");
+            snprintf(arg, sizeof arg, "--trace-file %.80s", tfile);
+        } else {
+            const char *fam_s = cli_opt(argc, argv, "--trace");
+            pkv_trace_family fam;
+            if (pkv_trace_family_parse(fam_s ? fam_s : "bimodal", &fam) != PKV_OK) {
+                fprintf(stderr, "pkv bench: %s\n", pkv_last_error());
+                return 2;
+            }
+            pkv_trace_config tc;
+            pkv_trace_config_default(&tc, fam);
+            tc.seed = (uint64_t)cli_opt_int(argc, argv, "--seed", (int64_t)tc.seed);
+            tc.max_active = (int32_t)cli_opt_int(argc, argv, "--batch", tc.max_active);
+            if (cli_opt(argc, argv, "--batch") && !cli_opt(argc, argv, "--requests")) tc.num_requests = 3 * tc.max_active;
+            tc.num_requests = (int32_t)cli_opt_int(argc, argv, "--requests", tc.num_requests);
+            tc.page_size = o.prob.page_size;
+            TRY(NULL, pkv_trace_generate(&tc, &tr), "trace generation");
+            snprintf(arg, sizeof arg, "--trace %s --seed %llu --batch %d --requests %d", pkv_trace_family_name(fam),
+                     (unsigned long long)tc.seed, tc.max_active, tc.num_requests);
+        }
+        int32_t total = pkv_trace_num_steps(tr);
+        int32_t limit = (int32_t)cli_opt_int(argc, argv, "--steps", o.cuda ? 0 : 4);
+        int32_t only = (int32_t)cli_opt_int(argc, argv, "--step", -1);
+        int32_t first = 0, last = total;
+        if (only >= 0) {
+            if (only >= total) {
+                fprintf(stderr, "pkv bench: --step %d but the trace has %d steps\n", only, total);
+                return 2;
+            }
+            first = only;
+            last = only + 1;
+        } else if (limit > 0 && limit < total) {
+            last = limit;
+            if (!o.cuda)
+                fprintf(stderr, "pkv bench: CPU backend replays the first %d of %d steps (--steps 0 for all)\n", limit, total);
+        }
+        int64_t pool = pkv_trace_num_pages(tr) * o.prob.page_size * kv_bytes_per_token(&o.prob);
+        int64_t min_step = INT64_MAX;
+        for (int32_t s = first; s < last; s++) {
+            const int32_t *ids, *ls;
+            int32_t B = pkv_trace_step(tr, s, &ids, &ls);
+            int64_t tok = 0;
+            for (int32_t i = 0; i < B; i++) tok += ls[i];
+            if (tok > 0 && tok * kv_bytes_per_token(&o.prob) < min_step) min_step = tok * kv_bytes_per_token(&o.prob);
+        }
+        int32_t rot = choose_rotations(&o, min_step == INT64_MAX ? 0 : min_step, pool);
+        steps = (step_input *)xmalloc((size_t)(last - first) * sizeof *steps);
+        for (int32_t s = first; s < last; s++) make_trace_step(&o, tr, s, rot, arg, &steps[nsteps++]);
+        snprintf(workload, sizeof workload, "%s (steps %d..%d of %d)", arg, first, last - 1, total);
+        pkv_trace_free(tr);
+    }
+
+    buffers b;
+    memset(&b, 0, sizeof b);
+    pkv_plan *plan = NULL;
+    TRY(NULL, pkv_plan_create(&plan), "plan create");
+    results res;
+    memset(&res, 0, sizeof res);
+    if (!trace_mode || o.per_step) print_row_header();
+    int64_t max_pool = 0;
+    for (int i = 0; i < nsteps; i++)
+        if (steps[i].pool_pages > max_pool) max_pool = steps[i].pool_pages;
+    for (int i = 0; i < nsteps; i++) {
+        step_input *s = &steps[i];
+        if (!o.quiet) fprintf(stderr, "[%d/%d] %s B=%d\n", i + 1, nsteps, s->name, s->batch);
+        /* trace steps share one pool: allocate it once, at its largest */
+        if (trace_mode) s->pool_pages = max_pool;
+        buffers_for_step(&o, &b, s, 0x5eed + (uint64_t)(trace_mode ? 0 : i));
+        reference ref;
+        memset(&ref, 0, sizeof ref);
+        if (o.check) reference_compute(&o, &b, s, &ref);
+        double floor_us = 0;
+        int64_t kvb = 0;
+        for (int32_t r = 0; r < s->batch; r++) kvb += (int64_t)s->lens[r] * kv_bytes_per_token(&o.prob);
+        if (o.cuda && kvb >= 16) {
+            size_t fb = (size_t)kvb < ce.read_buf_bytes ? (size_t)kvb : ce.read_buf_bytes;
+            TRY(o.ctx, pkv_dev_time_read(o.ctx, ce.read_buf, ce.read_buf_bytes, fb, o.reps, &floor_us), "floor");
+        }
+        for (int k = 0; k < o.nroutes; k++) {
+            row_result r;
+            measure(&o, &b, s, o.routes[k], &ce, &ref, floor_us, plan, &r);
+            results_push(&res, &r);
+            if (!trace_mode || o.per_step) print_row(&r);
+            fflush(stdout);
+        }
+        reference_free(&ref);
+    }
+    if (trace_mode) print_summary(&o, &res);
+    printf("\nbackend: %s; shape %s (Hq %d, Hkv %d, d %d, %s, %s, page %d); workload: %s\n", pkv_context_device_name(o.ctx),
+           o.shape->name, o.prob.num_qo_heads, o.prob.num_kv_heads, o.prob.head_dim,
+           o.prob.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", o.prob.layout == PKV_LAYOUT_HND ? "HND" : "NHD",
+           o.prob.page_size, workload);
+    if (o.cuda)
+        printf("read ceiling %.0f GB/s, empty launch %.2f us, graph replay %.2f us (measured in this run)\n", ce.read_gbps,
+               ce.launch_us, ce.graph_us);
+    int bad = 0;
+    for (int i = 0; i < res.n; i++) {
+        double tol = o.prob.dtype == PKV_DTYPE_BF16 ? 2e-2 : 4e-3;
+        if (o.check && (!(res.rows[i].rel_err <= tol) || res.rows[i].nan_outputs > 0)) {
+            bad++;
+            fprintf(stderr, "pkv bench: %s route %s: rel err %.2e, %d outputs unwritten\n", res.rows[i].step,
+                    pkv_route_name(res.rows[i].route_asked), res.rows[i].rel_err, res.rows[i].nan_outputs);
+        }
+    }
+    const char *json = cli_opt(argc, argv, "--json");
+    if (json) {
+        write_json(json, &o, &ce, &res, workload);
+        fprintf(stderr, "pkv bench: wrote %s\n", json);
+    }
+    for (int i = 0; i < nsteps; i++) free_step(&steps[i]);
+    free(steps);
+    free(res.rows);
+    buffers_free(&o, &b);
+    if (ce.read_buf) pkv_dev_free(o.ctx, ce.read_buf);
+    pkv_plan_free(plan);
+    pkv_context_free(o.ctx);
+    if (bad) {
+        fprintf(stderr, "pkv bench: %d rows disagree with the reference\n", bad);
+        return 1;
+    }
+    return 0;
+}
