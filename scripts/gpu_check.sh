@@ -31,7 +31,9 @@ grep -E "tests passed|Passed|Failed|SKIP|passed, " "$log/tests.log" | tail -n 20
 "$build/pkv" check --backend cuda --count $((cases / 2)) 2>/dev/null | tail -n 5 | tee -a "$log/tests.log" || status=1
 
 say "compute-sanitizer (memcheck, racecheck) on a reduced set"
-if command -v compute-sanitizer >/dev/null; then
+if [ $quick = 1 ]; then
+  echo "skipped in --quick" | tee "$log/sanitizer.log"
+elif command -v compute-sanitizer >/dev/null; then
   { PKV_TEST_CASES=3 compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/test_cuda" &&
     PKV_TEST_CASES=1 compute-sanitizer --tool racecheck --error-exitcode 9 "$build/tests/test_cuda"; } \
     >"$log/sanitizer.log" 2>&1 || status=1
