@@ -10,6 +10,12 @@
 #   PKV_FLASHINFER_CACHE     if set, FlashInfer's JIT workspace goes there
 #                            (exported as FLASHINFER_WORKSPACE_BASE; kernels land
 #                            in $PKV_FLASHINFER_CACHE/.cache/flashinfer/<ver>/<arch>/)
+#   PKV_FLASHINFER_CACHE_TGZ if set (and the file exists), a tarball of an
+#                            earlier cache (tar czf X.tgz -C $PKV_FLASHINFER_CACHE .cache)
+#                            is unpacked into PKV_FLASHINFER_CACHE first; keep
+#                            PKV_FLASHINFER_CACHE the same absolute path (e.g.
+#                            /tmp/pkv-fi) and TARGET_DIR unchanged so ninja
+#                            finds nothing to rebuild
 #   FLASHINFER_CUDA_ARCH_LIST  kept if set, else "9.0a" (H200 only)
 #   PKV_SKIP_IMPORT_CHECK=1  skip the `import flashinfer` smoke test
 #
@@ -53,6 +59,10 @@ export FLASHINFER_CUDA_ARCH_LIST="$arch"
 if [ -n "${PKV_FLASHINFER_CACHE:-}" ]; then
   mkdir -p "$PKV_FLASHINFER_CACHE"
   cache="$(cd "$PKV_FLASHINFER_CACHE" && pwd)"
+  if [ -n "${PKV_FLASHINFER_CACHE_TGZ:-}" ] && [ -f "$PKV_FLASHINFER_CACHE_TGZ" ]; then
+    log "unpacking JIT cache $PKV_FLASHINFER_CACHE_TGZ into $cache"
+    tar xzf "$PKV_FLASHINFER_CACHE_TGZ" -C "$cache"   # tar keeps the mtimes ninja needs
+  fi
   EXPORTS+=("export FLASHINFER_WORKSPACE_BASE=$cache")
   export FLASHINFER_WORKSPACE_BASE="$cache"
 fi

@@ -146,11 +146,13 @@ typedef enum pkv_route {
     PKV_ROUTE_SPLIT = 2,     /* rectangular (row, KV head, S) grid over true lengths + merge */
     PKV_ROUTE_BUCKETED = 3,  /* rows grouped by length bucket, split + merge launch per bucket */
     PKV_ROUTE_WORKQUEUE = 4, /* compact list of non-empty tasks, one launch + one merge launch */
-    PKV_ROUTE_COUNT_ = 5
+    PKV_ROUTE_FUSED = 5,     /* the workqueue with the merge done in the same launch by the last task
+                                of each (row, KV head) to finish: one launch per step */
+    PKV_ROUTE_COUNT_ = 6
 } pkv_route;
 
 const char *pkv_route_name(pkv_route route);
-/* Parses "auto", "single", "split", "bucketed", "workqueue". */
+/* Parses "auto", "single", "split", "bucketed", "workqueue", "fused". */
 pkv_status pkv_route_parse(const char *name, pkv_route *route);
 
 typedef struct pkv_plan_options {
@@ -167,13 +169,15 @@ void pkv_plan_options_default(pkv_plan_options *opts);
 
 /* A task: attention of one (row, KV head) over tokens [tok_begin, tok_end) for all G query heads.
  * state_slot < 0: the task covers the whole row and writes o/lse directly; otherwise it writes the
- * partial state slot.  page_base = kv_indptr[row]. */
+ * partial state slot and `merge` is the index of the merge that combines it (else -1).
+ * page_base = kv_indptr[row]. */
 typedef struct pkv_task {
-    int32_t row, kv_head, tok_begin, tok_end, page_base, state_slot;
+    int32_t row, kv_head, tok_begin, tok_end, page_base, state_slot, merge;
 } pkv_task;
 
 /* A merge: (row, KV head) whose state lives in slots [first_slot, first_slot + count), merged in slot
- * order.  count == 0 marks an empty row (N = 0): o = 0, lse = -inf. */
+ * order.  count == 0 marks an empty row (N = 0): o = 0, lse = -inf.  Merges of split rows come
+ * before the merges of empty rows within a phase. */
 typedef struct pkv_merge {
     int32_t row, kv_head, first_slot, count;
 } pkv_merge;

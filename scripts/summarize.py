@@ -21,8 +21,8 @@ def anchors_table(path):
            f"read ceiling {ceil:.0f} GB/s, empty launch {data['ceilings']['empty_launch_us']:.2f} us",
            "",
            "| step | KV MB | best route | kernel us | FlashInfer us | FI / ours | of ceiling | floor us | step eff | "
-           "single | split | bucketed | workqueue | auto | rel err |",
-           "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+           "single | split | bucketed | workqueue | fused | auto | rel err |",
+           "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     wins = 0
     effs = []
     for s in steps:
@@ -40,7 +40,7 @@ def anchors_table(path):
         out.append(f"| {s} | {best['kv_bytes'] / 1e6:.1f} | {best['route']} | {best['kernel_us']:.1f} | "
                    f"{fi if fi else '-'} | {ratio:.2f} | {best['frac_read_ceiling']:.2f} | {best['floor_us']:.1f} | "
                    f"{best['step_efficiency']:.2f} | {cell('single')} | {cell('split')} | {cell('bucketed')} | "
-                   f"{cell('workqueue')} | {cell('auto')} | {worst_err:.1e} |")
+                   f"{cell('workqueue')} | {cell('fused')} | {cell('auto')} | {worst_err:.1e} |")
     out.append("")
     out.append(f"steps within 10% of FlashInfer or faster: {wins}/{len(steps)}; step efficiency of the best route: "
                f"min {min(effs):.2f}, median {sorted(effs)[len(effs) // 2]:.2f}, max {max(effs):.2f}")

@@ -9,7 +9,7 @@
 #include <string.h>
 
 static const pkv_route routes[] = {PKV_ROUTE_AUTO, PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_BUCKETED,
-                                   PKV_ROUTE_WORKQUEUE};
+                                   PKV_ROUTE_WORKQUEUE, PKV_ROUTE_FUSED};
 
 static void check_case(pkv_context *ctx, pkv_plan *plan, pkv_test_case *tc, const char *what) {
     const pkv_problem *p = &tc->problem;
@@ -82,7 +82,7 @@ static void repeat_and_graph(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     pkv_plan_options opts;
     pkv_plan_options_default(&opts);
     opts.route = PKV_ROUTE_WORKQUEUE;
-    CHECK_OK(pkv_plan_step(ctx, &p, &tc.table, &opts, plan));
+    CHECK_OK(pkv_plan_step(ctx, &tc.problem, &tc.table, &opts, plan));
     size_t qb = (size_t)tc.q_elems * 2, kvb = (size_t)tc.kv_elems * 2, lb = (size_t)tc.lse_elems * 4;
     size_t ib = (size_t)tc.kv_indptr[tc.batch_size] * 4, wsb = pkv_plan_workspace_size(plan);
     void *q, *k, *v, *o, *lse, *idx, *ws;

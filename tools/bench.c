@@ -14,7 +14,7 @@
 #include <string.h>
 #include <time.h>
 
-#define MAX_ROUTES 5
+#define MAX_ROUTES 6
 
 typedef struct bench_opts {
     pkv_context *ctx;
@@ -24,6 +24,7 @@ typedef struct bench_opts {
     pkv_route routes[MAX_ROUTES];
     int nroutes;
     int reps, warmup, wall_reps;
+    int32_t ctas_per_unit, min_chunk;
     bool check, per_step, quiet;
     int64_t rotate_bytes;
     const char *cmdline;
@@ -390,6 +391,8 @@ static void measure(const bench_opts *o, buffers *b, const step_input *s, pkv_ro
     pkv_plan_options opts;
     pkv_plan_options_default(&opts);
     opts.route = route;
+    opts.ctas_per_unit = o->ctas_per_unit;
+    opts.min_chunk_tokens = o->min_chunk;
     TRY(o->ctx, pkv_plan_step(o->ctx, &prob, &tab, &opts, plan), "plan");
     ensure_workspace(o, b, pkv_plan_workspace_size(plan));
     snprintf(r->step, sizeof r->step, "%s", s->name);
@@ -644,7 +647,7 @@ static void usage(void) {
            "Replays a trace, the anchor steps or one isolated step and prints a Markdown table.\n\n"
            "backend and route:\n"
            "  --backend best|cpu|cuda   (default best: cuda when a GPU is present)\n"
-           "  --route R|all             auto, single, split, bucketed, workqueue or all (default all)\n"
+           "  --route R|all             auto, single, split, bucketed, workqueue, fused or all (default all)\n"
            "  --threads N               CPU backend threads\n"
            "problem:\n"
            "  --shape NAME              paper (default), g8, g7, mha, d256, d64\n"
@@ -660,6 +663,8 @@ static void usage(void) {
            "measuring:\n"
            "  --reps N --warmup N --wall-reps N   (CUDA defaults 100 / 10 / 20; CPU 3 / 1 / 3)\n"
            "  --rotate-gib X            KV rotated over at least X GiB (default 2)\n"
+           "  --ctas-per-unit N         planner: tasks per SM in one wave (default: the backend's)\n"
+           "  --min-chunk N             planner: smallest split in tokens (default 128)\n"
            "  --no-check                skip the comparison with the float64 reference\n"
            "  --per-step                print every trace step, not only the per-route summary\n"
            "  --json PATH               write every metric as JSON\n");
@@ -670,7 +675,7 @@ int cmd_bench(int argc, char **argv) {
                                         "--page-size", "--trace", "--seed", "--batch", "--requests", "--steps",
                                         "--step", "--trace-file", "--anchor", "--lens", "--reps", "--warmup",
                                         "--wall-reps", "--rotate-gib", "--no-check!", "--per-step!", "--json",
-                                        "--quiet!", "--help!", NULL};
+                                        "--quiet!", "--help!", "--ctas-per-unit", "--min-chunk", NULL};
     if (cli_flag(argc, argv, "--help")) {
         usage();
         return 0;
@@ -723,7 +728,7 @@ int cmd_bench(int argc, char **argv) {
     const char *route = cli_opt(argc, argv, "--route");
     if (!route || strcmp(route, "all") == 0) {
         pkv_route all[MAX_ROUTES] = {PKV_ROUTE_AUTO, PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_BUCKETED,
-                                     PKV_ROUTE_WORKQUEUE};
+                                     PKV_ROUTE_WORKQUEUE, PKV_ROUTE_FUSED};
         memcpy(o.routes, all, sizeof all);
         o.nroutes = MAX_ROUTES;
     } else {
@@ -742,28 +747,10 @@ int cmd_bench(int argc, char **argv) {
     }
     o.rotate_bytes = (int64_t)(cli_opt_double(argc, argv, "--rotate-gib", 2.0) * (double)(1 << 30));
     o.check = !cli_flag(argc, argv, "--no-check");
+    o.ctas_per_unit = (int32_t)cli_opt_int(argc, argv, "--ctas-per-unit", 0);
+    o.min_chunk = (int32_t)cli_opt_int(argc, argv, "--min-chunk", 0);
     o.per_step = cli_flag(argc, argv, "--per-step");
     o.quiet = cli_flag(argc, argv, "--quiet");
-
-    /* ceilings, measured in this run */
-    ceilings ce;
-    memset(&ce, 0, sizeof ce);
-    ce.read_gbps = NAN;
-    ce.launch_us = ce.graph_us = NAN;
-    if (o.cuda) {
-        ce.read_buf_bytes = (size_t)4 << 30;
-        TRY(o.ctx, pkv_dev_malloc(o.ctx, ce.read_buf_bytes, &ce.read_buf), "ceiling buffer");
-        TRY(o.ctx, pkv_dev_fill_random(o.ctx, ce.read_buf, (int64_t)(ce.read_buf_bytes / 2), PKV_DTYPE_FP16, 7), "fill");
-        double us = 0;
-        TRY(o.ctx, pkv_dev_time_read(o.ctx, ce.read_buf, ce.read_buf_bytes, ce.read_buf_bytes, 10, &us), "read ceiling");
-        ce.read_gbps = (double)ce.read_buf_bytes / (us * 1e3);
-        TRY(o.ctx, pkv_dev_launch_latency(o.ctx, &ce.launch_us, &ce.graph_us), "launch latency");
-        fprintf(stderr, "pkv bench: %s; read ceiling %.0f GB/s (4 GiB streaming read); empty launch %.2f us; graph replay %.2f us\n",
-                pkv_context_device_name(o.ctx), ce.read_gbps, ce.launch_us, ce.graph_us);
-    } else {
-        fprintf(stderr, "pkv bench: %s (kernel time = wall time of pkv_run; no device ceilings)\n",
-                pkv_context_device_name(o.ctx));
-    }
 
     /* workload -> steps */
     step_input *steps = NULL;
@@ -871,6 +858,31 @@ int cmd_bench(int argc, char **argv) {
         for (int32_t s = first; s < last; s++) make_trace_step(&o, tr, s, rot, arg, &steps[nsteps++]);
         snprintf(workload, sizeof workload, "%s (steps %d..%d of %d)", arg, first, last - 1, total);
         pkv_trace_free(tr);
+    }
+
+    /* ceilings, measured in this run */
+    ceilings ce;
+    memset(&ce, 0, sizeof ce);
+    ce.read_gbps = NAN;
+    ce.launch_us = ce.graph_us = NAN;
+    if (o.cuda) {
+        ce.read_buf_bytes = (size_t)4 << 30;
+        for (int i = 0; i < nsteps; i++) { /* the floor of the largest step needs a buffer that large */
+            size_t kvb = 0;
+            for (int32_t r = 0; r < steps[i].batch; r++) kvb += (size_t)steps[i].lens[r] * (size_t)kv_bytes_per_token(&o.prob);
+            if (kvb + (kvb >> 4) > ce.read_buf_bytes) ce.read_buf_bytes = kvb + (kvb >> 4);
+        }
+        TRY(o.ctx, pkv_dev_malloc(o.ctx, ce.read_buf_bytes, &ce.read_buf), "ceiling buffer");
+        TRY(o.ctx, pkv_dev_fill_random(o.ctx, ce.read_buf, (int64_t)(ce.read_buf_bytes / 2), PKV_DTYPE_FP16, 7), "fill");
+        double us = 0;
+        TRY(o.ctx, pkv_dev_time_read(o.ctx, ce.read_buf, ce.read_buf_bytes, ce.read_buf_bytes, 10, &us), "read ceiling");
+        ce.read_gbps = (double)ce.read_buf_bytes / (us * 1e3);
+        TRY(o.ctx, pkv_dev_launch_latency(o.ctx, &ce.launch_us, &ce.graph_us), "launch latency");
+        fprintf(stderr, "pkv bench: %s; read ceiling %.0f GB/s (4 GiB streaming read); empty launch %.2f us; graph replay %.2f us\n",
+                pkv_context_device_name(o.ctx), ce.read_gbps, ce.launch_us, ce.graph_us);
+    } else {
+        fprintf(stderr, "pkv bench: %s (kernel time = wall time of pkv_run; no device ceilings)\n",
+                pkv_context_device_name(o.ctx));
     }
 
     buffers b;

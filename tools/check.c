@@ -54,7 +54,7 @@ int cmd_check(int argc, char **argv) {
     ch.long_prob = 0.05;
     pkv_plan *plan = NULL;
     pkv_plan_create(&plan);
-    const pkv_route routes[] = {PKV_ROUTE_AUTO, PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_BUCKETED, PKV_ROUTE_WORKQUEUE};
+    const pkv_route routes[] = {PKV_ROUTE_AUTO, PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_BUCKETED, PKV_ROUTE_WORKQUEUE, PKV_ROUTE_FUSED};
     int passed = 0, failed = 0;
     double worst = 0;
     for (int n = 0; n < count; n++) {

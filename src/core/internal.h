@@ -63,7 +63,7 @@ struct pkv_plan {
 
     void *blob;              /* [tasks | rows | merges], each part PKV_WS_ALIGN aligned */
     size_t blob_cap, blob_bytes;
-    size_t off_tasks, off_rows, off_merges;
+    size_t off_tasks, off_rows, off_merges, off_counters;
     size_t off_state_o, off_state_lse, workspace_bytes;
 
     uint64_t generation;     /* unique per successful pkv_plan call */

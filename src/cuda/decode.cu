@@ -38,6 +38,10 @@ struct decode_params {
     float scale_log2;         // sm_scale * log2(e)
     int32_t num_qo_heads, group, page_size, page_shift; // page_shift < 0: page_size not a power of 2
     int32_t rect;
+    // fused route: the last task of a split (row, KV head) merges it; CTAs past num_tasks fill empty rows
+    int32_t fused, num_tasks, num_split_merges;
+    const pkv_merge *merges;
+    int32_t *counters;
 };
 
 struct merge_params {
@@ -66,12 +70,56 @@ __device__ __forceinline__ int64_t token_offset(const decode_params &p, int32_t 
     return page * p.stride_page + (int64_t)head * p.stride_head + (int64_t)off * p.stride_tok;
 }
 
-template <int D, bool G16> constexpr int smem_floats() {
+// Combines the states of one merge in slot order and writes o (dtype) and lse; count 0 writes the
+// empty row (o = 0, lse = -inf).  L1-bypassing loads: in the fused route the states were written by
+// other CTAs of the same launch.
+template <typename T, int D>
+__device__ __forceinline__ void merge_one(const pkv_merge &m, const float *state_o, const float *state_lse, void *o_out,
+                                          float *lse_out, int32_t num_qo_heads, int G) {
+    using tr = dtype_traits<T>;
+    for (int idx = threadIdx.x; idx < G * (D / 4); idx += kThreads) {
+        const int j = idx / (D / 4), d = (idx % (D / 4)) * 4;
+        float M = -INFINITY;
+        for (int s = 0; s < m.count; s++) M = fmaxf(M, __ldcg(state_lse + (int64_t)(m.first_slot + s) * G + j));
+        float L = 0.f;
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int s = 0; s < m.count; s++) {
+            const int64_t sl = (int64_t)(m.first_slot + s) * G + j;
+            const float w = __expf(__ldcg(state_lse + sl) - M);
+            const float4 o = __ldcg(reinterpret_cast<const float4 *>(state_o + sl * D + d));
+            L += w;
+            a.x += w * o.x;
+            a.y += w * o.y;
+            a.z += w * o.z;
+            a.w += w * o.w;
+        }
+        const float inv = L > 0.f ? 1.f / L : 0.f;
+        const int64_t qh = (int64_t)m.row * num_qo_heads + (int64_t)m.kv_head * G + j;
+        uint2 pk;
+        pk.x = tr::pack(a.x * inv, a.y * inv);
+        pk.y = tr::pack(a.z * inv, a.w * inv);
+        *reinterpret_cast<uint2 *>(static_cast<T *>(o_out) + qh * D + d) = pk;
+        if (lse_out && d == 0) lse_out[qh] = m.count > 0 ? M + logf(L) : -INFINITY;
+    }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) merge_kernel(const merge_params p) {
+    pdl_wait(); // the partial states come from the previous launch
+    merge_one<T, D>(p.merges[blockIdx.x], p.state_o, p.state_lse, p.o, p.lse, p.num_qo_heads, p.group);
+}
+
+// Shared memory: the warps' outputs for the final combine (fp32 [warp][GP][D + 4], m and l
+// [warp][GP]), then q (halves [GP][D + 32]).
+template <int D, bool G16> constexpr int smem_out_floats() {
     return kWarps * (G16 ? 16 : 8) * (D + 4) + 2 * kWarps * (G16 ? 16 : 8);
+}
+template <int D, bool G16> constexpr int smem_floats() {
+    return smem_out_floats<D, G16>() + (G16 ? 16 : 8) * (D + 32) / 2;
 }
 
 template <typename T, int D, bool G16>
-__global__ void __launch_bounds__(kThreads) decode_kernel(const decode_params p) {
+__global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 2) decode_kernel(const decode_params p) {
     constexpr int KC = D / 32; // K chunks of 8 halves per thread per token
     constexpr int VC = D / 64; // V chunks per thread per token
     constexpr int NB = D / 8;  // n-blocks of the output
@@ -82,7 +130,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const decode_params p)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3;
 
-    int32_t row, head, tb, te, slot, page_base;
+    int32_t row, head, tb, te, slot, page_base, merge_idx = -1;
     if (p.rect) {
         const pkv_row_sched rs = p.rows[blockIdx.x];
         const int32_t s = blockIdx.z;
@@ -94,6 +142,12 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const decode_params p)
         slot = rs.num_splits > 1 ? rs.slot_base + head * rs.num_splits + s : -1;
         page_base = rs.page_base;
     } else {
+        if (p.fused && (int32_t)blockIdx.x >= p.num_tasks) { // an empty row of the fused route
+            pdl_launch_dependents();
+            merge_one<T, D>(p.merges[p.num_split_merges + (blockIdx.x - p.num_tasks)], p.state_o, p.state_lse, p.o,
+                            p.lse, p.num_qo_heads, p.group);
+            return;
+        }
         const pkv_task t = p.tasks[blockIdx.x];
         row = t.row;
         head = t.kv_head;
@@ -101,19 +155,23 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const decode_params p)
         te = t.tok_end;
         slot = t.state_slot;
         page_base = t.page_base;
+        merge_idx = t.merge;
     }
     pdl_launch_dependents();
     pdl_wait();
 
+    // ---- q of the G heads into shared memory, rows padded by 64 bytes against bank conflicts:
+    // sm_q [GP][D + 32] (halves); the fragments are re-read per tile instead of held in registers.
     const int G = p.group;
     const T *qbase = static_cast<const T *>(p.q) + ((int64_t)row * p.num_qo_heads + (int64_t)head * G) * D;
-    uint4 qa[KC], qb[KC];
-#pragma unroll
-    for (int i = 0; i < KC; i++) {
-        qa[i] = g < G ? *reinterpret_cast<const uint4 *>(qbase + g * D + (i * 4 + c) * 8) : make_uint4(0, 0, 0, 0);
-        qb[i] = (G16 && g + 8 < G) ? *reinterpret_cast<const uint4 *>(qbase + (g + 8) * D + (i * 4 + c) * 8)
-                                   : make_uint4(0, 0, 0, 0);
+    T *sm_q = reinterpret_cast<T *>(smem + smem_out_floats<D, G16>());
+    for (int idx = threadIdx.x; idx < GP * (D / 8); idx += kThreads) {
+        const int j = idx / (D / 8), d = (idx % (D / 8)) * 8;
+        *reinterpret_cast<uint4 *>(sm_q + j * (D + 32) + d) =
+            j < G ? *reinterpret_cast<const uint4 *>(qbase + j * D + d) : make_uint4(0, 0, 0, 0);
     }
+    __syncthreads();
+    const T *qa_row = sm_q + g * (D + 32), *qb_row = sm_q + (g + 8) * (D + 32);
 
     const T *kbase = static_cast<const T *>(p.k);
     const T *vbase = static_cast<const T *>(p.v);
@@ -155,15 +213,16 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const decode_params p)
         // ---- S = Q K^T for the two 8-token halves of the tile
         float s[2][4];
 #pragma unroll
-        for (int j = 0; j < 2; j++) {
-            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+        for (int j = 0; j < 2; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll
-            for (int ks = 0; ks < D / 16; ks++) {
-                const int i = ks >> 1;
-                const bool t1 = ks & 1;
-                const uint32_t a[4] = {t1 ? qa[i].z : qa[i].x, t1 ? qb[i].z : qb[i].x, t1 ? qa[i].w : qa[i].y,
-                                       t1 ? qb[i].w : qb[i].y};
-                mma_16816<T>(s[j], a, t1 ? kr[j][i].z : kr[j][i].x, t1 ? kr[j][i].w : kr[j][i].y);
+        for (int i = 0; i < KC; i++) {
+            const uint4 qa = *reinterpret_cast<const uint4 *>(qa_row + (i * 4 + c) * 8);
+            const uint4 qb = G16 ? *reinterpret_cast<const uint4 *>(qb_row + (i * 4 + c) * 8) : make_uint4(0, 0, 0, 0);
+            const uint32_t a0[4] = {qa.x, qb.x, qa.y, qb.y}, a1[4] = {qa.z, qb.z, qa.w, qb.w};
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                mma_16816<T>(s[j], a0, kr[j][i].x, kr[j][i].y);
+                mma_16816<T>(s[j], a1, kr[j][i].z, kr[j][i].w);
             }
         }
         // ---- online softmax (log2 domain); rows g (s[.][0..1]) and g+8 (s[.][2..3])
@@ -291,37 +350,23 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const decode_params p)
             if (d == 0) p.state_lse[(int64_t)slot * G + j] = lse_nat;
         }
     }
-}
-
-template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) merge_kernel(const merge_params p) {
-    using tr = dtype_traits<T>;
-    pdl_wait(); // the partial states come from the previous launch
-    const pkv_merge m = p.merges[blockIdx.x];
-    const int G = p.group;
-    for (int idx = threadIdx.x; idx < G * (D / 4); idx += kThreads) {
-        const int j = idx / (D / 4), d = (idx % (D / 4)) * 4;
-        float M = -INFINITY;
-        for (int s = 0; s < m.count; s++) M = fmaxf(M, p.state_lse[(int64_t)(m.first_slot + s) * G + j]);
-        float L = 0.f;
-        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int s = 0; s < m.count; s++) {
-            const int64_t sl = (int64_t)(m.first_slot + s) * G + j;
-            const float w = __expf(p.state_lse[sl] - M);
-            const float4 o = *reinterpret_cast<const float4 *>(p.state_o + sl * D + d);
-            L += w;
-            a.x += w * o.x;
-            a.y += w * o.y;
-            a.z += w * o.z;
-            a.w += w * o.w;
+    if (p.fused && slot >= 0) {
+        // Arrive on the merge's counter; the last of its tasks merges (slot order: deterministic)
+        // and resets the counter for the next run.
+        __shared__ int last;
+        __threadfence(); // this thread's state writes, visible device-wide before the arrival
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const pkv_merge m = p.merges[merge_idx];
+            const int prev = atomicAdd(p.counters + merge_idx, 1);
+            last = prev == m.count - 1;
+            if (last) p.counters[merge_idx] = 0;
         }
-        const float inv = L > 0.f ? 1.f / L : 0.f;
-        const int64_t qh = (int64_t)m.row * p.num_qo_heads + (int64_t)m.kv_head * G + j;
-        uint2 pk;
-        pk.x = tr::pack(a.x * inv, a.y * inv);
-        pk.y = tr::pack(a.z * inv, a.w * inv);
-        *reinterpret_cast<uint2 *>(static_cast<T *>(p.o) + qh * D + d) = pk;
-        if (p.lse && d == 0) p.lse[qh] = m.count > 0 ? M + logf(L) : -INFINITY;
+        __syncthreads();
+        if (last) {
+            __threadfence();
+            merge_one<T, D>(p.merges[merge_idx], p.state_o, p.state_lse, p.o, p.lse, p.num_qo_heads, G);
+        }
     }
 }
 
@@ -374,13 +419,27 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
     const bool g16 = plan->group > 8;
     for (int32_t k = 0; k < plan->num_phases; k++) {
         const pkv_phase &ph = plan->phases[k];
-        if (ph.task_end > ph.task_begin) {
+        const bool fused = plan->route == PKV_ROUTE_FUSED;
+        if (ph.task_end > ph.task_begin || (fused && ph.merge_end > ph.merge_begin)) {
             decode_params p = base;
             dim3 grid;
-            if (plan->route == PKV_ROUTE_WORKQUEUE) {
+            if (plan->route == PKV_ROUTE_WORKQUEUE || plan->route == PKV_ROUTE_FUSED) {
                 p.rect = 0;
                 p.tasks = reinterpret_cast<const pkv_task *>(ws_dev + plan->off_tasks) + ph.task_begin;
                 grid = dim3((unsigned)(ph.task_end - ph.task_begin));
+                if (plan->route == PKV_ROUTE_FUSED) {
+                    int32_t split_merges = 0;
+                    while (ph.merge_begin + split_merges < ph.merge_end &&
+                           plan->merges[ph.merge_begin + split_merges].count > 0)
+                        split_merges++;
+                    p.fused = 1;
+                    p.num_tasks = ph.task_end - ph.task_begin;
+                    p.num_split_merges = split_merges;
+                    p.merges = reinterpret_cast<const pkv_merge *>(ws_dev + plan->off_merges) + ph.merge_begin;
+                    p.counters = reinterpret_cast<int32_t *>(const_cast<char *>(ws_dev) + plan->off_counters) +
+                                 ph.merge_begin;
+                    grid = dim3((unsigned)(p.num_tasks + (ph.merge_end - ph.merge_begin - split_merges)));
+                }
             } else {
                 p.rect = 1;
                 p.rows = reinterpret_cast<const pkv_row_sched *>(ws_dev + plan->off_rows) + ph.row_begin;
@@ -390,7 +449,7 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
             cudaError_t e = g16 ? launch_decode<T, D, true>(p, grid, stream) : launch_decode<T, D, false>(p, grid, stream);
             if (e != cudaSuccess) return e;
         }
-        if (ph.merge_end > ph.merge_begin) {
+        if (!fused && ph.merge_end > ph.merge_begin) {
             merge_params m = mbase;
             m.merges = reinterpret_cast<const pkv_merge *>(ws_dev + plan->off_merges) + ph.merge_begin;
             cudaError_t e = launch_merge<T, D>(m, ph.merge_end - ph.merge_begin, stream,

@@ -15,6 +15,8 @@
  *              sum_i ceil(pages_i / c) x Hkv <= P (one wave); if even c = max pages does not fit,
  *              no row is split.  Full chunks come first in the task list, then the row tails,
  *              longest first.
+ *   fused      the workqueue's plan, executed in one launch: the last task of a split (row, KV head)
+ *              to finish merges its states (a counter per merge in the workspace).
  *   auto       single when the non-empty rows already fill a wave (rows x Hkv >= P), else workqueue.
  */
 #include "internal.h"
@@ -26,7 +28,7 @@
 
 static atomic_uint_fast64_t pkv_next_generation = 1;
 
-static const char *const route_names[PKV_ROUTE_COUNT_] = {"auto", "single", "split", "bucketed", "workqueue"};
+static const char *const route_names[PKV_ROUTE_COUNT_] = {"auto", "single", "split", "bucketed", "workqueue", "fused"};
 
 const char *pkv_route_name(pkv_route route) {
     return (route >= 0 && route < PKV_ROUTE_COUNT_) ? route_names[route] : "unknown";
@@ -40,7 +42,7 @@ pkv_status pkv_route_parse(const char *name, pkv_route *route) {
             return PKV_OK;
         }
     return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT,
-                    "unknown route '%s' (expected auto, single, split, bucketed or workqueue)", name);
+                    "unknown route '%s' (expected auto, single, split, bucketed, workqueue or fused)", name);
 }
 
 void pkv_plan_options_default(pkv_plan_options *o) {
@@ -143,7 +145,7 @@ static pkv_status plan_reserve(pkv_context *ctx, pkv_plan *plan, int64_t ntasks,
     size_t off_tasks = 0;
     size_t off_rows = align_up(off_tasks + (size_t)ntasks * sizeof(pkv_task), PKV_WS_ALIGN);
     size_t off_merges = align_up(off_rows + (size_t)nrows * sizeof(pkv_row_sched), PKV_WS_ALIGN);
-    size_t bytes = align_up(off_merges + (size_t)nmerges * sizeof(pkv_merge), PKV_WS_ALIGN);
+    size_t bytes = align_up(off_merges + (size_t)nmerges * (sizeof(pkv_merge) + sizeof(int32_t)), PKV_WS_ALIGN);
     if (bytes > plan->blob_cap) {
         size_t cap = plan->blob_cap ? plan->blob_cap : 4096;
         while (cap < bytes) cap *= 2;
@@ -198,6 +200,7 @@ static int32_t emit_row(pkv_plan *plan, int32_t row, int32_t n, int32_t page_bas
     rs->chunk_tokens = chunk_tokens;
     rs->num_splits = nsplit;
     rs->slot_base = nsplit > 1 ? slot_base : -1;
+    const int32_t merge_base = plan->num_merges;
     if (emit_tasks)
         for (int32_t s = 0; s < nsplit; s++)
             for (int32_t h = 0; h < hkv; h++) {
@@ -208,16 +211,32 @@ static int32_t emit_row(pkv_plan *plan, int32_t row, int32_t n, int32_t page_bas
                 t->tok_end = (s + 1) * chunk_tokens < n ? (s + 1) * chunk_tokens : n;
                 t->page_base = page_base;
                 t->state_slot = nsplit > 1 ? slot_base + h * nsplit + s : -1;
+                t->merge = nsplit > 1 ? merge_base + h : -1;
             }
-    if (nsplit != 1)
+    if (nsplit > 1)
         for (int32_t h = 0; h < hkv; h++) {
             pkv_merge *m = &plan->merges[plan->num_merges++];
             m->row = row;
             m->kv_head = h;
-            m->first_slot = nsplit > 1 ? slot_base + h * nsplit : 0;
+            m->first_slot = slot_base + h * nsplit;
             m->count = nsplit;
         }
     return nsplit > 1 ? nsplit * hkv : 0;
+}
+
+/* Merges of the empty rows among rows[0..nrows) (o = 0, lse = -inf), after the split merges. */
+static void emit_empty_merges(pkv_plan *plan, const int32_t *lens, const int32_t *rows, int32_t nrows) {
+    for (int32_t k = 0; k < nrows; k++) {
+        int32_t i = rows ? rows[k] : k;
+        if (lens[i] != 0) continue;
+        for (int32_t h = 0; h < plan->problem.num_kv_heads; h++) {
+            pkv_merge *m = &plan->merges[plan->num_merges++];
+            m->row = i;
+            m->kv_head = h;
+            m->first_slot = 0;
+            m->count = 0;
+        }
+    }
 }
 
 static void begin_phase(pkv_plan *plan, int32_t S) {
@@ -247,6 +266,7 @@ static int32_t emit_rect_phase(pkv_plan *plan, const plan_params *pp, const pkv_
         int32_t chunk = row_chunk_pages(pp, pages, S) * p->page_size;
         slots += emit_row(plan, i, n, t->kv_indptr[i], chunk, slots, true);
     }
+    emit_empty_merges(plan, t->seq_lens, rows, nrows);
     end_phase(plan);
     return slots;
 }
@@ -279,6 +299,13 @@ static void compute_counters(pkv_plan *plan) {
     /* a phase launches its task kernel when it has tasks and its merge kernel when it has merges */
     for (int32_t k = 0; k < plan->num_phases; k++) {
         const pkv_phase *ph = &plan->phases[k];
+        if (plan->route == PKV_ROUTE_FUSED) { /* tasks and merges in one launch */
+            int32_t empties = 0;
+            for (int32_t m = ph->merge_begin; m < ph->merge_end; m++) empties += plan->merges[m].count == 0;
+            c->grid_ctas += (ph->task_end - ph->task_begin) + empties;
+            c->launches += (ph->task_end > ph->task_begin || empties > 0) ? 1 : 0;
+            continue;
+        }
         if (ph->task_end > ph->task_begin) {
             c->launches++;
             c->grid_ctas += plan->route == PKV_ROUTE_WORKQUEUE
@@ -393,7 +420,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
             int32_t s = emit_rect_phase(plan, &pp, table, order + starts[b], counts[b], Sb[b]);
             if (s > slots) slots = s; /* buckets run in sequence: slots are reused */
         }
-    } else { /* WORKQUEUE */
+    } else { /* WORKQUEUE and FUSED */
         int32_t c = choose_workqueue_chunk(&pp, problem, lens, B);
         int32_t chunk_tokens = c * problem->page_size;
         int64_t ntasks = 0, nmerges = empty * hkv;
@@ -406,6 +433,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
         if (st != PKV_OK) return st;
         begin_phase(plan, 0);
         for (int32_t i = 0; i < B; i++) slots += emit_row(plan, i, lens[i], table->kv_indptr[i], chunk_tokens, slots, true);
+        emit_empty_merges(plan, lens, NULL, B);
         /* full chunks first (already in row order), then the tails longest first */
         int32_t w = 0;
         int32_t ntail = 0;
@@ -426,12 +454,18 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
         end_phase(plan);
     }
     plan->num_state_slots = slots;
+    /* zeroed arrival counters right after the merges (used by the fused route) */
+    memset((char *)plan->blob + plan->off_merges + (size_t)plan->num_merges * sizeof(pkv_merge), 0,
+           (size_t)plan->num_merges * sizeof(int32_t));
 
     /* workspace layout: [plan blob | partial o (slots x G x d fp32) | partial lse (slots x G fp32)] */
     size_t state_o = (size_t)slots * (size_t)plan->group * (size_t)problem->head_dim * sizeof(float);
     size_t state_lse = (size_t)slots * (size_t)plan->group * sizeof(float);
     plan->off_state_o = align_up(plan->blob_bytes, PKV_WS_ALIGN);
     plan->off_state_lse = align_up(plan->off_state_o + state_o, PKV_WS_ALIGN);
+    /* fused: one arrival counter per merge; zeros travel with the plan upload and the last task of
+     * each merge resets its counter, so every run starts from zero */
+    plan->off_counters = plan->off_merges + (size_t)plan->num_merges * sizeof(pkv_merge);
     plan->workspace_bytes = align_up(plan->off_state_lse + state_lse, PKV_WS_ALIGN);
     compute_counters(plan);
     plan->generation = atomic_fetch_add(&pkv_next_generation, 1);
@@ -481,10 +515,11 @@ pkv_status pkv_workspace_size(pkv_context *ctx, const pkv_problem *problem, int3
         if (s > slots) slots = s;
     }
     if (opts.chunk_pages > 0 && (int64_t)max_batch * hkv * max_splits > slots) slots = (int64_t)max_batch * hkv * max_splits;
-    int64_t tasks = slots + (int64_t)max_batch * hkv;
+    /* tasks: every phase holds at most P + its rows x Hkv; bucketed has up to 34 phases */
+    int64_t tasks = slots + (int64_t)(max_batch < 34 ? max_batch : 34) * P + (int64_t)max_batch * hkv;
     size_t blob = align_up((size_t)tasks * sizeof(pkv_task), PKV_WS_ALIGN) +
                   align_up((size_t)max_batch * sizeof(pkv_row_sched), PKV_WS_ALIGN) +
-                  align_up((size_t)max_batch * hkv * sizeof(pkv_merge), PKV_WS_ALIGN);
+                  align_up((size_t)max_batch * hkv * (sizeof(pkv_merge) + sizeof(int32_t)), PKV_WS_ALIGN);
     size_t so = align_up((size_t)slots * G * problem->head_dim * sizeof(float), PKV_WS_ALIGN);
     size_t sl = align_up((size_t)slots * G * sizeof(float), PKV_WS_ALIGN);
     *bytes = blob + so + sl + PKV_WS_ALIGN;

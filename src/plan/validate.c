@@ -114,6 +114,9 @@ pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens, cons
             if (count > 0 && phase_of_merge(plan, found) != phase_of_task(plan, idx[first]))
                 BAD("merge of row %d head %d is not in its tasks' phase", i, h);
             for (int32_t j = 0; j < count; j++)
+                if (plan->tasks[idx[first + j]].merge != found)
+                    BAD("row %d head %d: split %d names merge %d, not %d", i, h, j, plan->tasks[idx[first + j]].merge, found);
+            for (int32_t j = 0; j < count; j++)
                 if (plan->tasks[idx[first + j]].state_slot != m->first_slot + j)
                     BAD("row %d head %d: split %d writes slot %d, merge expects %d", i, h, j,
                         plan->tasks[idx[first + j]].state_slot, m->first_slot + j);

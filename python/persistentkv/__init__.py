@@ -1,0 +1,62 @@
+"""PersistentKV: decode attention over a paged KV cache (grouped-query attention), via ctypes.
+
+    import persistentkv as pkv
+    w = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cpu")
+    w.plan(indptr, indices, seq_lens, num_qo_heads, num_kv_heads, head_dim, page_size, num_pages=P)
+    o, lse = w.run(q, k_cache, v_cache, return_lse=True)
+
+The shared library is found through $PKV_LIBRARY, then ../build, ../build-gpu, ../build-cpu of
+this repository, then ctypes.util.find_library("persistentkv").  numpy is needed for the CPU
+backend, traces and the reference; torch for the CUDA backend.  numpy has no bfloat16: pass
+uint16 arrays holding bf16 bits (see bf16_bits) or ml_dtypes.bfloat16 arrays.
+"""
+
+import ctypes
+
+from . import _arrays
+from ._lib import (LibraryNotFoundError, PkvError, ROUTES, TRACE_FAMILIES, Status, lib, library_path,
+                   status_string)
+from .reference import reference
+from .trace import Trace, generate_trace
+from .wrapper import BatchDecodeWithPagedKVCacheWrapper, cuda_available
+
+__version__ = "0.1.0"
+
+__all__ = ["BatchDecodeWithPagedKVCacheWrapper", "PkvError", "LibraryNotFoundError", "Status", "ROUTES",
+           "TRACE_FAMILIES", "Trace", "generate_trace", "reference", "cuda_available", "library_path",
+           "status_string", "bf16_bits", "bf16_to_float32", "block_table_to_csr", "__version__"]
+
+
+def bf16_bits(x):
+    """uint16 numpy array of the bf16 bits of x (round to nearest even, as the library does)."""
+    np = _arrays.numpy()
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    nan = np.isnan(np.asarray(x, dtype=np.float32))
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    r[nan] = 0x7FC0
+    return r
+
+
+def bf16_to_float32(bits):
+    """float32 numpy array from uint16 bf16 bits."""
+    np = _arrays.numpy()
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def block_table_to_csr(block_table, seq_lens, page_size):
+    """(indptr [B+1], indices [nnz]) int32 from a vLLM-style padded block table [B, max_pages]."""
+    np = _arrays.numpy()
+    bt = np.ascontiguousarray(block_table, dtype=np.int32)
+    lens = np.ascontiguousarray(seq_lens, dtype=np.int32)
+    if bt.ndim != 2 or lens.ndim != 1 or bt.shape[0] != lens.shape[0]:
+        raise ValueError(f"block_table must be [B, max_pages] and seq_lens [B], got {bt.shape}, {lens.shape}")
+    B, max_pages = bt.shape
+    cap = int(((lens.astype(np.int64).clip(min=0) + page_size - 1) // max(page_size, 1)).sum())
+    indptr = np.zeros(B + 1, np.int32)
+    indices = np.zeros(max(cap, 1), np.int32)
+    i32 = ctypes.POINTER(ctypes.c_int32)
+    from ._lib import check
+    check(lib.pkv_block_table_to_csr(bt.ctypes.data_as(i32), B, max_pages, lens.ctypes.data_as(i32),
+                                     int(page_size), indptr.ctypes.data_as(i32), indices.ctypes.data_as(i32),
+                                     cap), call="pkv_block_table_to_csr")
+    return indptr, indices[:indptr[-1]].copy()

@@ -1,0 +1,155 @@
+"""Array adapters: numpy arrays and torch tensors described without copies; lazy imports."""
+
+import ctypes
+import sys
+from collections import namedtuple
+
+from . import _lib
+
+Arr = namedtuple("Arr", "obj kind device dtype shape contiguous ptr")
+# kind: "numpy" | "torch"; device: "cpu" | "cuda:N"; dtype: a name such as "float16", "bfloat16",
+# "uint16", "float32", "int32"; ptr: the address of element 0.
+
+
+def numpy():
+    """numpy, imported on first use (the CPU backend, traces and the reference need it)."""
+    try:
+        import numpy as np
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise ImportError("numpy is needed for the CPU backend, traces and the reference: "
+                          "pip install numpy") from None
+    return np
+
+
+def torch():
+    """torch, imported on first use (the CUDA backend needs it)."""
+    try:
+        import torch as t
+    except ImportError:
+        raise ImportError("torch is needed for the CUDA backend: pip install torch") from None
+    return t
+
+
+def is_torch(x):
+    t = sys.modules.get("torch")
+    return t is not None and isinstance(x, t.Tensor)
+
+
+def is_numpy(x):
+    np = sys.modules.get("numpy")
+    return np is not None and isinstance(x, np.ndarray)
+
+
+def torch_cuda_usable():
+    """True when torch imports and sees a CUDA device (never raises)."""
+    try:
+        import torch as t
+        return bool(t.cuda.is_available())
+    except Exception:
+        return False
+
+
+def describe(x, name):
+    """Arr for a numpy array or torch tensor; TypeError naming `name` for anything else."""
+    if is_numpy(x):
+        return Arr(x, "numpy", "cpu", x.dtype.name, tuple(x.shape), bool(x.flags.c_contiguous),
+                   int(x.ctypes.data))
+    if is_torch(x):
+        dev = x.device
+        device = "cpu" if dev.type == "cpu" else f"{dev.type}:{dev.index if dev.index is not None else 0}"
+        return Arr(x, "torch", device, str(x.dtype).replace("torch.", ""), tuple(x.shape),
+                   bool(x.is_contiguous()), int(x.data_ptr()))
+    raise TypeError(f"{name} must be a numpy array or a torch tensor, not {type(x).__name__}")
+
+
+# ---- dtypes -----------------------------------------------------------------------------------
+_DTYPE_ALIASES = {"float16": "float16", "fp16": "float16", "half": "float16",
+                  "bfloat16": "bfloat16", "bf16": "bfloat16",
+                  "float32": "float32", "fp32": "float32", "float": "float32"}
+_DTYPE_CODES = {"float16": _lib.DTYPE_FP16, "bfloat16": _lib.DTYPE_BF16, "float32": _lib.DTYPE_FP32}
+
+
+def dtype_name(dt):
+    """Normalizes a dtype given as a string, numpy dtype or torch dtype to a name."""
+    if isinstance(dt, str):
+        key = dt.lower().replace("torch.", "")
+    else:
+        key = str(getattr(dt, "name", None) or dt).replace("torch.", "")
+        np = sys.modules.get("numpy")
+        if np is not None and not hasattr(dt, "is_floating_point"):
+            try:
+                key = np.dtype(dt).name
+            except TypeError:
+                pass
+    if key not in _DTYPE_ALIASES:
+        raise ValueError(f"unknown data type {dt!r}: expected float16 or bfloat16")
+    return _DTYPE_ALIASES[key]
+
+
+def dtype_code(name):
+    return _DTYPE_CODES[name]
+
+
+def accepts_dtype(arr, want):
+    """Whether arr holds `want` ("float16"/"bfloat16"); numpy uint16 counts as bf16 bits."""
+    if arr.dtype == want:
+        return True
+    return want == "bfloat16" and arr.kind == "numpy" and arr.dtype == "uint16"
+
+
+# ---- host int32 vectors (page tables) -----------------------------------------------------------
+class HostInt32:
+    """A 1-D int32 vector in host memory: numpy, a torch CPU tensor or a ctypes array (lists
+    without numpy).  .ptr, len(), [i], .max_of(n) (max of the first n entries)."""
+
+    def __init__(self, x, name):
+        self.name = name
+        self._torch = False
+        if is_torch(x):
+            if x.is_floating_point() or x.is_complex() or x.dtype == sys.modules["torch"].bool:
+                raise TypeError(f"{name} must hold integers, not {x.dtype}")
+            if x.dim() != 1:
+                raise ValueError(f"{name} must be 1-D, got shape {tuple(x.shape)}")
+            t = sys.modules["torch"]
+            if x.device.type != "cpu":
+                raise ValueError(f"{name}: internal error, device tensors are copied in plan")
+            y = x.to(t.int32).contiguous()
+            self.data, self._torch = y, True
+            self.ptr, self._len = y.data_ptr(), y.numel()
+            return
+        np = sys.modules.get("numpy")
+        if np is None and isinstance(x, (list, tuple)):
+            for v in x:
+                if not isinstance(v, int) or isinstance(v, bool):
+                    raise TypeError(f"{name} must hold integers")
+            self.data = (ctypes.c_int32 * len(x))(*x)
+            self.ptr, self._len = ctypes.addressof(self.data), len(x)
+            return
+        np = numpy()
+        a = np.asarray(x)
+        if a.ndim != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
+        if a.size and a.dtype.kind not in "iu":
+            raise TypeError(f"{name} must hold integers, not {a.dtype}")
+        if a.size and a.dtype != np.int32 and (a.min() < -2**31 or a.max() >= 2**31):
+            raise ValueError(f"{name} has values outside int32")
+        a = np.ascontiguousarray(a, dtype=np.int32)
+        self.data, self.ptr, self._len = a, int(a.ctypes.data), int(a.size)
+
+    def __len__(self):
+        return self._len
+
+    def __getitem__(self, i):
+        return int(self.data[i])
+
+    def max_of(self, n):
+        if n <= 0:
+            return None
+        if self._torch:
+            return int(self.data[:n].max())
+        if isinstance(self.data, ctypes.Array):
+            return max(self.data[:n])
+        return int(self.data[:n].max())
+
+    def c_ptr(self):
+        return ctypes.cast(ctypes.c_void_p(self.ptr), ctypes.POINTER(ctypes.c_int32))

@@ -1,0 +1,258 @@
+"""Loading of libpersistentkv, ctypes mirrors of the C structs, prototypes and errors."""
+
+import ctypes
+import ctypes.util
+import enum
+import os
+from pathlib import Path
+
+__all__ = ["lib", "library_path", "LibraryNotFoundError", "PkvError", "Status", "check"]
+
+# python/persistentkv/_lib.py -> repository root
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+_LIB_NAME = "libpersistentkv.so"
+_BUILD_DIRS = ("build", "build-gpu", "build-cpu")
+
+
+class LibraryNotFoundError(ImportError):
+    """libpersistentkv could not be found or loaded; the message lists every place tried."""
+
+
+def _load():
+    tried = []
+    env = os.environ.get("PKV_LIBRARY")
+    if env:
+        # An explicit choice is never silently replaced by another library.
+        try:
+            return ctypes.CDLL(env), env
+        except OSError as e:
+            raise LibraryNotFoundError(f"PKV_LIBRARY={env!r} could not be loaded: {e}") from None
+    tried.append("$PKV_LIBRARY (unset)")
+    for d in _BUILD_DIRS:
+        cand = _REPO_ROOT / d / _LIB_NAME
+        if cand.is_file():
+            try:
+                return ctypes.CDLL(str(cand)), str(cand)
+            except OSError as e:
+                tried.append(f"{cand} ({e})")
+        else:
+            tried.append(f"{cand} (missing)")
+    found = ctypes.util.find_library("persistentkv")
+    if found:
+        try:
+            return ctypes.CDLL(found), found
+        except OSError as e:
+            tried.append(f"find_library: {found} ({e})")
+    else:
+        tried.append('ctypes.util.find_library("persistentkv") (not found)')
+    raise LibraryNotFoundError(
+        "libpersistentkv.so not found; build it (cmake -S . -B build && cmake --build build) or set "
+        "PKV_LIBRARY to its path. Tried:\n  " + "\n  ".join(tried))
+
+
+lib, library_path = _load()
+
+# ---- enums (C enums are int) ------------------------------------------------------------------
+c_enum = ctypes.c_int
+
+
+class Status(enum.IntEnum):
+    OK = 0
+    NULL_POINTER = 1
+    INVALID_ARGUMENT = 2
+    HEAD_GROUP = 3
+    UNSUPPORTED_HEAD_DIM = 4
+    UNSUPPORTED_DTYPE = 5
+    NEGATIVE_LENGTH = 6
+    LENGTH_EXCEEDS_PAGES = 7
+    PAGE_OUT_OF_RANGE = 8
+    WORKSPACE_TOO_SMALL = 9
+    BAD_INDPTR = 10
+    UNSUPPORTED = 11
+    BACKEND_UNAVAILABLE = 12
+    CUDA = 13
+    OUT_OF_MEMORY = 14
+    PLAN_MISMATCH = 15
+    IO = 16
+    PARSE = 17
+    PAGE_SIZE = 18
+    BATCH_SIZE = 19
+
+
+DTYPE_FP16, DTYPE_BF16, DTYPE_FP32 = 0, 1, 2
+LAYOUT_NHD, LAYOUT_HND = 0, 1
+BACKEND_CPU, BACKEND_CUDA, BACKEND_BEST = 0, 1, 2
+ROUTES = ("auto", "single", "split", "bucketed", "workqueue")
+TRACE_FAMILIES = ("uniform", "bimodal", "zipf", "bucketed", "homogeneous")
+
+
+# ---- structs (field order and types as in persistentkv.h) ---------------------------------------
+class Problem(ctypes.Structure):
+    _fields_ = [("num_qo_heads", ctypes.c_int32), ("num_kv_heads", ctypes.c_int32),
+                ("head_dim", ctypes.c_int32), ("page_size", ctypes.c_int32),
+                ("num_pages", ctypes.c_int64), ("layout", c_enum), ("dtype", c_enum),
+                ("sm_scale", ctypes.c_float)]
+
+
+_i32p = ctypes.POINTER(ctypes.c_int32)
+
+
+class PageTable(ctypes.Structure):
+    _fields_ = [("batch_size", ctypes.c_int32), ("kv_indptr", _i32p),
+                ("kv_page_indices", _i32p), ("seq_lens", _i32p)]
+
+
+class PlanOptions(ctypes.Structure):
+    _fields_ = [("route", c_enum), ("parallelism", ctypes.c_int32), ("ctas_per_unit", ctypes.c_int32),
+                ("num_splits", ctypes.c_int32), ("chunk_pages", ctypes.c_int32),
+                ("min_chunk_tokens", ctypes.c_int32), ("max_splits", ctypes.c_int32)]
+
+
+class Tensors(ctypes.Structure):
+    _fields_ = [("q", ctypes.c_void_p), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
+                ("kv_page_indices", ctypes.c_void_p), ("o", ctypes.c_void_p),
+                ("lse", ctypes.c_void_p)]
+
+
+class Counters(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int64) for n in (
+        "launches", "tasks", "grid_ctas", "merges", "kv_bytes", "qo_bytes", "merge_state_bytes",
+        "total_tokens")]
+
+    def to_dict(self):
+        return {n: int(getattr(self, n)) for n, _ in self._fields_}
+
+
+class ContextConfig(ctypes.Structure):
+    _fields_ = [("backend", c_enum), ("device", ctypes.c_int32), ("num_threads", ctypes.c_int32)]
+
+
+class Task(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int32) for n in (
+        "row", "kv_head", "tok_begin", "tok_end", "page_base", "state_slot")]
+
+
+class Merge(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int32) for n in ("row", "kv_head", "first_slot", "count")]
+
+
+class Phase(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int32) for n in (
+        "task_begin", "task_end", "merge_begin", "merge_end", "grid_splits", "row_begin", "row_end")]
+
+
+class RowSched(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int32) for n in (
+        "row", "seq_len", "page_base", "chunk_tokens", "num_splits", "slot_base")]
+
+
+class TraceConfig(ctypes.Structure):
+    _fields_ = [("family", c_enum), ("seed", ctypes.c_uint64), ("num_requests", ctypes.c_int32),
+                ("max_active", ctypes.c_int32), ("max_steps", ctypes.c_int32),
+                ("page_size", ctypes.c_int32), ("hole_fraction", ctypes.c_double)]
+
+
+class Rng(ctypes.Structure):
+    _fields_ = [("state", ctypes.c_uint64)]
+
+
+# ---- prototypes ---------------------------------------------------------------------------------
+_vp, _cp, _P = ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER
+_protos = {
+    "pkv_status_string": (_cp, [c_enum]),
+    "pkv_problem_default": (None, [_P(Problem)]),
+    "pkv_block_table_to_csr": (c_enum, [_i32p, ctypes.c_int32, ctypes.c_int32, _i32p, ctypes.c_int32,
+                                        _i32p, _i32p, ctypes.c_int64]),
+    "pkv_check_page_table": (c_enum, [_P(Problem), _P(PageTable)]),
+    "pkv_context_config_default": (None, [_P(ContextConfig)]),
+    "pkv_context_create": (c_enum, [_P(ContextConfig), _P(_vp)]),
+    "pkv_context_free": (None, [_vp]),
+    "pkv_context_last_error": (_cp, [_vp]),
+    "pkv_last_error": (_cp, []),
+    "pkv_context_backend": (c_enum, [_vp]),
+    "pkv_context_parallelism": (ctypes.c_int32, [_vp]),
+    "pkv_context_device_name": (_cp, [_vp]),
+    "pkv_cuda_available": (ctypes.c_int, []),
+    "pkv_route_name": (_cp, [c_enum]),
+    "pkv_route_parse": (c_enum, [_cp, _P(c_enum)]),
+    "pkv_plan_options_default": (None, [_P(PlanOptions)]),
+    "pkv_plan_create": (c_enum, [_P(_vp)]),
+    "pkv_plan_free": (None, [_vp]),
+    "pkv_plan_step": (c_enum, [_vp, _P(Problem), _P(PageTable), _P(PlanOptions), _vp]),
+    "pkv_plan_step_host": (c_enum, [_P(Problem), _P(PageTable), _P(PlanOptions), _vp]),
+    "pkv_plan_route": (c_enum, [_vp]),
+    "pkv_plan_counters": (_P(Counters), [_vp]),
+    "pkv_plan_num_tasks": (ctypes.c_int32, [_vp]),
+    "pkv_plan_tasks": (_P(Task), [_vp]),
+    "pkv_plan_num_merges": (ctypes.c_int32, [_vp]),
+    "pkv_plan_merges": (_P(Merge), [_vp]),
+    "pkv_plan_num_phases": (ctypes.c_int32, [_vp]),
+    "pkv_plan_phases": (_P(Phase), [_vp]),
+    "pkv_plan_num_rows": (ctypes.c_int32, [_vp]),
+    "pkv_plan_rows": (_P(RowSched), [_vp]),
+    "pkv_plan_num_state_slots": (ctypes.c_int32, [_vp]),
+    "pkv_plan_problem": (_P(Problem), [_vp]),
+    "pkv_plan_batch_size": (ctypes.c_int32, [_vp]),
+    "pkv_plan_workspace_size": (ctypes.c_size_t, [_vp]),
+    "pkv_plan_validate": (c_enum, [_vp, _i32p, _P(_cp)]),
+    "pkv_workspace_size": (c_enum, [_vp, _P(Problem), ctypes.c_int32, _P(PlanOptions),
+                                    _P(ctypes.c_size_t)]),
+    "pkv_run": (c_enum, [_vp, _vp, _vp, ctypes.c_size_t, _P(Tensors), _vp]),
+    "pkv_plan_upload": (c_enum, [_vp, _vp, _vp, ctypes.c_size_t, _vp]),
+    "pkv_reference": (c_enum, [_P(Problem), _P(PageTable), _vp, _vp, _vp, _P(ctypes.c_double),
+                               _P(ctypes.c_double)]),
+    "pkv_float_to_half": (ctypes.c_uint16, [ctypes.c_float]),
+    "pkv_half_to_float": (ctypes.c_float, [ctypes.c_uint16]),
+    "pkv_float_to_bf16": (ctypes.c_uint16, [ctypes.c_float]),
+    "pkv_bf16_to_float": (ctypes.c_float, [ctypes.c_uint16]),
+    "pkv_trace_family_name": (_cp, [c_enum]),
+    "pkv_trace_family_parse": (c_enum, [_cp, _P(c_enum)]),
+    "pkv_trace_config_default": (None, [_P(TraceConfig), c_enum]),
+    "pkv_trace_generate": (c_enum, [_P(TraceConfig), _P(_vp)]),
+    "pkv_trace_free": (None, [_vp]),
+    "pkv_trace_num_steps": (ctypes.c_int32, [_vp]),
+    "pkv_trace_num_requests": (ctypes.c_int32, [_vp]),
+    "pkv_trace_get_config": (_P(TraceConfig), [_vp]),
+    "pkv_trace_step": (ctypes.c_int32, [_vp, ctypes.c_int32, _P(_i32p), _P(_i32p)]),
+    "pkv_trace_request": (None, [_vp, ctypes.c_int32, _i32p, _i32p]),
+    "pkv_trace_num_pages": (ctypes.c_int64, [_vp]),
+    "pkv_trace_page": (ctypes.c_int32, [_vp, ctypes.c_int32, ctypes.c_int32]),
+    "pkv_trace_step_table": (c_enum, [_vp, ctypes.c_int32, _i32p, _i32p, ctypes.c_int64, _i32p]),
+    "pkv_trace_checksum": (ctypes.c_uint64, [_vp]),
+    "pkv_trace_write": (c_enum, [_vp, _cp]),
+    "pkv_trace_read": (c_enum, [_cp, _P(_vp)]),
+    "pkv_rng_seed": (None, [_P(Rng), ctypes.c_uint64]),
+    "pkv_rng_next": (ctypes.c_uint64, [_P(Rng)]),
+    "pkv_rng_uniform_int": (ctypes.c_int64, [_P(Rng), ctypes.c_int64, ctypes.c_int64]),
+    "pkv_rng_uniform01": (ctypes.c_double, [_P(Rng)]),
+}
+for _name, (_res, _args) in _protos.items():
+    _fn = getattr(lib, _name)  # AttributeError here: the library is older than this binding
+    _fn.restype, _fn.argtypes = _res, _args
+
+
+# ---- errors -------------------------------------------------------------------------------------
+def status_string(status):
+    return lib.pkv_status_string(int(status)).decode()
+
+
+class PkvError(RuntimeError):
+    """A library call failed: .status (Status), .status_name (pkv_status_string), .message."""
+
+    def __init__(self, status, message="", call=None):
+        try:
+            status = Status(status)
+        except ValueError:
+            status = int(status)
+        self.status = status
+        self.status_name = status_string(status)
+        self.message = message or self.status_name
+        self.call = call
+        super().__init__(f"{call}: {self.message}" if call else self.message)
+
+
+def check(status, ctx=None, call=None):
+    """Raises PkvError when status != PKV_OK, with the context's (or thread-local) message."""
+    if status != 0:
+        raw = lib.pkv_context_last_error(ctx) if ctx else lib.pkv_last_error()
+        raise PkvError(status, (raw or b"").decode(errors="replace"), call)

@@ -1,0 +1,345 @@
+"""BatchDecodeWithPagedKVCacheWrapper: plan once per decode step on the host, run per layer."""
+
+import ctypes
+import weakref
+
+from . import _arrays as A
+from . import _lib as L
+from ._lib import PkvError, check, lib
+
+_LAYOUTS = {"NHD": L.LAYOUT_NHD, "HND": L.LAYOUT_HND}
+_BACKENDS = ("auto", "cpu", "cuda")
+_WS_ALIGN = 256  # PKV_WS_ALIGN: the library lays out its workspace in 256-byte steps
+_CUDA_ALIGN = 16  # the CUDA kernels use 16-byte vector loads and stores
+
+
+def cuda_available():
+    """True when the library has the CUDA backend and sees a device (torch is not consulted)."""
+    return bool(lib.pkv_cuda_available())
+
+
+def _route_code(route):
+    if isinstance(route, int):
+        return route
+    code = ctypes.c_int(0)
+    check(lib.pkv_route_parse(str(route).encode(), ctypes.byref(code)), call="pkv_route_parse")
+    return code.value
+
+
+class BatchDecodeWithPagedKVCacheWrapper:
+    """Decode attention over a paged KV cache (grouped-query attention), FlashInfer-style.
+
+    w = BatchDecodeWithPagedKVCacheWrapper(backend="cpu")
+    w.plan(indptr, indices, seq_lens, Hq, Hkv, d, page_size, num_pages=P)  # once per step
+    o = w.run(q, k_cache, v_cache)                                          # once per layer
+
+    backend: "cpu" (numpy arrays or torch CPU tensors), "cuda" (torch CUDA tensors on `device`),
+    "auto" (cuda when the library has CUDA, a GPU is visible and torch can use it, else cpu).
+    workspace_bytes: initial workspace; plan() grows it when a plan needs more (run() never
+    allocates a workspace).  num_threads: CPU backend threads (<= 0: all processors).
+    Not thread-safe: use one wrapper per thread.
+    """
+
+    def __init__(self, workspace_bytes=None, kv_layout="NHD", backend="auto", device=0, num_threads=0):
+        if kv_layout not in _LAYOUTS:
+            raise ValueError(f"kv_layout must be 'NHD' or 'HND', not {kv_layout!r}")
+        if backend not in _BACKENDS:
+            raise ValueError(f"backend must be one of {_BACKENDS}, not {backend!r}")
+        if backend == "auto":
+            backend = "cuda" if cuda_available() and A.torch_cuda_usable() else "cpu"
+        self._kv_layout = kv_layout
+        self._device = int(device)
+        cfg = L.ContextConfig()
+        lib.pkv_context_config_default(ctypes.byref(cfg))
+        cfg.backend = L.BACKEND_CUDA if backend == "cuda" else L.BACKEND_CPU
+        cfg.device = self._device
+        cfg.num_threads = int(num_threads)
+        ctx = ctypes.c_void_p()
+        check(lib.pkv_context_create(ctypes.byref(cfg), ctypes.byref(ctx)), call="pkv_context_create")
+        self._ctx = ctx
+        self._free_ctx = weakref.finalize(self, lib.pkv_context_free, ctx)
+        self._backend = "cuda" if lib.pkv_context_backend(ctx) == L.BACKEND_CUDA else "cpu"
+        self._torch = A.torch() if self._backend == "cuda" else None
+        plan = ctypes.c_void_p()
+        check(lib.pkv_plan_create(ctypes.byref(plan)), call="pkv_plan_create")
+        self._plan = plan
+        self._free_plan = weakref.finalize(self, lib.pkv_plan_free, plan)
+        self._ws = None       # owning buffer (numpy uint8 or torch CUDA uint8), 256 bytes of slack
+        self._ws_ptr = None   # 256-byte aligned address inside it
+        self._ws_bytes = 0
+        self._planned = False
+        self._meta = None
+        self._indices_dev = None  # kv_page_indices as run() passes them (backend memory)
+        self._seq_lens = None
+        if workspace_bytes:
+            self._grow_workspace(int(workspace_bytes))
+
+    # ---- properties -----------------------------------------------------------------------------
+    @property
+    def backend(self):
+        """'cpu' or 'cuda'."""
+        return self._backend
+
+    @property
+    def device(self):
+        return self._device if self._backend == "cuda" else "cpu"
+
+    @property
+    def device_name(self):
+        return lib.pkv_context_device_name(self._ctx).decode()
+
+    @property
+    def parallelism(self):
+        """Parallel units the planner splits over (SMs or threads)."""
+        return int(lib.pkv_context_parallelism(self._ctx))
+
+    @property
+    def kv_layout(self):
+        return self._kv_layout
+
+    @property
+    def route(self):
+        """The route of the current plan ('single', 'split', 'bucketed', 'workqueue'), or None."""
+        if not self._planned:
+            return None
+        return lib.pkv_route_name(lib.pkv_plan_route(self._plan)).decode()
+
+    @property
+    def counters(self):
+        """Counters of the current plan (launches, tasks, kv_bytes, ...) as a dict, or None."""
+        if not self._planned:
+            return None
+        return lib.pkv_plan_counters(self._plan).contents.to_dict()
+
+    @property
+    def workspace_size(self):
+        """Bytes of workspace the wrapper holds."""
+        return self._ws_bytes
+
+    @property
+    def plan_workspace_size(self):
+        """Bytes of workspace the current plan needs (0 before plan)."""
+        return int(lib.pkv_plan_workspace_size(self._plan)) if self._planned else 0
+
+    @property
+    def plan_info(self):
+        """Sizes of the current plan: batch_size, tasks, merges, phases, state_slots."""
+        if not self._planned:
+            return None
+        p = self._plan
+        return {"batch_size": int(lib.pkv_plan_batch_size(p)), "tasks": int(lib.pkv_plan_num_tasks(p)),
+                "merges": int(lib.pkv_plan_num_merges(p)), "phases": int(lib.pkv_plan_num_phases(p)),
+                "state_slots": int(lib.pkv_plan_num_state_slots(p))}
+
+    def validate_plan(self):
+        """Checks the plan's internal consistency (pkv_plan_validate); raises PkvError."""
+        self._require_plan()
+        why = ctypes.c_char_p()
+        st = lib.pkv_plan_validate(self._plan, self._seq_lens.c_ptr(), ctypes.byref(why))
+        if st != 0:
+            raise PkvError(st, (why.value or b"").decode(), "pkv_plan_validate")
+
+    # ---- workspace ------------------------------------------------------------------------------
+    def _grow_workspace(self, need):
+        if need <= self._ws_bytes:
+            return
+        need = (need + _WS_ALIGN - 1) // _WS_ALIGN * _WS_ALIGN
+        if self._backend == "cuda":
+            t = self._torch
+            buf = t.empty(need + _WS_ALIGN, dtype=t.uint8, device=f"cuda:{self._device}")
+            base = buf.data_ptr()
+        else:
+            np = A.numpy()
+            buf = np.empty(need + _WS_ALIGN, dtype=np.uint8)
+            base = buf.ctypes.data
+        self._ws = buf
+        self._ws_ptr = base + (-base) % _WS_ALIGN
+        self._ws_bytes = need
+
+    # ---- plan -----------------------------------------------------------------------------------
+    def _host_tables(self, indptr, indices, seq_lens):
+        """Host copies of the three page-table vectors; CUDA tensors come back in one copy."""
+        items = {"indptr": indptr, "indices": indices, "seq_lens": seq_lens}
+        dev = {k: v for k, v in items.items() if A.is_torch(v) and v.device.type != "cpu"}
+        if dev:
+            t = A.torch()
+            for k, v in dev.items():
+                if v.dim() != 1:
+                    raise ValueError(f"{k} must be 1-D, got shape {tuple(v.shape)}")
+                if v.is_floating_point():
+                    raise TypeError(f"{k} must hold integers, not {v.dtype}")
+            parts = [v.to(t.int32) for v in dev.values()]
+            host = t.cat(parts).cpu() if len(parts) > 1 else parts[0].cpu()  # the one D2H copy
+            at = 0
+            for k, v in dev.items():
+                items[k] = host[at:at + v.numel()]
+                at += v.numel()
+        return (A.HostInt32(items["indptr"], "indptr"), A.HostInt32(items["indices"], "indices"),
+                A.HostInt32(items["seq_lens"], "seq_lens"))
+
+    def plan(self, indptr, indices, seq_lens, num_qo_heads, num_kv_heads, head_dim, page_size,
+             num_pages=None, q_data_type="float16", kv_data_type=None, sm_scale=None, route="auto",
+             num_splits=0, chunk_pages=0, ctas_per_unit=0, min_chunk_tokens=0, max_splits=0,
+             parallelism=0):
+        """Plans one decode step from the page table (CSR: indptr [B+1], indices [nnz], seq_lens [B]).
+
+        The table may be numpy int32 arrays, lists, or torch CPU/CUDA integer tensors (CUDA ones are
+        copied to the host once, here).  num_pages is the size of the page pool (k_cache.shape[0]);
+        without it the pool is taken as max(indices) + 1, so ids past the real pool cannot be caught:
+        pass num_pages for full range checking.  route: 'auto', 'single', 'split', 'bucketed',
+        'workqueue'; the other keywords are pkv_plan_options (0 = the library's choice).
+        Grows the workspace when the plan needs more.  Raises PkvError, ValueError, TypeError.
+        """
+        self._planned = False
+        q_dtype = A.dtype_name(q_data_type)
+        if kv_data_type is not None and A.dtype_name(kv_data_type) != q_dtype:
+            raise ValueError(f"kv_data_type {kv_data_type!r} must equal q_data_type {q_data_type!r}")
+        h_indptr, h_indices, h_lens = self._host_tables(indptr, indices, seq_lens)
+        B = len(h_lens)
+        if len(h_indptr) != B + 1:
+            raise ValueError(f"indptr has {len(h_indptr)} entries, expected len(seq_lens) + 1 = {B + 1}")
+        nnz = h_indptr[B]
+        if nnz > len(h_indices):
+            raise ValueError(f"indptr[-1] = {nnz} but indices has only {len(h_indices)} entries")
+        if num_pages is None:
+            top = h_indices.max_of(nnz) if h_indptr[0] == 0 else None
+            num_pages = max(top + 1, 0) if top is not None else 0
+
+        prob = L.Problem()
+        lib.pkv_problem_default(ctypes.byref(prob))
+        prob.num_qo_heads, prob.num_kv_heads = int(num_qo_heads), int(num_kv_heads)
+        prob.head_dim, prob.page_size, prob.num_pages = int(head_dim), int(page_size), int(num_pages)
+        prob.layout = _LAYOUTS[self._kv_layout]
+        prob.dtype = A.dtype_code(q_dtype)
+        prob.sm_scale = float(sm_scale) if sm_scale is not None else 0.0
+
+        opts = L.PlanOptions()
+        lib.pkv_plan_options_default(ctypes.byref(opts))
+        opts.route = _route_code(route)
+        opts.parallelism, opts.ctas_per_unit = int(parallelism), int(ctas_per_unit)
+        opts.num_splits, opts.chunk_pages = int(num_splits), int(chunk_pages)
+        opts.min_chunk_tokens, opts.max_splits = int(min_chunk_tokens), int(max_splits)
+
+        table = L.PageTable(B, h_indptr.c_ptr(), h_indices.c_ptr(), h_lens.c_ptr())
+        check(lib.pkv_plan_step(self._ctx, ctypes.byref(prob), ctypes.byref(table), ctypes.byref(opts),
+                                self._plan), self._ctx, "pkv_plan_step")
+        self._grow_workspace(int(lib.pkv_plan_workspace_size(self._plan)))
+
+        if self._backend == "cuda":
+            t, dev = self._torch, f"cuda:{self._device}"
+            if (A.is_torch(indices) and indices.device.type == "cuda" and indices.device.index == self._device
+                    and indices.dtype == t.int32 and indices.is_contiguous()):
+                self._indices_dev = indices  # the user's device tensor, used in place
+            else:
+                src = h_indices.data
+                src = list(src) if isinstance(src, ctypes.Array) else src
+                self._indices_dev = t.as_tensor(src, dtype=t.int32).to(dev)  # one H2D copy per plan
+            self._indices_ptr = self._indices_dev.data_ptr()
+        else:
+            self._indices_dev = h_indices
+            self._indices_ptr = h_indices.ptr
+        self._seq_lens = h_lens
+        self._meta = dict(B=B, Hq=prob.num_qo_heads, Hkv=prob.num_kv_heads, d=prob.head_dim,
+                          page_size=prob.page_size, num_pages=int(prob.num_pages), dtype=q_dtype)
+        self._planned = True
+
+    # ---- run ------------------------------------------------------------------------------------
+    def _require_plan(self):
+        if not self._planned:
+            raise RuntimeError("call plan() (successfully) before run()")
+
+    def _check_placement(self, a, name):
+        if self._backend == "cuda":
+            want = f"cuda:{self._device}"
+            if a.kind != "torch":
+                raise TypeError(f"{name} must be a torch CUDA tensor for the cuda backend, not a numpy array")
+            if a.device != want:
+                raise ValueError(f"{name} is on {a.device}, the wrapper runs on {want}")
+            if a.ptr % _CUDA_ALIGN:
+                raise ValueError(f"{name} must be {_CUDA_ALIGN}-byte aligned (data_ptr {a.ptr:#x})")
+        elif a.device != "cpu":
+            raise ValueError(f"{name} is on {a.device}, the cpu backend needs host memory "
+                             "(numpy arrays or torch CPU tensors)")
+        if not a.contiguous:
+            raise ValueError(f"{name} must be C-contiguous")
+
+    def _check_data(self, a, name, shape, dtype):
+        self._check_placement(a, name)
+        if dtype == "float32":
+            if a.dtype != "float32":
+                raise TypeError(f"{name} must be float32, not {a.dtype}")
+        elif not A.accepts_dtype(a, dtype):
+            extra = " (or uint16 holding bf16 bits)" if dtype == "bfloat16" and a.kind == "numpy" else ""
+            raise TypeError(f"{name} has dtype {a.dtype}, the plan expects {dtype}{extra}")
+        if shape is not None and a.shape != shape:
+            raise ValueError(f"{name} has shape {list(a.shape)}, expected {list(shape)}")
+
+    def _alloc_like(self, a, shape, float32=False):
+        if a.kind == "numpy":
+            np = A.numpy()
+            return np.empty(shape, dtype=np.float32 if float32 else a.obj.dtype)
+        t = A.torch()
+        return t.empty(shape, dtype=t.float32 if float32 else a.obj.dtype, device=a.obj.device)
+
+    def run(self, q, k_cache, v_cache, return_lse=False, out=None, lse=None):
+        """o [B, Hq, d] (and lse [B, Hq] fp32 when return_lse) for the planned step.
+
+        q [B, Hq, d]; k_cache, v_cache NHD [num_pages, page_size, Hkv, d] or HND
+        [num_pages, Hkv, page_size, d]; dtype as planned (numpy bf16: uint16 bits or ml_dtypes).
+        Nothing is copied; out/lse, when given, are written in place (lse is written whenever it
+        is given).  CUDA: runs on torch.cuda.current_stream().
+        """
+        self._require_plan()
+        m = self._meta
+        qa, ka, va = A.describe(q, "q"), A.describe(k_cache, "k_cache"), A.describe(v_cache, "v_cache")
+        self._check_data(qa, "q", (m["B"], m["Hq"], m["d"]), m["dtype"])  # q [B, Hq, d]
+        self._check_data(ka, "k_cache", None, m["dtype"])
+        self._check_data(va, "v_cache", None, m["dtype"])
+        if ka.dtype != qa.dtype or va.dtype != qa.dtype:
+            raise TypeError(f"q, k_cache and v_cache must share a dtype (got {qa.dtype}, {ka.dtype}, {va.dtype})")
+        if self._kv_layout == "NHD":
+            tail, names = (m["page_size"], m["Hkv"], m["d"]), "[num_pages, page_size, num_kv_heads, head_dim]"
+        else:
+            tail, names = (m["Hkv"], m["page_size"], m["d"]), "[num_pages, num_kv_heads, page_size, head_dim]"
+        for a, name in ((ka, "k_cache"), (va, "v_cache")):
+            if len(a.shape) != 4 or a.shape[1:] != tail:
+                raise ValueError(f"{name} has shape {list(a.shape)}, expected {self._kv_layout} "
+                                 f"{names} = [*, {', '.join(map(str, tail))}]")
+            if a.shape[0] < m["num_pages"]:
+                raise ValueError(f"{name} holds {a.shape[0]} pages, the plan's pool has num_pages = "
+                                 f"{m['num_pages']}")
+        if va.shape != ka.shape:
+            raise ValueError(f"v_cache has shape {list(va.shape)}, k_cache {list(ka.shape)}")
+
+        if out is None:
+            out = self._alloc_like(qa, qa.shape)
+        oa = A.describe(out, "out")
+        self._check_data(oa, "out", qa.shape, m["dtype"])
+        if oa.dtype != qa.dtype:
+            raise TypeError(f"out has dtype {oa.dtype}, q has {qa.dtype}")
+        if oa.kind == "numpy" and not out.flags.writeable:
+            raise ValueError("out is read-only")
+        if lse is None and return_lse:
+            lse = self._alloc_like(qa, (m["B"], m["Hq"]), float32=True)
+        lse_ptr = None
+        if lse is not None:
+            la = A.describe(lse, "lse")
+            self._check_data(la, "lse", (m["B"], m["Hq"]), "float32")  # lse [B, Hq]
+            if la.kind == "numpy" and not lse.flags.writeable:
+                raise ValueError("lse is read-only")
+            lse_ptr = la.ptr
+
+        t = L.Tensors(qa.ptr, ka.ptr, va.ptr, self._indices_ptr, oa.ptr, lse_ptr)
+        stream = None
+        if self._backend == "cuda":
+            stream = self._torch.cuda.current_stream(self._device).cuda_stream
+        check(lib.pkv_run(self._ctx, self._plan, self._ws_ptr, self._ws_bytes, ctypes.byref(t), stream),
+              self._ctx, "pkv_run")
+        return (out, lse) if return_lse else out
+
+    forward = run
+
+    def __repr__(self):
+        state = f"route={self.route!r}" if self._planned else "unplanned"
+        return (f"BatchDecodeWithPagedKVCacheWrapper(backend={self._backend!r}, device={self.device_name!r}, "
+                f"kv_layout={self._kv_layout!r}, {state}, workspace={self._ws_bytes})")

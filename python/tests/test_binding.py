@@ -1,0 +1,451 @@
+"""Tests of the ctypes binding: CPU backend with numpy everywhere; torch/CUDA tests when present.
+
+Run: PKV_LIBRARY=build/libpersistentkv.so python3 -m pytest -q python/tests
+"""
+
+import ctypes
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import persistentkv as pkv  # noqa: E402
+from persistentkv import _lib  # noqa: E402
+
+TOL = {"float16": 2e-3, "bfloat16": 1.5e-2}
+SPLITTY = dict(parallelism=32, min_chunk_tokens=16)  # small chunks: every route splits and merges
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+def to_dtype(x, dtype):
+    """float32 numpy -> float16 array or uint16 bf16 bits."""
+    return x.astype(np.float16) if dtype == "float16" else pkv.bf16_bits(x)
+
+
+def to_f64(a, dtype):
+    a = np.asarray(a)
+    return (pkv.bf16_to_float32(a) if dtype == "bfloat16" else a.astype(np.float32)).astype(np.float64)
+
+
+def make_problem(seed, lens, hq, hkv, d=64, ps=16, layout="NHD", dtype="float16", spare_pages=7):
+    """A random step with scattered page ids (and some rows holding one unused extra page)."""
+    rng = np.random.default_rng(seed)
+    lens = np.asarray(lens, np.int32)  # seq_lens [B]
+    pages = (lens + ps - 1) // ps + rng.integers(0, 2, len(lens))
+    indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)  # indptr [B+1]
+    pool = int(indptr[-1]) + spare_pages
+    indices = rng.permutation(pool)[: indptr[-1]].astype(np.int32)  # indices [nnz]
+    shape = (pool, ps, hkv, d) if layout == "NHD" else (pool, hkv, ps, d)
+    k = to_dtype(rng.standard_normal(shape, dtype=np.float32), dtype)
+    v = to_dtype(rng.standard_normal(shape, dtype=np.float32), dtype)
+    q = to_dtype(rng.standard_normal((len(lens), hq, d), dtype=np.float32), dtype)  # q [B, Hq, d]
+    return dict(q=q, k=k, v=v, indptr=indptr, indices=indices, lens=lens, hq=hq, hkv=hkv, d=d, ps=ps,
+                pool=pool, layout=layout, dtype=dtype)
+
+
+def plan(w, p, **kw):
+    w.plan(p["indptr"], p["indices"], p["lens"], p["hq"], p["hkv"], p["d"], p["ps"], num_pages=p["pool"],
+           q_data_type=p["dtype"], **kw)
+
+
+def ref_of(p, k=None, v=None, sm_scale=None):
+    return pkv.reference(p["q"], p["k"] if k is None else k, p["v"] if v is None else v, p["indptr"],
+                         p["indices"], p["lens"], kv_layout=p["layout"], sm_scale=sm_scale,
+                         q_data_type=p["dtype"])
+
+
+def assert_close(o, lse, ref, dtype, lens):
+    ro, rl = ref
+    o64 = to_f64(o, dtype)
+    rel = np.linalg.norm(o64 - ro) / max(np.linalg.norm(ro), 1e-30)
+    assert rel < TOL[dtype], f"rel L2 error {rel:.3g} >= {TOL[dtype]}"
+    empty = np.asarray(lens) == 0
+    assert np.all(o64[empty] == 0.0)
+    if lse is not None:
+        lse = np.asarray(lse, np.float64)
+        assert np.all(np.isneginf(lse[empty])) and np.all(np.isneginf(rl[empty]))
+        assert np.all(np.isfinite(lse[~empty]))
+        assert np.max(np.abs(lse[~empty] - rl[~empty]), initial=0.0) < 2e-3
+
+
+LENS = [0, 1, 17, 48, 130, 257, 3]
+
+
+# ---- library and structs ------------------------------------------------------------------------
+def test_library_loaded():
+    assert os.path.exists(pkv.library_path)
+    assert pkv.status_string(pkv.Status.PAGE_OUT_OF_RANGE) == "page id out of range"
+    assert set(pkv.ROUTES) == {"auto", "single", "split", "bucketed", "workqueue"}
+
+
+# sizeof / offsetof as a C program compiled against persistentkv.h prints them (x86-64 / aarch64 LP64)
+C_LAYOUT = {
+    _lib.Problem: (40, [0, 4, 8, 12, 16, 24, 28, 32]),
+    _lib.PageTable: (32, [0, 8, 16, 24]),
+    _lib.PlanOptions: (28, [0, 4, 8, 12, 16, 20, 24]),
+    _lib.Tensors: (48, [0, 8, 16, 24, 32, 40]),
+    _lib.Counters: (64, [0, 8, 16, 24, 32, 40, 48, 56]),
+    _lib.ContextConfig: (12, [0, 4, 8]),
+    _lib.Task: (24, [0, 4, 8, 12, 16, 20]),
+    _lib.Merge: (16, [0, 4, 8, 12]),
+    _lib.Phase: (28, [0, 4, 8, 12, 16, 20, 24]),
+    _lib.RowSched: (24, [0, 4, 8, 12, 16, 20]),
+    _lib.TraceConfig: (40, [0, 8, 16, 20, 24, 28, 32]),
+}
+
+
+@pytest.mark.parametrize("struct", list(C_LAYOUT), ids=lambda s: s.__name__)
+def test_struct_layout(struct):
+    size, offsets = C_LAYOUT[struct]
+    assert ctypes.sizeof(struct) == size
+    assert [getattr(struct, f).offset for f, _ in struct._fields_] == offsets
+
+
+def test_bf16_bits_match_library():
+    xs = np.array([0.0, 1.0, -2.5, 3.14159, 1e-3, 65504.0, -7e30], np.float32)
+    bits = pkv.bf16_bits(xs)
+    assert [int(b) for b in bits] == [_lib.lib.pkv_float_to_bf16(float(x)) for x in xs]
+    back = pkv.bf16_to_float32(bits)
+    assert [float(b) for b in back] == [_lib.lib.pkv_bf16_to_float(int(b)) for b in bits]
+
+
+# ---- CPU backend against the float64 reference --------------------------------------------------
+@pytest.fixture(scope="module")
+def cpu():
+    return pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cpu", num_threads=2)
+
+
+@pytest.mark.parametrize("route", pkv.ROUTES)
+@pytest.mark.parametrize("group", [1, 4, 7])
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("ps", [1, 16])
+def test_routes_match_reference(cpu, route, group, layout, dtype, ps):
+    p = make_problem(hash((route, group, layout, dtype, ps)) % 2**32, LENS, hq=2 * group, hkv=2, ps=ps,
+                     layout=layout, dtype=dtype)
+    plan(cpu, p, route=route, **SPLITTY)
+    cpu.validate_plan()
+    if route != "auto":
+        assert cpu.route == route
+    if route in ("split", "workqueue"):
+        assert cpu.plan_info["state_slots"] > 0  # the merge path is exercised
+    o, lse = cpu.run(p["q"], p["k"], p["v"], return_lse=True)
+    assert o.dtype == p["q"].dtype and o.shape == p["q"].shape
+    assert lse.dtype == np.float32 and lse.shape == (len(LENS), p["hq"])
+    assert_close(o, lse, ref_of(p), dtype, LENS)
+
+
+@pytest.mark.parametrize("d", [128, 256])
+def test_head_dims_default_options(cpu, d):
+    p = make_problem(d, [5, 0, 300, 64], hq=8, hkv=2, d=d)
+    plan(cpu, p)  # the library's own options
+    o = cpu.run(p["q"], p["k"], p["v"])
+    assert_close(o, None, ref_of(p), "float16", p["lens"])
+
+
+def test_sm_scale_and_given_outputs(cpu):
+    p = make_problem(3, LENS, hq=8, hkv=2)
+    plan(cpu, p, route="split", sm_scale=0.05, **SPLITTY)
+    out = np.full(p["q"].shape, np.nan, np.float16)
+    lse = np.full((len(LENS), 8), np.nan, np.float32)
+    o2, l2 = cpu.run(p["q"], p["k"], p["v"], out=out, lse=lse, return_lse=True)
+    assert o2 is out and l2 is lse
+    assert_close(out, lse, ref_of(p, sm_scale=0.05), "float16", LENS)
+    # lse given without return_lse: still written, only o returned
+    lse[:] = 0
+    assert cpu.run(p["q"], p["k"], p["v"], lse=lse) is not None and np.isneginf(lse[0]).all()
+
+
+def test_one_plan_two_layers_and_determinism(cpu):
+    p = make_problem(11, LENS, hq=8, hkv=2, ps=16)
+    rng = np.random.default_rng(12)
+    k2 = rng.standard_normal(p["k"].shape, dtype=np.float32).astype(np.float16)
+    v2 = rng.standard_normal(p["v"].shape, dtype=np.float32).astype(np.float16)
+    plan(cpu, p, route="workqueue", **SPLITTY)
+    ws, route = cpu.workspace_size, cpu.route
+    o1 = cpu.run(p["q"], p["k"], p["v"])   # layer 0
+    o2 = cpu.run(p["q"], k2, v2)           # layer 1, same plan
+    assert cpu.workspace_size == ws and cpu.route == route  # run never grows the workspace
+    assert_close(o1, None, ref_of(p), "float16", LENS)
+    assert_close(o2, None, ref_of(p, k2, v2), "float16", LENS)
+    assert np.array_equal(cpu.run(p["q"], p["k"], p["v"]), o1)  # bitwise identical rerun
+
+
+def test_workspace_grows_in_plan():
+    w = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cpu", num_threads=1, workspace_bytes=1024)
+    assert w.workspace_size >= 1024 and w.route is None and w.counters is None
+    small = make_problem(1, [3], hq=4, hkv=1)
+    plan(w, small, route="single")
+    before = w.workspace_size
+    big = make_problem(2, [2000] * 4, hq=16, hkv=4)
+    plan(w, big, route="split", num_splits=8)
+    assert w.workspace_size >= w.plan_workspace_size > before
+    c = w.counters
+    assert c["total_tokens"] == 8000 and c["tasks"] >= 4 * 4 and set(c) >= {"launches", "kv_bytes", "merges"}
+    assert_close(w.run(big["q"], big["k"], big["v"]), None, ref_of(big), "float16", big["lens"])
+
+
+def test_table_inputs_lists_and_inferred_pool(cpu):
+    p = make_problem(5, [4, 0, 33], hq=4, hkv=2)
+    cpu.plan(p["indptr"].tolist(), p["indices"].tolist(), p["lens"].tolist(), 4, 2, 64, 16)  # no num_pages
+    assert_close(cpu.run(p["q"], p["k"], p["v"]), None, ref_of(p), "float16", p["lens"])
+
+
+def test_empty_batch(cpu):
+    p = make_problem(6, [], hq=4, hkv=2)
+    plan(cpu, p)
+    o, lse = cpu.run(p["q"], p["k"], p["v"], return_lse=True)
+    assert o.shape == (0, 4, 64) and lse.shape == (0, 4)
+
+
+def test_ml_dtypes_bfloat16(cpu):
+    ml = pytest.importorskip("ml_dtypes", reason="ml_dtypes not installed (uint16 bf16 bits are tested)")
+    p = make_problem(7, LENS, hq=8, hkv=2, dtype="bfloat16")
+    q, k, v = (p[n].view(ml.bfloat16) for n in ("q", "k", "v"))
+    plan(cpu, p, q_data_type=ml.bfloat16)
+    o = cpu.run(q, k, v)
+    assert o.dtype == ml.bfloat16
+    assert_close(o.view(np.uint16), None, ref_of(p), "bfloat16", LENS)
+
+
+# ---- errors -------------------------------------------------------------------------------------
+def raises_status(status, fn):
+    with pytest.raises(pkv.PkvError) as ei:
+        fn()
+    e = ei.value
+    assert e.status == status and isinstance(e.status, int)
+    assert e.status_name == pkv.status_string(status)
+    assert e.status_name in str(e)
+    return e
+
+
+def test_plan_errors(cpu):
+    p = make_problem(8, [20, 5], hq=8, hkv=2)
+    bad = p["indices"].copy()
+    bad[1] = p["pool"]
+    e = raises_status(pkv.Status.PAGE_OUT_OF_RANGE, lambda: cpu.plan(
+        p["indptr"], bad, p["lens"], 8, 2, 64, 16, num_pages=p["pool"]))
+    assert e.status_name == "page id out of range" and "kv_page_indices[1]" in e.message
+    neg = p["indices"].copy()
+    neg[0] = -1
+    raises_status(pkv.Status.PAGE_OUT_OF_RANGE, lambda: cpu.plan(p["indptr"], neg, p["lens"], 8, 2, 64, 16))
+    raises_status(pkv.Status.HEAD_GROUP, lambda: cpu.plan(p["indptr"], p["indices"], p["lens"], 6, 4, 64, 16))
+    raises_status(pkv.Status.UNSUPPORTED_DTYPE, lambda: cpu.plan(
+        p["indptr"], p["indices"], p["lens"], 8, 2, 64, 16, q_data_type="float32"))
+    raises_status(pkv.Status.UNSUPPORTED_HEAD_DIM, lambda: cpu.plan(p["indptr"], p["indices"], p["lens"], 8, 2, 96, 16))
+    raises_status(pkv.Status.PAGE_SIZE, lambda: cpu.plan(p["indptr"], p["indices"], p["lens"], 8, 2, 64, 512))
+    raises_status(pkv.Status.LENGTH_EXCEEDS_PAGES, lambda: cpu.plan(
+        p["indptr"], p["indices"], [20, 5000], 8, 2, 64, 16))
+    raises_status(pkv.Status.NEGATIVE_LENGTH, lambda: cpu.plan(p["indptr"], p["indices"], [20, -1], 8, 2, 64, 16))
+    raises_status(pkv.Status.BAD_INDPTR, lambda: cpu.plan([1, 2, 3], p["indices"], p["lens"], 8, 2, 64, 16))
+    raises_status(pkv.Status.INVALID_ARGUMENT, lambda: cpu.plan(
+        p["indptr"], p["indices"], p["lens"], 8, 2, 64, 16, route="fastest"))
+    with pytest.raises(ValueError, match="indptr"):
+        cpu.plan(p["indptr"][:-1], p["indices"], p["lens"], 8, 2, 64, 16)
+    with pytest.raises(ValueError, match="indices"):
+        cpu.plan(p["indptr"], p["indices"][:2], p["lens"], 8, 2, 64, 16)
+    with pytest.raises(ValueError, match="unknown data type"):
+        cpu.plan(p["indptr"], p["indices"], p["lens"], 8, 2, 64, 16, q_data_type="int8")
+    with pytest.raises(TypeError, match="seq_lens"):
+        cpu.plan(p["indptr"], p["indices"], np.array([1.0, 2.0]), 8, 2, 64, 16)
+    with pytest.raises(RuntimeError, match="plan"):  # the failed plan leaves the wrapper unplanned
+        cpu.run(p["q"], p["k"], p["v"])
+
+
+def test_run_errors(cpu):
+    p = make_problem(9, [20, 5], hq=8, hkv=2, layout="NHD")
+    plan(cpu, p)
+    q, k, v = p["q"], p["k"], p["v"]
+    with pytest.raises(TypeError, match="q has dtype float32"):
+        cpu.run(q.astype(np.float32), k, v)
+    with pytest.raises(TypeError, match="k_cache"):
+        cpu.run(q, k.view(np.uint16), v)  # fp16 plan: uint16 bits are not accepted
+    with pytest.raises(ValueError, match=r"q has shape \[2, 4, 64\]"):
+        cpu.run(q[:, :4].copy(), k, v)
+    with pytest.raises(ValueError, match="k_cache has shape .* NHD"):
+        cpu.run(q, np.ascontiguousarray(k.transpose(0, 2, 1, 3)), v)  # an HND cache for an NHD plan
+    with pytest.raises(ValueError, match="v_cache holds 3 pages"):
+        cpu.run(q, k, v[:3])
+    with pytest.raises(ValueError, match="q must be C-contiguous"):
+        cpu.run(np.zeros((8, 2, 64), np.float16).transpose(1, 0, 2), k, v)
+    with pytest.raises(ValueError, match="k_cache must be C-contiguous"):
+        cpu.run(q, np.zeros((k.shape[0], 16, 4, 64), np.float16)[:, :, ::2], v)
+    with pytest.raises(TypeError, match="numpy array or a torch tensor"):
+        cpu.run(q.tolist(), k, v)
+    with pytest.raises(ValueError, match="out has shape"):
+        cpu.run(q, k, v, out=np.empty((2, 8, 32), np.float16))
+    with pytest.raises(TypeError, match="lse must be float32"):
+        cpu.run(q, k, v, lse=np.empty((2, 8), np.float64))
+    ro = np.empty_like(q)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        cpu.run(q, k, v, out=ro)
+    bf = make_problem(10, [20, 5], hq=8, hkv=2, dtype="bfloat16")
+    plan(cpu, bf)
+    with pytest.raises(TypeError, match="expects bfloat16"):
+        cpu.run(q, k, v)  # fp16 data for a bf16 plan
+
+
+def test_constructor_errors():
+    with pytest.raises(ValueError, match="kv_layout"):
+        pkv.BatchDecodeWithPagedKVCacheWrapper(kv_layout="NDH")
+    with pytest.raises(ValueError, match="backend"):
+        pkv.BatchDecodeWithPagedKVCacheWrapper(backend="tpu")
+    if not pkv.cuda_available():
+        raises_status(pkv.Status.BACKEND_UNAVAILABLE, lambda: pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cuda"))
+        assert pkv.BatchDecodeWithPagedKVCacheWrapper(backend="auto").backend == "cpu"
+
+
+# ---- traces -------------------------------------------------------------------------------------
+def test_trace_checksum_bimodal():
+    t = pkv.generate_trace("bimodal", 20260623)
+    assert t.num_steps == 48 and len(t) == 48
+    assert t.checksum == 0xE54CC4D234228FF6
+    assert t.config["family"] == "bimodal" and t.num_requests == 24
+
+
+def test_trace_steps_tables_and_files(tmp_path):
+    t = pkv.generate_trace("zipf", 20260624, max_active=4, num_requests=10, page_size=16)
+    for s in (0, t.num_steps // 2, t.num_steps - 1):
+        ids, lens = t.step(s)
+        indptr, indices, lens2 = t.step_table(s)
+        assert ids.dtype == np.int32 and len(ids) == len(lens) <= 4
+        assert np.array_equal(lens, lens2) and indptr[0] == 0 and indptr[-1] == len(indices)
+        assert np.array_equal(np.diff(indptr), (lens + 15) // 16)
+        assert indices.min(initial=0) >= 0 and indices.max(initial=0) < t.num_pages
+    with pytest.raises(IndexError):
+        t.step(t.num_steps)
+    path = tmp_path / "zipf.csv"
+    t.write(path)
+    t2 = pkv.Trace.read(path)
+    assert t2.checksum == t.checksum and t2.num_steps == t.num_steps
+    raises_status(pkv.Status.IO, lambda: pkv.Trace.read(tmp_path / "missing.csv"))
+    with pytest.raises(pkv.PkvError):
+        pkv.generate_trace("lognormal", 1)
+
+
+def test_trace_step_through_wrapper(cpu):
+    t = pkv.generate_trace("bucketed", 20260625, page_size=16)
+    indptr, indices, lens = t.step_table(t.num_steps - 1)
+    # compact the pool to the pages this step uses, keeping the scattered order of the ids
+    used, local = np.unique(indices, return_inverse=True)
+    rng = np.random.default_rng(0)
+    pool = len(used)
+    k = rng.standard_normal((pool, 16, 1, 64), dtype=np.float32).astype(np.float16)
+    v = rng.standard_normal((pool, 16, 1, 64), dtype=np.float32).astype(np.float16)
+    q = rng.standard_normal((len(lens), 4, 64), dtype=np.float32).astype(np.float16)
+    local = local.astype(np.int32)
+    cpu.plan(indptr, local, lens, 4, 1, 64, 16, num_pages=pool, route="auto")
+    o = cpu.run(q, k, v)
+    assert_close(o, None, pkv.reference(q, k, v, indptr, local, lens), "float16", lens)
+
+
+def test_block_table_to_csr():
+    bt = np.array([[7, 3, 9, -1], [2, -1, -1, -1], [5, 6, 0, 1]], np.int32)
+    indptr, indices = pkv.block_table_to_csr(bt, [33, 0, 64], 16)
+    assert indptr.tolist() == [0, 3, 3, 7] and indices.tolist() == [7, 3, 9, 5, 6, 0, 1]
+    raises_status(pkv.Status.LENGTH_EXCEEDS_PAGES, lambda: pkv.block_table_to_csr(bt, [100, 0, 0], 16))
+
+
+# ---- torch (CPU tensors; CUDA when available) ---------------------------------------------------
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        pytest.skip("torch is not installed: torch tests skipped")
+    return torch
+
+
+def _to_torch(torch, a, dtype, device):
+    t = torch.from_numpy(a.view(np.int16) if dtype == "bfloat16" else a)
+    t = t.view(torch.bfloat16) if dtype == "bfloat16" else t
+    return t.to(device)
+
+
+def _from_torch(torch, t):
+    t = t.detach().cpu()
+    return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_torch_cpu_tensors(cpu, dtype):
+    torch = _torch()
+    p = make_problem(13, LENS, hq=8, hkv=2, dtype=dtype, layout="HND")
+    w = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cpu", kv_layout="HND")
+    q, k, v = (_to_torch(torch, p[n], dtype, "cpu") for n in ("q", "k", "v"))
+    w.plan(torch.from_numpy(p["indptr"]), torch.from_numpy(p["indices"]), torch.from_numpy(p["lens"]), 8, 2, 64,
+           16, num_pages=p["pool"], q_data_type=getattr(torch, dtype), route="split", **SPLITTY)
+    o, lse = w.run(q, k, v, return_lse=True)
+    assert isinstance(o, torch.Tensor) and o.dtype == q.dtype and lse.dtype == torch.float32
+    assert_close(_from_torch(torch, o), lse.numpy(), ref_of(p), dtype, LENS)
+
+
+@pytest.fixture(scope="module")
+def cuda_torch():
+    torch = _torch()
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device visible to torch: CUDA tests skipped")
+    if not pkv.cuda_available():
+        pytest.skip("libpersistentkv was built without the CUDA backend (or sees no GPU): CUDA tests skipped")
+    return torch
+
+
+@pytest.mark.parametrize("route", pkv.ROUTES)
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_cuda_matches_reference_and_cpu(cuda_torch, cpu, route, layout, dtype):
+    torch = cuda_torch
+    p = make_problem(hash((route, layout, dtype)) % 2**32, LENS, hq=8, hkv=2, layout=layout, dtype=dtype)
+    w = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cuda", kv_layout=layout)
+    assert w.backend == "cuda"
+    q, k, v = (_to_torch(torch, p[n], dtype, "cuda") for n in ("q", "k", "v"))
+    indices = torch.from_numpy(p["indices"]).cuda()
+    # table on the device: plan copies it to the host once and keeps `indices` for run
+    w.plan(torch.from_numpy(p["indptr"]).cuda(), indices, torch.from_numpy(p["lens"]).cuda(), 8, 2, 64, 16,
+           num_pages=p["pool"], q_data_type=getattr(torch, dtype), route=route, num_splits=3, chunk_pages=2)
+    assert w._indices_dev is indices
+    o, lse = w.run(q, k, v, return_lse=True)
+    torch.cuda.synchronize()
+    assert o.is_cuda and o.dtype == q.dtype and lse.is_cuda
+    o_np, lse_np = _from_torch(torch, o), lse.cpu().numpy()
+    assert_close(o_np, lse_np, ref_of(p), dtype, LENS)
+    c = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cpu", kv_layout=layout)
+    plan(c, p, route=route)
+    o_cpu = c.run(p["q"], p["k"], p["v"])
+    diff = np.linalg.norm(to_f64(o_np, dtype) - to_f64(o_cpu, dtype)) / np.linalg.norm(to_f64(o_cpu, dtype))
+    assert diff < TOL[dtype]
+
+
+def test_cuda_two_layers_streams_and_errors(cuda_torch):
+    torch = cuda_torch
+    p = make_problem(21, LENS, hq=16, hkv=4, d=128)
+    w = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cuda")
+    q, k, v = (torch.from_numpy(p[n]).cuda() for n in ("q", "k", "v"))
+    k2, v2 = torch.randn_like(k, dtype=torch.float32).half(), torch.randn_like(v, dtype=torch.float32).half()
+    plan(w, p, route="workqueue", **SPLITTY)  # host numpy table: indices copied to the device once
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        o1 = w.run(q, k, v)
+        o2 = w.run(q, k2, v2)
+    s.synchronize()
+    assert_close(o1.cpu().numpy(), None, ref_of(p), "float16", LENS)
+    assert_close(o2.cpu().numpy(), None, ref_of(p, k2.cpu().numpy(), v2.cpu().numpy()), "float16", LENS)
+    with pytest.raises(TypeError, match="torch CUDA tensor"):
+        w.run(p["q"], k, v)
+    with pytest.raises(ValueError, match="q is on cpu"):
+        w.run(q.cpu(), k, v)
+    with pytest.raises(ValueError, match="C-contiguous"):
+        w.run(q.transpose(0, 1), k, v)
+    with pytest.raises(TypeError, match="dtype"):
+        w.run(q.float(), k, v)
+    with pytest.raises(ValueError, match="shape"):
+        w.run(q[:, :8], k, v)
+    bad = p["indices"].copy()
+    bad[0] = p["pool"] + 3
+    raises_status(pkv.Status.PAGE_OUT_OF_RANGE, lambda: w.plan(
+        p["indptr"], torch.from_numpy(bad).cuda(), p["lens"], 16, 4, 128, 16, num_pages=p["pool"]))
+    raises_status(pkv.Status.HEAD_GROUP, lambda: w.plan(p["indptr"], p["indices"], p["lens"], 10, 4, 128, 16))
+    assert math.isfinite(w.parallelism) and "H" in w.device_name or w.device_name
