@@ -77,29 +77,49 @@ template <typename T, int D>
 __device__ __forceinline__ void merge_one(const pkv_merge &m, const float *state_o, const float *state_lse, void *o_out,
                                           float *lse_out, int32_t num_qo_heads, int G) {
     using tr = dtype_traits<T>;
+    // Per head: max and sum of exp over the slots, from all lse values loaded at once (one round
+    // trip instead of a chain of count dependent loads); weights in shared memory.
+    constexpr int kMaxCached = 1024;
+    __shared__ float w_sm[kMaxCached];
+    __shared__ float lse_sm[PKV_MAX_GROUP];
+    const int n = m.count * G;
+    const bool cached = n <= kMaxCached;
+    if (cached)
+        for (int i = threadIdx.x; i < n; i += kThreads) w_sm[i] = __ldcg(state_lse + (int64_t)m.first_slot * G + i);
+    __syncthreads();
+    if (threadIdx.x < G) {
+        const int j = threadIdx.x;
+        float M = -INFINITY, L = 0.f;
+        for (int s = 0; s < m.count; s++)
+            M = fmaxf(M, cached ? w_sm[s * G + j] : __ldcg(state_lse + (int64_t)(m.first_slot + s) * G + j));
+        for (int s = 0; s < m.count; s++) {
+            const float x = cached ? w_sm[s * G + j] : __ldcg(state_lse + (int64_t)(m.first_slot + s) * G + j);
+            L += __expf(x - M);
+        }
+        lse_sm[j] = m.count > 0 ? M + logf(L) : -INFINITY;
+    }
+    __syncthreads();
     for (int idx = threadIdx.x; idx < G * (D / 4); idx += kThreads) {
         const int j = idx / (D / 4), d = (idx % (D / 4)) * 4;
-        float M = -INFINITY;
-        for (int s = 0; s < m.count; s++) M = fmaxf(M, __ldcg(state_lse + (int64_t)(m.first_slot + s) * G + j));
-        float L = 0.f;
+        const float lse = lse_sm[j];
         float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
         for (int s = 0; s < m.count; s++) {
             const int64_t sl = (int64_t)(m.first_slot + s) * G + j;
-            const float w = __expf(__ldcg(state_lse + sl) - M);
+            const float x = cached ? w_sm[s * G + j] : __ldcg(state_lse + sl);
+            const float w = __expf(x - lse);
             const float4 o = __ldcg(reinterpret_cast<const float4 *>(state_o + sl * D + d));
-            L += w;
             a.x += w * o.x;
             a.y += w * o.y;
             a.z += w * o.z;
             a.w += w * o.w;
         }
-        const float inv = L > 0.f ? 1.f / L : 0.f;
         const int64_t qh = (int64_t)m.row * num_qo_heads + (int64_t)m.kv_head * G + j;
         uint2 pk;
-        pk.x = tr::pack(a.x * inv, a.y * inv);
-        pk.y = tr::pack(a.z * inv, a.w * inv);
+        pk.x = tr::pack(a.x, a.y);
+        pk.y = tr::pack(a.z, a.w);
         *reinterpret_cast<uint2 *>(static_cast<T *>(o_out) + qh * D + d) = pk;
-        if (lse_out && d == 0) lse_out[qh] = m.count > 0 ? M + logf(L) : -INFINITY;
+        if (lse_out && d == 0) lse_out[qh] = lse;
     }
 }
 
@@ -115,11 +135,11 @@ template <int D, bool G16> constexpr int smem_out_floats() {
     return kWarps * (G16 ? 16 : 8) * (D + 4) + 2 * kWarps * (G16 ? 16 : 8);
 }
 template <int D, bool G16> constexpr int smem_floats() {
-    return smem_out_floats<D, G16>() + (G16 ? 16 : 8) * (D + 32) / 2;
+    return smem_out_floats<D, G16>() + (D > 128 ? (G16 ? 16 : 8) * (D + 32) / 2 : 0);
 }
 
 template <typename T, int D, bool G16>
-__global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 2) decode_kernel(const decode_params p) {
+__global__ void __launch_bounds__(kThreads, 2) decode_kernel(const decode_params p) {
     constexpr int KC = D / 32; // K chunks of 8 halves per thread per token
     constexpr int VC = D / 64; // V chunks per thread per token
     constexpr int NB = D / 8;  // n-blocks of the output
@@ -160,17 +180,29 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 2) decode_kernel(cons
     pdl_launch_dependents();
     pdl_wait();
 
-    // ---- q of the G heads into shared memory, rows padded by 64 bytes against bank conflicts:
-    // sm_q [GP][D + 32] (halves); the fragments are re-read per tile instead of held in registers.
+    // ---- q of the G heads: registers for d <= 128 (loads in flight with the first tile's), shared
+    // memory for d = 256 (registers go to the 16 x 256 accumulator); smem rows padded by 64 bytes
+    // against bank conflicts: sm_q [GP][D + 32] halves.
+    constexpr bool kQInRegs = D <= 128;
     const int G = p.group;
     const T *qbase = static_cast<const T *>(p.q) + ((int64_t)row * p.num_qo_heads + (int64_t)head * G) * D;
+    uint4 qra[kQInRegs ? KC : 1], qrb[kQInRegs ? KC : 1];
     T *sm_q = reinterpret_cast<T *>(smem + smem_out_floats<D, G16>());
-    for (int idx = threadIdx.x; idx < GP * (D / 8); idx += kThreads) {
-        const int j = idx / (D / 8), d = (idx % (D / 8)) * 8;
-        *reinterpret_cast<uint4 *>(sm_q + j * (D + 32) + d) =
-            j < G ? *reinterpret_cast<const uint4 *>(qbase + j * D + d) : make_uint4(0, 0, 0, 0);
+    if constexpr (kQInRegs) {
+#pragma unroll
+        for (int i = 0; i < KC; i++) {
+            qra[i] = g < G ? *reinterpret_cast<const uint4 *>(qbase + g * D + (i * 4 + c) * 8) : make_uint4(0, 0, 0, 0);
+            qrb[i] = (G16 && g + 8 < G) ? *reinterpret_cast<const uint4 *>(qbase + (g + 8) * D + (i * 4 + c) * 8)
+                                        : make_uint4(0, 0, 0, 0);
+        }
+    } else {
+        for (int idx = threadIdx.x; idx < GP * (D / 8); idx += kThreads) {
+            const int j = idx / (D / 8), d = (idx % (D / 8)) * 8;
+            *reinterpret_cast<uint4 *>(sm_q + j * (D + 32) + d) =
+                j < G ? *reinterpret_cast<const uint4 *>(qbase + j * D + d) : make_uint4(0, 0, 0, 0);
+        }
+        __syncthreads();
     }
-    __syncthreads();
     const T *qa_row = sm_q + g * (D + 32), *qb_row = sm_q + (g + 8) * (D + 32);
 
     const T *kbase = static_cast<const T *>(p.k);
@@ -216,8 +248,14 @@ __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 2) decode_kernel(cons
         for (int j = 0; j < 2; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
 #pragma unroll
         for (int i = 0; i < KC; i++) {
-            const uint4 qa = *reinterpret_cast<const uint4 *>(qa_row + (i * 4 + c) * 8);
-            const uint4 qb = G16 ? *reinterpret_cast<const uint4 *>(qb_row + (i * 4 + c) * 8) : make_uint4(0, 0, 0, 0);
+            uint4 qa, qb;
+            if constexpr (kQInRegs) {
+                qa = qra[i];
+                qb = qrb[i];
+            } else {
+                qa = *reinterpret_cast<const uint4 *>(qa_row + (i * 4 + c) * 8);
+                qb = G16 ? *reinterpret_cast<const uint4 *>(qb_row + (i * 4 + c) * 8) : make_uint4(0, 0, 0, 0);
+            }
             const uint32_t a0[4] = {qa.x, qb.x, qa.y, qb.y}, a1[4] = {qa.z, qb.z, qa.w, qb.w};
 #pragma unroll
             for (int j = 0; j < 2; j++) {
