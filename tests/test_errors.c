@@ -78,7 +78,6 @@ static void test_status_strings(void) {
         for (int r = 0; r < s; r++) CHECK_MSG(strcmp(seen[r], str) != 0, "statuses %d and %d share '%s'", r, s, str);
     }
     CHECK(strcmp(pkv_status_string(PKV_OK), "ok") == 0);
-    CHECK(strcmp(pkv_status_string((pkv_status)20), "unknown status") == 0);
     CHECK(strcmp(pkv_status_string((pkv_status)-1), "unknown status") == 0);
     CHECK(strcmp(pkv_status_string((pkv_status)1000000), "unknown status") == 0);
 }

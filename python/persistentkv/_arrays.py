@@ -70,17 +70,17 @@ _DTYPE_CODES = {"float16": _lib.DTYPE_FP16, "bfloat16": _lib.DTYPE_BF16, "float3
 
 
 def dtype_name(dt):
-    """Normalizes a dtype given as a string, numpy dtype or torch dtype to a name."""
+    """Normalizes a dtype given as a string, numpy dtype / scalar type or torch dtype to a name."""
     if isinstance(dt, str):
-        key = dt.lower().replace("torch.", "")
+        key = dt.lower()
+    elif type(dt).__module__ == "torch":  # torch.float16 -> "torch.float16"
+        key = str(dt)
     else:
-        key = str(getattr(dt, "name", None) or dt).replace("torch.", "")
-        np = sys.modules.get("numpy")
-        if np is not None and not hasattr(dt, "is_floating_point"):
-            try:
-                key = np.dtype(dt).name
-            except TypeError:
-                pass
+        try:
+            key = numpy().dtype(dt).name  # also ml_dtypes.bfloat16 -> "bfloat16"
+        except TypeError:
+            key = None
+    key = key.replace("torch.", "") if key else key
     if key not in _DTYPE_ALIASES:
         raise ValueError(f"unknown data type {dt!r}: expected float16 or bfloat16")
     return _DTYPE_ALIASES[key]

@@ -82,8 +82,6 @@ class Status(enum.IntEnum):
 DTYPE_FP16, DTYPE_BF16, DTYPE_FP32 = 0, 1, 2
 LAYOUT_NHD, LAYOUT_HND = 0, 1
 BACKEND_CPU, BACKEND_CUDA, BACKEND_BEST = 0, 1, 2
-ROUTES = ("auto", "single", "split", "bucketed", "workqueue")
-TRACE_FAMILIES = ("uniform", "bimodal", "zipf", "bucketed", "homogeneous")
 
 
 # ---- structs (field order and types as in persistentkv.h) ---------------------------------------
@@ -129,7 +127,7 @@ class ContextConfig(ctypes.Structure):
 
 class Task(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int32) for n in (
-        "row", "kv_head", "tok_begin", "tok_end", "page_base", "state_slot")]
+        "row", "kv_head", "tok_begin", "tok_end", "page_base", "state_slot", "merge")]
 
 
 class Merge(ctypes.Structure):
@@ -229,6 +227,21 @@ _protos = {
 for _name, (_res, _args) in _protos.items():
     _fn = getattr(lib, _name)  # AttributeError here: the library is older than this binding
     _fn.restype, _fn.argtypes = _res, _args
+
+
+def _names(fn):
+    """Names fn(0), fn(1), ... up to the first "unknown" (the library's enum, not a copy)."""
+    out = []
+    while len(out) < 64:
+        name = fn(len(out)).decode()
+        if name == "unknown":
+            break
+        out.append(name)
+    return tuple(out)
+
+
+ROUTES = _names(lib.pkv_route_name)              # ("auto", "single", "split", ...)
+TRACE_FAMILIES = _names(lib.pkv_trace_family_name)  # ("uniform", "bimodal", ...)
 
 
 # ---- errors -------------------------------------------------------------------------------------

@@ -4,9 +4,9 @@ Run: PKV_LIBRARY=build/libpersistentkv.so python3 -m pytest -q python/tests
 """
 
 import ctypes
-import math
 import os
 import sys
+import zlib
 
 import numpy as np
 import pytest
@@ -20,6 +20,10 @@ SPLITTY = dict(parallelism=32, min_chunk_tokens=16)  # small chunks: every route
 
 
 # ---- helpers ------------------------------------------------------------------------------------
+def seed_of(*parts):
+    return zlib.crc32(repr(parts).encode())
+
+
 def to_dtype(x, dtype):
     """float32 numpy -> float16 array or uint16 bf16 bits."""
     return x.astype(np.float16) if dtype == "float16" else pkv.bf16_bits(x)
@@ -47,8 +51,8 @@ def make_problem(seed, lens, hq, hkv, d=64, ps=16, layout="NHD", dtype="float16"
 
 
 def plan(w, p, **kw):
-    w.plan(p["indptr"], p["indices"], p["lens"], p["hq"], p["hkv"], p["d"], p["ps"], num_pages=p["pool"],
-           q_data_type=p["dtype"], **kw)
+    kw.setdefault("q_data_type", p["dtype"])
+    w.plan(p["indptr"], p["indices"], p["lens"], p["hq"], p["hkv"], p["d"], p["ps"], num_pages=p["pool"], **kw)
 
 
 def ref_of(p, k=None, v=None, sm_scale=None):
@@ -78,7 +82,17 @@ LENS = [0, 1, 17, 48, 130, 257, 3]
 def test_library_loaded():
     assert os.path.exists(pkv.library_path)
     assert pkv.status_string(pkv.Status.PAGE_OUT_OF_RANGE) == "page id out of range"
-    assert set(pkv.ROUTES) == {"auto", "single", "split", "bucketed", "workqueue"}
+    assert set(pkv.ROUTES) >= {"auto", "single", "split", "bucketed", "workqueue"}
+    assert set(pkv.TRACE_FAMILIES) == {"uniform", "bimodal", "zipf", "bucketed", "homogeneous"}
+
+
+def test_library_not_found_names_what_was_tried(tmp_path):
+    import subprocess
+    env = dict(os.environ, PKV_LIBRARY=str(tmp_path / "nope.so"))
+    code = "import persistentkv"
+    r = subprocess.run([sys.executable, "-c", code], cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       env=env, capture_output=True, text=True)
+    assert r.returncode != 0 and "LibraryNotFoundError" in r.stderr and "nope.so" in r.stderr
 
 
 # sizeof / offsetof as a C program compiled against persistentkv.h prints them (x86-64 / aarch64 LP64)
@@ -89,7 +103,7 @@ C_LAYOUT = {
     _lib.Tensors: (48, [0, 8, 16, 24, 32, 40]),
     _lib.Counters: (64, [0, 8, 16, 24, 32, 40, 48, 56]),
     _lib.ContextConfig: (12, [0, 4, 8]),
-    _lib.Task: (24, [0, 4, 8, 12, 16, 20]),
+    _lib.Task: (28, [0, 4, 8, 12, 16, 20, 24]),
     _lib.Merge: (16, [0, 4, 8, 12]),
     _lib.Phase: (28, [0, 4, 8, 12, 16, 20, 24]),
     _lib.RowSched: (24, [0, 4, 8, 12, 16, 20]),
@@ -114,8 +128,14 @@ def test_bf16_bits_match_library():
 
 # ---- CPU backend against the float64 reference --------------------------------------------------
 @pytest.fixture(scope="module")
-def cpu():
-    return pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cpu", num_threads=2)
+def cpus():
+    return {lay: pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cpu", kv_layout=lay, num_threads=2)
+            for lay in ("NHD", "HND")}
+
+
+@pytest.fixture(scope="module")
+def cpu(cpus):
+    return cpus["NHD"]
 
 
 @pytest.mark.parametrize("route", pkv.ROUTES)
@@ -123,14 +143,15 @@ def cpu():
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("ps", [1, 16])
-def test_routes_match_reference(cpu, route, group, layout, dtype, ps):
-    p = make_problem(hash((route, group, layout, dtype, ps)) % 2**32, LENS, hq=2 * group, hkv=2, ps=ps,
+def test_routes_match_reference(cpus, route, group, layout, dtype, ps):
+    cpu = cpus[layout]
+    p = make_problem(seed_of(route, group, layout, dtype, ps), LENS, hq=2 * group, hkv=2, ps=ps,
                      layout=layout, dtype=dtype)
     plan(cpu, p, route=route, **SPLITTY)
     cpu.validate_plan()
     if route != "auto":
         assert cpu.route == route
-    if route in ("split", "workqueue"):
+    if route in ("split", "workqueue", "fused"):
         assert cpu.plan_info["state_slots"] > 0  # the merge path is exercised
     o, lse = cpu.run(p["q"], p["k"], p["v"], return_lse=True)
     assert o.dtype == p["q"].dtype and o.shape == p["q"].shape
@@ -398,7 +419,7 @@ def cuda_torch():
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_cuda_matches_reference_and_cpu(cuda_torch, cpu, route, layout, dtype):
     torch = cuda_torch
-    p = make_problem(hash((route, layout, dtype)) % 2**32, LENS, hq=8, hkv=2, layout=layout, dtype=dtype)
+    p = make_problem(seed_of(route, layout, dtype), LENS, hq=8, hkv=2, layout=layout, dtype=dtype)
     w = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cuda", kv_layout=layout)
     assert w.backend == "cuda"
     q, k, v = (_to_torch(torch, p[n], dtype, "cuda") for n in ("q", "k", "v"))
@@ -442,10 +463,10 @@ def test_cuda_two_layers_streams_and_errors(cuda_torch):
     with pytest.raises(TypeError, match="dtype"):
         w.run(q.float(), k, v)
     with pytest.raises(ValueError, match="shape"):
-        w.run(q[:, :8], k, v)
+        w.run(q[:, :8].contiguous(), k, v)
     bad = p["indices"].copy()
     bad[0] = p["pool"] + 3
     raises_status(pkv.Status.PAGE_OUT_OF_RANGE, lambda: w.plan(
         p["indptr"], torch.from_numpy(bad).cuda(), p["lens"], 16, 4, 128, 16, num_pages=p["pool"]))
     raises_status(pkv.Status.HEAD_GROUP, lambda: w.plan(p["indptr"], p["indices"], p["lens"], 10, 4, 128, 16))
-    assert math.isfinite(w.parallelism) and "H" in w.device_name or w.device_name
+    assert w.parallelism > 0 and w.device_name

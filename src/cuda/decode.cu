@@ -129,18 +129,10 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const merge_params p) {
     merge_one<T, D>(p.merges[blockIdx.x], p.state_o, p.state_lse, p.o, p.lse, p.num_qo_heads, p.group);
 }
 
-// Pipeline depth per head dim: stages of 16 tokens of K and V per warp.
-template <int D> constexpr int stages() { return D == 64 ? 4 : D == 128 ? 3 : 2; }
-// XOR swizzle of a token row's 16-byte chunk index (low 3 bits): conflict-free K and V fragment reads.
-__device__ __forceinline__ int swz(int r) { return ((((r >> 1) & 3) << 1) ^ ((r & 1) << 2)); }
-
-// Shared memory: the stages of the 4 warps (K and V, 16 tokens x D halves each), reused after the
-// loop for the final combine (fp32 [warp][GP][D + 4], m and l [warp][GP]); then q for d = 256
-// (halves [GP][D + 32]).
+// Shared memory: the warps' outputs for the final combine (fp32 [warp][GP][D + 4], m and l
+// [warp][GP]), then q (halves [GP][D + 32]).
 template <int D, bool G16> constexpr int smem_out_floats() {
-    constexpr int stage_floats = kWarps * stages<D>() * 2 * 16 * D / 2;
-    constexpr int combine = kWarps * (G16 ? 16 : 8) * (D + 4) + 2 * kWarps * (G16 ? 16 : 8);
-    return stage_floats > combine ? stage_floats : combine;
+    return kWarps * (G16 ? 16 : 8) * (D + 4) + 2 * kWarps * (G16 ? 16 : 8);
 }
 template <int D, bool G16> constexpr int smem_floats() {
     return smem_out_floats<D, G16>() + (D > 128 ? (G16 ? 16 : 8) * (D + 32) / 2 : 0);
@@ -220,58 +212,37 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const decode_params
     for (int nb = 0; nb < NB; nb++) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 
-    // ---- the warp's tiles (w, w + 4, ...) stream through a ring of NST shared-memory stages
-    // filled by cp.async (16-byte copies, zero-filled past the range), so up to NST tiles of K and
-    // V are in flight per warp without holding registers.  Stage layout: K [16][D] then V [16][D]
-    // halves, 16-byte chunk q of token r stored at chunk q ^ swz(r) (conflict-free fragment reads).
-    constexpr int NST = stages<D>();
-    constexpr int CPR = D / 8;            // 16-byte chunks per token row
-    constexpr int RPI = 32 / CPR > 0 ? 32 / CPR : 1; // rows one warp-wide copy covers
-    constexpr int LPR = CPR < 32 ? CPR : 32;          // lanes per row
-    constexpr int ROWS_PER_LANE = 16 / RPI;
-    constexpr int CH_PER_LANE = CPR / LPR;             // chunks per lane per row (D = 256: 1)
-    T *stage_base = reinterpret_cast<T *>(smem) + (size_t)warp * NST * 2 * 16 * D;
     const int ntiles = (te - tb + 15) >> 4;
-    const int my_tiles = ntiles > warp ? (ntiles - warp + kWarps - 1) / kWarps : 0;
-    const int copy_row0 = lane / LPR, copy_chunk0 = lane % LPR;
-
-    // Offset (elements) of token base + lane for lanes < 16 (-1 past the range); one page-id load.
-    auto tile_offsets = [&](int t_local) -> int64_t {
-        const int tok = tb + (warp + t_local * kWarps) * 16 + (lane & 15);
-        return (t_local < my_tiles && tok < te) ? token_offset(p, page_base, tok, head) : (int64_t)-1;
-    };
-    auto issue_tile = [&](int t_local, int64_t offs) {
-        T *st = stage_base + (size_t)(t_local % NST) * 2 * 16 * D;
+    for (int tile = warp; tile < ntiles; tile += kWarps) {
+        const int base = tb + tile * 16;
+        // ---- loads: K for tokens base + 8j + g, V for tokens base + {2c, 2c+1, 8+2c, 9+2c}
+        uint4 kr[2][KC];
 #pragma unroll
-        for (int k = 0; k < ROWS_PER_LANE; k++) {
-            const int r = copy_row0 + k * RPI;
-            const int64_t off = __shfl_sync(0xffffffffu, offs, r);
+        for (int j = 0; j < 2; j++) {
+            const int tok = base + 8 * j + g;
+            if (tok < te) {
+                const T *src = kbase + token_offset(p, page_base, tok, head);
 #pragma unroll
-            for (int h = 0; h < CH_PER_LANE; h++) {
-                const int q = copy_chunk0 + h * LPR;
-                const int qs = q ^ swz(r);
-                cp_async_16(st + r * D + qs * 8, kbase + (off >= 0 ? off + q * 8 : 0), off >= 0);
-                cp_async_16(st + 16 * D + r * D + qs * 8, vbase + (off >= 0 ? off + q * 8 : 0), off >= 0);
+                for (int i = 0; i < KC; i++) kr[j][i] = ldg_nc_v4(src + (i * 4 + c) * 8);
+            } else {
+#pragma unroll
+                for (int i = 0; i < KC; i++) kr[j][i] = make_uint4(0, 0, 0, 0);
             }
         }
-    };
-    // prologue: page offsets of the first NST + 1 tiles, copies of the first NST
-    int64_t offs_next = tile_offsets(0);
+        uint4 vr[4][VC];
 #pragma unroll
-    for (int t = 0; t < NST; t++) {
-        const int64_t cur = offs_next;
-        offs_next = tile_offsets(t + 1);
-        if (t < my_tiles) issue_tile(t, cur);
-        cp_async_commit();
-    }
-
-    for (int tl = 0; tl < my_tiles; tl++) {
-        const int base = tb + (warp + tl * kWarps) * 16;
-        cp_async_wait<NST - 1>();
-        __syncwarp();
-        const T *sk = stage_base + (size_t)(tl % NST) * 2 * 16 * D;
-        const T *sv = sk + 16 * D;
-        // ---- S = Q K^T for the two 8-token halves of the tile (K rows 8j + g)
+        for (int qv = 0; qv < 4; qv++) {
+            const int tok = base + (qv >> 1) * 8 + 2 * c + (qv & 1);
+            if (tok < te) {
+                const T *src = vbase + token_offset(p, page_base, tok, head);
+#pragma unroll
+                for (int u = 0; u < VC; u++) vr[qv][u] = ldg_nc_v4(src + (g + 8 * u) * 8);
+            } else {
+#pragma unroll
+                for (int u = 0; u < VC; u++) vr[qv][u] = make_uint4(0, 0, 0, 0);
+            }
+        }
+        // ---- S = Q K^T for the two 8-token halves of the tile
         float s[2][4];
 #pragma unroll
         for (int j = 0; j < 2; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
@@ -288,10 +259,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const decode_params
             const uint32_t a0[4] = {qa.x, qb.x, qa.y, qb.y}, a1[4] = {qa.z, qb.z, qa.w, qb.w};
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                const int r = 8 * j + g;
-                const uint4 kv = *reinterpret_cast<const uint4 *>(sk + r * D + (((i * 4 + c) ^ swz(r)) * 8));
-                mma_16816<T>(s[j], a0, kv.x, kv.y);
-                mma_16816<T>(s[j], a1, kv.z, kv.w);
+                mma_16816<T>(s[j], a0, kr[j][i].x, kr[j][i].y);
+                mma_16816<T>(s[j], a1, kr[j][i].z, kr[j][i].w);
             }
         }
         // ---- online softmax (log2 domain); rows g (s[.][0..1]) and g+8 (s[.][2..3])
@@ -324,51 +293,35 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const decode_params
         }
         l0 = l0 * al0 + (pr[0][0] + pr[0][1] + pr[1][0] + pr[1][1]);
         l1 = l1 * al1 + (pr[0][2] + pr[0][3] + pr[1][2] + pr[1][3]);
-        // ---- O = O * alpha + P V; V rows 2c, 2c+1, 8+2c, 9+2c, chunks g + 8u
+        // ---- O = O * alpha + P V
         const uint32_t a[4] = {tr::pack(pr[0][0], pr[0][1]), tr::pack(pr[0][2], pr[0][3]), tr::pack(pr[1][0], pr[1][1]),
                                tr::pack(pr[1][2], pr[1][3])};
 #pragma unroll
-        for (int nb = 0; nb < NB; nb++) {
-            acc[nb][0] *= al0;
-            acc[nb][1] *= al0;
-            acc[nb][2] *= al1;
-            acc[nb][3] *= al1;
-        }
-#pragma unroll
         for (int u = 0; u < VC; u++) {
-            uint4 vr[4];
-#pragma unroll
-            for (int qv = 0; qv < 4; qv++) {
-                const int r = (qv >> 1) * 8 + 2 * c + (qv & 1);
-                vr[qv] = *reinterpret_cast<const uint4 *>(sv + r * D + (((g + 8 * u) ^ swz(r)) * 8));
-            }
-            const uint32_t *v0 = reinterpret_cast<const uint32_t *>(&vr[0]);
-            const uint32_t *v1 = reinterpret_cast<const uint32_t *>(&vr[1]);
-            const uint32_t *v2 = reinterpret_cast<const uint32_t *>(&vr[2]);
-            const uint32_t *v3 = reinterpret_cast<const uint32_t *>(&vr[3]);
+            const uint32_t *v0 = reinterpret_cast<const uint32_t *>(&vr[0][u]);
+            const uint32_t *v1 = reinterpret_cast<const uint32_t *>(&vr[1][u]);
+            const uint32_t *v2 = reinterpret_cast<const uint32_t *>(&vr[2][u]);
+            const uint32_t *v3 = reinterpret_cast<const uint32_t *>(&vr[3][u]);
 #pragma unroll
             for (int e = 0; e < 8; e++) {
+                const int nb = u * 8 + e;
                 const unsigned sel = (e & 1) ? 0x7632u : 0x5410u;
                 const uint32_t b0 = __byte_perm(v0[e >> 1], v1[e >> 1], sel);
                 const uint32_t b1 = __byte_perm(v2[e >> 1], v3[e >> 1], sel);
-                mma_16816<T>(acc[u * 8 + e], a, b0, b1);
+                acc[nb][0] *= al0;
+                acc[nb][1] *= al0;
+                acc[nb][2] *= al1;
+                acc[nb][3] *= al1;
+                mma_16816<T>(acc[nb], a, b0, b1);
             }
         }
-        // ---- refill this stage with tile tl + NST
-        __syncwarp();
-        const int64_t cur = offs_next;
-        offs_next = tile_offsets(tl + NST + 1);
-        if (tl + NST < my_tiles) issue_tile(tl + NST, cur);
-        cp_async_commit();
     }
-    cp_async_wait<0>();
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
 
-    // ---- combine the warps: sm_o [warp][GP][D + 4], sm_m / sm_l [warp][GP] (over the stages)
-    __syncthreads();
+    // ---- combine the warps: sm_o [warp][GP][D + 4], sm_m / sm_l [warp][GP]
     float *sm_o = smem;
     float *sm_m = smem + kWarps * GP * (D + 4);
     float *sm_l = sm_m + kWarps * GP;

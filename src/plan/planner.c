@@ -17,7 +17,8 @@
  *              longest first.
  *   fused      the workqueue's plan, executed in one launch: the last task of a split (row, KV head)
  *              to finish merges its states (a counter per merge in the workspace).
- *   auto       single when the non-empty rows already fill a wave (rows x Hkv >= P), else workqueue.
+ *   auto       single when the non-empty rows already fill a wave (rows x Hkv >= P), else fused.
+ *   P grows to up to 4 waves for ragged batches (see below in plan_impl).
  */
 #include "internal.h"
 
@@ -357,8 +358,22 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
         int64_t pg = row_pages(problem, lens[i]);
         if (pg > max_pages) max_pages = pg;
     }
+    /* Waves: with ragged rows (longest row > 1.25 x the mean) more, smaller tasks than one wave let
+     * the hardware scheduler even out the load; one wave per 32 (row, KV head) pairs, up to 4.
+     * Even batches keep exactly one wave (measured on the H200: docs/kernel-notes.md). */
+    if (opts.ctas_per_unit <= 0 && nonempty > 0) {
+        int64_t total = 0, max_len = 0;
+        for (int32_t i = 0; i < B; i++) {
+            total += lens[i];
+            if (lens[i] > max_len) max_len = lens[i];
+        }
+        if (4 * max_len * nonempty > 5 * total) {
+            int64_t waves = nonempty * hkv / 32;
+            pp.P *= waves < 1 ? 1 : waves > 4 ? 4 : waves;
+        }
+    }
     pkv_route route = opts.route;
-    if (route == PKV_ROUTE_AUTO) route = nonempty * hkv >= pp.P ? PKV_ROUTE_SINGLE : PKV_ROUTE_WORKQUEUE;
+    if (route == PKV_ROUTE_AUTO) route = nonempty * hkv >= pp.P ? PKV_ROUTE_SINGLE : PKV_ROUTE_FUSED;
     plan->route = route;
 
     st = scratch_reserve(ctx, plan, (size_t)B + 64);
@@ -505,7 +520,8 @@ pkv_status pkv_workspace_size(pkv_context *ctx, const pkv_problem *problem, int3
     int64_t par = opts.parallelism > 0 ? opts.parallelism : (ctx ? ctx->parallelism : 0);
     if (par <= 0) return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "parallelism unknown: pass a context or set it");
     int64_t per = opts.ctas_per_unit > 0 ? opts.ctas_per_unit : (ctx ? ctx->ctas_per_unit : 2);
-    int64_t P = par * per, hkv = problem->num_kv_heads, G = problem->num_qo_heads / hkv;
+    /* up to 4 waves for ragged batches unless ctas_per_unit is forced */
+    int64_t P = par * per * (opts.ctas_per_unit > 0 ? 1 : 4), hkv = problem->num_kv_heads, G = problem->num_qo_heads / hkv;
     int64_t max_splits = opts.max_splits > 0 ? opts.max_splits : 256;
     /* Every rule keeps split slots <= P + B x Hkv (a wave plus one rounding per row); a forced S
      * gives up to B x Hkv x S, a forced workqueue chunk up to B x Hkv x max_splits. */
