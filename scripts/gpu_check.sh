@@ -34,8 +34,8 @@ say "compute-sanitizer (memcheck, racecheck) on a reduced set"
 if [ $quick = 1 ]; then
   echo "skipped in --quick" | tee "$log/sanitizer.log"
 elif command -v compute-sanitizer >/dev/null; then
-  { PKV_TEST_CASES=3 compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/test_cuda" &&
-    PKV_TEST_CASES=1 compute-sanitizer --tool racecheck --error-exitcode 9 "$build/tests/test_cuda"; } \
+  { PKV_TEST_SMALL=1 PKV_TEST_CASES=4 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/test_cuda" &&
+    PKV_TEST_SMALL=1 PKV_TEST_CASES=1 timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$build/tests/test_cuda"; } \
     >"$log/sanitizer.log" 2>&1 || status=1
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed, " "$log/sanitizer.log"
 else
@@ -51,10 +51,10 @@ export PKV_COMMIT=${PKV_COMMIT:-$(git -C "$root" rev-parse --short=12 HEAD 2>/de
 if [ $quick = 0 ]; then
   say "benchmark: trace families (paper shape, seed 20260623)"
   for fam in bimodal uniform zipf; do
-    "$build/pkv" bench --backend cuda --trace $fam --seed 20260623 --reps 30 --wall-reps 10 --quiet \
+    "$build/pkv" bench --backend cuda --trace $fam --seed 20260623 --steps 16 --reps 30 --wall-reps 10 --quiet \
       --json "$log/trace_$fam.json" >>"$out/traces.md" 2>>"$log/bench.log" || status=1
   done
-  "$build/pkv" bench --backend cuda --trace bucketed --seed 20260623 --reps 30 --wall-reps 10 --quiet \
+  "$build/pkv" bench --backend cuda --trace bucketed --seed 20260623 --steps 16 --reps 30 --wall-reps 10 --quiet \
     --json "$log/trace_bucketed.json" >>"$out/traces.md" 2>>"$log/bench.log" || status=1
 fi
 

@@ -2,7 +2,8 @@
  * (G 1..16 including 7, head dims 64/128/256, fp16/bf16, NHD/HND, page sizes 1..256, lengths 0 and
  * 1, scattered pages, NaN in every KV slot no row may read), outputs poisoned before each run;
  * bitwise repeatability; CUDA graph capture and replay; errors.  Skips (77) without a GPU.
- * PKV_TEST_CASES=N sets the number of random problems (default 60). */
+ * PKV_TEST_CASES=N sets the number of random problems (default 60); PKV_TEST_SMALL=1 keeps every row
+ * short (for compute-sanitizer runs). */
 #include "pkv_test.h"
 #include "test_device.h"
 
@@ -51,7 +52,11 @@ static void fixed_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
         {32, 8, 128, 16, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 1, {70000}},
         {64, 8, 128, 16, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 2, {20000, 3}},
     };
+    const bool small = getenv("PKV_TEST_SMALL") != NULL; /* sanitizer runs: short rows only */
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (small)
+            for (int32_t r = 0; r < cases[i].B; r++)
+                if (cases[i].lens[r] > 1500) cases[i].lens[r] = 1500;
         pkv_problem p;
         pkv_problem_default(&p);
         p.num_qo_heads = cases[i].hq;
@@ -162,8 +167,9 @@ int main(void) {
     ch.dtypes = dtypes, ch.num_dtypes = 2;
     ch.max_batch = 12;
     ch.max_len = 2500;
-    ch.long_len = 40000;
-    ch.long_prob = 0.05;
+    ch.long_len = getenv("PKV_TEST_SMALL") ? 0 : 40000;
+    ch.long_prob = getenv("PKV_TEST_SMALL") ? 0.0 : 0.05;
+    if (getenv("PKV_TEST_SMALL")) ch.max_len = 600;
     const char *env = getenv("PKV_TEST_CASES");
     int count = env ? atoi(env) : 60;
     for (int n = 0; n < count; n++) {

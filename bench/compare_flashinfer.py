@@ -1,0 +1,1453 @@
+#!/usr/bin/env python3
+"""compare_flashinfer.py - FlashInfer and PersistentKV side by side, in one process, on the GPU.
+
+Both libraries run the same decode steps over the same page tables and the same K/V bytes, and are
+timed the same way; the outputs are cross-checked on every row.  Writes compare.json (every number)
+and compare.md (tables for people), and prints a short table on stdout last.
+
+Workloads (workloads.md, anchors.md):
+  anchors  the 26 anchor steps of the `paper` shape (Hq 32, Hkv 8, d 128, fp16); lengths by the rule
+           of anchors.md (splitmix64 seeded 20250000 + 100 B + kind), checked against anchor-steps.txt
+  traces   uniform, bimodal, zipf, bucketed traces (persistentkv.generate_trace), B in
+           1..128 with 3 B requests, the held-out seeds 20260623..27; a fixed sample of steps per
+           trace (--trace-steps, default first, mid, last), `paper` shape
+  shapes   g8 (fp16, bf16), g7, mha, d256, d64 at B1_N8192, B1_N32768, B8_bimodal, B32_bimodal,
+           B64_uniform (the "Other model shapes" table of anchors.md)
+
+Method (the same for both libraries, as in tools/bench.c and anchors.md):
+  - one flat device buffer, filled once per dtype with uniform random values in [-1, 1];
+    the K and V pools of a step are views into it, shaped [R * P, ...] (P = pages of the step);
+  - the step's page ids are a random permutation of [0, P) (scattered); rotation r runs the same
+    page ids on the views pool[r * P:(r + 1) * P], so R disjoint page sets cover >= --rotate-gib
+    (default 2 GiB, R in [2, 256]) and L2 does not help; the page tables and plans stay fixed;
+  - kernel time: CUDA events around one run, runs queued in batches of 16 behind a spin kernel
+    (torch.cuda._sleep) long enough for the host to enqueue the batch, so launch cost is off the
+    clock; median of --reps (anchors, shapes; default 100) or --trace-reps (default 30) runs;
+  - plan time: host clock around plan() with a device sync before and after; wall time: host clock
+    around plan() + run() + sync; median of --wall-reps;
+  - CUDA graphs: one graph per rotation (up to --graph-rotations) of one run, replayed and timed
+    like the eager runs: FlashInfer's best eager configuration with use_cuda_graph=True and its
+    fixed buffers, PersistentKV auto and its best route;
+  - floor of a step: a streaming read (16-byte loads, PersistentKV's pkv_dev_time_read, best of 3
+    grids) of the step's K/V bytes, timed like the steps, windows moving through the flat buffer;
+    torch.sum over a float32 view when the library lacks the helper (--floor torch forces it);
+  - read ceiling: the same read kernel over 4 GiB, and torch.sum over a 4 GiB float32 view; the
+    higher of the two is `read_gbps` (both are in the JSON);
+  - FlashInfer as its users configure it: BatchDecodeWithPagedKVCacheWrapper, 128 MB workspace,
+    use_tensor_cores=False (CUDA-core decode; only for G in {1,2,3,4,6,8}) and use_tensor_cores=True;
+    plan() once per step (indptr and last_page_len on the host, indices on the device);
+    PersistentKV: every route (auto, single, split, bucketed, workqueue, fused) through the
+    binding's route=, plan() from host numpy tables (it copies the indices to the device);
+  - cross-check: every output poisoned with NaN first; every PersistentKV route compared with
+    FlashInfer's best configuration (relative L2 and max abs; tolerance 2e-3 fp16, 1.5e-2 bf16),
+    both libraries compared with a float64 torch reference on up to 3 rows; graph replays compared
+    with the eager outputs.  Rows that disagree are flagged; the exit status is 1 if any does.
+
+Usage:
+  python3 bench/compare_flashinfer.py --out DIR [--matrix full|quick] [--jit-warmup] ...
+  python3 bench/compare_flashinfer.py --dry-run [--out DIR]   # no CUDA: plans, checks, fake rows
+  python3 bench/compare_flashinfer.py --jit-warmup-only        # compile FlashInfer's modules only
+Environment: PKV_LIBRARY (the CUDA build of libpersistentkv), PKV_COMMIT (else git), the
+FlashInfer variables of bench/FLASHINFER.md (bench/install_wheelhouse.sh prints them).
+"""
+
+import argparse
+import ctypes
+import datetime
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+import types
+import zlib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO / "python") not in sys.path:
+    sys.path.insert(0, str(REPO / "python"))
+
+# ---- shapes and workloads --------------------------------------------------------------------------
+SHAPES = {  # name: (Hq, Hkv, d, default dtype)   (workloads.md)
+    "paper": (32, 8, 128, "fp16"),
+    "g8": (64, 8, 128, "fp16"),
+    "g7": (28, 4, 128, "bf16"),
+    "mha": (32, 32, 128, "fp16"),
+    "d256": (16, 8, 256, "bf16"),
+    "d64": (14, 2, 64, "bf16"),
+}
+SHAPE_RUNS = ["g8:fp16", "g8:bf16", "g7:bf16", "mha:fp16", "d256:bf16", "d64:bf16"]
+SHAPE_POINTS = ["B1_N8192", "B1_N32768", "B8_bimodal", "B32_bimodal", "B64_uniform"]
+FI_CUDACORE_GROUPS = (1, 2, 3, 4, 6, 8)  # FlashInfer's CUDA-core decode dispatches these G only
+FAMILIES = ["uniform", "bimodal", "zipf", "bucketed"]
+BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
+HELD_OUT_SEEDS = [20260623, 20260624, 20260625, 20260626, 20260627]
+ROUTES = ["auto", "single", "split", "bucketed", "workqueue", "fused"]
+TOL = {"fp16": 2e-3, "bf16": 1.5e-2}
+
+# Anchor steps in the order of anchors.md: name, B, kind (0 uniform, 1 bimodal, 2 zipf, 3 fixed),
+# fixed length, FlashInfer's best time and path measured there (for reference only).
+ANCHORS = [
+    ("B1_N2048", 1, 3, 2048, 13.3, "tensorcore"), ("B1_N8192", 1, 3, 8192, 20.6, "cudacore"),
+    ("B1_N32768", 1, 3, 32768, 45.6, "tensorcore"), ("B1_N65536", 1, 3, 65536, 76.2, "tensorcore"),
+    ("B1_N131072", 1, 3, 131072, 136.8, "tensorcore"), ("B4_homo8K", 4, 3, 8192, 44.7, "tensorcore"),
+    ("B4_zipf", 4, 2, 0, 55.8, "tensorcore"), ("B4_bimodal", 4, 1, 0, 69.0, "tensorcore"),
+    ("B4_uniform", 4, 0, 0, 102.4, "tensorcore"), ("B4_homo32K", 4, 3, 32768, 132.3, "tensorcore"),
+    ("B8_zipf", 8, 2, 0, 70.8, "tensorcore"), ("B8_bimodal", 8, 1, 0, 72.8, "tensorcore"),
+    ("B8_uniform", 8, 0, 0, 176.9, "tensorcore"), ("B16_homo8K", 16, 3, 8192, 133.6, "tensorcore"),
+    ("B16_bimodal", 16, 1, 0, 216.1, "tensorcore"), ("B16_zipf", 16, 2, 0, 238.9, "tensorcore"),
+    ("B16_uniform", 16, 0, 0, 264.8, "tensorcore"), ("B16_homo32K", 16, 3, 32768, 482.9, "tensorcore"),
+    ("B32_bimodal", 32, 1, 0, 490.6, "tensorcore"), ("B32_zipf", 32, 2, 0, 542.5, "tensorcore"),
+    ("B32_uniform", 32, 0, 0, 647.4, "tensorcore"), ("B64_homo8K", 64, 3, 8192, 485.8, "tensorcore"),
+    ("B64_bimodal", 64, 1, 0, 711.1, "tensorcore"), ("B64_zipf", 64, 2, 0, 1058.5, "tensorcore"),
+    ("B64_uniform", 64, 0, 0, 1244.5, "tensorcore"), ("B64_homo32K", 64, 3, 32768, 1893.3, "tensorcore"),
+]
+ANCHOR_BY_NAME = {a[0]: a for a in ANCHORS}
+
+QUICK = {
+    "anchors": ["B1_N2048", "B1_N32768", "B4_bimodal", "B16_zipf", "B32_bimodal", "B64_homo32K"],
+    "families": ["uniform", "bimodal"], "batches": [1, 8, 64], "seeds": [20260623], "trace_steps": ["mid"],
+    "shape_runs": SHAPE_RUNS, "shape_points": ["B1_N8192", "B32_bimodal"],
+}
+
+
+def log(msg):
+    print(f"[compare] {msg}", file=sys.stderr, flush=True)
+
+
+# ---- the anchor-length rule (anchors.md; tools/common.c) -------------------------------------------
+_M64 = (1 << 64) - 1
+
+
+class SplitMix64:
+    """splitmix64 as src/trace/rng.c: state += golden gamma, then the two xor-shift-multiplies."""
+
+    def __init__(self, seed):
+        self.state = seed & _M64
+
+    def next(self):
+        self.state = (self.state + 0x9E3779B97F4A7C15) & _M64
+        z = self.state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+        return z ^ (z >> 31)
+
+    def uniform_int(self, lo, hi):  # lo + next() % (hi - lo + 1), modulo bias included
+        return lo + self.next() % (hi - lo + 1)
+
+    def uniform01(self):  # top 53 bits, [0, 1)
+        return (self.next() >> 11) * 2.0 ** -53
+
+
+def anchor_lens(batch, kind, fixed_len):
+    r = SplitMix64(20250000 + 100 * batch + kind)
+    w = [k ** -1.1 for k in range(1, 65)]
+    total, acc, cdf = sum(w), 0.0, []
+    for x in w:
+        acc += x
+        cdf.append(acc / total)
+    lens = []
+    for _ in range(batch):
+        if kind == 0:
+            lens.append(r.uniform_int(1024, 32768))
+        elif kind == 1:
+            lens.append(r.uniform_int(256, 1024) if r.uniform01() < 0.5 else r.uniform_int(16384, 32768))
+        elif kind == 2:
+            u = r.uniform01()
+            k = 1
+            while k < 64 and u > cdf[k - 1]:
+                k += 1
+            n = math.floor(32768.0 / k ** 1.1 + 0.5)
+            lens.append(int(min(max(n, 256), 32768)))
+        else:
+            lens.append(fixed_len)
+    return lens
+
+
+# A few rows of /work/shared/anchor-steps.txt, embedded so the rule is checked on any machine.
+_ANCHOR_CHECKS = {
+    "B4_uniform": [27620, 18860, 22224, 23985],
+    "B4_bimodal": [28833, 460, 27530, 418],
+    "B4_zipf": [32768, 1363, 5579, 4565],
+    "B8_bimodal": [910, 539, 29200, 1006, 553, 839, 567, 27555],
+    "B8_zipf": [32768, 4565, 1552, 1950, 839, 839, 15287, 376],
+    "B8_uniform": [12349, 24525, 30497, 16786, 17280, 23566, 23502, 23916],
+}
+_ANCHOR_TOTALS = {"B16_uniform": 264416, "B16_bimodal": 207845, "B16_zipf": 234397, "B32_uniform": 577644,
+                  "B32_bimodal": 361619, "B32_zipf": 440486, "B64_uniform": 1164405, "B64_bimodal": 674232,
+                  "B64_zipf": 985427, "B64_homo32K": 2097152}
+
+
+def check_anchor_rule():
+    for name, want in _ANCHOR_CHECKS.items():
+        _, b, kind, fixed, _, _ = ANCHOR_BY_NAME[name]
+        got = anchor_lens(b, kind, fixed)
+        assert got == want, f"anchor rule: {name} gives {got}, anchor-steps.txt has {want}"
+    for name, want in _ANCHOR_TOTALS.items():
+        _, b, kind, fixed, _, _ = ANCHOR_BY_NAME[name]
+        got = sum(anchor_lens(b, kind, fixed))
+        assert got == want, f"anchor rule: {name} totals {got} tokens, anchor-steps.txt has {want}"
+    # the whole file, when it is at hand (it does not travel to the GPU machine)
+    for cand in (REPO / "shared" / "anchor-steps.txt", REPO.parent / "shared" / "anchor-steps.txt"):
+        if cand.is_file():
+            n = 0
+            for line in cand.read_text().splitlines():
+                parts = dict(p.split("=", 1) for p in line.split()[1:] if "=" in p)
+                name = line.split()[0] if line.strip() else ""
+                if name in ANCHOR_BY_NAME and "lens" in parts:
+                    _, b, kind, fixed, _, _ = ANCHOR_BY_NAME[name]
+                    want = [int(x) for x in parts["lens"].split(",")]
+                    assert anchor_lens(b, kind, fixed) == want, f"anchor rule: {name} differs from {cand}"
+                    n += 1
+            return f"{n} anchor steps match {cand}"
+    return f"{len(_ANCHOR_CHECKS)} embedded anchor steps match"
+
+
+# ---- steps -----------------------------------------------------------------------------------------
+class Step:
+    """One decode step to measure: lengths, CSR page table over [0, pages), rotations."""
+
+    def __init__(self, group, name, shape, dtype, lens, indices, layout, page_size, reps, **meta):
+        import numpy as np
+        self.group, self.name, self.shape, self.dtype = group, name, shape, dtype
+        self.Hq, self.Hkv, self.d, _ = SHAPES[shape]
+        self.G = self.Hq // self.Hkv
+        self.layout, self.page_size, self.reps = layout, page_size, reps
+        self.lens = np.asarray(lens, dtype=np.int32)
+        self.B = int(len(self.lens))
+        pages = (self.lens.astype(np.int64) + page_size - 1) // page_size
+        self.indptr = np.zeros(self.B + 1, dtype=np.int32)
+        self.indptr[1:] = np.cumsum(pages)
+        self.pages = int(self.indptr[-1])
+        self.indices = np.asarray(indices, dtype=np.int32)
+        assert len(self.indices) == self.pages, (name, len(self.indices), self.pages)
+        assert self.pages == 0 or (self.indices.min() >= 0 and self.indices.max() < self.pages)
+        self.last_page_len = (self.lens - (pages - 1) * page_size).astype(np.int32)
+        self.total_tokens = int(self.lens.astype(np.int64).sum())
+        self.elem = 2
+        self.token_bytes = self.Hkv * self.d * self.elem * 2            # K and V
+        self.kv_bytes = self.total_tokens * self.token_bytes              # true tokens, K + V
+        self.page_elems = page_size * self.Hkv * self.d                   # one page of K (or V)
+        self.meta = meta
+        self.rotations = 1
+        self.pool_bytes = 0
+
+    def set_rotations(self, rotate_bytes, cap_bytes):
+        step_pool = 2 * self.pages * self.page_elems * self.elem
+        r = max(2, min(256, -(-rotate_bytes // max(self.kv_bytes, 1))))
+        while r > 1 and r * step_pool > cap_bytes:
+            r -= 1
+        self.rotations = int(r)
+        self.pool_bytes = self.rotations * step_pool
+
+    @property
+    def fi_configs(self):
+        cfgs = ["cudacore"] if self.G in FI_CUDACORE_GROUPS else []
+        return cfgs + ["tensorcore"]
+
+    def key(self):
+        return f"{self.group}/{self.name}/{self.shape}/{self.dtype}"
+
+
+def random_pages(n, name):
+    import numpy as np
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
+    return rng.permutation(n).astype(np.int32)
+
+
+def isolated_step(group, name, shape, dtype, lens, args, reps, **meta):
+    ps = args.page_size
+    n = sum((x + ps - 1) // ps for x in lens)
+    return Step(group, name, shape, dtype, lens, random_pages(n, f"{group}/{name}/{shape}/{dtype}"),
+                args.layout, ps, reps, **meta)
+
+
+def sample_steps(num_steps, which):
+    out = []
+    for w in which:
+        s = {"first": 0, "mid": num_steps // 2, "last": num_steps - 1}.get(w)
+        if s is None:
+            s = int(w)
+        if 0 <= s < num_steps and s not in out:
+            out.append(s)
+    return out
+
+
+def build_steps(args):
+    """The matrix, in the order it is measured (anchors, shapes, traces by seed), as Step objects."""
+    import numpy as np
+    sel = QUICK if args.matrix == "quick" else {
+        "anchors": [a[0] for a in ANCHORS], "families": FAMILIES, "batches": BATCHES, "seeds": HELD_OUT_SEEDS,
+        "trace_steps": ["mid", "first", "last"], "shape_runs": SHAPE_RUNS, "shape_points": SHAPE_POINTS}
+    anchors = args.anchors.split(",") if args.anchors else sel["anchors"]
+    families = args.families.split(",") if args.families else sel["families"]
+    batches = [int(x) for x in args.batches.split(",")] if args.batches else sel["batches"]
+    seeds = [int(x) for x in args.seeds.split(",")] if args.seeds else sel["seeds"]
+    tsteps = args.trace_steps.split(",") if args.trace_steps else sel["trace_steps"]
+    shape_runs = args.shapes.split(",") if args.shapes else sel["shape_runs"]
+    points = args.shape_points.split(",") if args.shape_points else sel["shape_points"]
+    groups = args.groups.split(",")
+    steps = []
+    if "anchors" in groups:
+        for name in anchors:
+            if name not in ANCHOR_BY_NAME:
+                raise SystemExit(f"unknown anchor {name!r}")
+            _, b, kind, fixed, fi_us, fi_path = ANCHOR_BY_NAME[name]
+            steps.append(isolated_step("anchor", name, "paper", "fp16", anchor_lens(b, kind, fixed), args,
+                                       args.reps, anchors_md_fi_us=fi_us, anchors_md_fi_path=fi_path))
+    if "shapes" in groups:
+        for run in shape_runs:
+            shape, _, dtype = run.partition(":")
+            dtype = dtype or SHAPES[shape][3]
+            if shape not in SHAPES or dtype not in TOL:
+                raise SystemExit(f"unknown shape run {run!r} (shape:dtype, e.g. g8:bf16)")
+            for name in points:
+                _, b, kind, fixed, _, _ = ANCHOR_BY_NAME[name]
+                steps.append(isolated_step("shape", name, shape, dtype, anchor_lens(b, kind, fixed), args, args.reps))
+    if "traces" in groups:
+        import persistentkv as pkv
+        traces = {}
+        for seed in seeds:
+            for fam in families:
+                for b in batches:
+                    tr = pkv.generate_trace(fam, seed, max_active=b, num_requests=3 * b, page_size=args.page_size)
+                    traces[(seed, fam, b)] = (tr, sample_steps(tr.num_steps, tsteps))
+        # Order: the k-th sampled step of every trace before the (k+1)-th, seeds before families, so
+        # that a run stopped by --max-minutes still covers every seed, family and B.
+        for k in range(max((len(v[1]) for v in traces.values()), default=0)):
+            for (seed, fam, b), (tr, picks) in traces.items():
+                if k >= len(picks):
+                    continue
+                s, n = picks[k], tr.num_steps
+                indptr, idx, lens = tr.step_table(s)
+                # the trace's own pages, renumbered by rank into [0, pages): same relative order
+                uniq = np.unique(idx)
+                assert len(uniq) == len(idx), "a trace step uses a page twice"
+                compact = np.searchsorted(uniq, idx).astype(np.int32)
+                st = Step("trace", f"{fam}_B{b}_s{seed}_t{s}", "paper", "fp16", lens, compact,
+                          args.layout, args.page_size, args.trace_reps, family=fam, batch=b, seed=seed,
+                          trace_step=s, trace_steps=n, trace_checksum=f"{tr.checksum:#018x}")
+                assert np.array_equal(st.indptr, indptr), "trace CSR differs from the lengths"
+                steps.append(st)
+    for st in steps:
+        st.set_rotations(int(args.rotate_gib * 2 ** 30), int(args.pool_cap_gib * 2 ** 30))
+    return steps
+
+
+def fi_modules(steps, fi_configs):
+    """The FlashInfer JIT modules the steps need: (dtype, head_dim, tensorcore), with one shape each."""
+    mods = {}
+    for st in steps:
+        for cfg in st.fi_configs:
+            if cfg in fi_configs:
+                mods.setdefault((st.dtype, st.d, cfg == "tensorcore"), (st.Hq, st.Hkv))
+    return mods
+
+
+# ---- the GPU side -----------------------------------------------------------------------------------
+class DevHelpers:
+    """PersistentKV's exported device helpers (src/core/pkv_dev.h), through a private ctypes handle:
+    the streaming-read floor, launch latency and device info.  None of them is in the binding."""
+
+    class Info(ctypes.Structure):
+        _fields_ = [("name", ctypes.c_char * 128), ("sms", ctypes.c_int32), ("cc_major", ctypes.c_int32),
+                    ("cc_minor", ctypes.c_int32), ("runtime_version", ctypes.c_int32),
+                    ("driver_version", ctypes.c_int32), ("l2_bytes", ctypes.c_int64), ("mem_bytes", ctypes.c_int64)]
+
+    def __init__(self):
+        import persistentkv as pkv
+        from persistentkv import _lib as L
+        self.dll = ctypes.CDLL(pkv.library_path)  # same library, own function objects
+        vp, sz, P = ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER
+        self.dll.pkv_dev_time_read.argtypes = [vp, vp, sz, sz, ctypes.c_int32, P(ctypes.c_double)]
+        self.dll.pkv_dev_time_read.restype = ctypes.c_int
+        self.dll.pkv_dev_launch_latency.argtypes = [vp, P(ctypes.c_double), P(ctypes.c_double)]
+        self.dll.pkv_dev_launch_latency.restype = ctypes.c_int
+        self.dll.pkv_dev_get_info.argtypes = [vp, P(self.Info)]
+        self.dll.pkv_dev_get_info.restype = ctypes.c_int
+        self.dll.pkv_context_last_error.argtypes = [vp]
+        self.dll.pkv_context_last_error.restype = ctypes.c_char_p
+        cfg = L.ContextConfig()
+        L.lib.pkv_context_config_default(ctypes.byref(cfg))
+        cfg.backend = L.BACKEND_CUDA
+        ctx = ctypes.c_void_p()
+        L.check(L.lib.pkv_context_create(ctypes.byref(cfg), ctypes.byref(ctx)), call="pkv_context_create")
+        self.ctx = ctx
+        self._free = L.lib.pkv_context_free
+
+    def _check(self, st, what):
+        if st != 0:
+            raise RuntimeError(f"{what}: {self.dll.pkv_context_last_error(self.ctx).decode(errors='replace')}")
+
+    def time_read(self, ptr, buf_bytes, nbytes, reps):
+        us = ctypes.c_double()
+        self._check(self.dll.pkv_dev_time_read(self.ctx, ptr, buf_bytes, nbytes, reps, ctypes.byref(us)),
+                    "pkv_dev_time_read")
+        return us.value
+
+    def launch_latency(self):
+        a, b = ctypes.c_double(), ctypes.c_double()
+        self._check(self.dll.pkv_dev_launch_latency(self.ctx, ctypes.byref(a), ctypes.byref(b)), "launch latency")
+        return a.value, b.value
+
+    def info(self):
+        i = self.Info()
+        self._check(self.dll.pkv_dev_get_info(self.ctx, ctypes.byref(i)), "pkv_dev_get_info")
+        return {"name": i.name.decode(), "sms": i.sms, "cc": f"{i.cc_major}.{i.cc_minor}", "l2_bytes": i.l2_bytes,
+                "mem_bytes": i.mem_bytes, "cuda_runtime": i.runtime_version, "cuda_driver": i.driver_version}
+
+
+def _pct(sorted_vals, q):
+    i = int(q * (len(sorted_vals) - 1) + 0.5)
+    return sorted_vals[max(0, min(len(sorted_vals) - 1, i))]
+
+
+class Gpu:
+    def __init__(self, args, flat_bytes):
+        import torch
+        self.torch, self.args = torch, args
+        if not torch.cuda.is_available():
+            raise SystemExit("torch sees no CUDA device (use --dry-run on a machine without a GPU)")
+        self.dev = torch.device("cuda", 0)
+        torch.cuda.set_device(self.dev)
+        self.tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}
+        flat_bytes = -(-flat_bytes // (2 << 20)) * (2 << 20)
+        log(f"allocating the flat K/V buffer: {flat_bytes / 2 ** 30:.1f} GiB")
+        self.flat = torch.empty(flat_bytes, dtype=torch.uint8, device=self.dev)
+        self.flat_bytes = flat_bytes
+        self.filled = None
+        self.has_sleep = hasattr(torch.cuda, "_sleep")
+        if not self.has_sleep:
+            log("warning: torch.cuda._sleep is missing: runs are not queued behind a spin")
+        self.cycles_per_us = self._calibrate_spin()
+        try:
+            self.devh = DevHelpers()
+        except Exception as e:  # an older library or a CPU build: torch floors only
+            log(f"PersistentKV device helpers unavailable ({e}); floors use torch.sum")
+            self.devh = None
+        self.fi_wrappers = {}
+        self.pkv_wrappers = {}
+
+    # -- data --
+    def fill(self, dtype):
+        if self.filled != dtype:
+            t0 = time.perf_counter()
+            self.flat.view(self.tdt[dtype]).uniform_(-1.0, 1.0)
+            self.torch.cuda.synchronize()
+            self.filled = dtype
+            log(f"filled {self.flat_bytes / 2 ** 30:.1f} GiB with uniform [-1, 1] {dtype} "
+                f"({(time.perf_counter() - t0) * 1e3:.0f} ms)")
+
+    def pools(self, st):
+        """K and V views per rotation: [P, ps, Hkv, d] (NHD) or [P, Hkv, ps, d] (HND)."""
+        self.fill(st.dtype)
+        P, R, pe = st.pages, st.rotations, st.page_elems
+        x = self.flat.view(self.tdt[st.dtype])
+        shape = ((R * P, st.page_size, st.Hkv, st.d) if st.layout == "NHD" else (R * P, st.Hkv, st.page_size, st.d))
+        K = x[: R * P * pe].view(shape)
+        V = x[R * P * pe: 2 * R * P * pe].view(shape)
+        return [K[r * P:(r + 1) * P] for r in range(R)], [V[r * P:(r + 1) * P] for r in range(R)]
+
+    # -- timing --
+    def _calibrate_spin(self):
+        torch = self.torch
+        if not self.has_sleep:
+            return 0.0
+        torch.cuda._sleep(1000)
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        a.record()
+        torch.cuda._sleep(2_000_000)
+        b.record()
+        torch.cuda.synchronize()
+        us = a.elapsed_time(b) * 1e3
+        return 2_000_000 / max(us, 1.0)
+
+    def spin(self, us):
+        if self.has_sleep and us > 0:
+            self.torch.cuda._sleep(int(us * self.cycles_per_us))
+
+    def time_calls(self, call, nrot, reps, warmup=None, batch=16):
+        """Kernel time of call(r) (r: rotation): CUDA events around each call, calls queued in batches
+        behind a spin sized from the measured host enqueue time.  Returns a dict of us."""
+        torch, E = self.torch, (lambda: self.torch.cuda.Event(enable_timing=True))
+        warmup = self.args.warmup if warmup is None else warmup
+        w = max(warmup, 2)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for i in range(w):  # host enqueue cost (also warms caches of both libraries)
+            call(i % nrot)
+        host_us = (time.perf_counter() - t0) / w * 1e6
+        torch.cuda.synchronize()
+        ev = [(E(), E()) for _ in range(w)]
+        self.spin(1.5 * w * host_us + 20)
+        for i, (a, b) in enumerate(ev):  # queued: an estimate of the device time alone
+            a.record()
+            call(i % nrot)
+            b.record()
+        torch.cuda.synchronize()
+        k_est = min(a.elapsed_time(b) for a, b in ev) * 1e3
+        spin_us = min(50000.0, max(20.0, 1.25 * batch * host_us - (batch - 1) * k_est))
+        ev = [(E(), E()) for _ in range(reps)]
+        for i, (a, b) in enumerate(ev):
+            if i % batch == 0:
+                self.spin(spin_us)
+            a.record()
+            call((w + i) % nrot)
+            b.record()
+        torch.cuda.synchronize()
+        s = sorted(a.elapsed_time(b) * 1e3 for a, b in ev)
+        return {"us": statistics.median(s), "p10_us": _pct(s, 0.1), "p90_us": _pct(s, 0.9), "min_us": s[0],
+                "reps": reps, "host_us": host_us, "spin_us": spin_us}
+
+    def host_times(self, fn, reps, sync_inside=True):
+        """Median host-clock time of fn() bracketed by device syncs."""
+        torch = self.torch
+        v = []
+        for i in range(reps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            fn(i)
+            if sync_inside:
+                torch.cuda.synchronize()
+            v.append((time.perf_counter() - t0) * 1e6)
+        return statistics.median(v)
+
+    # -- ceilings --
+    def torch_read_us(self, nbytes, reps):
+        x = self.flat.view(self.torch.float32)
+        n = max(1, nbytes // 4)
+        windows = max(1, x.numel() // n)
+        return self.time_calls(lambda r: x[r * n:(r + 1) * n].sum(), windows, reps)["us"]
+
+    def floor_us(self, nbytes, reps):
+        if nbytes < 16:
+            return None, None
+        if self.devh is not None and self.args.floor == "pkv":
+            return self.devh.time_read(self.flat.data_ptr(), self.flat_bytes, nbytes, reps), "pkv_dev_time_read"
+        return self.torch_read_us(nbytes, reps), "torch.sum(float32 view)"
+
+    def ceilings(self):
+        nb = 4 << 30
+        out = {"read_bytes": nb}
+        out["torch_sum_us"] = self.torch_read_us(nb, 10)
+        out["torch_sum_gbps"] = nb / (out["torch_sum_us"] * 1e3)
+        if self.devh is not None:
+            us = self.devh.time_read(self.flat.data_ptr(), self.flat_bytes, nb, 10)
+            out["pkv_read_us"], out["pkv_read_gbps"] = us, nb / (us * 1e3)
+            out["empty_launch_us"], out["graph_launch_us"] = self.devh.launch_latency()
+        best = max(out.get("pkv_read_gbps", 0.0), out["torch_sum_gbps"])
+        out["read_gbps"] = best
+        out["read_kernel"] = ("pkv_dev_time_read (16-byte loads, best of 3 grids)"
+                              if best == out.get("pkv_read_gbps") else "torch.sum over a float32 view")
+        return out
+
+    # -- libraries --
+    def fi_wrapper(self, cfg):
+        import flashinfer
+        key = (self.args.layout, cfg)
+        if key not in self.fi_wrappers:
+            ws = self.torch.zeros(128 << 20, dtype=self.torch.uint8, device=self.dev)
+            self.fi_wrappers[key] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                ws, self.args.layout, use_tensor_cores=(cfg == "tensorcore"))
+        return self.fi_wrappers[key]
+
+    def pkv_wrapper(self, route):
+        import persistentkv as pkv
+        if route not in self.pkv_wrappers:
+            self.pkv_wrappers[route] = pkv.BatchDecodeWithPagedKVCacheWrapper(
+                kv_layout=self.args.layout, backend="cuda")
+        return self.pkv_wrappers[route]
+
+
+def nan_count(a):
+    return int(a.isnan().sum().item())
+
+
+def rel_err(a, b):
+    """(relative L2 of a against b, max abs difference, NaN count of a), in float64."""
+    a64, b64 = a.double(), b.double()
+    nan = int(a64.isnan().sum().item())
+    d = (a64 - b64)
+    den = b64.norm().item()
+    return (d.norm().item() / den if den > 0 else d.norm().item()), d.abs().max().item(), nan
+
+
+def pick_ref_rows(lens, budget=300_000):
+    order = [int(lens.argmax()), int(lens.argmin()), 0, len(lens) - 1]
+    rows, used = [], 0
+    for r in order:
+        if r in rows or (rows and used + int(lens[r]) > budget):
+            continue
+        rows.append(r)
+        used += int(lens[r])
+        if len(rows) == 3:
+            break
+    return rows
+
+
+def torch_reference(torch, st, q, K0, V0, rows):
+    """float64 attention of the given rows over rotation 0: [len(rows), Hq, d]."""
+    outs = []
+    scale = 1.0 / math.sqrt(st.d)
+    idx_all = torch.as_tensor(st.indices, device=K0.device, dtype=torch.long)
+    for r in rows:
+        a, b, n = int(st.indptr[r]), int(st.indptr[r + 1]), int(st.lens[r])
+        idx = idx_all[a:b]
+        k, v = K0[idx], V0[idx]
+        if st.layout == "HND":  # [p, Hkv, ps, d] -> [p, ps, Hkv, d]
+            k, v = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)
+        k = k.reshape(-1, st.Hkv, st.d)[:n].double()
+        v = v.reshape(-1, st.Hkv, st.d)[:n].double()
+        qq = q[r].double().view(st.Hkv, st.G, st.d)
+        s = torch.einsum("hgd,nhd->hgn", qq, k) * scale
+        p = torch.softmax(s, dim=-1)
+        outs.append(torch.einsum("hgn,nhd->hgd", p, v).reshape(st.Hq, st.d))
+    return torch.stack(outs)
+
+
+def measure_step(gpu, st, args):
+    """Every measurement of one step; returns the row dict."""
+    torch = gpu.torch
+    row = base_row(st, args)
+    problems, errors = [], []
+    Ks, Vs = gpu.pools(st)
+    R = st.rotations
+    tdt = gpu.tdt[st.dtype]
+    gen = torch.Generator(device=gpu.dev)
+    gen.manual_seed(zlib.crc32(st.key().encode()))
+    q = torch.empty(st.B, st.Hq, st.d, dtype=tdt, device=gpu.dev).uniform_(-1.0, 1.0, generator=gen)
+    indptr_h = torch.from_numpy(st.indptr)
+    last_h = torch.from_numpy(st.last_page_len)
+    indices_d = torch.from_numpy(st.indices).to(gpu.dev)
+    reps, wall_reps = st.reps, args.wall_reps
+    tol = TOL[st.dtype]
+    ref_rows = pick_ref_rows(st.lens) if not args.no_reference else []
+    ref = torch_reference(torch, st, q, Ks[0], Vs[0], ref_rows) if ref_rows else None
+    row["ref_rows"] = ref_rows
+
+    # floor of the step: a streaming read of its K/V bytes, timed like the steps
+    fl, kind = gpu.floor_us(st.kv_bytes, min(args.floor_reps, reps))
+    row["floor_us"], row["floor_kernel"] = fl, kind
+
+    def check_ref(name, out):
+        if ref is None:
+            return None
+        e, m, _ = rel_err(out[ref_rows], ref)
+        if not (e <= tol):
+            problems.append(f"{name}: rel err {e:.2e} against the float64 reference")
+        return e
+
+    # ---- FlashInfer ----
+    fi, fi_out = {}, {}
+    plan_kw = dict(q_data_type=tdt, kv_data_type=tdt)
+    if "cudacore" in args.fi_configs and "cudacore" not in st.fi_configs:
+        fi["cudacore"] = {"skipped": f"G={st.G}: FlashInfer's CUDA-core decode takes G in {FI_CUDACORE_GROUPS}"}
+    for cfg in st.fi_configs:
+        if cfg not in args.fi_configs:
+            continue
+        try:
+            w = gpu.fi_wrapper(cfg)
+
+            def fplan(_=None, w=w):
+                w.plan(indptr_h, indices_d, last_h, st.Hq, st.Hkv, st.d, st.page_size, **plan_kw)
+            fplan()
+            out = torch.full_like(q, float("nan"))
+            w.run(q, (Ks[0], Vs[0]), out=out)
+            torch.cuda.synchronize()
+            fi_out[cfg] = out.clone()
+            t = gpu.time_calls(lambda r, w=w, out=out: w.run(q, (Ks[r], Vs[r]), out=out), R, reps)
+            nan = t["nan_outputs"] = nan_count(fi_out[cfg])
+            t["ref_rel_err"] = check_ref(f"FlashInfer {cfg}", fi_out[cfg])
+            t["plan_us"] = gpu.host_times(fplan, wall_reps)
+            fi[cfg] = t
+            if nan:
+                problems.append(f"FlashInfer {cfg}: {nan} NaN outputs")
+        except Exception as e:  # a configuration FlashInfer refuses: recorded, not fatal
+            fi[cfg] = {"error": f"{type(e).__name__}: {e}"}
+            errors.append(f"FlashInfer {cfg}: {type(e).__name__}: {e}")
+            torch.cuda.synchronize()
+    row["fi"] = fi
+    ok_fi = {c: v for c, v in fi.items() if "us" in v}
+    best_fi = min(ok_fi, key=lambda c: ok_fi[c]["us"]) if ok_fi else None
+    row["fi_best_config"] = best_fi
+    if best_fi:
+        row["fi_best_us"] = ok_fi[best_fi]["us"]
+        row["fi_plan_us"] = ok_fi[best_fi]["plan_us"]
+        if len(fi_out) == 2:
+            row["fi_cudacore_vs_tensorcore_rel_err"] = rel_err(fi_out["cudacore"], fi_out["tensorcore"])[0]
+
+    # ---- PersistentKV ----
+    pk, pk_out = {}, {}
+    for route in args.routes:
+        try:
+            w = gpu.pkv_wrapper(route)
+
+            def pplan(_=None, w=w, route=route):
+                w.plan(st.indptr, st.indices, st.lens, st.Hq, st.Hkv, st.d, st.page_size, num_pages=st.pages,
+                       q_data_type=st.dtype, route=route)
+            pplan()
+            out = torch.full_like(q, float("nan"))
+            w.run(q, Ks[0], Vs[0], out=out)
+            torch.cuda.synchronize()
+            pk_out[route] = out.clone()
+            t = gpu.time_calls(lambda r, w=w, out=out: w.run(q, Ks[r], Vs[r], out=out), R, reps)
+            t["route_used"] = w.route
+            c = w.counters or {}
+            t.update({k: c.get(k) for k in ("launches", "tasks", "merge_state_bytes")})
+            nan = t["nan_outputs"] = nan_count(pk_out[route])
+            if nan:
+                problems.append(f"PersistentKV {route}: {nan} NaN outputs")
+            if best_fi:
+                e, m, _ = rel_err(pk_out[route], fi_out[best_fi])
+                t["rel_err_vs_fi"], t["max_abs_vs_fi"] = e, m
+                if not (e <= tol):
+                    problems.append(f"PersistentKV {route} vs FlashInfer {best_fi}: rel err {e:.2e} (max abs {m:.2e})")
+            t["ref_rel_err"] = check_ref(f"PersistentKV {route}", pk_out[route])
+            if route == "auto":
+                t["plan_us"] = gpu.host_times(pplan, wall_reps)
+            pk[route] = t
+        except Exception as e:
+            pk[route] = {"error": f"{type(e).__name__}: {e}"}
+            problems.append(f"PersistentKV {route}: {type(e).__name__}: {e}")
+            torch.cuda.synchronize()
+    row["pkv"] = pk
+    ok_pk = {r: v for r, v in pk.items() if "us" in v}
+    best_pk = min(ok_pk, key=lambda r: ok_pk[r]["us"]) if ok_pk else None
+    row["pkv_best_route"] = best_pk
+    if best_pk:
+        row["pkv_best_us"] = ok_pk[best_pk]["us"]
+        row["pkv_best_route_used"] = ok_pk[best_pk]["route_used"]
+    if "auto" in ok_pk:
+        row["pkv_auto_us"] = ok_pk["auto"]["us"]
+        row["pkv_auto_route_used"] = ok_pk["auto"]["route_used"]
+        row["pkv_plan_us"] = ok_pk["auto"].get("plan_us")
+    errs = [v["rel_err_vs_fi"] for v in ok_pk.values() if v.get("rel_err_vs_fi") is not None]
+    row["max_rel_err"] = max(errs) if errs else None
+    row["max_abs_err"] = max((v["max_abs_vs_fi"] for v in ok_pk.values() if "max_abs_vs_fi" in v), default=None)
+
+    # ---- CUDA graphs: one graph per rotation, replayed like the eager runs ----
+    if not args.no_graphs:
+        ng = min(R, args.graph_rotations, max(2, -(-(256 << 20) // max(st.kv_bytes, 1))))
+        row["graph_rotations"] = ng
+        pool = torch.cuda.graph_pool_handle()
+
+        def graph_time(label, run_on, eager_out):
+            graphs = []
+            try:
+                s = torch.cuda.Stream()
+                s.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
+                    run_on(0)
+                torch.cuda.current_stream().wait_stream(s)
+                torch.cuda.synchronize()
+                for r in range(ng):
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g, pool=pool):
+                        res = run_on(r)
+                    graphs.append((g, res))
+                graphs[0][0].replay()
+                torch.cuda.synchronize()
+                e = rel_err(graphs[0][1], eager_out)[0]
+                if not (e <= tol):
+                    problems.append(f"{label} graph replay vs eager: rel err {e:.2e}")
+                t = gpu.time_calls(lambda r: graphs[r][0].replay(), ng, reps)
+                t["rel_err_vs_eager"] = e
+                return t
+            except Exception as ex:
+                torch.cuda.synchronize()
+                errors.append(f"{label} graph: {type(ex).__name__}: {ex}")
+                return {"error": f"{type(ex).__name__}: {ex}"}
+            finally:
+                del graphs
+
+        graphs = {}
+        if best_fi:
+            try:
+                import flashinfer
+                gw = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                    torch.zeros(128 << 20, dtype=torch.uint8, device=gpu.dev), st.layout, use_cuda_graph=True,
+                    use_tensor_cores=(best_fi == "tensorcore"),
+                    paged_kv_indptr_buffer=torch.empty(st.B + 1, dtype=torch.int32, device=gpu.dev),
+                    paged_kv_indices_buffer=torch.empty(max(st.pages, 1), dtype=torch.int32, device=gpu.dev),
+                    paged_kv_last_page_len_buffer=torch.empty(st.B, dtype=torch.int32, device=gpu.dev))
+                gw.plan(indptr_h, indices_d, last_h, st.Hq, st.Hkv, st.d, st.page_size, **plan_kw)
+                gout = torch.full_like(q, float("nan"))
+
+                def fi_run(r, gw=gw, gout=gout):
+                    gw.run(q, (Ks[r], Vs[r]), out=gout)
+                    return gout
+                graphs["fi"] = graph_time(f"FlashInfer {best_fi}", fi_run, fi_out[best_fi])
+                graphs["fi"]["config"] = best_fi
+                del gw
+            except Exception as ex:
+                graphs["fi"] = {"error": f"{type(ex).__name__}: {ex}"}
+                errors.append(f"FlashInfer graph wrapper: {type(ex).__name__}: {ex}")
+        for label, route in (("pkv_auto", "auto"), ("pkv_best", best_pk)):
+            if route is None or route not in ok_pk:
+                continue
+            if label == "pkv_best" and route == "auto":
+                graphs["pkv_best"] = dict(graphs.get("pkv_auto", {}), route=route)
+                continue
+            w = gpu.pkv_wrapper(route)
+            gout = torch.full_like(q, float("nan"))
+
+            def pk_run(r, w=w, gout=gout):
+                w.run(q, Ks[r], Vs[r], out=gout)
+                return gout
+            graphs[label] = graph_time(f"PersistentKV {route}", pk_run, pk_out[route])
+            graphs[label]["route"] = route
+        row["graphs"] = graphs
+        row["fi_graph_us"] = graphs.get("fi", {}).get("us")
+        row["pkv_graph_auto_us"] = graphs.get("pkv_auto", {}).get("us")
+        row["pkv_graph_best_us"] = graphs.get("pkv_best", {}).get("us")
+
+    # ---- wall: plan + run + sync on the host clock (after the graphs: re-planning may move buffers) ----
+    if best_fi:
+        w = gpu.fi_wrapper(best_fi)
+        out = torch.empty_like(q)
+
+        def fwall(i, w=w, out=out):
+            w.plan(indptr_h, indices_d, last_h, st.Hq, st.Hkv, st.d, st.page_size, **plan_kw)
+            w.run(q, (Ks[i % R], Vs[i % R]), out=out)
+        fwall(0)
+        row["fi_wall_us"] = gpu.host_times(fwall, wall_reps)
+    if "auto" in ok_pk:
+        w = gpu.pkv_wrapper("auto")
+        out = torch.empty_like(q)
+
+        def pwall(i, w=w, out=out):
+            w.plan(st.indptr, st.indices, st.lens, st.Hq, st.Hkv, st.d, st.page_size, num_pages=st.pages,
+                   q_data_type=st.dtype, route="auto")
+            w.run(q, Ks[i % R], Vs[i % R], out=out)
+        pwall(0)
+        row["pkv_wall_us"] = gpu.host_times(pwall, wall_reps)
+
+    row["problems"], row["errors"] = problems, errors
+    derive(row, gpu.read_gbps)
+    del Ks, Vs
+    return row
+
+
+# ---- rows --------------------------------------------------------------------------------------------
+def base_row(st, args):
+    r = {"group": st.group, "name": st.name, "shape": st.shape, "dtype": st.dtype, "layout": st.layout,
+         "Hq": st.Hq, "Hkv": st.Hkv, "d": st.d, "G": st.G, "page_size": st.page_size, "B": st.B,
+         "total_tokens": st.total_tokens, "kv_bytes": st.kv_bytes, "kv_mb": st.kv_bytes / 1e6,
+         "pages": st.pages, "rotations": st.rotations, "pool_mb": st.pool_bytes / 1e6, "reps": st.reps,
+         "lens_min": int(st.lens.min()), "lens_mean": float(st.lens.mean()), "lens_max": int(st.lens.max())}
+    if st.group != "trace":
+        r["lens"] = [int(x) for x in st.lens]
+    r.update(st.meta)
+    return r
+
+
+def derive(row, read_gbps):
+    """Ratios, fractions of the read ceiling and step efficiencies from the measured times."""
+    fi, pb, pa, fl = row.get("fi_best_us"), row.get("pkv_best_us"), row.get("pkv_auto_us"), row.get("floor_us")
+    kvb = row["kv_bytes"]
+
+    def frac(us):
+        return kvb / (us * 1e3) / read_gbps if us and read_gbps else None
+
+    row["ratio"] = fi / pb if fi and pb else None                 # > 1: PersistentKV is faster
+    row["ratio_auto"] = fi / pa if fi and pa else None
+    fg, pg = row.get("fi_graph_us"), row.get("pkv_graph_best_us")
+    row["ratio_graph"] = fg / pg if fg and pg else None
+    row["fi_frac_ceiling"], row["pkv_frac_ceiling"], row["pkv_auto_frac_ceiling"] = frac(fi), frac(pb), frac(pa)
+    row["fi_step_eff"] = fl / fi if fl and fi else None
+    row["pkv_step_eff"] = fl / pb if fl and pb else None
+    row["pkv_auto_step_eff"] = fl / pa if fl and pa else None
+    row["ok"] = not row.get("problems")
+
+
+def fake_row(st, args, rnd):
+    """A plausible made-up row for --dry-run (tests the writers and the plot, never a result)."""
+    row = base_row(st, args)
+    floor = 3.9 + st.kv_bytes / 4.55e6
+    fi_cc = floor / rnd.uniform(0.3, 0.95) if "cudacore" in st.fi_configs else None
+    fi_tc = floor / rnd.uniform(0.4, 1.0)
+    row["floor_us"], row["floor_kernel"] = floor, "dry-run"
+    row["fi"] = {"tensorcore": {"us": fi_tc, "plan_us": rnd.uniform(3, 9)}}
+    if fi_cc:
+        row["fi"]["cudacore"] = {"us": fi_cc, "plan_us": rnd.uniform(3, 9)}
+    best = min(row["fi"], key=lambda c: row["fi"][c]["us"])
+    row.update(fi_best_config=best, fi_best_us=row["fi"][best]["us"], fi_plan_us=row["fi"][best]["plan_us"],
+               fi_wall_us=row["fi"][best]["us"] + 9)
+    row["pkv"] = {r: {"us": floor / rnd.uniform(0.6, 0.98), "route_used": r if r != "auto" else "fused",
+                      "rel_err_vs_fi": rnd.uniform(1e-4, 6e-4)} for r in args.routes}
+    best_pk = min(row["pkv"], key=lambda r: row["pkv"][r]["us"])
+    row.update(pkv_best_route=best_pk, pkv_best_us=row["pkv"][best_pk]["us"],
+               pkv_best_route_used=row["pkv"][best_pk]["route_used"])
+    if "auto" in row["pkv"]:
+        row.update(pkv_auto_us=row["pkv"]["auto"]["us"], pkv_auto_route_used="fused", pkv_plan_us=rnd.uniform(1, 4),
+                   pkv_wall_us=row["pkv"]["auto"]["us"] + 6)
+    row["max_rel_err"] = max(v["rel_err_vs_fi"] for v in row["pkv"].values())
+    row["fi_graph_us"], row["pkv_graph_best_us"] = row["fi_best_us"] * 0.97, row["pkv_best_us"] * 0.98
+    row["problems"], row["errors"] = [], []
+    derive(row, 4600.0)
+    return row
+
+
+# ---- output --------------------------------------------------------------------------------------------
+def fmt(x, spec=".1f", none="-"):
+    return none if x is None else format(x, spec)
+
+
+def geomean(v):
+    v = [x for x in v if x]
+    return math.exp(sum(math.log(x) for x in v) / len(v)) if v else None
+
+
+def spread(v):
+    v = [x for x in v if x is not None]
+    if not v:
+        return None, None, None
+    return statistics.mean(v), min(v), max(v)
+
+
+def trace_aggregates(rows):
+    """Per (family, B): mean and range over the held-out seeds and sampled steps (workloads.md)."""
+    agg = {}
+    for r in rows:
+        if r["group"] == "trace":
+            agg.setdefault((r.get("family"), r.get("batch", r["B"])), []).append(r)
+    out = []
+    for (fam, b), rs in sorted(agg.items(), key=lambda kv: (FAMILIES.index(kv[0][0]) if kv[0][0] in FAMILIES
+                                                            else 99, kv[0][1])):
+        out.append({"family": fam, "B": b, "rows": len(rs), "seeds": len({r.get("seed") for r in rs}),
+                    "kv_mb": statistics.mean(r["kv_mb"] for r in rs),
+                    "ratio": spread([r.get("ratio") for r in rs]), "ratio_auto": spread([r.get("ratio_auto") for r in rs]),
+                    "fi_eff": spread([r.get("fi_step_eff") for r in rs]),
+                    "pkv_eff": spread([r.get("pkv_step_eff") for r in rs]),
+                    "pkv_auto_eff": spread([r.get("pkv_auto_step_eff") for r in rs]),
+                    "fi_us": statistics.mean(r["fi_best_us"] for r in rs if r.get("fi_best_us")) if any(
+                        r.get("fi_best_us") for r in rs) else None,
+                    "pkv_us": statistics.mean(r["pkv_best_us"] for r in rs if r.get("pkv_best_us")) if any(
+                        r.get("pkv_best_us") for r in rs) else None,
+                    "bad": sum(1 for r in rs if not r.get("ok", True))})
+    return out
+
+
+def group_summary(rows):
+    out = []
+    for g in ("anchor", "shape", "trace"):
+        rs = [r for r in rows if r["group"] == g]
+        if not rs:
+            continue
+
+        def stats(key):
+            v = sorted(r[key] for r in rs if r.get(key) is not None)
+            return (v[0], statistics.median(v), v[-1]) if v else (None, None, None)
+        out.append({"group": g, "rows": len(rs), "geomean_ratio": geomean([r.get("ratio") for r in rs]),
+                    "geomean_ratio_auto": geomean([r.get("ratio_auto") for r in rs]),
+                    "pkv_wins": sum(1 for r in rs if (r.get("ratio") or 0) > 1),
+                    "fi_eff": stats("fi_step_eff"), "pkv_eff": stats("pkv_step_eff"),
+                    "pkv_auto_eff": stats("pkv_auto_step_eff"), "bad": sum(1 for r in rs if not r.get("ok", True))})
+    return out
+
+
+def losses(rows):
+    out = []
+    for r in rows:
+        lb, la = (r.get("ratio") or 9) < 1, (r.get("ratio_auto") or 9) < 1
+        if lb or la:
+            out.append((r, lb, la))
+    return out
+
+
+def row_label(r):
+    if r["group"] == "anchor":
+        return r["name"]
+    if r["group"] == "shape":
+        return f"{r['shape']}:{r['dtype']} {r['name']}"
+    return r["name"]
+
+
+def finite(x):
+    """x with every non-finite float replaced by None (strict JSON)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [finite(v) for v in x]
+    if hasattr(x, "item") and not isinstance(x, (str, bytes)):  # numpy scalars
+        return finite(x.item())
+    return x
+
+
+def write_outputs(out_dir, meta, rows):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = dict(meta, rows=len(rows), disagreements=sum(1 for r in rows if not r.get("ok", True)),
+                summary=group_summary(rows), trace_aggregates=trace_aggregates(rows))
+    tmp = out_dir / "compare.json.tmp"
+    tmp.write_text(json.dumps(finite({"meta": meta, "rows": rows}), indent=1, allow_nan=False))
+    tmp.replace(out_dir / "compare.json")
+    (out_dir / "compare.md").write_text(markdown(meta, rows))
+
+
+def markdown(meta, rows):
+    L = []
+    ce = meta.get("ceilings", {})
+    L.append("# FlashInfer vs PersistentKV, same steps, pages and data, one process\n")
+    if meta.get("dry_run"):
+        L.append("**DRY RUN: made-up numbers that only test the writers. Not a measurement.**\n")
+    L.append(f"- GPU: {meta.get('gpu', {}).get('name', '?')}; CUDA (torch) {meta.get('cuda')}; torch "
+             f"{meta.get('torch')}; FlashInfer {meta.get('flashinfer')}; PersistentKV commit {meta.get('commit')}")
+    L.append(f"- date {meta.get('date')}; matrix `{meta.get('matrix')}`, layout {meta.get('layout')}, page size "
+             f"{meta.get('page_size')}; command `{meta.get('command')}`")
+    if ce:
+        L.append(f"- read ceiling {fmt(ce.get('read_gbps'), '.0f')} GB/s ({ce.get('read_kernel')}; torch.sum "
+                 f"{fmt(ce.get('torch_sum_gbps'), '.0f')} GB/s, PersistentKV read kernel "
+                 f"{fmt(ce.get('pkv_read_gbps'), '.0f')} GB/s, 4 GiB); empty launch "
+                 f"{fmt(ce.get('empty_launch_us'), '.2f')} us, graph replay {fmt(ce.get('graph_launch_us'), '.2f')} us")
+    L.append(f"- rows {meta.get('rows')}, rows that disagree or failed: **{meta.get('disagreements')}**"
+             + (f"; stopped early at the time limit, {len(meta.get('skipped', []))} steps not run"
+                if meta.get("truncated") else ""))
+    L.append("- ratio = FlashInfer best kernel us / PersistentKV kernel us (> 1: PersistentKV is faster); "
+             "of ceil = KV bytes / kernel time / read ceiling; eff = floor (streaming read of the step's bytes, "
+             "timed like the steps) / kernel time. Method: see the header of bench/compare_flashinfer.py.\n")
+    L.append("## Summary by workload\n")
+    L.append("| workload | rows | geomean ratio (best) | geomean ratio (auto) | PKV faster | FI eff min/med/max "
+             "| PKV eff min/med/max | PKV auto eff min/med/max | bad |")
+    L.append("| --- | ---: | ---: | ---: | ---: | --- | --- | --- | ---: |")
+    for s in meta.get("summary", []):
+        e = lambda t: "/".join(fmt(x, ".2f") for x in t)
+        L.append(f"| {s['group']} | {s['rows']} | {fmt(s['geomean_ratio'], '.2f')} | {fmt(s['geomean_ratio_auto'], '.2f')} "
+                 f"| {s['pkv_wins']} | {e(s['fi_eff'])} | {e(s['pkv_eff'])} | {e(s['pkv_auto_eff'])} | {s['bad']} |")
+    ta = meta.get("trace_aggregates", [])
+    if ta:
+        L.append("\n## Traces: mean [min, max] over held-out seeds and sampled steps\n")
+        L.append("| family | B | rows | seeds | KV MB | FI us | PKV us | ratio | ratio auto | FI eff | PKV eff | bad |")
+        L.append("| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | ---: |")
+        sp = lambda t: "-" if t[0] is None else f"{t[0]:.2f} [{t[1]:.2f}, {t[2]:.2f}]"
+        for a in ta:
+            L.append(f"| {a['family']} | {a['B']} | {a['rows']} | {a['seeds']} | {a['kv_mb']:.0f} | {fmt(a['fi_us'])} "
+                     f"| {fmt(a['pkv_us'])} | {sp(a['ratio'])} | {sp(a['ratio_auto'])} | {sp(a['fi_eff'])} "
+                     f"| {sp(a['pkv_eff'])} | {a['bad']} |")
+    lo = losses(rows)
+    L.append(f"\n## Rows where PersistentKV loses ({len(lo)})\n")
+    if not lo:
+        L.append("None: PersistentKV (best route and auto) is at least as fast as FlashInfer's best on every row.")
+    for r, lb, la in lo:
+        which = "best route and auto" if lb and la else ("best route" if lb else "auto only")
+        L.append(f"- {r['group']} {row_label(r)} (B={r['B']}, {r['kv_mb']:.1f} MB, {which}): FlashInfer "
+                 f"{fmt(r.get('fi_best_us'))} us ({r.get('fi_best_config')}) vs PersistentKV "
+                 f"{fmt(r.get('pkv_best_us'))} us ({r.get('pkv_best_route_used')}), auto {fmt(r.get('pkv_auto_us'))} us "
+                 f"({r.get('pkv_auto_route_used')}); ratio {fmt(r.get('ratio'), '.2f')}, auto "
+                 f"{fmt(r.get('ratio_auto'), '.2f')}; step eff FI {fmt(r.get('fi_step_eff'), '.2f')}, PKV "
+                 f"{fmt(r.get('pkv_step_eff'), '.2f')}, floor {fmt(r.get('floor_us'))} us")
+    bad = [r for r in rows if not r.get("ok", True) or r.get("errors")]
+    if bad:
+        L.append("\n## Disagreements and errors\n")
+        for r in bad:
+            for p in r.get("problems", []):
+                L.append(f"- **{r['group']} {row_label(r)}**: {p}")
+            for p in r.get("errors", []):
+                L.append(f"- {r['group']} {row_label(r)} (recorded, not a disagreement): {p}")
+    L.append("\n## All rows\n")
+    L.append("| workload | step | shape | B | KV MB | FI us | FI cfg | FI plan us | FI wall us | PKV us | PKV route "
+             "| PKV auto us | PKV plan us | PKV wall us | ratio | ratio auto | FI graph us | PKV graph us "
+             "| FI of ceil | PKV of ceil | floor us | FI eff | PKV eff | max rel err | ok |")
+    L.append("| --- | --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: "
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
+    for r in rows:
+        L.append(f"| {r['group']} | {r['name']} | {r['shape']}:{r['dtype']} | {r['B']} | {r['kv_mb']:.1f} "
+                 f"| {fmt(r.get('fi_best_us'))} | {r.get('fi_best_config') or '-'} | {fmt(r.get('fi_plan_us'))} "
+                 f"| {fmt(r.get('fi_wall_us'))} | {fmt(r.get('pkv_best_us'))} | {r.get('pkv_best_route_used') or '-'} "
+                 f"| {fmt(r.get('pkv_auto_us'))} | {fmt(r.get('pkv_plan_us'))} | {fmt(r.get('pkv_wall_us'))} "
+                 f"| {fmt(r.get('ratio'), '.2f')} | {fmt(r.get('ratio_auto'), '.2f')} | {fmt(r.get('fi_graph_us'))} "
+                 f"| {fmt(r.get('pkv_graph_best_us'))} | {fmt(r.get('fi_frac_ceiling'), '.2f')} "
+                 f"| {fmt(r.get('pkv_frac_ceiling'), '.2f')} | {fmt(r.get('floor_us'))} | {fmt(r.get('fi_step_eff'), '.2f')} "
+                 f"| {fmt(r.get('pkv_step_eff'), '.2f')} | {fmt(r.get('max_rel_err'), '.1e')} "
+                 f"| {'yes' if r.get('ok', True) else '**NO**'} |")
+    return "\n".join(L) + "\n"
+
+
+def short_table(meta, rows):
+    """The few lines printed last on stdout (the device tool returns the tail of the output)."""
+    L = []
+    rs = [r for r in rows if r["group"] in ("anchor", "shape")]
+    if rs:
+        L.append(f"{'step':<26}{'B':>4}{'KV MB':>9}{'FI us':>9} {'cfg':<3}{'PKV us':>9} {'route':<10}{'auto us':>9}"
+                 f"{'ratio':>7}{'r.auto':>7}{'FIeff':>6}{'PKVeff':>7} ok")
+        for r in rs:
+            cfg = {"cudacore": "CC", "tensorcore": "TC"}.get(r.get("fi_best_config"), "-")
+            L.append(f"{row_label(r)[:25]:<26}{r['B']:>4}{r['kv_mb']:>9.1f}{fmt(r.get('fi_best_us')):>9} {cfg:<3}"
+                     f"{fmt(r.get('pkv_best_us')):>9} {(r.get('pkv_best_route_used') or '-')[:9]:<10}"
+                     f"{fmt(r.get('pkv_auto_us')):>9}{fmt(r.get('ratio'), '.2f'):>7}{fmt(r.get('ratio_auto'), '.2f'):>7}"
+                     f"{fmt(r.get('fi_step_eff'), '.2f'):>6}{fmt(r.get('pkv_step_eff'), '.2f'):>7} "
+                     f"{'y' if r.get('ok', True) else 'NO'}")
+    ta = trace_aggregates(rows)
+    if ta:
+        L.append("")
+        L.append(f"{'trace':<10}{'B':>4}{'rows':>5}{'KV MB':>8}{'ratio mean[min,max]':>22}{'auto mean':>10}"
+                 f"{'FIeff':>7}{'PKVeff':>7}{'bad':>4}")
+        for a in ta:
+            r = a["ratio"]
+            rr = "-" if r[0] is None else f"{r[0]:.2f} [{r[1]:.2f},{r[2]:.2f}]"
+            L.append(f"{a['family']:<10}{a['B']:>4}{a['rows']:>5}{a['kv_mb']:>8.0f}{rr:>22}"
+                     f"{fmt(a['ratio_auto'][0], '.2f'):>10}{fmt(a['fi_eff'][0], '.2f'):>7}{fmt(a['pkv_eff'][0], '.2f'):>7}"
+                     f"{a['bad']:>4}")
+    L.append("")
+    for s in group_summary(rows):
+        L.append(f"{s['group']}: {s['rows']} rows, geomean ratio {fmt(s['geomean_ratio'], '.2f')} (auto "
+                 f"{fmt(s['geomean_ratio_auto'], '.2f')}), PKV faster on {s['pkv_wins']}, median eff FI "
+                 f"{fmt(s['fi_eff'][1], '.2f')} PKV {fmt(s['pkv_eff'][1], '.2f')}, bad {s['bad']}")
+    ce = meta.get("ceilings", {})
+    nbad = sum(1 for r in rows if not r.get("ok", True))
+    L.append(f"read ceiling {fmt(ce.get('read_gbps'), '.0f')} GB/s; rows {len(rows)}; PKV loses on "
+             f"{len(losses(rows))}; disagreements {nbad}" + ("; TRUNCATED at the time limit" if meta.get("truncated") else ""))
+    return "\n".join(L)
+
+
+# ---- meta ----------------------------------------------------------------------------------------------
+def commit_id():
+    c = os.environ.get("PKV_COMMIT")
+    if c:
+        return c
+    try:
+        c = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                           text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return (c + ("+dirty" if dirty else "")) if c else "unknown"
+    except Exception:
+        return "unknown"
+
+
+def base_meta(args):
+    m = {"tool": "bench/compare_flashinfer.py", "commit": commit_id(),
+         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+         "command": " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv), "python": platform.python_version(),
+         "matrix": args.matrix, "layout": args.layout, "page_size": args.page_size, "reps": args.reps,
+         "trace_reps": args.trace_reps, "wall_reps": args.wall_reps, "floor_reps": args.floor_reps,
+         "warmup": args.warmup, "rotate_gib": args.rotate_gib, "routes": args.routes, "fi_configs": args.fi_configs,
+         "graphs": not args.no_graphs, "graph_rotations": args.graph_rotations,
+         "method": {
+             "kernel_time": "CUDA events around one run; runs queued in batches of 16 behind torch.cuda._sleep sized "
+                            "from the host enqueue time; median",
+             "rotation": "pool [R*P] views, rotation r = pool[r*P:(r+1)*P], same scattered page ids in [0, P)",
+             "data": "uniform [-1, 1] K, V and q (torch uniform_)",
+             "fi": "BatchDecodeWithPagedKVCacheWrapper, 128 MB workspace, plan(indptr host, indices device, "
+                   "last_page_len host) once per step; run(q, (k, v), out=)",
+             "pkv": "BatchDecodeWithPagedKVCacheWrapper(backend='cuda'); plan(host numpy tables, route=...); "
+                    "run(q, k, v, out=)",
+             "wall": "host clock: sync, plan, run, sync; median of wall_reps",
+             "plan": "host clock: sync, plan, sync; median of wall_reps",
+             "graphs": "one CUDA graph per rotation of one run, replays timed like eager runs",
+             "floor": "streaming read of the step's true K/V bytes, timed like the steps",
+             "trace_steps": "the listed steps of each trace (first = 0, mid = n // 2, last = n - 1)",
+             "ratio": "FlashInfer best kernel us / PersistentKV kernel us",
+         }}
+    return m
+
+
+# ---- JIT warm-up (parallel subprocesses, one per FlashInfer module) ---------------------------------------
+def jit_one(spec, layout):
+    """Child: compile and load one FlashInfer module by running a tiny problem on it."""
+    import torch
+    import flashinfer
+    dtype, d, cfg, hq, hkv = spec.split(",")
+    d, hq, hkv = int(d), int(hq), int(hkv)
+    tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    dev = torch.device("cuda", 0)
+    t0 = time.perf_counter()
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(16 << 20, dtype=torch.uint8, device=dev), layout,
+                                                      use_tensor_cores=(cfg == "tensorcore"))
+    ps, n = 16, 64
+    indptr = torch.tensor([0, n // ps], dtype=torch.int32)
+    indices = torch.arange(n // ps, dtype=torch.int32, device=dev)
+    last = torch.tensor([ps], dtype=torch.int32)
+    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=tdt, kv_data_type=tdt)
+    shape = (n // ps, ps, hkv, d) if layout == "NHD" else (n // ps, hkv, ps, d)
+    k = torch.rand(shape, dtype=tdt, device=dev)
+    q = torch.rand(1, hq, d, dtype=tdt, device=dev)
+    o = w.run(q, (k, k.clone()))
+    torch.cuda.synchronize()
+    assert torch.isfinite(o).all()
+    print(f"[jit] {spec}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+
+
+def jit_warmup(mods, layout, jobs):
+    """Builds the modules in parallel child processes (ninja -j MAX_JOBS each); returns seconds."""
+    if not mods:
+        return 0.0
+    t0 = time.perf_counter()
+    ncpu = os.cpu_count() or 8
+    specs = [f"{dt},{d},{'tensorcore' if tc else 'cudacore'},{hq},{hkv}" for (dt, d, tc), (hq, hkv) in sorted(mods.items())]
+    jobs = max(1, min(jobs or len(specs), len(specs)))
+    env = dict(os.environ)
+    env.setdefault("MAX_JOBS", str(max(2, math.ceil(1.5 * ncpu / jobs))))
+    log(f"JIT warm-up: {len(specs)} FlashInfer modules, {jobs} at a time, MAX_JOBS={env['MAX_JOBS']}: {specs}")
+    pending, running, failed = list(specs), [], []
+    while pending or running:
+        while pending and len(running) < jobs:
+            s = pending.pop(0)
+            p = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--jit-one", s, "--layout", layout],
+                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            running.append((s, p))
+        time.sleep(0.5)
+        for s, p in list(running):
+            if p.poll() is not None:
+                running.remove((s, p))
+                outp = p.stdout.read() if p.stdout else ""
+                if p.returncode != 0:
+                    failed.append(s)
+                    log(f"JIT warm-up of {s} FAILED (exit {p.returncode}):\n{outp[-3000:]}")
+                else:
+                    log(outp.strip().splitlines()[-1] if outp.strip() else f"{s} done")
+    dt = time.perf_counter() - t0
+    log(f"JIT warm-up done in {dt:.0f} s" + (f"; failed: {failed}" if failed else ""))
+    return dt
+
+
+# ---- dry run ---------------------------------------------------------------------------------------------
+def dry_run(args, steps):
+    import numpy as np
+    import persistentkv as pkv
+    log("dry run: no CUDA; planning every step on the CPU backend with parallelism 132 (an H200's SMs)")
+    missing = [r for r in args.routes if r not in pkv.ROUTES]
+    assert not missing, f"the library does not know routes {missing} (it has {pkv.ROUTES})"
+    total_plans, t0 = 0, time.perf_counter()
+    w = pkv.BatchDecodeWithPagedKVCacheWrapper(kv_layout=args.layout, backend="cpu")
+    for st in steps:
+        for route in args.routes:
+            w.plan(st.indptr, st.indices, st.lens, st.Hq, st.Hkv, st.d, st.page_size, num_pages=st.pages,
+                   q_data_type=st.dtype, route=route, parallelism=132)
+            w.validate_plan()
+            total_plans += 1
+    log(f"{total_plans} plans made and validated in {time.perf_counter() - t0:.1f} s")
+    # the reference and the layouts, against the library's CPU backend (torch on the CPU)
+    try:
+        import torch
+        self_test_reference(torch, pkv, args)
+    except ImportError:
+        log("torch not importable here: reference self-test skipped")
+    # FlashInfer's API as used here
+    try:
+        check_flashinfer_api()
+    except ImportError as e:
+        log(f"flashinfer not importable here ({e}): API check skipped")
+    print_plan(args, steps)
+
+
+def self_test_reference(torch, pkv, args):
+    """torch_reference (gathers, layouts, GQA grouping) against PersistentKV's CPU backend."""
+    import numpy as np
+    for layout in ("NHD", "HND"):
+        for shape in ("paper", "g7", "mha", "d64"):
+            a = types.SimpleNamespace(page_size=16, layout=layout)
+            st = isolated_step("selftest", f"t_{layout}_{shape}", shape, "fp16", [37, 300, 16, 129], a, 1)
+            g = torch.Generator().manual_seed(1)
+            shp = ((st.pages, 16, st.Hkv, st.d) if layout == "NHD" else (st.pages, st.Hkv, 16, st.d))
+            K = (torch.rand(shp, generator=g) * 2 - 1).half()
+            V = (torch.rand(shp, generator=g) * 2 - 1).half()
+            q = (torch.rand(st.B, st.Hq, st.d, generator=g) * 2 - 1).half()
+            w = pkv.BatchDecodeWithPagedKVCacheWrapper(kv_layout=layout, backend="cpu")
+            w.plan(st.indptr, st.indices, st.lens, st.Hq, st.Hkv, st.d, 16, num_pages=st.pages, q_data_type="fp16")
+            o = w.run(q, K, V)
+            rows = list(range(st.B))
+            ref = torch_reference(torch, st, q, K, V, rows)
+            e, m, nan = rel_err(o.float(), ref)
+            assert e < 2e-3 and nan == 0, f"reference self-test {layout} {shape}: rel err {e:.2e}"
+            assert pick_ref_rows(st.lens) and len(pick_ref_rows(st.lens)) <= 3
+    log("reference self-test: torch_reference matches the PersistentKV CPU backend (NHD, HND; G 4, 7, 1; d 128, 64)")
+
+
+def check_flashinfer_api():
+    import inspect
+    os.environ.setdefault("FLASHINFER_CUDA_ARCH_LIST", "9.0a")  # no device query at import
+    import flashinfer
+    W = flashinfer.BatchDecodeWithPagedKVCacheWrapper
+    init = inspect.signature(W.__init__).parameters
+    for p in ("float_workspace_buffer", "kv_layout", "use_cuda_graph", "use_tensor_cores", "paged_kv_indptr_buffer",
+              "paged_kv_indices_buffer", "paged_kv_last_page_len_buffer"):
+        assert p in init, f"FlashInfer wrapper __init__ lacks {p}"
+    plan_impl = getattr(W, "_plan_impl", None) or W.plan
+    pp = inspect.signature(plan_impl).parameters
+    for p in ("q_data_type", "kv_data_type"):
+        assert p in pp, f"FlashInfer plan lacks {p}"
+    rp = inspect.signature(W.run).parameters
+    assert "out" in rp, "FlashInfer run lacks out="
+    log(f"FlashInfer {flashinfer.__version__}: wrapper, plan and run accept the arguments used here")
+
+
+def print_plan(args, steps):
+    mods = fi_modules(steps, args.fi_configs)
+    flat = max([8 << 30] + [s.pool_bytes for s in steps])
+    print(f"plan of runs: {len(steps)} steps, layout {args.layout}, page size {args.page_size}")
+    print(f"flat K/V buffer: {flat / 2 ** 30:.1f} GiB (largest pool; >= 8 GiB for the 4 GiB read ceiling)")
+    print(f"FlashInfer configs: {args.fi_configs}; JIT modules needed ({len(mods)}):")
+    for (dt, d, tc), (hq, hkv) in sorted(mods.items()):
+        print(f"  {dt} head_dim {d} {'tensor-core (fa2 prefill module)' if tc else 'CUDA-core decode module'}")
+    print(f"PersistentKV routes: {args.routes}; graphs: {'no' if args.no_graphs else 'yes'}")
+    est = 0.0
+    print(f"{'#':>4} {'group':<7}{'step':<32}{'shape':<10}{'B':>4}{'tokens':>9}{'KV MB':>9}{'R':>4}{'pool MB':>9}"
+          f"{'reps':>5} {'FI configs'}")
+    for i, s in enumerate(steps):
+        print(f"{i:>4} {s.group:<7}{s.name[:31]:<32}{s.shape + ':' + s.dtype:<10}{s.B:>4}{s.total_tokens:>9}"
+              f"{s.kv_bytes / 1e6:>9.1f}{s.rotations:>4}{s.pool_bytes / 1e6:>9.0f}{s.reps:>5} {','.join(s.fi_configs)}")
+        est += estimate_step_s(s, args)
+    by = {}
+    for s in steps:
+        by[s.group] = by.get(s.group, 0) + 1
+    print(f"steps by group: {by}; estimated measuring time {est / 60:.1f} min (+ FlashInfer JIT on first use)")
+
+
+def estimate_step_s(st, args):
+    """Rough seconds for one step: ~12 timed configurations + floor + wall, plus fixed overhead."""
+    floor_us = 3.9 + st.kv_bytes / 4.0e6
+    kern = floor_us / 0.8
+    runs = (len(st.fi_configs) + len(args.routes) + (0 if args.no_graphs else 3)) * (st.reps + 2 * args.warmup + 2)
+    runs += 3 * min(args.floor_reps, st.reps) + 4 * args.wall_reps
+    return 0.25 + runs * max(kern, 60.0) * 1e-6
+
+
+# ---- main ------------------------------------------------------------------------------------------------
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, help="output folder for compare.json and compare.md")
+    p.add_argument("--matrix", choices=("full", "quick"), default="full",
+                   help="full (default): 26 anchors, 30 shape rows, 4 families x 8 B x 5 seeds x 3 steps; quick: a smoke subset")
+    p.add_argument("--groups", default="anchors,shapes,traces", help="subset of anchors,shapes,traces")
+    p.add_argument("--anchors", help="anchor names (comma-separated; default: the matrix's)")
+    p.add_argument("--shapes", help="shape runs shape:dtype (e.g. g8:bf16,d64:bf16)")
+    p.add_argument("--shape-points", help="anchor points for the shape runs (default B1_N8192,...,B64_uniform)")
+    p.add_argument("--families", help="trace families (default uniform,bimodal,zipf,bucketed)")
+    p.add_argument("--batches", help="trace batch sizes (default 1,2,4,...,128)")
+    p.add_argument("--seeds", help="trace seeds (default the held-out 20260623..27)")
+    p.add_argument("--trace-steps", help="trace steps to sample: first, mid, last or numbers (default mid,first,last: measured in that order)")
+    p.add_argument("--layout", choices=("NHD", "HND"), default="NHD")
+    p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--routes", default=",".join(ROUTES), help="PersistentKV routes (default all six)")
+    p.add_argument("--fi-configs", default="cudacore,tensorcore", help="FlashInfer paths to time")
+    p.add_argument("--reps", type=int, default=100, help="timed runs per configuration, anchors and shapes")
+    p.add_argument("--trace-reps", type=int, default=30, help="timed runs per configuration, trace steps")
+    p.add_argument("--warmup", type=int, default=3, help="untimed runs before each timing (twice: host cost, then device estimate)")
+    p.add_argument("--wall-reps", type=int, default=10, help="plan and plan+run+sync repetitions")
+    p.add_argument("--floor-reps", type=int, default=20)
+    p.add_argument("--floor", choices=("pkv", "torch"), default="pkv", help="kernel for the step floor")
+    p.add_argument("--rotate-gib", type=float, default=2.0, help="rotate K/V over at least this much")
+    p.add_argument("--pool-cap-gib", type=float, default=48.0, help="largest K+V pool of one step")
+    p.add_argument("--graph-rotations", type=int, default=16, help="graphs captured per configuration and step")
+    p.add_argument("--no-graphs", action="store_true", help="time eager runs only")
+    p.add_argument("--no-reference", action="store_true", help="skip the float64 reference rows")
+    p.add_argument("--max-minutes", type=float, help="stop starting new steps after this long; outputs are written")
+    p.add_argument("--jit-warmup", action="store_true", help="first compile the FlashInfer modules in parallel")
+    p.add_argument("--jit-warmup-only", action="store_true", help="compile the FlashInfer modules, then exit")
+    p.add_argument("--jit-jobs", type=int, default=0, help="modules compiled at once (default all)")
+    p.add_argument("--jit-one", help=argparse.SUPPRESS)
+    p.add_argument("--dry-run", action="store_true", help="no CUDA: build and plan everything, print the plan, "
+                   "self-test the reference; with --out, write made-up rows to test the writers")
+    a = p.parse_args(argv)
+    a.routes = [r for r in a.routes.split(",") if r]
+    a.fi_configs = [c for c in a.fi_configs.split(",") if c]
+    bad = [r for r in a.routes if r not in ROUTES] + [c for c in a.fi_configs if c not in ("cudacore", "tensorcore")]
+    if bad:
+        p.error(f"unknown routes or FlashInfer configs: {bad}")
+    bad = [g for g in a.groups.split(",") if g not in ("anchors", "shapes", "traces")]
+    if bad:
+        p.error(f"unknown groups {bad}")
+    if not (a.dry_run or a.jit_one or a.jit_warmup_only) and not a.out:
+        p.error("--out DIR is required")
+    return a
+
+
+def main(argv=None):
+    t_start = time.perf_counter()
+    args = parse_args(argv)
+    if args.jit_one:
+        jit_one(args.jit_one, args.layout)
+        return 0
+    log(check_anchor_rule())
+    if args.jit_warmup_only:  # no PersistentKV needed: can run while the library builds
+        args.groups = ",".join(g for g in args.groups.split(",") if g != "traces") or "anchors"
+        steps = build_steps(args)  # traces use the paper shape, whose modules the anchors need anyway
+        jit_warmup(fi_modules(steps, args.fi_configs), args.layout, args.jit_jobs)
+        return 0
+    steps = build_steps(args)
+    log(f"{len(steps)} steps: " + ", ".join(f"{g} {sum(1 for s in steps if s.group == g)}"
+                                           for g in ("anchor", "shape", "trace")))
+    if args.dry_run:
+        dry_run(args, steps)
+        if args.out:
+            import random
+            rnd = random.Random(7)
+            meta = dict(base_meta(args), dry_run=True, gpu={"name": "none (dry run)"},
+                        ceilings={"read_gbps": 4600.0, "read_kernel": "dry-run"})
+            rows = [fake_row(s, args, rnd) for s in steps]
+            write_outputs(args.out, meta, rows)
+            log(f"dry run: wrote made-up rows to {args.out}/compare.json and compare.md")
+            print(short_table(meta, rows))
+        return 0
+
+    import torch
+    import persistentkv as pkv
+    import flashinfer
+    if not pkv.cuda_available():
+        raise SystemExit(f"{pkv.library_path} has no CUDA backend or sees no GPU (set PKV_LIBRARY to the CUDA build)")
+    meta = base_meta(args)
+    meta.update(torch=torch.__version__, cuda=torch.version.cuda, flashinfer=flashinfer.__version__,
+                pkv_library=str(pkv.library_path), gpu={"name": torch.cuda.get_device_name(0)})
+    if args.jit_warmup:
+        meta["jit_warmup_s"] = jit_warmup(fi_modules(steps, args.fi_configs), args.layout, args.jit_jobs)
+    flat = max([8 << 30] + [s.pool_bytes for s in steps])
+    gpu = Gpu(args, flat)
+    if gpu.devh is not None:
+        meta["gpu"] = gpu.devh.info()
+    gpu.fill("fp16")
+    ce = gpu.ceilings()
+    gpu.read_gbps = ce["read_gbps"]
+    meta["ceilings"] = ce
+    meta["spin_cycles_per_us"] = gpu.cycles_per_us
+    log(f"{meta['gpu'].get('name')}: read ceiling {ce['read_gbps']:.0f} GB/s ({ce['read_kernel']}); torch.sum "
+        f"{ce['torch_sum_gbps']:.0f} GB/s; spin clock {gpu.cycles_per_us:.0f} cycles/us")
+
+    budget = args.max_minutes * 60 if args.max_minutes else None
+    rows, skipped, last_write, longest = [], [], time.perf_counter(), 0.0
+    for i, st in enumerate(steps):
+        elapsed = time.perf_counter() - t_start
+        if budget is not None and elapsed + max(estimate_step_s(st, args), 1.5 * longest) + 10 > budget:
+            skipped = [s.key() for s in steps[i:]]
+            log(f"time limit: stopping before step {i + 1}/{len(steps)} ({st.key()}); {len(skipped)} steps not run")
+            break
+        t0 = time.perf_counter()
+        try:
+            row = measure_step(gpu, st, args)
+        except Exception as e:  # e.g. out of memory: record and go on
+            import traceback
+            traceback.print_exc()
+            row = base_row(st, args)
+            row.update(problems=[f"step failed: {type(e).__name__}: {e}"], errors=[], ok=False)
+            torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        longest = max(longest, dt)
+        row["seconds"] = dt
+        rows.append(row)
+        log(f"[{i + 1}/{len(steps)}] {st.key()} B={st.B} {st.kv_bytes / 1e6:.1f} MB: FI {fmt(row.get('fi_best_us'))} us "
+            f"({row.get('fi_best_config')}), PKV {fmt(row.get('pkv_best_us'))} us ({row.get('pkv_best_route_used')}), "
+            f"auto {fmt(row.get('pkv_auto_us'))} us, ratio {fmt(row.get('ratio'), '.2f')}, eff FI "
+            f"{fmt(row.get('fi_step_eff'), '.2f')} PKV {fmt(row.get('pkv_step_eff'), '.2f')}"
+            f"{'' if row.get('ok') else '  <-- ' + '; '.join(row.get('problems', []))} ({dt:.1f} s)")
+        if time.perf_counter() - last_write > 30:
+            write_outputs(args.out, dict(meta, partial=True, elapsed_s=time.perf_counter() - t_start), rows)
+            last_write = time.perf_counter()
+    meta.update(truncated=bool(skipped), skipped=skipped, elapsed_s=time.perf_counter() - t_start)
+    write_outputs(args.out, meta, rows)
+    log(f"wrote {args.out / 'compare.json'} and {args.out / 'compare.md'} ({meta['elapsed_s']:.0f} s)")
+    print(short_table(meta, rows))
+    bad = sum(1 for r in rows if not r.get("ok", True))
+    if bad:
+        log(f"{bad} rows disagree or failed (see compare.md)")
+    return 1 if bad or not rows else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""test_cli.py PKV - the pkv tool for real on the CPU backend: help, trace (golden checksum, file
+round trip), check, bench (Markdown + JSON with every counter; launches per step of bucketed and
+workqueue on the B8 bimodal anchor step), and bad options."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+pkv = sys.argv[1]
+passed = failed = 0
+
+
+def check(cond, what):
+    global passed, failed
+    if cond:
+        passed += 1
+    else:
+        failed += 1
+        print("FAIL:", what)
+
+
+def run(*args, rc=0):
+    p = subprocess.run([pkv, *args], capture_output=True, text=True, timeout=600)
+    check(p.returncode == rc, f"pkv {' '.join(args)} exited {p.returncode}, expected {rc}: {p.stderr[-500:]}")
+    return p
+
+
+for cmd in ("trace", "bench", "check"):
+    check("usage: pkv " + cmd in run(cmd, "--help").stdout, f"pkv {cmd} --help")
+run("nonsense", rc=2)
+run("bench", "--no-such-option", "1", rc=2)
+run("trace", "--family", "nope", rc=2)
+
+out = run("trace", "--family", "bimodal", "--seed", "20260623", "--show", "2").stdout
+check("checksum e54cc4d234228ff6" in out and "48 steps" in out, "bimodal trace checksum: " + out[:200])
+with tempfile.TemporaryDirectory() as tmp:
+    path = os.path.join(tmp, "t.csv")
+    run("trace", "--family", "zipf", "--seed", "7", "--out", path, "--show", "0")
+    a = run("trace", "--family", "zipf", "--seed", "7", "--show", "0").stdout.split("checksum")[1].split()[0]
+    b = run("trace", "--in", path, "--show", "0").stdout.split("checksum")[1].split()[0]
+    check(a == b, f"trace file round trip {a} != {b}")
+
+    out = run("check", "--backend", "cpu", "--count", "4").stdout
+    check("0 failed" in out, "pkv check: " + out[-300:])
+
+    js = os.path.join(tmp, "b.json")
+    out = run("bench", "--backend", "cpu", "--lens", "300,0,1,2000", "--reps", "1", "--wall-reps", "1",
+              "--json", js).stdout
+    check("| lens |" in out, "bench prints a Markdown table")
+    rows = json.load(open(js))["rows"]
+    check(len(rows) == 6, f"6 routes, got {len(rows)}")
+    for r in rows:
+        for k in ("kernel_us", "wall_us", "kv_bytes", "launches", "tasks", "merge_state_bytes", "achieved_gbps",
+                  "rel_err", "repro"):
+            check(k in r, f"row has {k}")
+        check(r["rel_err"] is not None and r["rel_err"] < 2e-3, f"{r['route']} rel_err {r['rel_err']}")
+        check(r["unwritten_outputs"] == 0, "outputs written")
+        check(r["kv_bytes"] == 2301 * 8 * 128 * 2 * 2, "kv bytes")
+
+    js = os.path.join(tmp, "a.json")
+    run("bench", "--backend", "cpu", "--anchor", "B8_bimodal", "--reps", "1", "--wall-reps", "1",
+        "--ctas-per-unit", "2", "--threads", "66", "--json", js)
+    rows = {r["route"]: r for r in json.load(open(js))["rows"]}
+    # 66 threads x 2 = a wave of 132 tasks, as on a GPU of 66 SMs: every route splits
+    check(rows["workqueue"]["launches"] == 2, f"workqueue launches {rows['workqueue']['launches']}")
+    check(rows["fused"]["launches"] == 1, f"fused launches {rows['fused']['launches']}")
+    check(rows["bucketed"]["launches"] == 4, f"bucketed launches {rows['bucketed']['launches']} (2 buckets)")
+    check(rows["single"]["launches"] == 1 and rows["single"]["tasks"] == 64, "single: 1 launch, 64 tasks")
+
+print(f"test_cli: {passed} passed, {failed} failed")
+sys.exit(0 if failed == 0 and passed > 0 else 1)
