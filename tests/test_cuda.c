@@ -7,6 +7,7 @@
 #include "pkv_test.h"
 #include "test_device.h"
 
+#include <stdbool.h>
 #include <string.h>
 
 static const pkv_route routes[] = {PKV_ROUTE_AUTO, PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_BUCKETED,
