@@ -459,8 +459,11 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const decode_params
 
 // ---- host side ------------------------------------------------------------------------------------
 template <typename T, int D, bool G16> static cudaError_t set_smem_attr() {
-    return cudaFuncSetAttribute(decode_kernel<T, D, G16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)(smem_floats<D, G16>() * sizeof(float)));
+    cudaError_t e = cudaFuncSetAttribute(decode_kernel<T, D, G16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)(smem_floats<D, G16>() * sizeof(float)));
+    if (e != cudaSuccess) return e;
+    return cudaFuncSetAttribute(decode_kernel<T, D, G16>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                (int)cudaSharedmemCarveoutMaxShared);
 }
 
 template <typename T, int D> static cudaError_t set_attrs_d() {

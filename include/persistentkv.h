@@ -53,6 +53,9 @@ typedef enum pkv_status {
     PKV_ERR_BATCH_SIZE = 19          /* batch_size negative or above the supported maximum */
 } pkv_status;
 
+/* PKV_VERSION_MAJOR * 10000 + MINOR * 100 + PATCH of the loaded library (bindings check it). */
+uint32_t pkv_version(void);
+
 /* Never NULL; "unknown status" for codes this version does not know. */
 const char *pkv_status_string(pkv_status status);
 
@@ -67,10 +70,10 @@ typedef enum pkv_layout { PKV_LAYOUT_NHD = 0, PKV_LAYOUT_HND = 1 } pkv_layout;
 
 typedef struct pkv_problem {
     int32_t num_qo_heads;  /* Hq */
-    int32_t num_kv_heads;  /* Hkv; Hq % Hkv == 0, G = Hq / Hkv in [1, 16] (plus G = Hq for MQA) */
+    int32_t num_kv_heads;  /* Hkv; Hq % Hkv == 0, G = Hq / Hkv in [1, 16] (MQA when Hkv = 1, Hq <= 16) */
     int32_t head_dim;      /* 64, 128 or 256 */
     int32_t page_size;     /* tokens per page, 1..256 */
-    int64_t num_pages;     /* size of the page pool; page ids must lie in [0, num_pages) */
+    int64_t num_pages;     /* size of the page pool (required); page ids must lie in [0, num_pages) */
     pkv_layout layout;
     pkv_dtype dtype;       /* q, k_cache, v_cache and o: FP16 or BF16; lse is always fp32 */
     float sm_scale;        /* <= 0 selects 1 / sqrt(head_dim) */
@@ -251,6 +254,7 @@ pkv_status pkv_workspace_size(pkv_context *ctx, const pkv_problem *problem, int3
  * Run.
  * ---------------------------------------------------------------------------------------------- */
 typedef struct pkv_tensors {
+    /* CUDA backend: q, k_cache, v_cache, o and the workspace must be 16-byte aligned. */
     const void *q;                  /* [B, Hq, d] */
     const void *k_cache;            /* NHD or HND pages, see pkv_layout */
     const void *v_cache;

@@ -3,6 +3,7 @@
 
 #include <stdatomic.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 
 static atomic_uint_fast64_t pkv_next_context_id = 1;
@@ -36,7 +37,7 @@ pkv_status pkv_context_create(const pkv_context_config *cfg, pkv_context **out) 
                                              : pkv_cpu_backend_init(ctx, cfg->num_threads);
     if (st != PKV_OK) {
         /* keep the message thread-locally, the context goes away */
-        pkv_fail(NULL, st, "%s", ctx->last_error[0] ? ctx->last_error : "backend initialisation failed");
+        if (!ctx->last_error[0]) pkv_fail(NULL, st, "backend initialisation failed"); /* else already copied */
         if (ctx->ops && ctx->ops->destroy) ctx->ops->destroy(ctx);
         free(ctx);
         return st;
@@ -82,6 +83,14 @@ pkv_status pkv_run(pkv_context *ctx, const pkv_plan *plan, void *workspace, size
         if (!t->q || !t->o) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "q and o must not be NULL");
         if (plan->counters.total_tokens > 0 && (!t->k_cache || !t->v_cache || !t->kv_page_indices))
             return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "k_cache, v_cache and kv_page_indices must not be NULL");
+    }
+    /* the CUDA kernels use 16-byte vector accesses */
+    if (ctx->kind == PKV_BACKEND_CUDA) {
+        const void *ptrs[] = {t->q, t->k_cache, t->v_cache, t->o, workspace};
+        const char *names[] = {"q", "k_cache", "v_cache", "o", "workspace"};
+        for (int i = 0; i < 5; i++)
+            if (((uintptr_t)ptrs[i] & 15u) != 0)
+                return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "%s is not 16-byte aligned", names[i]);
     }
     return ctx->ops->run(ctx, plan, workspace, ws_bytes, t, stream);
 }

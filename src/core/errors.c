@@ -6,6 +6,8 @@
 
 static _Thread_local char pkv_tls_error[512];
 
+uint32_t pkv_version(void) { return PKV_VERSION_MAJOR * 10000u + PKV_VERSION_MINOR * 100u + PKV_VERSION_PATCH; }
+
 const char *pkv_status_string(pkv_status status) {
     switch (status) {
     case PKV_OK: return "ok";

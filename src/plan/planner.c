@@ -105,6 +105,7 @@ static int32_t choose_splits(const plan_params *pp, const pkv_problem *p, const 
 static int32_t row_chunk_pages(const plan_params *pp, int32_t pages, int32_t S) {
     int64_t c = ceil_div(pages, S);
     if (S > 1 && c < pp->min_chunk_pages) c = pp->min_chunk_pages;
+    if (pages > 0 && c > pages) c = pages;
     if (c < 1) c = 1;
     return (int32_t)c;
 }
@@ -118,7 +119,10 @@ static int32_t choose_workqueue_chunk(const plan_params *pp, const pkv_problem *
     }
     if (max_pages == 0) return 1;
     int32_t lo_cap = (int32_t)ceil_div(max_pages, pp->max_splits); /* respect max_splits */
-    if (pp->forced_chunk > 0) return pp->forced_chunk > lo_cap ? pp->forced_chunk : lo_cap;
+    if (pp->forced_chunk > 0) {
+        int32_t c = pp->forced_chunk > lo_cap ? pp->forced_chunk : lo_cap;
+        return c < max_pages ? c : max_pages;
+    }
     int32_t lo = pp->min_chunk_pages > lo_cap ? pp->min_chunk_pages : lo_cap;
     if (lo >= max_pages) return max_pages;
     int32_t hi = max_pages;
@@ -147,7 +151,7 @@ static pkv_status plan_reserve(pkv_context *ctx, pkv_plan *plan, int64_t ntasks,
     size_t off_rows = align_up(off_tasks + (size_t)ntasks * sizeof(pkv_task), PKV_WS_ALIGN);
     size_t off_merges = align_up(off_rows + (size_t)nrows * sizeof(pkv_row_sched), PKV_WS_ALIGN);
     size_t bytes = align_up(off_merges + (size_t)nmerges * (sizeof(pkv_merge) + sizeof(int32_t)), PKV_WS_ALIGN);
-    if (bytes > plan->blob_cap) {
+    if (bytes > plan->blob_cap || !plan->blob) {
         size_t cap = plan->blob_cap ? plan->blob_cap : 4096;
         while (cap < bytes) cap *= 2;
         void *nb = malloc(cap);
@@ -324,6 +328,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
     st = pkv_check_table(ctx, problem, table, table && table->kv_page_indices != NULL);
     if (st != PKV_OK) return st;
     if (!plan) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "plan is NULL");
+    plan->generation = 0; /* a plan that fails half-way is not runnable */
     pkv_plan_options opts;
     if (opts_in)
         opts = *opts_in;

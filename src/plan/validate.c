@@ -49,10 +49,18 @@ pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens, cons
         return PKV_ERR_NULL_POINTER;
     }
     const int32_t B = plan->batch_size, hkv = plan->problem.num_kv_heads, nt = plan->num_tasks;
-    idx = (int32_t *)malloc(((size_t)nt + 1) * sizeof *idx);
+    idx = (int32_t *)malloc(((size_t)nt + 1 + (size_t)B) * sizeof *idx);
+    int32_t *row_base = idx ? idx + nt + 1 : NULL; /* page_base of each row, from the plan's rows */
     slot_phase = (int32_t *)malloc(((size_t)plan->num_state_slots + 1) * sizeof *slot_phase);
     if (!idx || !slot_phase) BAD("out of memory");
     for (int32_t s = 0; s < plan->num_state_slots; s++) slot_phase[s] = -1;
+    for (int32_t i = 0; i < B; i++) row_base[i] = -1;
+    if (plan->num_rows != B) BAD("plan lists %d rows for a batch of %d", plan->num_rows, B);
+    for (int32_t r = 0; r < plan->num_rows; r++) {
+        const pkv_row_sched *rs = &plan->rows[r];
+        if (rs->row < 0 || rs->row >= B || row_base[rs->row] != -1) BAD("row record %d names row %d twice or out of range", r, rs->row);
+        row_base[rs->row] = rs->page_base;
+    }
 
     /* phases tile the task and merge lists in order */
     int32_t tb = 0, mb = 0;
@@ -71,6 +79,9 @@ pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens, cons
         if (t->kv_head < 0 || t->kv_head >= hkv) BAD("task %d has KV head %d outside [0, %d)", k, t->kv_head, hkv);
         if (t->tok_begin < 0 || t->tok_end <= t->tok_begin) BAD("task %d has an empty or negative range", k);
         if (t->tok_end > seq_lens[t->row]) BAD("task %d ends at %d past the row's %d tokens", k, t->tok_end, seq_lens[t->row]);
+        if (t->state_slot < -1) BAD("task %d has slot %d", k, t->state_slot);
+        if (row_base[t->row] != t->page_base)
+            BAD("task %d has page_base %d, its row starts at %d", k, t->page_base, row_base[t->row]);
         if (t->state_slot >= plan->num_state_slots) BAD("task %d slot %d outside [0, %d)", k, t->state_slot, plan->num_state_slots);
         if (t->state_slot >= 0) {
             int32_t ph = phase_of_task(plan, k);
@@ -110,6 +121,9 @@ pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens, cons
             if (found < 0) BAD("row %d head %d has %d tasks and no merge", i, h, count);
             merges_seen++;
             const pkv_merge *m = &plan->merges[found];
+            if (m->count > 0 && (m->first_slot < 0 || m->first_slot + m->count > plan->num_state_slots))
+                BAD("merge of row %d head %d reads slots [%d, %d) outside [0, %d)", i, h, m->first_slot,
+                    m->first_slot + m->count, plan->num_state_slots);
             if (m->count != count) BAD("merge of row %d head %d counts %d states for %d tasks", i, h, m->count, count);
             if (count > 0 && phase_of_merge(plan, found) != phase_of_task(plan, idx[first]))
                 BAD("merge of row %d head %d is not in its tasks' phase", i, h);
