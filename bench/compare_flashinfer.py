@@ -430,6 +430,7 @@ class Gpu:
             log(f"PersistentKV device helpers unavailable ({e}); floors use torch.sum")
             self.devh = None
         self.fi_wrappers = {}
+        self.fi_failed = {}  # (dtype, head_dim, config) -> why
         self.pkv_wrappers = {}
 
     # -- data --
@@ -660,6 +661,11 @@ def measure_step(gpu, st, args):
     for cfg in st.fi_configs:
         if cfg not in args.fi_configs:
             continue
+        mod = (st.dtype, st.d, cfg)
+        if mod in gpu.fi_failed:  # do not recompile a module that failed on an earlier step
+            fi[cfg] = {"error": f"failed on an earlier step: {gpu.fi_failed[mod]}"}
+            errors.append(f"FlashInfer {cfg}: failed on an earlier step")
+            continue
         try:
             w = gpu.fi_wrapper(cfg)
 
@@ -680,12 +686,16 @@ def measure_step(gpu, st, args):
         except Exception as e:  # a configuration FlashInfer refuses: recorded, not fatal
             fi[cfg] = {"error": f"{type(e).__name__}: {e}"}
             errors.append(f"FlashInfer {cfg}: {type(e).__name__}: {e}")
+            if cfg not in fi_out:  # failed in plan or the first run: JIT build or an unsupported case
+                gpu.fi_failed[mod] = f"{type(e).__name__}: {str(e)[:300]}"
             safe_sync(torch)
     row["fi"] = fi
     ok_fi = {c: v for c, v in fi.items() if "us" in v}
     best_fi = min(ok_fi, key=lambda c: ok_fi[c]["us"]) if ok_fi else None
     row["fi_best_config"] = best_fi
-    if best_fi:
+    if best_fi is None:
+        problems.append("no FlashInfer configuration ran: nothing to compare PersistentKV with")
+    else:
         row["fi_best_us"] = ok_fi[best_fi]["us"]
         row["fi_plan_us"] = ok_fi[best_fi]["plan_us"]
         if len(fi_out) == 2:
@@ -731,7 +741,7 @@ def measure_step(gpu, st, args):
     row["pkv_best_route"] = best_pk
     if best_pk:
         row["pkv_best_us"] = ok_pk[best_pk]["us"]
-        row["pkv_best_route_used"] = ok_pk[best_pk]["route_used"]
+        row["pkv_best_route_used"] = ("auto:" if best_pk == "auto" else "") + str(ok_pk[best_pk]["route_used"])
     if "auto" in ok_pk:
         row["pkv_auto_us"] = ok_pk["auto"]["us"]
         row["pkv_auto_route_used"] = ok_pk["auto"]["route_used"]
@@ -1193,7 +1203,7 @@ def jit_warmup(mods, layout, jobs):
     specs = [f"{dt},{d},{'tensorcore' if tc else 'cudacore'},{hq},{hkv}" for (dt, d, tc), (hq, hkv) in sorted(mods.items())]
     jobs = max(1, min(jobs or len(specs), len(specs)))
     env = dict(os.environ)
-    env.setdefault("MAX_JOBS", str(max(2, math.ceil(1.5 * ncpu / jobs))))
+    env.setdefault("MAX_JOBS", str(max(2, math.ceil(1.25 * ncpu / jobs))))
     log(f"JIT warm-up: {len(specs)} FlashInfer modules, {jobs} at a time, MAX_JOBS={env['MAX_JOBS']}: {specs}")
     pending, running, failed = list(specs), [], []
     while pending or running:
@@ -1209,7 +1219,7 @@ def jit_warmup(mods, layout, jobs):
                 outp = p.stdout.read() if p.stdout else ""
                 if p.returncode != 0:
                     failed.append(s)
-                    log(f"JIT warm-up of {s} FAILED (exit {p.returncode}):\n{outp[-3000:]}")
+                    log(f"JIT warm-up of {s} FAILED (exit {p.returncode}):\n{outp[-1500:]}")
                 else:
                     log(outp.strip().splitlines()[-1] if outp.strip() else f"{s} done")
     dt = time.perf_counter() - t0

@@ -58,6 +58,14 @@ if [ $quick = 0 ]; then
     --json "$log/trace_bucketed.json" >>"$out/traces.md" 2>>"$log/bench.log" || status=1
 fi
 
+if [ -n "${PKV_COMPARE_VARIANT:-}" ]; then
+  say "kernel variant $PKV_COMPARE_VARIANT (anchors, fused route)"
+  cmake -S "$root" -B "$root/build-variant" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+    -DPKV_DECODE_SOURCE="$PKV_COMPARE_VARIANT" >/dev/null && cmake --build "$root/build-variant" -j "$jobs" >/dev/null 2>&1 &&
+  "$root/build-variant/pkv" bench --backend cuda --anchor all --route fused --reps $reps --quiet --no-check \
+    >"$out/variant.md" 2>>"$log/bench.log" || status=1
+fi
+
 say "summary"
 cat "$log/gpu.txt" "$log/build.log" "$log/tests.log" "$log/sanitizer.log" "$log/bench.log" >"$out/log.txt" 2>/dev/null
 python3 "$root/scripts/summarize.py" "$out" "$log"/trace_*.json || true

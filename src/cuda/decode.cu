@@ -57,17 +57,15 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr float kLn2 = 0.6931471805599453f;
 
-__device__ __forceinline__ int64_t token_offset(const decode_params &p, int32_t page_base, int32_t tok, int32_t head) {
-    int32_t page_slot, off;
-    if (p.page_shift >= 0) {
-        page_slot = tok >> p.page_shift;
-        off = tok & (p.page_size - 1);
-    } else {
-        page_slot = tok / p.page_size;
-        off = tok - page_slot * p.page_size;
-    }
-    const int64_t page = __ldg(p.page_indices + page_base + page_slot);
-    return page * p.stride_page + (int64_t)head * p.stride_head + (int64_t)off * p.stride_tok;
+// Page id of a row's token (one read of the page table) and the element offset of that token's
+// head vector inside the K or V pool.
+__device__ __forceinline__ int32_t token_page(const decode_params &p, int32_t page_base, int32_t tok) {
+    const int32_t page_slot = p.page_shift >= 0 ? tok >> p.page_shift : tok / p.page_size;
+    return __ldg(p.page_indices + page_base + page_slot);
+}
+__device__ __forceinline__ int64_t page_offset(const decode_params &p, int32_t page, int32_t tok, int32_t head) {
+    const int32_t off = p.page_shift >= 0 ? (tok & (p.page_size - 1)) : tok % p.page_size;
+    return (int64_t)page * p.stride_page + (int64_t)head * p.stride_head + (int64_t)off * p.stride_tok;
 }
 
 // Combines the states of one merge in slot order and writes o (dtype) and lse; count 0 writes the
@@ -213,15 +211,31 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const decode_params
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 
     const int ntiles = (te - tb + 15) >> 4;
+    // Page ids of a tile's tokens (K: base + 8j + g; V: base + {2c, 2c+1, 8+2c, 9+2c}); -1 past the
+    // range.  Loaded one tile ahead, so the K/V loads of a tile never wait on a page-table read.
+    auto tile_pages = [&](int tile, int32_t (&kp)[2], int32_t (&vp)[4]) {
+        const int base = tb + tile * 16;
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int tok = base + 8 * j + g;
+            kp[j] = (tile < ntiles && tok < te) ? token_page(p, page_base, tok) : -1;
+        }
+#pragma unroll
+        for (int qv = 0; qv < 4; qv++) {
+            const int tok = base + (qv >> 1) * 8 + 2 * c + (qv & 1);
+            vp[qv] = (tile < ntiles && tok < te) ? token_page(p, page_base, tok) : -1;
+        }
+    };
+    int32_t kpage[2], vpage[4];
+    tile_pages(warp, kpage, vpage);
     for (int tile = warp; tile < ntiles; tile += kWarps) {
         const int base = tb + tile * 16;
         // ---- loads: K for tokens base + 8j + g, V for tokens base + {2c, 2c+1, 8+2c, 9+2c}
         uint4 kr[2][KC];
 #pragma unroll
         for (int j = 0; j < 2; j++) {
-            const int tok = base + 8 * j + g;
-            if (tok < te) {
-                const T *src = kbase + token_offset(p, page_base, tok, head);
+            if (kpage[j] >= 0) {
+                const T *src = kbase + page_offset(p, kpage[j], base + 8 * j + g, head);
 #pragma unroll
                 for (int i = 0; i < KC; i++) kr[j][i] = ldg_nc_v4(src + (i * 4 + c) * 8);
             } else {
@@ -232,9 +246,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const decode_params
         uint4 vr[4][VC];
 #pragma unroll
         for (int qv = 0; qv < 4; qv++) {
-            const int tok = base + (qv >> 1) * 8 + 2 * c + (qv & 1);
-            if (tok < te) {
-                const T *src = vbase + token_offset(p, page_base, tok, head);
+            if (vpage[qv] >= 0) {
+                const T *src = vbase + page_offset(p, vpage[qv], base + (qv >> 1) * 8 + 2 * c + (qv & 1), head);
 #pragma unroll
                 for (int u = 0; u < VC; u++) vr[qv][u] = ldg_nc_v4(src + (g + 8 * u) * 8);
             } else {
@@ -242,6 +255,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const decode_params
                 for (int u = 0; u < VC; u++) vr[qv][u] = make_uint4(0, 0, 0, 0);
             }
         }
+        tile_pages(tile + kWarps, kpage, vpage); // the next tile's page ids, in flight with this tile
         // ---- S = Q K^T for the two 8-token halves of the tile
         float s[2][4];
 #pragma unroll

@@ -1,0 +1,552 @@
+// decode.cu - the GQA decode attention kernel over native page tables, and the merge kernel.
+// (kept for reference, not built: v1a, the v1 kernel without the page-id prefetch; see docs/kernel-notes.md)
+//
+// One CTA (4 warps) per task: a (row, KV head, token range).  Each warp walks 16-token tiles of the
+// range (tile w, w+4, ...), reads K and V straight from their pages with 16-byte loads (no shared
+// memory staging), and runs both products on tensor cores (mma.sync m16n8k16, fp32 accumulators)
+// with the G query heads of the KV head in the M dimension (G <= 8: rows 0-7; G <= 16: all rows),
+// so each K,V byte is loaded once for all G heads.  The reduction dimensions are permuted so that
+// every fragment comes from a thread's own 16-byte loads:
+//   S = Q K^T:  thread (g = lane/4, c = lane%4) loads token g's chunks i*4+c (8 halves each); the
+//              same permutation applied to Q makes them the B fragments directly.
+//   O = P V:    thread g loads the 8-half chunks g, g+8, ... of tokens 2c, 2c+1, 8+2c, 9+2c; the
+//              output column n of n-block (u, e) is head-dim (n + 8u) * 8 + e.
+// Online softmax in the log2 domain per warp; warps combine through shared memory at the end; the
+// CTA writes o/lse directly (unsplit row) or a partial state (o_s normalised, lse_s natural log).
+//
+// The merge kernel combines the partial states of a (row, KV head) in slot order (deterministic).
+//
+// Last measured: see docs/kernel-notes.md (H200).
+#include "cuda_common.cuh"
+#include "pkv_cuda.h"
+
+#include <math.h>
+
+namespace pkv {
+
+struct decode_params {
+    const void *q;            // [B, Hq, D]
+    const void *k;            // pages, NHD or HND
+    const void *v;
+    const int32_t *page_indices;
+    void *o;                  // [B, Hq, D]
+    float *lse;               // [B, Hq] or NULL
+    float *state_o;           // [slots, G, D]
+    float *state_lse;         // [slots, G]
+    const pkv_task *tasks;    // this phase's tasks (workqueue)
+    const pkv_row_sched *rows;// this phase's rows (rectangular routes)
+    int64_t stride_page, stride_head, stride_tok;
+    float scale_log2;         // sm_scale * log2(e)
+    int32_t num_qo_heads, group, page_size, page_shift; // page_shift < 0: page_size not a power of 2
+    int32_t rect;
+    // fused route: the last task of a split (row, KV head) merges it; CTAs past num_tasks fill empty rows
+    int32_t fused, num_tasks, num_split_merges;
+    const pkv_merge *merges;
+    int32_t *counters;
+};
+
+struct merge_params {
+    const pkv_merge *merges;  // this phase's merges
+    const float *state_o;
+    const float *state_lse;
+    void *o;
+    float *lse;
+    int32_t num_qo_heads, group;
+};
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr float kLn2 = 0.6931471805599453f;
+
+__device__ __forceinline__ int64_t token_offset(const decode_params &p, int32_t page_base, int32_t tok, int32_t head) {
+    int32_t page_slot, off;
+    if (p.page_shift >= 0) {
+        page_slot = tok >> p.page_shift;
+        off = tok & (p.page_size - 1);
+    } else {
+        page_slot = tok / p.page_size;
+        off = tok - page_slot * p.page_size;
+    }
+    const int64_t page = __ldg(p.page_indices + page_base + page_slot);
+    return page * p.stride_page + (int64_t)head * p.stride_head + (int64_t)off * p.stride_tok;
+}
+
+// Combines the states of one merge in slot order and writes o (dtype) and lse; count 0 writes the
+// empty row (o = 0, lse = -inf).  L1-bypassing loads: in the fused route the states were written by
+// other CTAs of the same launch.
+template <typename T, int D>
+__device__ __forceinline__ void merge_one(const pkv_merge &m, const float *state_o, const float *state_lse, void *o_out,
+                                          float *lse_out, int32_t num_qo_heads, int G) {
+    using tr = dtype_traits<T>;
+    // Per head: max and sum of exp over the slots, from all lse values loaded at once (one round
+    // trip instead of a chain of count dependent loads); weights in shared memory.
+    constexpr int kMaxCached = 1024;
+    __shared__ float w_sm[kMaxCached];
+    __shared__ float lse_sm[PKV_MAX_GROUP];
+    const int n = m.count * G;
+    const bool cached = n <= kMaxCached;
+    if (cached)
+        for (int i = threadIdx.x; i < n; i += kThreads) w_sm[i] = __ldcg(state_lse + (int64_t)m.first_slot * G + i);
+    __syncthreads();
+    if (threadIdx.x < G) {
+        const int j = threadIdx.x;
+        float M = -INFINITY, L = 0.f;
+        for (int s = 0; s < m.count; s++)
+            M = fmaxf(M, cached ? w_sm[s * G + j] : __ldcg(state_lse + (int64_t)(m.first_slot + s) * G + j));
+        for (int s = 0; s < m.count; s++) {
+            const float x = cached ? w_sm[s * G + j] : __ldcg(state_lse + (int64_t)(m.first_slot + s) * G + j);
+            L += __expf(x - M);
+        }
+        lse_sm[j] = m.count > 0 ? M + logf(L) : -INFINITY;
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < G * (D / 4); idx += kThreads) {
+        const int j = idx / (D / 4), d = (idx % (D / 4)) * 4;
+        const float lse = lse_sm[j];
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+        for (int s = 0; s < m.count; s++) {
+            const int64_t sl = (int64_t)(m.first_slot + s) * G + j;
+            const float x = cached ? w_sm[s * G + j] : __ldcg(state_lse + sl);
+            const float w = __expf(x - lse);
+            const float4 o = __ldcg(reinterpret_cast<const float4 *>(state_o + sl * D + d));
+            a.x += w * o.x;
+            a.y += w * o.y;
+            a.z += w * o.z;
+            a.w += w * o.w;
+        }
+        const int64_t qh = (int64_t)m.row * num_qo_heads + (int64_t)m.kv_head * G + j;
+        uint2 pk;
+        pk.x = tr::pack(a.x, a.y);
+        pk.y = tr::pack(a.z, a.w);
+        *reinterpret_cast<uint2 *>(static_cast<T *>(o_out) + qh * D + d) = pk;
+        if (lse_out && d == 0) lse_out[qh] = lse;
+    }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) merge_kernel(const merge_params p) {
+    pdl_wait(); // the partial states come from the previous launch
+    merge_one<T, D>(p.merges[blockIdx.x], p.state_o, p.state_lse, p.o, p.lse, p.num_qo_heads, p.group);
+}
+
+// Shared memory: the warps' outputs for the final combine (fp32 [warp][GP][D + 4], m and l
+// [warp][GP]), then q (halves [GP][D + 32]).
+template <int D, bool G16> constexpr int smem_out_floats() {
+    return kWarps * (G16 ? 16 : 8) * (D + 4) + 2 * kWarps * (G16 ? 16 : 8);
+}
+template <int D, bool G16> constexpr int smem_floats() {
+    return smem_out_floats<D, G16>() + (D > 128 ? (G16 ? 16 : 8) * (D + 32) / 2 : 0);
+}
+
+template <typename T, int D, bool G16>
+__global__ void __launch_bounds__(kThreads, 2) decode_kernel(const decode_params p) {
+    constexpr int KC = D / 32; // K chunks of 8 halves per thread per token
+    constexpr int VC = D / 64; // V chunks per thread per token
+    constexpr int NB = D / 8;  // n-blocks of the output
+    constexpr int GP = G16 ? 16 : 8;
+    using tr = dtype_traits<T>;
+    extern __shared__ float smem[];
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, c = lane & 3;
+
+    int32_t row, head, tb, te, slot, page_base, merge_idx = -1;
+    if (p.rect) {
+        const pkv_row_sched rs = p.rows[blockIdx.x];
+        const int32_t s = blockIdx.z;
+        if (s >= rs.num_splits) return; // empty split: exits before reading any KV
+        row = rs.row;
+        head = blockIdx.y;
+        tb = s * rs.chunk_tokens;
+        te = min(tb + rs.chunk_tokens, rs.seq_len);
+        slot = rs.num_splits > 1 ? rs.slot_base + head * rs.num_splits + s : -1;
+        page_base = rs.page_base;
+    } else {
+        if (p.fused && (int32_t)blockIdx.x >= p.num_tasks) { // an empty row of the fused route
+            pdl_launch_dependents();
+            merge_one<T, D>(p.merges[p.num_split_merges + (blockIdx.x - p.num_tasks)], p.state_o, p.state_lse, p.o,
+                            p.lse, p.num_qo_heads, p.group);
+            return;
+        }
+        const pkv_task t = p.tasks[blockIdx.x];
+        row = t.row;
+        head = t.kv_head;
+        tb = t.tok_begin;
+        te = t.tok_end;
+        slot = t.state_slot;
+        page_base = t.page_base;
+        merge_idx = t.merge;
+    }
+    pdl_launch_dependents();
+    pdl_wait();
+
+    // ---- q of the G heads: registers for d <= 128 (loads in flight with the first tile's), shared
+    // memory for d = 256 (registers go to the 16 x 256 accumulator); smem rows padded by 64 bytes
+    // against bank conflicts: sm_q [GP][D + 32] halves.
+    constexpr bool kQInRegs = D <= 128;
+    const int G = p.group;
+    const T *qbase = static_cast<const T *>(p.q) + ((int64_t)row * p.num_qo_heads + (int64_t)head * G) * D;
+    uint4 qra[kQInRegs ? KC : 1], qrb[kQInRegs ? KC : 1];
+    T *sm_q = reinterpret_cast<T *>(smem + smem_out_floats<D, G16>());
+    if constexpr (kQInRegs) {
+#pragma unroll
+        for (int i = 0; i < KC; i++) {
+            qra[i] = g < G ? *reinterpret_cast<const uint4 *>(qbase + g * D + (i * 4 + c) * 8) : make_uint4(0, 0, 0, 0);
+            qrb[i] = (G16 && g + 8 < G) ? *reinterpret_cast<const uint4 *>(qbase + (g + 8) * D + (i * 4 + c) * 8)
+                                        : make_uint4(0, 0, 0, 0);
+        }
+    } else {
+        for (int idx = threadIdx.x; idx < GP * (D / 8); idx += kThreads) {
+            const int j = idx / (D / 8), d = (idx % (D / 8)) * 8;
+            *reinterpret_cast<uint4 *>(sm_q + j * (D + 32) + d) =
+                j < G ? *reinterpret_cast<const uint4 *>(qbase + j * D + d) : make_uint4(0, 0, 0, 0);
+        }
+        __syncthreads();
+    }
+    const T *qa_row = sm_q + g * (D + 32), *qb_row = sm_q + (g + 8) * (D + 32);
+
+    const T *kbase = static_cast<const T *>(p.k);
+    const T *vbase = static_cast<const T *>(p.v);
+    float acc[NB][4];
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+
+    const int ntiles = (te - tb + 15) >> 4;
+    for (int tile = warp; tile < ntiles; tile += kWarps) {
+        const int base = tb + tile * 16;
+        // ---- loads: K for tokens base + 8j + g, V for tokens base + {2c, 2c+1, 8+2c, 9+2c}
+        uint4 kr[2][KC];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            const int tok = base + 8 * j + g;
+            if (tok < te) {
+                const T *src = kbase + token_offset(p, page_base, tok, head);
+#pragma unroll
+                for (int i = 0; i < KC; i++) kr[j][i] = ldg_nc_v4(src + (i * 4 + c) * 8);
+            } else {
+#pragma unroll
+                for (int i = 0; i < KC; i++) kr[j][i] = make_uint4(0, 0, 0, 0);
+            }
+        }
+        uint4 vr[4][VC];
+#pragma unroll
+        for (int qv = 0; qv < 4; qv++) {
+            const int tok = base + (qv >> 1) * 8 + 2 * c + (qv & 1);
+            if (tok < te) {
+                const T *src = vbase + token_offset(p, page_base, tok, head);
+#pragma unroll
+                for (int u = 0; u < VC; u++) vr[qv][u] = ldg_nc_v4(src + (g + 8 * u) * 8);
+            } else {
+#pragma unroll
+                for (int u = 0; u < VC; u++) vr[qv][u] = make_uint4(0, 0, 0, 0);
+            }
+        }
+        // ---- S = Q K^T for the two 8-token halves of the tile
+        float s[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+        for (int i = 0; i < KC; i++) {
+            uint4 qa, qb;
+            if constexpr (kQInRegs) {
+                qa = qra[i];
+                qb = qrb[i];
+            } else {
+                qa = *reinterpret_cast<const uint4 *>(qa_row + (i * 4 + c) * 8);
+                qb = G16 ? *reinterpret_cast<const uint4 *>(qb_row + (i * 4 + c) * 8) : make_uint4(0, 0, 0, 0);
+            }
+            const uint32_t a0[4] = {qa.x, qb.x, qa.y, qb.y}, a1[4] = {qa.z, qb.z, qa.w, qb.w};
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                mma_16816<T>(s[j], a0, kr[j][i].x, kr[j][i].y);
+                mma_16816<T>(s[j], a1, kr[j][i].z, kr[j][i].w);
+            }
+        }
+        // ---- online softmax (log2 domain); rows g (s[.][0..1]) and g+8 (s[.][2..3])
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int x = 0; x < 2; x++) {
+                const bool valid = base + 8 * j + 2 * c + x < te;
+                s[j][x] = valid ? s[j][x] * p.scale_log2 : -INFINITY;
+                s[j][2 + x] = valid ? s[j][2 + x] * p.scale_log2 : -INFINITY;
+                mx0 = fmaxf(mx0, s[j][x]);
+                mx1 = fmaxf(mx1, s[j][2 + x]);
+            }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1); // finite: the tile has a valid token
+        const float al0 = exp2f(m0 - n0), al1 = exp2f(m1 - n1);
+        m0 = n0;
+        m1 = n1;
+        float pr[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            pr[j][0] = exp2f(s[j][0] - n0);
+            pr[j][1] = exp2f(s[j][1] - n0);
+            pr[j][2] = exp2f(s[j][2] - n1);
+            pr[j][3] = exp2f(s[j][3] - n1);
+        }
+        l0 = l0 * al0 + (pr[0][0] + pr[0][1] + pr[1][0] + pr[1][1]);
+        l1 = l1 * al1 + (pr[0][2] + pr[0][3] + pr[1][2] + pr[1][3]);
+        // ---- O = O * alpha + P V
+        const uint32_t a[4] = {tr::pack(pr[0][0], pr[0][1]), tr::pack(pr[0][2], pr[0][3]), tr::pack(pr[1][0], pr[1][1]),
+                               tr::pack(pr[1][2], pr[1][3])};
+#pragma unroll
+        for (int u = 0; u < VC; u++) {
+            const uint32_t *v0 = reinterpret_cast<const uint32_t *>(&vr[0][u]);
+            const uint32_t *v1 = reinterpret_cast<const uint32_t *>(&vr[1][u]);
+            const uint32_t *v2 = reinterpret_cast<const uint32_t *>(&vr[2][u]);
+            const uint32_t *v3 = reinterpret_cast<const uint32_t *>(&vr[3][u]);
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const int nb = u * 8 + e;
+                const unsigned sel = (e & 1) ? 0x7632u : 0x5410u;
+                const uint32_t b0 = __byte_perm(v0[e >> 1], v1[e >> 1], sel);
+                const uint32_t b1 = __byte_perm(v2[e >> 1], v3[e >> 1], sel);
+                acc[nb][0] *= al0;
+                acc[nb][1] *= al0;
+                acc[nb][2] *= al1;
+                acc[nb][3] *= al1;
+                mma_16816<T>(acc[nb], a, b0, b1);
+            }
+        }
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+
+    // ---- combine the warps: sm_o [warp][GP][D + 4], sm_m / sm_l [warp][GP]
+    float *sm_o = smem;
+    float *sm_m = smem + kWarps * GP * (D + 4);
+    float *sm_l = sm_m + kWarps * GP;
+    {
+        float *wo = sm_o + warp * GP * (D + 4);
+#pragma unroll
+        for (int u = 0; u < VC; u++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const int nb = u * 8 + e;
+                const int d0 = (2 * c + 8 * u) * 8 + e, d1 = (2 * c + 1 + 8 * u) * 8 + e;
+                wo[g * (D + 4) + d0] = acc[nb][0];
+                wo[g * (D + 4) + d1] = acc[nb][1];
+                if (G16) {
+                    wo[(g + 8) * (D + 4) + d0] = acc[nb][2];
+                    wo[(g + 8) * (D + 4) + d1] = acc[nb][3];
+                }
+            }
+        if (c == 0) {
+            sm_m[warp * GP + g] = m0;
+            sm_l[warp * GP + g] = l0;
+            if (G16) {
+                sm_m[warp * GP + g + 8] = m1;
+                sm_l[warp * GP + g + 8] = l1;
+            }
+        }
+    }
+    __syncthreads();
+    const int groups = G * (D / 8); // 8 outputs per thread step
+    for (int idx = threadIdx.x; idx < groups; idx += kThreads) {
+        const int j = idx / (D / 8), d = (idx % (D / 8)) * 8;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kWarps; w++) M = fmaxf(M, sm_m[w * GP + j]);
+        float wgt[kWarps], L = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; w++) {
+            wgt[w] = sm_l[w * GP + j] > 0.f ? exp2f(sm_m[w * GP + j] - M) : 0.f;
+            L += wgt[w] * sm_l[w * GP + j];
+        }
+        const float inv = 1.f / L;
+        float out[8];
+#pragma unroll
+        for (int x = 0; x < 8; x++) {
+            float v = 0.f;
+#pragma unroll
+            for (int w = 0; w < kWarps; w++) v += wgt[w] * sm_o[(w * GP + j) * (D + 4) + d + x];
+            out[x] = v * inv;
+        }
+        const float lse_nat = (M + log2f(L)) * kLn2;
+        const int64_t qh = (int64_t)row * p.num_qo_heads + (int64_t)head * G + j;
+        if (slot < 0) {
+            uint4 pk;
+            pk.x = tr::pack(out[0], out[1]);
+            pk.y = tr::pack(out[2], out[3]);
+            pk.z = tr::pack(out[4], out[5]);
+            pk.w = tr::pack(out[6], out[7]);
+            *reinterpret_cast<uint4 *>(static_cast<T *>(p.o) + qh * D + d) = pk;
+            if (p.lse && d == 0) p.lse[qh] = lse_nat;
+        } else {
+            float *dst = p.state_o + ((int64_t)slot * G + j) * D + d;
+            *reinterpret_cast<float4 *>(dst) = make_float4(out[0], out[1], out[2], out[3]);
+            *reinterpret_cast<float4 *>(dst + 4) = make_float4(out[4], out[5], out[6], out[7]);
+            if (d == 0) p.state_lse[(int64_t)slot * G + j] = lse_nat;
+        }
+    }
+    if (p.fused && slot >= 0) {
+        // Arrive on the merge's counter; the last of its tasks merges (slot order: deterministic)
+        // and resets the counter for the next run.
+        __shared__ int last;
+        __threadfence(); // this thread's state writes, visible device-wide before the arrival
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const pkv_merge m = p.merges[merge_idx];
+            const int prev = atomicAdd(p.counters + merge_idx, 1);
+            last = prev == m.count - 1;
+            if (last) p.counters[merge_idx] = 0;
+        }
+        __syncthreads();
+        if (last) {
+            __threadfence();
+            merge_one<T, D>(p.merges[merge_idx], p.state_o, p.state_lse, p.o, p.lse, p.num_qo_heads, G);
+        }
+    }
+}
+
+// ---- host side ------------------------------------------------------------------------------------
+template <typename T, int D, bool G16> static cudaError_t set_smem_attr() {
+    return cudaFuncSetAttribute(decode_kernel<T, D, G16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)(smem_floats<D, G16>() * sizeof(float)));
+}
+
+template <typename T, int D> static cudaError_t set_attrs_d() {
+    cudaError_t e = set_smem_attr<T, D, false>();
+    if (e == cudaSuccess) e = set_smem_attr<T, D, true>();
+    return e;
+}
+
+template <typename T> static cudaError_t set_attrs_t() {
+    cudaError_t e = set_attrs_d<T, 64>();
+    if (e == cudaSuccess) e = set_attrs_d<T, 128>();
+    if (e == cudaSuccess) e = set_attrs_d<T, 256>();
+    return e;
+}
+
+template <typename T, int D, bool G16>
+static cudaError_t launch_decode(const decode_params &p, dim3 grid, cudaStream_t stream) {
+    const size_t smem = smem_floats<D, G16>() * sizeof(float);
+    decode_kernel<T, D, G16><<<grid, kThreads, smem, stream>>>(p);
+    return cudaGetLastError();
+}
+
+template <typename T, int D>
+static cudaError_t launch_merge(const merge_params &p, int32_t n, cudaStream_t stream, bool pdl) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3((unsigned)n);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, merge_kernel<T, D>, p);
+    if (e != cudaSuccess) return e;
+    return cudaGetLastError();
+}
+
+template <typename T, int D>
+static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, const merge_params &mbase,
+                              const char *ws_dev, cudaStream_t stream, bool pdl) {
+    const bool g16 = plan->group > 8;
+    for (int32_t k = 0; k < plan->num_phases; k++) {
+        const pkv_phase &ph = plan->phases[k];
+        const bool fused = plan->route == PKV_ROUTE_FUSED;
+        if (ph.task_end > ph.task_begin || (fused && ph.merge_end > ph.merge_begin)) {
+            decode_params p = base;
+            dim3 grid;
+            if (plan->route == PKV_ROUTE_WORKQUEUE || plan->route == PKV_ROUTE_FUSED) {
+                p.rect = 0;
+                p.tasks = reinterpret_cast<const pkv_task *>(ws_dev + plan->off_tasks) + ph.task_begin;
+                grid = dim3((unsigned)(ph.task_end - ph.task_begin));
+                if (plan->route == PKV_ROUTE_FUSED) {
+                    int32_t split_merges = 0;
+                    while (ph.merge_begin + split_merges < ph.merge_end &&
+                           plan->merges[ph.merge_begin + split_merges].count > 0)
+                        split_merges++;
+                    p.fused = 1;
+                    p.num_tasks = ph.task_end - ph.task_begin;
+                    p.num_split_merges = split_merges;
+                    p.merges = reinterpret_cast<const pkv_merge *>(ws_dev + plan->off_merges) + ph.merge_begin;
+                    p.counters = reinterpret_cast<int32_t *>(const_cast<char *>(ws_dev) + plan->off_counters) +
+                                 ph.merge_begin;
+                    grid = dim3((unsigned)(p.num_tasks + (ph.merge_end - ph.merge_begin - split_merges)));
+                }
+            } else {
+                p.rect = 1;
+                p.rows = reinterpret_cast<const pkv_row_sched *>(ws_dev + plan->off_rows) + ph.row_begin;
+                grid = dim3((unsigned)(ph.row_end - ph.row_begin), (unsigned)plan->problem.num_kv_heads,
+                            (unsigned)ph.grid_splits);
+            }
+            cudaError_t e = g16 ? launch_decode<T, D, true>(p, grid, stream) : launch_decode<T, D, false>(p, grid, stream);
+            if (e != cudaSuccess) return e;
+        }
+        if (!fused && ph.merge_end > ph.merge_begin) {
+            merge_params m = mbase;
+            m.merges = reinterpret_cast<const pkv_merge *>(ws_dev + plan->off_merges) + ph.merge_begin;
+            cudaError_t e = launch_merge<T, D>(m, ph.merge_end - ph.merge_begin, stream,
+                                               pdl && ph.task_end > ph.task_begin);
+            if (e != cudaSuccess) return e;
+        }
+    }
+    return cudaSuccess;
+}
+
+template <typename T>
+static cudaError_t run_t(const pkv_plan *plan, const decode_params &p, const merge_params &m, const char *ws,
+                         cudaStream_t stream, bool pdl) {
+    switch (plan->problem.head_dim) {
+    case 64: return run_phases<T, 64>(plan, p, m, ws, stream, pdl);
+    case 128: return run_phases<T, 128>(plan, p, m, ws, stream, pdl);
+    case 256: return run_phases<T, 256>(plan, p, m, ws, stream, pdl);
+    }
+    return cudaErrorInvalidValue;
+}
+
+} // namespace pkv
+
+extern "C" cudaError_t pkv_cuda_decode_init_attributes(void) {
+    cudaError_t e = pkv::set_attrs_t<__half>();
+    if (e == cudaSuccess) e = pkv::set_attrs_t<__nv_bfloat16>();
+    return e;
+}
+
+extern "C" cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace, const pkv_tensors *t,
+                                           cudaStream_t stream, int use_pdl) {
+    const pkv_problem &pr = plan->problem;
+    const pkv_kv_strides st = pkv_kv_strides_of(&pr);
+    char *ws = static_cast<char *>(workspace);
+    pkv::decode_params p = {};
+    p.q = t->q;
+    p.k = t->k_cache;
+    p.v = t->v_cache;
+    p.page_indices = t->kv_page_indices;
+    p.o = t->o;
+    p.lse = t->lse;
+    p.state_o = reinterpret_cast<float *>(ws + plan->off_state_o);
+    p.state_lse = reinterpret_cast<float *>(ws + plan->off_state_lse);
+    p.stride_page = st.page;
+    p.stride_head = st.head;
+    p.stride_tok = st.token;
+    p.scale_log2 = pkv_problem_scale(&pr) * 1.4426950408889634f;
+    p.num_qo_heads = pr.num_qo_heads;
+    p.group = plan->group;
+    p.page_size = pr.page_size;
+    p.page_shift = (pr.page_size & (pr.page_size - 1)) == 0 ? __builtin_ctz((unsigned)pr.page_size) : -1;
+    pkv::merge_params m = {};
+    m.state_o = p.state_o;
+    m.state_lse = p.state_lse;
+    m.o = t->o;
+    m.lse = t->lse;
+    m.num_qo_heads = pr.num_qo_heads;
+    m.group = plan->group;
+    if (pr.dtype == PKV_DTYPE_FP16) return pkv::run_t<__half>(plan, p, m, ws, stream, use_pdl != 0);
+    return pkv::run_t<__nv_bfloat16>(plan, p, m, ws, stream, use_pdl != 0);
+}
