@@ -849,7 +849,6 @@ def measure_step(gpu, st, args):
 
     row["problems"], row["errors"] = problems, errors
     derive(row, gpu.read_gbps)
-    del Ks, Vs
     return row
 
 
@@ -1229,7 +1228,6 @@ def jit_warmup(mods, layout, jobs):
 
 # ---- dry run ---------------------------------------------------------------------------------------------
 def dry_run(args, steps):
-    import numpy as np
     import persistentkv as pkv
     log("dry run: no CUDA; planning every step on the CPU backend with parallelism 132 (an H200's SMs)")
     missing = [r for r in args.routes if r not in pkv.ROUTES]
@@ -1259,7 +1257,6 @@ def dry_run(args, steps):
 
 def self_test_reference(torch, pkv, args):
     """torch_reference (gathers, layouts, GQA grouping) against PersistentKV's CPU backend."""
-    import numpy as np
     for layout in ("NHD", "HND"):
         for shape in ("paper", "g7", "mha", "d64"):
             a = types.SimpleNamespace(page_size=16, layout=layout)
