@@ -7,8 +7,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${PKV_BUILD_DIR:-$root/build}
 if [ ! -x "$build/pkv" ] || [ -n "${PKV_REBUILD:-}" ]; then
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release >/dev/null
-  cmake --build "$build" -j "$(nproc 2>/dev/null || echo 2)" >/dev/null
+  cmake --build "$build" -j "$(nproc 2>/dev/null || echo 2)" >"$build.log" 2>&1 || { tail -n 30 "$build.log"; exit 1; }
 else
-  cmake --build "$build" -j "$(nproc 2>/dev/null || echo 2)" >/dev/null
+  cmake --build "$build" -j "$(nproc 2>/dev/null || echo 2)" >"$build.log" 2>&1 || { tail -n 30 "$build.log"; exit 1; }
 fi
 exec "$build/pkv" bench "$@"

@@ -11,6 +11,6 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import pytest, numpy"
   "$venv/bin/python" -m pip install -q --disable-pip-version-check pytest numpy
 fi
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE="$venv/bin/python" >/dev/null
-cmake --build "$build" -j "$(nproc 2>/dev/null || echo 2)" >/dev/null
+cmake --build "$build" -j "$(nproc 2>/dev/null || echo 2)" >"$build.log" 2>&1 || { tail -n 30 "$build.log"; exit 1; }
 cd "$build"
 ctest --output-on-failure "$@"

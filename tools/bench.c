@@ -636,9 +636,11 @@ static void print_summary(const bench_opts *o, const results *res) {
             if (!(r->rel_err <= worst)) worst = r->rel_err;
         }
         if (!n) continue;
-        printf("| %s | %d | %.1f | %.1f | %.0f | %.2f | %.1f | %.0f | %s%.2f | %s%.2f | %.1e |\n", pkv_route_name(o->routes[k]),
-               n, kt / n, wt / n, wt > 0 ? tok / (wt * 1e-6) : 0, la / n, ta / n, gb / n, o->cuda ? "" : "~", fc / n,
-               ne ? "" : "~", ne ? se / ne : 0, worst);
+        char fcs[16] = "-", ses[16] = "-";
+        if (o->cuda) snprintf(fcs, sizeof fcs, "%.2f", fc / n);
+        if (ne) snprintf(ses, sizeof ses, "%.2f", se / ne);
+        printf("| %s | %d | %.1f | %.1f | %.0f | %.2f | %.1f | %.1f | %s | %s | %.1e |\n", pkv_route_name(o->routes[k]), n,
+               kt / n, wt / n, wt > 0 ? tok / (wt * 1e-6) : 0, la / n, ta / n, gb / n, fcs, ses, worst);
     }
 }
 
@@ -656,12 +658,12 @@ static void usage(void) {
            "  --page-size N             (default 16)\n"
            "workload (one of; default: --trace bimodal):\n"
            "  --trace FAMILY            uniform, bimodal, zipf, bucketed, homogeneous\n"
-           "      --seed S --batch B --requests N --steps N --step S (one step only)\n"
+           "      --seed S --batch B --requests N --steps N (CPU default 2) --step S (one step only)\n"
            "  --trace-file PATH         a trace written by `pkv trace --out`\n"
            "  --anchor NAME|all         the anchor steps of anchors.md (paper shape)\n"
            "  --lens N1,N2,...          one isolated step with these lengths\n"
            "measuring:\n"
-           "  --reps N --warmup N --wall-reps N   (CUDA defaults 100 / 10 / 20; CPU 3 / 1 / 3)\n"
+           "  --reps N --warmup N --wall-reps N   (CUDA defaults 100 / 10 / 20; CPU 2 / 0 / 2)\n"
            "  --rotate-gib X            KV rotated over at least X GiB (default 2)\n"
            "  --ctas-per-unit N         planner: tasks per SM in one wave (default: the backend's)\n"
            "  --min-chunk N             planner: smallest split in tokens (default 128)\n"
@@ -738,9 +740,9 @@ int cmd_bench(int argc, char **argv) {
         }
         o.nroutes = 1;
     }
-    o.reps = (int)cli_opt_int(argc, argv, "--reps", o.cuda ? 100 : 3);
-    o.warmup = (int)cli_opt_int(argc, argv, "--warmup", o.cuda ? 10 : 1);
-    o.wall_reps = (int)cli_opt_int(argc, argv, "--wall-reps", o.cuda ? 20 : 3);
+    o.reps = (int)cli_opt_int(argc, argv, "--reps", o.cuda ? 100 : 2);
+    o.warmup = (int)cli_opt_int(argc, argv, "--warmup", o.cuda ? 10 : 0);
+    o.wall_reps = (int)cli_opt_int(argc, argv, "--wall-reps", o.cuda ? 20 : 2);
     if (o.reps < 1 || o.wall_reps < 1 || o.warmup < 0) {
         fprintf(stderr, "pkv bench: --reps and --wall-reps must be >= 1, --warmup >= 0\n");
         return 2;
@@ -829,7 +831,7 @@ int cmd_bench(int argc, char **argv) {
                      (unsigned long long)tc.seed, tc.max_active, tc.num_requests);
         }
         int32_t total = pkv_trace_num_steps(tr);
-        int32_t limit = (int32_t)cli_opt_int(argc, argv, "--steps", o.cuda ? 0 : 4);
+        int32_t limit = (int32_t)cli_opt_int(argc, argv, "--steps", o.cuda ? 0 : 2);
         int32_t only = (int32_t)cli_opt_int(argc, argv, "--step", -1);
         int32_t first = 0, last = total;
         if (only >= 0) {
