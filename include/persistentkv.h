@@ -251,6 +251,47 @@ pkv_status pkv_workspace_size(pkv_context *ctx, const pkv_problem *problem, int3
                               const pkv_plan_options *opts, size_t *bytes);
 
 /* ------------------------------------------------------------------------------------------------
+ * Cost model (the policy behind PKV_ROUTE_AUTO once a model is set on the context).
+ * Predicted kernel time of a plan = sum_k coef[k] x term_k, roofline-style terms computed from the
+ * plan alone (pkv_cost_terms):
+ *   0 constant (1)                       fixed cost of a step (task reads, q, epilogue)
+ *   1 launches                           kernel launches per layer
+ *   2 MB moved                           K, V, q, o and partial states
+ *   3 MB of the longest task's KV        the critical path of one CTA (load imbalance)
+ *   4 waves                              ceil(CTAs / (parallelism x 2)) - 1 extra waves of tasks
+ *   5 MB of the largest merge            partial states one CTA reads in the merge tail
+ * Coefficients are in microseconds per unit; pkv_cost_model_fit finds them by least squares from
+ * measured runs (`pkv calibrate`), pkv_cost_model_default derives them from device properties.
+ * ---------------------------------------------------------------------------------------------- */
+#define PKV_COST_TERMS 6
+typedef struct pkv_cost_model {
+    int32_t version;      /* file format version (1) */
+    int32_t parallelism;  /* SMs (or threads) the model was measured with */
+    int32_t cuda_version; /* CUDA runtime version of the measurements (0: CPU) */
+    char device[128];     /* device name of the measurements */
+    double coef[PKV_COST_TERMS];
+    double rms_us;        /* root-mean-square error of the fit */
+    int32_t samples;      /* measurements behind the fit */
+} pkv_cost_model;
+
+/* Terms of a plan (see above) for a device with `parallelism` SMs or threads. */
+pkv_status pkv_cost_terms(const pkv_plan *plan, int32_t parallelism, double terms[PKV_COST_TERMS]);
+double pkv_cost_predict(const pkv_cost_model *m, const double terms[PKV_COST_TERMS]);
+/* Defaults from device properties: read bandwidth (GB/s), launch latency (us), SMs. */
+void pkv_cost_model_default(pkv_cost_model *m, int32_t parallelism, double read_gbps, double launch_us);
+/* Least-squares fit of the coefficients from n measurements (terms [n][PKV_COST_TERMS], us [n]),
+ * on relative error (rows weighted by 1 / us); coefficients are kept non-negative.  Fills coef,
+ * rms_us (absolute) and samples. */
+pkv_status pkv_cost_model_fit(int32_t n, const double *terms, const double *us, pkv_cost_model *m);
+/* Small versioned text file: "persistentkv-policy 1" then key = value lines. */
+pkv_status pkv_cost_model_save(const pkv_cost_model *m, const char *path);
+pkv_status pkv_cost_model_load(const char *path, pkv_cost_model *m);
+/* With a model set (NULL clears it), PKV_ROUTE_AUTO plans each candidate route (single, split,
+ * workqueue, fused) and keeps the one with the lowest predicted time.  Without one, auto uses the
+ * documented rule of pkv_plan_step.  The context copies the model. */
+pkv_status pkv_context_set_cost_model(pkv_context *ctx, const pkv_cost_model *m);
+
+/* ------------------------------------------------------------------------------------------------
  * Run.
  * ---------------------------------------------------------------------------------------------- */
 typedef struct pkv_tensors {

@@ -69,5 +69,21 @@ with tempfile.TemporaryDirectory() as tmp:
     check(rows["bucketed"]["launches"] == 4, f"bucketed launches {rows['bucketed']['launches']} (2 buckets)")
     check(rows["single"]["launches"] == 1 and rows["single"]["tasks"] == 64, "single: 1 launch, 64 tasks")
 
+    # the cost model: --explain, calibration from this run, offline refit and replay, --policy
+    js = os.path.join(tmp, "c.json")
+    pol = os.path.join(tmp, "c.policy")
+    out = run("bench", "--backend", "cpu", "--trace", "uniform", "--batch", "2", "--steps", "3", "--reps", "1",
+              "--wall-reps", "1", "--no-check", "--explain", "--calibrate-out", pol, "--json", js).stdout
+    check("| predicted us | measured us |" in out, "--explain prints predicted next to measured")
+    check("calibrated on 12 measurements" in out, "calibration from the run: " + out[-400:])
+    check(open(pol).readline().strip() == "persistentkv-policy 1", "policy file header")
+    pol2 = os.path.join(tmp, "d.policy")
+    out = run("calibrate", "--from-json", js, "--evaluate", js, "--out", pol2).stdout
+    check("fit on 12 measurements" in out and "held-out: evaluation on 3 measured steps" in out, "calibrate: " + out)
+    out = run("bench", "--backend", "cpu", "--lens", "500,3000", "--route", "auto", "--policy", pol2, "--reps", "1",
+              "--wall-reps", "1").stdout
+    check("auto:" in out, "auto with a policy file")
+    run("bench", "--backend", "cpu", "--lens", "5", "--policy", os.path.join(tmp, "missing.policy"), rc=2)
+
 print(f"test_cli: {passed} passed, {failed} failed")
 sys.exit(0 if failed == 0 and passed > 0 else 1)

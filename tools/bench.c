@@ -25,7 +25,9 @@ typedef struct bench_opts {
     int nroutes;
     int reps, warmup, wall_reps;
     int32_t ctas_per_unit, min_chunk;
-    bool check, per_step, quiet;
+    bool check, per_step, quiet, explain;
+    pkv_cost_model model;
+    const char *calibrate_out;
     int64_t rotate_bytes;
     const char *cmdline;
 } bench_opts;
@@ -54,6 +56,7 @@ typedef struct row_result {
     double rel_err, max_err;
     int nan_outputs;
     double flashinfer_us;
+    double terms[PKV_COST_TERMS], predicted_us;
     char repro[512];
 } row_result;
 
@@ -401,6 +404,7 @@ static void measure(const bench_opts *o, buffers *b, const step_input *s, pkv_ro
     r->route_used = pkv_plan_route(plan);
     r->c = *pkv_plan_counters(plan);
     r->total_tokens = r->c.total_tokens;
+    pkv_cost_terms(plan, pkv_context_parallelism(o->ctx), r->terms);
     r->flashinfer_us = s->flashinfer_us;
     pkv_tensors t = {b->q, b->k, b->v, b->page_sets[0], b->o, b->lse};
 
@@ -667,6 +671,10 @@ static void usage(void) {
            "  --rotate-gib X            KV rotated over at least X GiB (default 2)\n"
            "  --ctas-per-unit N         planner: tasks per SM in one wave (default: the backend's)\n"
            "  --min-chunk N             planner: smallest split in tokens (default 128)\n"
+           "  --explain                 each route's predicted time (cost model) next to its measured time\n"
+           "  --policy FILE             cost model for auto and --explain (default: from the measured ceilings)\n"
+           "  --calibrate-out FILE      fit the cost model to this run's measurements and write a policy file\n"
+           "  --calibration-set         workload: the calibration traces (seed 20260622, five families, several B)\n"
            "  --no-check                skip the comparison with the float64 reference\n"
            "  --per-step                print every trace step, not only the per-route summary\n"
            "  --json PATH               write every metric as JSON\n");
@@ -677,7 +685,7 @@ int cmd_bench(int argc, char **argv) {
                                         "--page-size", "--trace", "--seed", "--batch", "--requests", "--steps",
                                         "--step", "--trace-file", "--anchor", "--lens", "--reps", "--warmup",
                                         "--wall-reps", "--rotate-gib", "--no-check!", "--per-step!", "--json",
-                                        "--quiet!", "--help!", "--ctas-per-unit", "--min-chunk", NULL};
+                                        "--quiet!", "--help!", "--ctas-per-unit", "--min-chunk", "--explain!", "--policy", "--calibrate-out", "--calibration-set!", NULL};
     if (cli_flag(argc, argv, "--help")) {
         usage();
         return 0;
@@ -753,6 +761,17 @@ int cmd_bench(int argc, char **argv) {
     o.min_chunk = (int32_t)cli_opt_int(argc, argv, "--min-chunk", 0);
     o.per_step = cli_flag(argc, argv, "--per-step");
     o.quiet = cli_flag(argc, argv, "--quiet");
+    o.explain = cli_flag(argc, argv, "--explain");
+    o.calibrate_out = cli_opt(argc, argv, "--calibrate-out");
+    const char *policy = cli_opt(argc, argv, "--policy");
+    bool have_policy = false;
+    if (policy) {
+        if (pkv_cost_model_load(policy, &o.model) != PKV_OK || pkv_context_set_cost_model(o.ctx, &o.model) != PKV_OK) {
+            fprintf(stderr, "pkv bench: %s\n", pkv_last_error());
+            return 2;
+        }
+        have_policy = true;
+    }
 
     /* workload -> steps */
     step_input *steps = NULL;
@@ -805,6 +824,42 @@ int cmd_bench(int argc, char **argv) {
         snprintf(arg, sizeof arg, "--lens %.80s", lens);
         make_isolated_step(&o, "lens", buf, B, 0, arg, 99, &steps[nsteps++]);
         snprintf(workload, sizeof workload, "lens %.200s", lens);
+    } else if (cli_flag(argc, argv, "--calibration-set")) {
+        /* the calibration traces: seed 20260622, every family, B 1, 4, 16, 64 (CPU: 1 and 4), the
+         * first and the middle step of each */
+        trace_mode = true;
+        static const int32_t gpu_b[] = {1, 4, 16, 64}, cpu_b[] = {1, 4};
+        const int32_t *bs = o.cuda ? gpu_b : cpu_b;
+        int nb = o.cuda ? 4 : 2;
+        steps = (step_input *)xmalloc((size_t)PKV_TRACE_FAMILY_COUNT_ * (size_t)nb * 2 * sizeof *steps);
+        for (int f = 0; f < PKV_TRACE_FAMILY_COUNT_; f++)
+            for (int bi = 0; bi < nb; bi++) {
+                pkv_trace_config tc;
+                pkv_trace_config_default(&tc, (pkv_trace_family)f);
+                tc.seed = 20260622;
+                tc.max_active = bs[bi];
+                tc.num_requests = 3 * bs[bi];
+                tc.page_size = o.prob.page_size;
+                pkv_trace *tr = NULL;
+                TRY(NULL, pkv_trace_generate(&tc, &tr), "trace generation");
+                char arg[96];
+                snprintf(arg, sizeof arg, "--trace %s --seed 20260622 --batch %d", pkv_trace_family_name(tc.family), bs[bi]);
+                int64_t pool = pkv_trace_num_pages(tr) * o.prob.page_size * kv_bytes_per_token(&o.prob);
+                int32_t ns = pkv_trace_num_steps(tr), picks[2] = {0, ns / 2};
+                for (int k = 0; k < 2 && k < ns; k++) {
+                    const int32_t *ids, *ls;
+                    int32_t B = pkv_trace_step(tr, picks[k], &ids, &ls);
+                    int64_t tok = 0;
+                    for (int32_t i = 0; i < B; i++) tok += ls[i];
+                    int32_t rot = choose_rotations(&o, tok * kv_bytes_per_token(&o.prob), pool);
+                    make_trace_step(&o, tr, picks[k], rot, arg, &steps[nsteps]);
+                    snprintf(steps[nsteps].name, sizeof steps[nsteps].name, "%s_B%d_t%d", pkv_trace_family_name(tc.family),
+                             bs[bi], picks[k]);
+                    nsteps++;
+                }
+                pkv_trace_free(tr);
+            }
+        snprintf(workload, sizeof workload, "calibration set (seed 20260622)");
     } else {
         trace_mode = true;
         pkv_trace *tr = NULL;
@@ -887,6 +942,9 @@ int cmd_bench(int argc, char **argv) {
                 pkv_context_device_name(o.ctx));
     }
 
+    if (!have_policy)
+        pkv_cost_model_default(&o.model, pkv_context_parallelism(o.ctx), o.cuda ? ce.read_gbps : 20.0,
+                               o.cuda ? ce.launch_us : 0.0);
     buffers b;
     memset(&b, 0, sizeof b);
     pkv_plan *plan = NULL;
@@ -938,6 +996,45 @@ int cmd_bench(int argc, char **argv) {
             fprintf(stderr, "pkv bench: %s route %s: rel err %.2e, %d outputs unwritten\n", res.rows[i].step,
                     pkv_route_name(res.rows[i].route_asked), res.rows[i].rel_err, res.rows[i].nan_outputs);
         }
+    }
+    if (o.calibrate_out) {
+        int n = 0;
+        double *T = (double *)xmalloc((size_t)res.n * PKV_COST_TERMS * sizeof(double));
+        double *y = (double *)xmalloc((size_t)res.n * sizeof(double));
+        for (int i = 0; i < res.n; i++) {
+            if (res.rows[i].route_asked == PKV_ROUTE_AUTO || res.rows[i].route_asked == PKV_ROUTE_BUCKETED) continue;
+            memcpy(T + (size_t)n * PKV_COST_TERMS, res.rows[i].terms, sizeof res.rows[i].terms);
+            y[n++] = res.rows[i].kernel_us;
+        }
+        pkv_cost_model fit = o.model;
+        snprintf(fit.device, sizeof fit.device, "%s", pkv_context_device_name(o.ctx));
+        fit.parallelism = pkv_context_parallelism(o.ctx);
+        pkv_dev_info info;
+        fit.cuda_version = o.cuda && pkv_dev_get_info(o.ctx, &info) == PKV_OK ? info.runtime_version : 0;
+        if (pkv_cost_model_fit(n, T, y, &fit) != PKV_OK || pkv_cost_model_save(&fit, o.calibrate_out) != PKV_OK) {
+            fprintf(stderr, "pkv bench: calibration failed: %s\n", pkv_last_error());
+            return 1;
+        }
+        printf("\ncalibrated on %d measurements (rms %.2f us) -> %s\n", n, fit.rms_us, o.calibrate_out);
+        o.model = fit;
+        free(T);
+        free(y);
+    }
+    if (o.explain) {
+        printf("\n| step | route | predicted us | measured us | error | const | launches | MB moved | longest task MB | extra waves | merge MB |\n");
+        printf("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+        for (int i = 0; i < res.n; i++) {
+            row_result *r = &res.rows[i];
+            r->predicted_us = pkv_cost_predict(&o.model, r->terms);
+            char rl[32];
+            route_label(r, rl, sizeof rl);
+            printf("| %s | %s | %.1f | %.1f | %+.0f%% | %.0f | %.0f | %.2f | %.3f | %.0f | %.3f |\n", r->step, rl,
+                   r->predicted_us, r->kernel_us, 100.0 * (r->predicted_us / r->kernel_us - 1.0), r->terms[0],
+                   r->terms[1], r->terms[2], r->terms[3], r->terms[4], r->terms[5]);
+        }
+        printf("model (%s): const %.3g us, %.3g us/launch, %.3g us/MB, %.3g us/MB of the longest task, %.3g us/extra wave, "
+               "%.3g us/MB merged\n", o.model.device, o.model.coef[0], o.model.coef[1], o.model.coef[2], o.model.coef[3],
+               o.model.coef[4], o.model.coef[5]);
     }
     const char *json = cli_opt(argc, argv, "--json");
     if (json) {

@@ -52,5 +52,6 @@ void cli_fill_random(uint16_t *buf, int64_t n, pkv_dtype dtype, uint64_t seed);
 int cmd_bench(int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_trace(int argc, char **argv);
+int cmd_calibrate(int argc, char **argv);
 
 #endif

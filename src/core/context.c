@@ -48,6 +48,7 @@ pkv_status pkv_context_create(const pkv_context_config *cfg, pkv_context **out) 
 
 void pkv_context_free(pkv_context *ctx) {
     if (!ctx) return;
+    pkv_plan_free(ctx->scratch_plan);
     if (ctx->ops && ctx->ops->destroy) ctx->ops->destroy(ctx);
     free(ctx);
 }

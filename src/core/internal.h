@@ -39,6 +39,9 @@ struct pkv_context {
     uint64_t id;             /* unique per context */
     char device_name[160];
     char last_error[512];
+    bool has_cost_model;
+    pkv_cost_model cost_model;
+    pkv_plan *scratch_plan; /* the policy's candidate plans */
 };
 
 /* Plan storage: tasks, rows and merges live in one host blob so the CUDA backend uploads the

@@ -23,6 +23,7 @@
 #include "internal.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -501,6 +502,33 @@ pkv_status pkv_plan_step(pkv_context *ctx, const pkv_problem *problem, const pkv
         if (st != PKV_OK) return st;
         st = ctx->ops->supports(ctx, problem);
         if (st != PKV_OK) return st;
+    }
+    if (ctx->has_cost_model && (!opts || opts->route == PKV_ROUTE_AUTO)) {
+        /* the policy: plan each candidate, keep the lowest predicted time */
+        if (!ctx->scratch_plan && pkv_plan_create(&ctx->scratch_plan) != PKV_OK)
+            return pkv_fail(ctx, PKV_ERR_OUT_OF_MEMORY, "cannot allocate the policy's scratch plan");
+        static const pkv_route candidates[] = {PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_WORKQUEUE, PKV_ROUTE_FUSED};
+        pkv_plan_options o;
+        if (opts)
+            o = *opts;
+        else
+            pkv_plan_options_default(&o);
+        pkv_route best = PKV_ROUTE_FUSED;
+        double best_us = INFINITY;
+        for (size_t k = 0; k < sizeof candidates / sizeof candidates[0]; k++) {
+            o.route = candidates[k];
+            pkv_status st = plan_impl(ctx, ctx->parallelism, ctx->ctas_per_unit, problem, table, &o, ctx->scratch_plan);
+            if (st != PKV_OK) return st;
+            double t[PKV_COST_TERMS];
+            pkv_cost_terms(ctx->scratch_plan, ctx->parallelism, t);
+            double us = pkv_cost_predict(&ctx->cost_model, t);
+            if (us < best_us) {
+                best_us = us;
+                best = candidates[k];
+            }
+        }
+        o.route = best;
+        return plan_impl(ctx, ctx->parallelism, ctx->ctas_per_unit, problem, table, &o, plan);
     }
     return plan_impl(ctx, ctx->parallelism, ctx->ctas_per_unit, problem, table, opts, plan);
 }
