@@ -868,19 +868,9 @@ int cmd_bench(int argc, char **argv) {
             TRY(NULL, pkv_trace_read(tfile, &tr), "trace read");
             snprintf(arg, sizeof arg, "--trace-file %.80s", tfile);
         } else {
-            const char *fam_s = cli_opt(argc, argv, "--trace");
-            pkv_trace_family fam;
-            if (pkv_trace_family_parse(fam_s ? fam_s : "bimodal", &fam) != PKV_OK) {
-                fprintf(stderr, "pkv bench: %s\n", pkv_last_error());
-                return 2;
-            }
             pkv_trace_config tc;
-            pkv_trace_config_default(&tc, fam);
-            tc.seed = (uint64_t)cli_opt_int(argc, argv, "--seed", (int64_t)tc.seed);
-            tc.max_active = (int32_t)cli_opt_int(argc, argv, "--batch", tc.max_active);
-            if (cli_opt(argc, argv, "--batch") && !cli_opt(argc, argv, "--requests")) tc.num_requests = 3 * tc.max_active;
-            tc.num_requests = (int32_t)cli_opt_int(argc, argv, "--requests", tc.num_requests);
-            tc.page_size = o.prob.page_size;
+            if (!cli_trace_config(argc, argv, "--trace", "bench", &tc)) return 2;
+            pkv_trace_family fam = tc.family;
             TRY(NULL, pkv_trace_generate(&tc, &tr), "trace generation");
             snprintf(arg, sizeof arg, "--trace %s --seed %llu --batch %d --requests %d", pkv_trace_family_name(fam),
                      (unsigned long long)tc.seed, tc.max_active, tc.num_requests);

@@ -41,6 +41,10 @@ bool cli_check_options(int argc, char **argv, const char *const *known, const ch
 int64_t cli_opt_int(int argc, char **argv, const char *name, int64_t def);
 double cli_opt_double(int argc, char **argv, const char *name, double def);
 
+/* A trace config from --<family_option> NAME, --seed, --batch (then 3 x B requests), --requests and
+ * --page-size; prints the error and returns false on an unknown family. */
+bool cli_trace_config(int argc, char **argv, const char *family_option, const char *cmd, pkv_trace_config *c);
+
 double cli_now_us(void);
 int cli_cmp_double(const void *a, const void *b);
 double cli_median(double *v, int n); /* sorts v */

@@ -197,3 +197,19 @@ void cli_fill_random(uint16_t *buf, int64_t n, pkv_dtype dtype, uint64_t seed) {
         buf[i] = dtype == PKV_DTYPE_BF16 ? pkv_float_to_bf16(f) : pkv_float_to_half(f);
     }
 }
+
+bool cli_trace_config(int argc, char **argv, const char *family_option, const char *cmd, pkv_trace_config *c) {
+    pkv_trace_family fam;
+    const char *name = cli_opt(argc, argv, family_option);
+    if (pkv_trace_family_parse(name ? name : "bimodal", &fam) != PKV_OK) {
+        fprintf(stderr, "pkv %s: %s\n", cmd, pkv_last_error());
+        return false;
+    }
+    pkv_trace_config_default(c, fam);
+    c->seed = (uint64_t)cli_opt_int(argc, argv, "--seed", (int64_t)c->seed);
+    c->max_active = (int32_t)cli_opt_int(argc, argv, "--batch", c->max_active);
+    if (cli_opt(argc, argv, "--batch") && !cli_opt(argc, argv, "--requests")) c->num_requests = 3 * c->max_active;
+    c->num_requests = (int32_t)cli_opt_int(argc, argv, "--requests", c->num_requests);
+    c->page_size = (int32_t)cli_opt_int(argc, argv, "--page-size", c->page_size);
+    return true;
+}

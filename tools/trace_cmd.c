@@ -35,20 +35,9 @@ int cmd_trace(int argc, char **argv) {
             return 1;
         }
     } else {
-        pkv_trace_family fam;
-        const char *name = cli_opt(argc, argv, "--family");
-        if (pkv_trace_family_parse(name ? name : "bimodal", &fam) != PKV_OK) {
-            fprintf(stderr, "pkv trace: %s\n", pkv_last_error());
-            return 2;
-        }
         pkv_trace_config c;
-        pkv_trace_config_default(&c, fam);
-        c.seed = (uint64_t)cli_opt_int(argc, argv, "--seed", (int64_t)c.seed);
-        c.max_active = (int32_t)cli_opt_int(argc, argv, "--batch", c.max_active);
-        if (cli_opt(argc, argv, "--batch") && !cli_opt(argc, argv, "--requests")) c.num_requests = 3 * c.max_active;
-        c.num_requests = (int32_t)cli_opt_int(argc, argv, "--requests", c.num_requests);
+        if (!cli_trace_config(argc, argv, "--family", "trace", &c)) return 2;
         c.max_steps = (int32_t)cli_opt_int(argc, argv, "--steps", c.max_steps);
-        c.page_size = (int32_t)cli_opt_int(argc, argv, "--page-size", c.page_size);
         c.hole_fraction = cli_opt_double(argc, argv, "--holes", c.hole_fraction);
         if (pkv_trace_generate(&c, &t) != PKV_OK) {
             fprintf(stderr, "pkv trace: %s\n", pkv_last_error());
