@@ -228,6 +228,13 @@ for _name, (_res, _args) in _protos.items():
     _fn = getattr(lib, _name)  # AttributeError here: the library is older than this binding
     _fn.restype, _fn.argtypes = _res, _args
 
+# The structs above mirror this version of persistentkv.h: refuse a library of another version.
+ABI_VERSION = 100  # 0.1.0
+lib.pkv_version.restype, lib.pkv_version.argtypes = ctypes.c_uint32, []
+if lib.pkv_version() != ABI_VERSION:
+    raise LibraryNotFoundError(
+        f"{library_path} is PersistentKV {lib.pkv_version()}, this binding needs {ABI_VERSION}: rebuild the library")
+
 
 def _names(fn):
     """Names fn(0), fn(1), ... up to the first "unknown" (the library's enum, not a copy)."""
