@@ -68,6 +68,14 @@ with tempfile.TemporaryDirectory() as tmp:
     check(rows["fused"]["launches"] == 1, f"fused launches {rows['fused']['launches']}")
     check(rows["bucketed"]["launches"] == 4, f"bucketed launches {rows['bucketed']['launches']} (2 buckets)")
     check(rows["single"]["launches"] == 1 and rows["single"]["tasks"] == 64, "single: 1 launch, 64 tasks")
+    # the plans an H200 gets (132 SMs), executed by the CPU backend
+    run("bench", "--backend", "cpu", "--anchor", "B8_bimodal", "--reps", "1", "--wall-reps", "1",
+        "--parallelism", "132", "--json", js)
+    rows = {r["route"]: r for r in json.load(open(js))["rows"]}
+    check(rows["workqueue"]["launches"] == 2, f"132 SMs: workqueue launches {rows['workqueue']['launches']}")
+    check(rows["bucketed"]["launches"] == 4, f"132 SMs: bucketed launches {rows['bucketed']['launches']}")
+    check(rows["fused"]["launches"] == 1 and rows["auto"]["launches"] == 1, "132 SMs: fused and auto one launch")
+    check(all(r["rel_err"] < 2e-3 for r in rows.values()), "132 SMs plans are right on the CPU")
 
     # the cost model: --explain, calibration from this run, offline refit and replay, --policy
     js = os.path.join(tmp, "c.json")

@@ -24,7 +24,7 @@ typedef struct bench_opts {
     pkv_route routes[MAX_ROUTES];
     int nroutes;
     int reps, warmup, wall_reps;
-    int32_t ctas_per_unit, min_chunk;
+    int32_t ctas_per_unit, min_chunk, parallelism;
     bool check, per_step, quiet, explain;
     pkv_cost_model model;
     const char *calibrate_out;
@@ -395,6 +395,7 @@ static void measure(const bench_opts *o, buffers *b, const step_input *s, pkv_ro
     pkv_plan_options_default(&opts);
     opts.route = route;
     opts.ctas_per_unit = o->ctas_per_unit;
+    opts.parallelism = o->parallelism;
     opts.min_chunk_tokens = o->min_chunk;
     TRY(o->ctx, pkv_plan_step(o->ctx, &prob, &tab, &opts, plan), "plan");
     ensure_workspace(o, b, pkv_plan_workspace_size(plan));
@@ -671,6 +672,8 @@ static void usage(void) {
            "  --rotate-gib X            KV rotated over at least X GiB (default 2)\n"
            "  --ctas-per-unit N         planner: tasks per SM in one wave (default: the backend's)\n"
            "  --min-chunk N             planner: smallest split in tokens (default 128)\n"
+           "  --parallelism N           planner: plan as for N SMs (default: the backend's SMs or threads;\n"
+           "                            e.g. 132 on the CPU backend to run the plans an H200 would get)\n"
            "  --explain                 each route's predicted time (cost model) next to its measured time\n"
            "  --policy FILE             cost model for auto and --explain (default: from the measured ceilings)\n"
            "  --calibrate-out FILE      fit the cost model to this run's measurements and write a policy file\n"
@@ -685,7 +688,7 @@ int cmd_bench(int argc, char **argv) {
                                         "--page-size", "--trace", "--seed", "--batch", "--requests", "--steps",
                                         "--step", "--trace-file", "--anchor", "--lens", "--reps", "--warmup",
                                         "--wall-reps", "--rotate-gib", "--no-check!", "--per-step!", "--json",
-                                        "--quiet!", "--help!", "--ctas-per-unit", "--min-chunk", "--explain!", "--policy", "--calibrate-out", "--calibration-set!", NULL};
+                                        "--quiet!", "--help!", "--ctas-per-unit", "--min-chunk", "--explain!", "--policy", "--calibrate-out", "--calibration-set!", "--parallelism", NULL};
     if (cli_flag(argc, argv, "--help")) {
         usage();
         return 0;
@@ -759,6 +762,7 @@ int cmd_bench(int argc, char **argv) {
     o.check = !cli_flag(argc, argv, "--no-check");
     o.ctas_per_unit = (int32_t)cli_opt_int(argc, argv, "--ctas-per-unit", 0);
     o.min_chunk = (int32_t)cli_opt_int(argc, argv, "--min-chunk", 0);
+    o.parallelism = (int32_t)cli_opt_int(argc, argv, "--parallelism", 0);
     o.per_step = cli_flag(argc, argv, "--per-step");
     o.quiet = cli_flag(argc, argv, "--quiet");
     o.explain = cli_flag(argc, argv, "--explain");
@@ -975,6 +979,9 @@ int cmd_bench(int argc, char **argv) {
            o.shape->name, o.prob.num_qo_heads, o.prob.num_kv_heads, o.prob.head_dim,
            o.prob.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", o.prob.layout == PKV_LAYOUT_HND ? "HND" : "NHD",
            o.prob.page_size, workload);
+    printf("planned for parallelism %d x %d tasks per unit%s\n", o.parallelism > 0 ? o.parallelism : pkv_context_parallelism(o.ctx),
+           o.ctas_per_unit > 0 ? o.ctas_per_unit : (o.cuda ? 2 : 4),
+           o.ctas_per_unit > 0 ? "" : " (up to 4 waves for ragged batches)");
     if (o.cuda)
         printf("read ceiling %.0f GB/s, empty launch %.2f us, graph replay %.2f us (measured in this run)\n", ce.read_gbps,
                ce.launch_us, ce.graph_us);
