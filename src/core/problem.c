@@ -92,15 +92,21 @@ pkv_status pkv_check_table(pkv_context *ctx, const pkv_problem *p, const pkv_pag
     if (check_page_ids && t->batch_size > 0) {
         if (!t->kv_page_indices && t->kv_indptr[t->batch_size] > 0)
             return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "kv_page_indices is NULL");
-        for (int32_t i = 0; i < t->batch_size; i++) {
-            /* only pages that hold tokens are read; all listed pages must still be valid ids */
-            for (int32_t j = t->kv_indptr[i]; j < t->kv_indptr[i + 1]; j++) {
-                int32_t pg = t->kv_page_indices[j];
-                if (pg < 0 || (int64_t)pg >= p->num_pages)
-                    return pkv_fail(ctx, PKV_ERR_PAGE_OUT_OF_RANGE,
-                                    "kv_page_indices[%d] = %d (row %d) is outside [0, %lld)", j, pg, i,
-                                    (long long)p->num_pages);
-            }
+        /* one vectorisable min/max pass over every listed page; the offender is located only on failure */
+        const int32_t *ids = t->kv_page_indices;
+        const int32_t n = t->kv_indptr[t->batch_size];
+        int32_t lo = INT32_MAX, hi = INT32_MIN;
+        for (int32_t j = 0; j < n; j++) {
+            lo = ids[j] < lo ? ids[j] : lo;
+            hi = ids[j] > hi ? ids[j] : hi;
+        }
+        if (n > 0 && (lo < 0 || (int64_t)hi >= p->num_pages)) {
+            for (int32_t i = 0; i < t->batch_size; i++)
+                for (int32_t j = t->kv_indptr[i]; j < t->kv_indptr[i + 1]; j++)
+                    if (ids[j] < 0 || (int64_t)ids[j] >= p->num_pages)
+                        return pkv_fail(ctx, PKV_ERR_PAGE_OUT_OF_RANGE,
+                                        "kv_page_indices[%d] = %d (row %d) is outside [0, %lld)", j, ids[j], i,
+                                        (long long)p->num_pages);
         }
     }
     return PKV_OK;

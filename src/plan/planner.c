@@ -277,13 +277,13 @@ static int32_t emit_rect_phase(pkv_plan *plan, const plan_params *pp, const pkv_
     return slots;
 }
 
-static int cmp_task_len_desc(const void *a, const void *b) {
-    const pkv_task *x = (const pkv_task *)a, *y = (const pkv_task *)b;
+/* Tail groups (a row's Hkv tail tasks) longest first, then by row. */
+static _Thread_local const pkv_task *g_sort_tails;
+static int cmp_tail_group(const void *a, const void *b) {
+    const pkv_task *x = &g_sort_tails[*(const int32_t *)a], *y = &g_sort_tails[*(const int32_t *)b];
     int32_t lx = x->tok_end - x->tok_begin, ly = y->tok_end - y->tok_begin;
     if (lx != ly) return lx > ly ? -1 : 1;
-    if (x->row != y->row) return x->row < y->row ? -1 : 1;
-    if (x->kv_head != y->kv_head) return x->kv_head < y->kv_head ? -1 : 1;
-    return x->tok_begin < y->tok_begin ? -1 : (x->tok_begin > y->tok_begin);
+    return x->row < y->row ? -1 : (x->row > y->row);
 }
 
 static void compute_counters(pkv_plan *plan) {
@@ -455,23 +455,28 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
         begin_phase(plan, 0);
         for (int32_t i = 0; i < B; i++) slots += emit_row(plan, i, lens[i], table->kv_indptr[i], chunk_tokens, slots, true);
         emit_empty_merges(plan, lens, NULL, B);
-        /* full chunks first (already in row order), then the tails longest first */
-        int32_t w = 0;
-        int32_t ntail = 0;
-        /* stable partition: move full-size tasks to the front; tails kept in a scratch copy */
+        /* full chunks first (already in row order), then the tails longest first.  A row's tail
+         * tasks (one per KV head, same length) are the row's last Hkv tasks: sort the rows, not the
+         * tasks (ties keep row order, so the order is that of sorting tasks by length, row, head). */
         pkv_task *tasks = plan->tasks;
-        int32_t nt = plan->num_tasks;
+        const int32_t nt = plan->num_tasks;
         st = scratch_reserve(ctx, plan, (size_t)(B + 64) + (size_t)nt * (sizeof(pkv_task) / sizeof(int32_t)));
         if (st != PKV_OK) return st;
+        int32_t *tail_rows = plan->scratch; /* rows with a tail, as indices of their first tail task */
         pkv_task *tails = (pkv_task *)(plan->scratch + B + 64);
+        int32_t w = 0, ntail = 0, ngroups = 0;
         for (int32_t k = 0; k < nt; k++) {
-            if (tasks[k].tok_end - tasks[k].tok_begin == chunk_tokens)
+            if (tasks[k].tok_end - tasks[k].tok_begin == chunk_tokens) {
                 tasks[w++] = tasks[k];
-            else
+            } else {
+                if (tasks[k].kv_head == 0) tail_rows[ngroups++] = ntail;
                 tails[ntail++] = tasks[k];
+            }
         }
-        qsort(tails, (size_t)ntail, sizeof *tails, cmp_task_len_desc);
-        memcpy(tasks + w, tails, (size_t)ntail * sizeof *tails);
+        g_sort_tails = tails;
+        qsort(tail_rows, (size_t)ngroups, sizeof *tail_rows, cmp_tail_group);
+        for (int32_t gi = 0; gi < ngroups; gi++)
+            for (int32_t h = 0; h < hkv; h++) tasks[w++] = tails[tail_rows[gi] + h];
         end_phase(plan);
     }
     plan->num_state_slots = slots;
