@@ -154,6 +154,13 @@ class Rng(ctypes.Structure):
     _fields_ = [("state", ctypes.c_uint64)]
 
 
+class CostModel(ctypes.Structure):
+    """pkv_cost_model: the policy's coefficients (microseconds per unit of each term)."""
+    _fields_ = [("version", ctypes.c_int32), ("parallelism", ctypes.c_int32), ("cuda_version", ctypes.c_int32),
+                ("device", ctypes.c_char * 128), ("coef", ctypes.c_double * 6), ("rms_us", ctypes.c_double),
+                ("samples", ctypes.c_int32)]
+
+
 # ---- prototypes ---------------------------------------------------------------------------------
 _vp, _cp, _P = ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER
 _protos = {
@@ -223,6 +230,8 @@ _protos = {
     "pkv_rng_next": (ctypes.c_uint64, [_P(Rng)]),
     "pkv_rng_uniform_int": (ctypes.c_int64, [_P(Rng), ctypes.c_int64, ctypes.c_int64]),
     "pkv_rng_uniform01": (ctypes.c_double, [_P(Rng)]),
+    "pkv_cost_model_load": (c_enum, [_cp, _P(CostModel)]),
+    "pkv_context_set_cost_model": (c_enum, [_vp, _P(CostModel)]),
 }
 for _name, (_res, _args) in _protos.items():
     _fn = getattr(lib, _name)  # AttributeError here: the library is older than this binding

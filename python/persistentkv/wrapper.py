@@ -40,7 +40,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
     Not thread-safe: use one wrapper per thread.
     """
 
-    def __init__(self, workspace_bytes=None, kv_layout="NHD", backend="auto", device=0, num_threads=0):
+    def __init__(self, workspace_bytes=None, kv_layout="NHD", backend="auto", device=0, num_threads=0, policy=None):
         if kv_layout not in _LAYOUTS:
             raise ValueError(f"kv_layout must be 'NHD' or 'HND', not {kv_layout!r}")
         if backend not in _BACKENDS:
@@ -59,6 +59,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._ctx = ctx
         self._free_ctx = weakref.finalize(self, lib.pkv_context_free, ctx)
         self._backend = "cuda" if lib.pkv_context_backend(ctx) == L.BACKEND_CUDA else "cpu"
+        if policy is not None:  # a policy file from `pkv calibrate`: route="auto" then follows its cost model
+            model = L.CostModel()
+            check(lib.pkv_cost_model_load(str(policy).encode(), ctypes.byref(model)), call="pkv_cost_model_load")
+            check(lib.pkv_context_set_cost_model(ctx, ctypes.byref(model)), ctx=ctx, call="pkv_context_set_cost_model")
         self._torch = A.torch() if self._backend == "cuda" else None
         plan = ctypes.c_void_p()
         check(lib.pkv_plan_create(ctypes.byref(plan)), call="pkv_plan_create")
