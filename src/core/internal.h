@@ -95,6 +95,11 @@ float pkv_problem_scale(const pkv_problem *p);
 typedef struct pkv_kv_strides { int64_t page, head, token; } pkv_kv_strides;
 pkv_kv_strides pkv_kv_strides_of(const pkv_problem *p);
 
+/* Cost-model terms of a route without building its plan (the policy's fast path; tests compare
+ * them with pkv_cost_terms of the built plan).  default_per_unit: ctas_per_unit when not forced. */
+pkv_status pkv_plan_route_terms(const pkv_problem *problem, const pkv_page_table *table, const pkv_plan_options *opts,
+                                int32_t default_per_unit, double terms[PKV_COST_TERMS]);
+
 /* Backends. */
 pkv_status pkv_cpu_backend_init(pkv_context *ctx, int32_t num_threads);
 pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device); /* stub without CUDA */

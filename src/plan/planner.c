@@ -89,7 +89,7 @@ static int32_t choose_splits(const plan_params *pp, const pkv_problem *p, const 
     int64_t nonempty = 0;
     int32_t max_pages = 0;
     for (int32_t k = 0; k < nrows; k++) {
-        int32_t n = lens[rows[k]];
+        int32_t n = lens[rows ? rows[k] : k];
         if (n > 0) nonempty++;
         int32_t pg = row_pages(p, n);
         if (pg > max_pages) max_pages = pg;
@@ -131,14 +131,20 @@ static int32_t choose_workqueue_chunk(const plan_params *pp, const pkv_problem *
     int64_t cost_hi = 0;
     for (int32_t i = 0; i < B; i++) cost_hi += lens[i] > 0 ? 1 : 0;
     if (cost_hi * p->num_kv_heads > pp->P) return max_pages;
+    /* 32-bit divisions, and each count stops as soon as it exceeds the wave */
+    const int64_t budget = pp->P / p->num_kv_heads;
+    const uint32_t ps = (uint32_t)p->page_size;
     while (lo < hi) {
-        int32_t mid = lo + (hi - lo) / 2;
+        const uint32_t mid = (uint32_t)(lo + (hi - lo) / 2);
         int64_t cost = 0;
-        for (int32_t i = 0; i < B; i++) cost += ceil_div(row_pages(p, lens[i]), mid);
-        if (cost * p->num_kv_heads <= pp->P)
-            hi = mid;
+        for (int32_t i = 0; i < B && cost <= budget; i++) {
+            const uint32_t pages = ((uint32_t)lens[i] + ps - 1) / ps;
+            cost += (pages + mid - 1) / mid;
+        }
+        if (cost <= budget)
+            hi = (int32_t)mid;
         else
-            lo = mid + 1;
+            lo = (int32_t)mid + 1;
     }
     return lo;
 }
@@ -322,6 +328,84 @@ static void compute_counters(pkv_plan *plan) {
     }
 }
 
+/* The planner's parameters for a step: P (tasks per wave, with up to 4 waves for ragged batches:
+ * with rows longer than 1.25 x the mean, more, smaller tasks than one wave let the hardware
+ * scheduler even out the load; one wave per 32 (row, KV head) pairs; even batches keep one wave,
+ * as measured on the H200, docs/kernel-notes.md), chunk bounds and forced values. */
+static void resolve_params(const pkv_plan_options *opts, int32_t parallelism, int32_t default_per_unit,
+                           const pkv_problem *problem, const pkv_page_table *table, plan_params *pp) {
+    int32_t per_unit = opts->ctas_per_unit > 0 ? opts->ctas_per_unit : default_per_unit;
+    pp->P = (int64_t)parallelism * per_unit;
+    int32_t min_tokens = opts->min_chunk_tokens > 0 ? opts->min_chunk_tokens : 128;
+    pp->min_chunk_pages = (int32_t)ceil_div(min_tokens, problem->page_size);
+    pp->max_splits = opts->max_splits > 0 ? opts->max_splits : 256;
+    pp->forced_splits = opts->num_splits;
+    pp->forced_chunk = opts->chunk_pages;
+    int64_t nonempty = 0, total = 0, max_len = 0;
+    for (int32_t i = 0; i < table->batch_size; i++) {
+        int32_t n = table->seq_lens[i];
+        nonempty += n > 0;
+        total += n;
+        if (n > max_len) max_len = n;
+    }
+    if (opts->ctas_per_unit <= 0 && nonempty > 0 && 4 * max_len * nonempty > 5 * total) {
+        int64_t waves = nonempty * problem->num_kv_heads / 32;
+        pp->P *= waves < 1 ? 1 : waves > 4 ? 4 : waves;
+    }
+}
+
+/* The cost-model terms of a route for this step without building its plan: the same rules as
+ * plan_impl, O(B) (plus the work queue's chunk search).  tests/test_plan checks them against
+ * pkv_cost_terms of the built plans. */
+static void route_terms(const plan_params *pp, const pkv_problem *p, const int32_t *lens, int32_t B, pkv_route route,
+                        int32_t parallelism, int32_t wq_chunk_pages, double t[PKV_COST_TERMS]) {
+    const int64_t hkv = p->num_kv_heads, G = p->num_qo_heads / hkv, d = p->head_dim;
+    const int64_t es = (int64_t)pkv_dtype_size(p->dtype);
+    int32_t S = 1, wq_chunk = 0;
+    if (route == PKV_ROUTE_SPLIT) S = choose_splits(pp, p, lens, NULL, B);
+    if (route == PKV_ROUTE_WORKQUEUE || route == PKV_ROUTE_FUSED)
+        wq_chunk = (wq_chunk_pages > 0 ? wq_chunk_pages : choose_workqueue_chunk(pp, p, lens, B)) * p->page_size;
+    int64_t tokens = 0, tasks = 0, split_tasks = 0, merges = 0, empty = 0, longest = 0, max_count = 0;
+    for (int32_t i = 0; i < B; i++) {
+        int32_t n = lens[i];
+        tokens += n;
+        if (n == 0) {
+            empty++;
+            continue;
+        }
+        const uint32_t chunk = route == PKV_ROUTE_SINGLE ? (uint32_t)n
+                               : route == PKV_ROUTE_SPLIT
+                                   ? (uint32_t)row_chunk_pages(pp, row_pages(p, n), S) * (uint32_t)p->page_size
+                                   : (uint32_t)wq_chunk;
+        const int64_t ns = ((uint32_t)n + chunk - 1) / chunk; /* 32-bit division: this loop is the decision */
+        tasks += ns * hkv;
+        if (ns > 1) {
+            split_tasks += ns * hkv;
+            merges += hkv;
+            if (ns > max_count) max_count = ns;
+        }
+        const int64_t first = chunk < (uint32_t)n ? (int64_t)chunk : n;
+        if (first > longest) longest = first;
+    }
+    int64_t launches, ctas;
+    if (route == PKV_ROUTE_FUSED) {
+        launches = (tasks > 0 || empty > 0) ? 1 : 0;
+        ctas = tasks + empty * hkv;
+    } else {
+        launches = (tasks > 0) + (merges + empty > 0);
+        ctas = route == PKV_ROUTE_WORKQUEUE ? tasks : (tasks > 0 ? (int64_t)B * hkv * S : 0);
+    }
+    const int64_t kv = tokens * hkv * d * es * 2, qo = (int64_t)B * p->num_qo_heads * (d * es * 2 + 4);
+    const int64_t ms = 2 * split_tasks * G * (d + 1) * 4;
+    double waves = ceil((double)ctas / (2.0 * parallelism)) - 1.0;
+    t[0] = 1.0;
+    t[1] = (double)launches;
+    t[2] = (double)(kv + qo + ms) / 1e6;
+    t[3] = (double)longest * (double)d * (double)es * 2.0 / 1e6;
+    t[4] = waves > 0 ? waves : 0.0;
+    t[5] = (double)max_count * (double)G * (d + 1.0) * 4.0 / 1e6;
+}
+
 static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t default_cpu, const pkv_problem *problem,
                             const pkv_page_table *table, const pkv_plan_options *opts_in, pkv_plan *plan) {
     pkv_status st = pkv_check_problem(ctx, problem);
@@ -341,13 +425,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
     if (parallelism <= 0)
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "parallelism must be positive (set it in the options)");
     plan_params pp;
-    int32_t per_unit = opts.ctas_per_unit > 0 ? opts.ctas_per_unit : default_cpu;
-    pp.P = (int64_t)parallelism * per_unit;
-    int32_t min_tokens = opts.min_chunk_tokens > 0 ? opts.min_chunk_tokens : 128;
-    pp.min_chunk_pages = (int32_t)ceil_div(min_tokens, problem->page_size);
-    pp.max_splits = opts.max_splits > 0 ? opts.max_splits : 256;
-    pp.forced_splits = opts.num_splits;
-    pp.forced_chunk = opts.chunk_pages;
+    resolve_params(&opts, parallelism, default_cpu, problem, table, &pp);
 
     const int32_t B = table->batch_size, hkv = problem->num_kv_heads;
     const int32_t *lens = table->seq_lens;
@@ -363,20 +441,6 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
             empty++;
         int64_t pg = row_pages(problem, lens[i]);
         if (pg > max_pages) max_pages = pg;
-    }
-    /* Waves: with ragged rows (longest row > 1.25 x the mean) more, smaller tasks than one wave let
-     * the hardware scheduler even out the load; one wave per 32 (row, KV head) pairs, up to 4.
-     * Even batches keep exactly one wave (measured on the H200: docs/kernel-notes.md). */
-    if (opts.ctas_per_unit <= 0 && nonempty > 0) {
-        int64_t total = 0, max_len = 0;
-        for (int32_t i = 0; i < B; i++) {
-            total += lens[i];
-            if (lens[i] > max_len) max_len = lens[i];
-        }
-        if (4 * max_len * nonempty > 5 * total) {
-            int64_t waves = nonempty * hkv / 32;
-            pp.P *= waves < 1 ? 1 : waves > 4 ? 4 : waves;
-        }
     }
     pkv_route route = opts.route;
     if (route == PKV_ROUTE_AUTO) route = nonempty * hkv >= pp.P ? PKV_ROUTE_SINGLE : PKV_ROUTE_FUSED;
@@ -509,30 +573,31 @@ pkv_status pkv_plan_step(pkv_context *ctx, const pkv_problem *problem, const pkv
         if (st != PKV_OK) return st;
     }
     if (ctx->has_cost_model && (!opts || opts->route == PKV_ROUTE_AUTO)) {
-        /* the policy: plan each candidate, keep the lowest predicted time */
-        if (!ctx->scratch_plan && pkv_plan_create(&ctx->scratch_plan) != PKV_OK)
-            return pkv_fail(ctx, PKV_ERR_OUT_OF_MEMORY, "cannot allocate the policy's scratch plan");
-        static const pkv_route candidates[] = {PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_WORKQUEUE, PKV_ROUTE_FUSED};
+        /* the policy: predicted time of each candidate route from its terms, the lowest wins */
+        pkv_status st = pkv_check_problem(ctx, problem);
+        if (st == PKV_OK) st = pkv_check_table(ctx, problem, table, false);
+        if (st != PKV_OK) return st;
         pkv_plan_options o;
         if (opts)
             o = *opts;
         else
             pkv_plan_options_default(&o);
-        pkv_route best = PKV_ROUTE_FUSED;
+        int32_t par = o.parallelism > 0 ? o.parallelism : ctx->parallelism;
+        plan_params pp;
+        resolve_params(&o, par, ctx->ctas_per_unit, problem, table, &pp);
+        static const pkv_route candidates[] = {PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_WORKQUEUE, PKV_ROUTE_FUSED};
         double best_us = INFINITY;
+        o.route = PKV_ROUTE_FUSED;
+        const int32_t wq_chunk = choose_workqueue_chunk(&pp, problem, table->seq_lens, table->batch_size);
         for (size_t k = 0; k < sizeof candidates / sizeof candidates[0]; k++) {
-            o.route = candidates[k];
-            pkv_status st = plan_impl(ctx, ctx->parallelism, ctx->ctas_per_unit, problem, table, &o, ctx->scratch_plan);
-            if (st != PKV_OK) return st;
             double t[PKV_COST_TERMS];
-            pkv_cost_terms(ctx->scratch_plan, ctx->parallelism, t);
+            route_terms(&pp, problem, table->seq_lens, table->batch_size, candidates[k], par, wq_chunk, t);
             double us = pkv_cost_predict(&ctx->cost_model, t);
             if (us < best_us) {
                 best_us = us;
-                best = candidates[k];
+                o.route = candidates[k];
             }
         }
-        o.route = best;
         return plan_impl(ctx, ctx->parallelism, ctx->ctas_per_unit, problem, table, &o, plan);
     }
     return plan_impl(ctx, ctx->parallelism, ctx->ctas_per_unit, problem, table, opts, plan);
@@ -595,3 +660,18 @@ int32_t pkv_plan_num_state_slots(const pkv_plan *p) { return p ? p->num_state_sl
 const pkv_problem *pkv_plan_problem(const pkv_plan *p) { return p ? &p->problem : NULL; }
 int32_t pkv_plan_batch_size(const pkv_plan *p) { return p ? p->batch_size : 0; }
 size_t pkv_plan_workspace_size(const pkv_plan *p) { return p ? p->workspace_bytes : 0; }
+
+pkv_status pkv_plan_route_terms(const pkv_problem *problem, const pkv_page_table *table, const pkv_plan_options *opts,
+                                int32_t default_per_unit, double terms[PKV_COST_TERMS]) {
+    pkv_status st = pkv_check_problem(NULL, problem);
+    if (st == PKV_OK) st = pkv_check_table(NULL, problem, table, false);
+    if (st != PKV_OK) return st;
+    if (!opts || !terms || opts->parallelism <= 0)
+        return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, "options with a parallelism and terms are needed");
+    if (opts->route == PKV_ROUTE_AUTO || opts->route == PKV_ROUTE_BUCKETED || opts->route < 0 || opts->route >= PKV_ROUTE_COUNT_)
+        return pkv_fail(NULL, PKV_ERR_UNSUPPORTED, "terms without a plan exist for single, split, workqueue and fused");
+    plan_params pp;
+    resolve_params(opts, opts->parallelism, default_per_unit, problem, table, &pp);
+    route_terms(&pp, problem, table->seq_lens, table->batch_size, opts->route, opts->parallelism, -1, terms);
+    return PKV_OK;
+}
