@@ -205,6 +205,17 @@ int main(void) {
     double fixed = (now_us() - t0) / 500;
     printf("plan, B = 128 for 132 SMs: auto with the cost model %.2f us, the chosen route (%s) alone %.2f us: "
            "decision %.2f us\n", with_model, pkv_route_name(a.route), fixed, with_model - fixed);
+    CHECK_OK(pkv_context_set_cost_model(ctx, NULL)); /* the rule: one comparison after the O(B) pass */
+    a.route = PKV_ROUTE_AUTO;
+    t0 = now_us();
+    for (int k = 0; k < 500; k++) pkv_plan_step(ctx, &p, &t, &a, plan);
+    double with_rule = (now_us() - t0) / 500;
+    a.route = pkv_plan_route(plan);
+    t0 = now_us();
+    for (int k = 0; k < 500; k++) pkv_plan_step(ctx, &p, &t, &a, plan);
+    fixed = (now_us() - t0) / 500;
+    printf("plan, B = 128 for 132 SMs: auto with the rule %.2f us, the chosen route (%s) alone %.2f us: decision %.2f us\n",
+           with_rule, pkv_route_name(a.route), fixed, with_rule - fixed);
     pkv_context_free(ctx);
     pkv_plan_free(plan);
     return pkv_test_finish("test_cost");

@@ -283,13 +283,27 @@ static int32_t emit_rect_phase(pkv_plan *plan, const plan_params *pp, const pkv_
     return slots;
 }
 
-/* Tail groups (a row's Hkv tail tasks) longest first, then by row. */
-static _Thread_local const pkv_task *g_sort_tails;
-static int cmp_tail_group(const void *a, const void *b) {
-    const pkv_task *x = &g_sort_tails[*(const int32_t *)a], *y = &g_sort_tails[*(const int32_t *)b];
-    int32_t lx = x->tok_end - x->tok_begin, ly = y->tok_end - y->tok_begin;
-    if (lx != ly) return lx > ly ? -1 : 1;
-    return x->row < y->row ? -1 : (x->row > y->row);
+/* Sort keys of the tail groups: (INT32_MAX - length) << 32 | group ordinal, so ascending keys are
+ * longest first, then row order. */
+static int cmp_u64(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : (x > y);
+}
+
+static void sort_u64(uint64_t *v, int32_t n) {
+    if (n > 64) {
+        qsort(v, (size_t)n, sizeof *v, cmp_u64);
+        return;
+    }
+    for (int32_t i = 1; i < n; i++) { /* insertion sort: B is small */
+        uint64_t x = v[i];
+        int32_t j = i - 1;
+        while (j >= 0 && v[j] > x) {
+            v[j + 1] = v[j];
+            j--;
+        }
+        v[j + 1] = x;
+    }
 }
 
 static void compute_counters(pkv_plan *plan) {
@@ -524,23 +538,26 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
          * tasks (ties keep row order, so the order is that of sorting tasks by length, row, head). */
         pkv_task *tasks = plan->tasks;
         const int32_t nt = plan->num_tasks;
-        st = scratch_reserve(ctx, plan, (size_t)(B + 64) + (size_t)nt * (sizeof(pkv_task) / sizeof(int32_t)));
+        /* scratch (int32 units): [B + 64 | tails: nt tasks | pad to 8 bytes | keys: B uint64] */
+        const size_t key_at = ((size_t)(B + 64) + (size_t)nt * (sizeof(pkv_task) / sizeof(int32_t)) + 1) & ~(size_t)1;
+        st = scratch_reserve(ctx, plan, key_at + 2 * (size_t)B + 2);
         if (st != PKV_OK) return st;
-        int32_t *tail_rows = plan->scratch; /* rows with a tail, as indices of their first tail task */
         pkv_task *tails = (pkv_task *)(plan->scratch + B + 64);
+        uint64_t *keys = (uint64_t *)(void *)(plan->scratch + key_at); /* one per tail group (row) */
         int32_t w = 0, ntail = 0, ngroups = 0;
         for (int32_t k = 0; k < nt; k++) {
-            if (tasks[k].tok_end - tasks[k].tok_begin == chunk_tokens) {
+            const int32_t len = tasks[k].tok_end - tasks[k].tok_begin;
+            if (len == chunk_tokens) {
                 tasks[w++] = tasks[k];
             } else {
-                if (tasks[k].kv_head == 0) tail_rows[ngroups++] = ntail;
+                if (tasks[k].kv_head == 0)
+                    keys[ngroups++] = ((uint64_t)(uint32_t)(INT32_MAX - len) << 32) | (uint32_t)ntail;
                 tails[ntail++] = tasks[k];
             }
         }
-        g_sort_tails = tails;
-        qsort(tail_rows, (size_t)ngroups, sizeof *tail_rows, cmp_tail_group);
+        sort_u64(keys, ngroups);
         for (int32_t gi = 0; gi < ngroups; gi++)
-            for (int32_t h = 0; h < hkv; h++) tasks[w++] = tails[tail_rows[gi] + h];
+            for (int32_t h = 0; h < hkv; h++) tasks[w++] = tails[(uint32_t)keys[gi] + h];
         end_phase(plan);
     }
     plan->num_state_slots = slots;
