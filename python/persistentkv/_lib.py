@@ -260,6 +260,15 @@ ROUTES = _names(lib.pkv_route_name)              # ("auto", "single", "split", .
 TRACE_FAMILIES = _names(lib.pkv_trace_family_name)  # ("uniform", "bimodal", ...)
 
 
+def parse_code(parse_fn, name):
+    """An enum code from an int or from its name through the library's parser (pkv_*_parse)."""
+    if isinstance(name, int):
+        return name
+    code = ctypes.c_int(0)
+    check(parse_fn(str(name).encode(), ctypes.byref(code)), call=parse_fn.__name__)
+    return code.value
+
+
 # ---- errors -------------------------------------------------------------------------------------
 def status_string(status):
     return lib.pkv_status_string(int(status)).decode()

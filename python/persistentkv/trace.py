@@ -6,15 +6,11 @@ import weakref
 
 from . import _arrays as A
 from . import _lib as L
-from ._lib import check, lib
+from ._lib import check, lib, parse_code
 
 
 def _family_code(family):
-    if isinstance(family, int):
-        return family
-    code = ctypes.c_int(0)
-    check(lib.pkv_trace_family_parse(str(family).encode(), ctypes.byref(code)), call="pkv_trace_family_parse")
-    return code.value
+    return parse_code(lib.pkv_trace_family_parse, family)
 
 
 class Trace:

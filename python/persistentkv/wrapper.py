@@ -5,7 +5,7 @@ import weakref
 
 from . import _arrays as A
 from . import _lib as L
-from ._lib import PkvError, check, lib
+from ._lib import PkvError, check, lib, parse_code
 
 _LAYOUTS = {"NHD": L.LAYOUT_NHD, "HND": L.LAYOUT_HND}
 _BACKENDS = ("auto", "cpu", "cuda")
@@ -19,11 +19,7 @@ def cuda_available():
 
 
 def _route_code(route):
-    if isinstance(route, int):
-        return route
-    code = ctypes.c_int(0)
-    check(lib.pkv_route_parse(str(route).encode(), ctypes.byref(code)), call="pkv_route_parse")
-    return code.value
+    return parse_code(lib.pkv_route_parse, route)
 
 
 class BatchDecodeWithPagedKVCacheWrapper:

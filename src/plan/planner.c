@@ -420,6 +420,13 @@ static void route_terms(const plan_params *pp, const pkv_problem *p, const int32
     t[5] = (double)max_count * (double)G * (d + 1.0) * 4.0 / 1e6;
 }
 
+/* Length bucket of the bucketed route: floor(log2(N)) + 1, 0 for an empty row (0..32). */
+static int32_t length_bucket(int32_t n) {
+    int32_t b = 0;
+    for (uint32_t x = (uint32_t)n; x; x >>= 1) b++;
+    return b;
+}
+
 static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t default_cpu, const pkv_problem *problem,
                             const pkv_page_table *table, const pkv_plan_options *opts_in, pkv_plan *plan) {
     pkv_status st = pkv_check_problem(ctx, problem);
@@ -447,14 +454,12 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
     plan->batch_size = B;
     plan->group = problem->num_qo_heads / hkv;
 
-    int64_t nonempty = 0, max_pages = 0, empty = 0;
+    int64_t nonempty = 0, empty = 0;
     for (int32_t i = 0; i < B; i++) {
         if (lens[i] > 0)
             nonempty++;
         else
             empty++;
-        int64_t pg = row_pages(problem, lens[i]);
-        if (pg > max_pages) max_pages = pg;
     }
     pkv_route route = opts.route;
     if (route == PKV_ROUTE_AUTO) route = nonempty * hkv >= pp.P ? PKV_ROUTE_SINGLE : PKV_ROUTE_FUSED;
@@ -481,11 +486,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
     } else if (route == PKV_ROUTE_BUCKETED) {
         /* counting sort of rows by bucket = floor(log2(N)) + 1, 0 for empty rows */
         int32_t counts[34] = {0};
-        for (int32_t i = 0; i < B; i++) {
-            int32_t b = 0;
-            for (uint32_t n = (uint32_t)lens[i]; n; n >>= 1) b++;
-            counts[b]++;
-        }
+        for (int32_t i = 0; i < B; i++) counts[length_bucket(lens[i])]++;
         int32_t starts[34], at = 0, nb = 0;
         for (int b = 0; b < 34; b++) {
             starts[b] = at;
@@ -494,11 +495,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
         }
         int32_t fill[34];
         memcpy(fill, starts, sizeof fill);
-        for (int32_t i = 0; i < B; i++) {
-            int32_t b = 0;
-            for (uint32_t n = (uint32_t)lens[i]; n; n >>= 1) b++;
-            order[fill[b]++] = i;
-        }
+        for (int32_t i = 0; i < B; i++) order[fill[length_bucket(lens[i])]++] = i;
         int64_t ntasks = 0, nmerges = 0;
         int32_t Sb[34];
         for (int b = 0; b < 34; b++) {
