@@ -4,6 +4,7 @@
 # compute-sanitizer memcheck and racecheck on a reduced set, then the benchmark (anchor steps and
 # trace families).  Full logs and JSON go to OUT_DIR; a short table is printed last.
 #   --quick   fewer random cases, fewer timing repetitions, anchors only (a smoke run)
+# PKV_COMPARE_M=1 also benches the anchors with the heads-in-M kernel for every shape (A/B in one run).
 set -u -o pipefail
 out=${1:?usage: scripts/gpu_check.sh OUT_DIR [--quick]}
 quick=0; [ "${2:-}" = "--quick" ] && quick=1
@@ -56,6 +57,12 @@ if [ $quick = 0 ]; then
   done
   "$build/pkv" bench --backend cuda --trace bucketed --seed 20260623 --steps 16 --reps 30 --wall-reps 10 --quiet \
     --json "$log/trace_bucketed.json" >>"$out/traces.md" 2>>"$log/bench.log" || status=1
+fi
+
+if [ -n "${PKV_COMPARE_M:-}" ]; then
+  say "heads-in-M kernel everywhere (PKV_DECODE_KERNEL=m), anchors, same build"
+  PKV_DECODE_KERNEL=m "$build/pkv" bench --backend cuda --anchor all --reps $reps --quiet --no-check \
+    --json "$out/anchors_heads_in_m.json" >"$out/anchors_heads_in_m.md" 2>>"$log/bench.log" || status=1
 fi
 
 if [ -n "${PKV_COMPARE_VARIANT:-}" ]; then

@@ -13,6 +13,7 @@ struct cuda_state {
     int device;
     int cc_major, cc_minor;
     bool pdl;                 // programmatic dependent launch of the merge (sm_90+)
+    bool heads_in_n;          // the heads-in-N kernel for G <= 8, d <= 128 (PKV_DECODE_KERNEL=m turns it off)
     const void *uploaded_ws;  // workspace that holds uploaded_gen's plan
     uint64_t uploaded_gen;
 };
@@ -55,7 +56,7 @@ pkv_status cuda_run(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_
     if (plan->num_phases == 0 || (plan->num_tasks == 0 && plan->num_merges == 0)) return PKV_OK;
     pkv_status ps = cuda_upload(ctx, plan, ws, ws_bytes, stream);
     if (ps != PKV_OK) return ps;
-    cudaError_t e = pkv_cuda_decode_run(plan, ws, t, static_cast<cudaStream_t>(stream), s->pdl ? 1 : 0);
+    cudaError_t e = pkv_cuda_decode_run(plan, ws, t, static_cast<cudaStream_t>(stream), s->pdl ? 1 : 0, s->heads_in_n ? 1 : 0);
     if (e != cudaSuccess)
         return pkv_fail(ctx, PKV_ERR_CUDA, "decode launch failed: %s", cudaGetErrorString(e));
     return PKV_OK;
@@ -100,11 +101,16 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device) {
     s->cc_major = prop.major;
     s->cc_minor = prop.minor;
     s->pdl = prop.major >= 9 && getenv("PKV_NO_PDL") == nullptr;
+    const char *kernel = getenv("PKV_DECODE_KERNEL");
+    s->heads_in_n = !(kernel && strcmp(kernel, "m") == 0);
     ctx->backend_state = s;
     ctx->ops = &cuda_ops;
     ctx->device = device;
     ctx->parallelism = prop.multiProcessorCount;
-    ctx->ctas_per_unit = 2;
+    /* resident CTAs per SM of the kernels, as the planner's default tasks per SM */
+    int m8 = pkv_cuda_decode_resident_ctas(8, 128, 0), n8 = pkv_cuda_decode_resident_ctas(8, 128, s->heads_in_n);
+    ctx->ctas_per_unit = m8 > 0 ? m8 : 2;
+    ctx->ctas_per_unit_light = n8 > 0 ? n8 : ctx->ctas_per_unit;
     snprintf(ctx->device_name, sizeof ctx->device_name, "%s (%d SMs, sm_%d%d)", prop.name, prop.multiProcessorCount,
              prop.major, prop.minor);
     return PKV_OK;

@@ -13,6 +13,14 @@
 // Online softmax in the log2 domain per warp; warps combine through shared memory at the end; the
 // CTA writes o/lse directly (unsplit row) or a partial state (o_s normalised, lse_s natural log).
 //
+// For G <= 8 and d <= 128 a second kernel (decode_kernel_n8) swaps the operands: S^T = K Q^T and
+// O^T = V^T P^T, tokens and head dims in M, the G heads in N (8 columns).  The accumulator is then
+// 16 x 8 per 16 head dims (32 registers at d = 128 instead of 64, q 16 instead of 32) and each
+// 16-token tile takes 8 + 8 mma instead of 16 + 16, which leaves room for 3 CTAs per SM; P^T
+// reaches the B fragment by one movmatrix.trans per 8 tokens.  Its K loads for the next tile are
+// issued right after S, and V loads right after O, so a tile is always in flight while a warp
+// computes.
+//
 // The merge kernel combines the partial states of a (row, KV head) in slot order (deterministic).
 //
 // Last measured: see docs/kernel-notes.md (H200).
@@ -101,7 +109,7 @@ __device__ __forceinline__ void merge_one(const pkv_merge &m, const float *state
         const int j = idx / (D / 4), d = (idx % (D / 4)) * 4;
         const float lse = lse_sm[j];
         float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 8
+#pragma unroll 16
         for (int s = 0; s < m.count; s++) {
             const int64_t sl = (int64_t)(m.first_slot + s) * G + j;
             const float x = cached ? w_sm[s * G + j] : __ldcg(state_lse + sl);
@@ -128,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const merge_params p) {
 }
 
 // Shared memory: the warps' outputs for the final combine (fp32 [warp][GP][D + 4], m and l
-// [warp][GP]), then q (halves [GP][D + 32]).
+// [warp][GP]), then q (halves [GP][D + 32]) for the d = 256 instance of the M kernel.
 template <int D, bool G16> constexpr int smem_out_floats() {
     return kWarps * (G16 ? 16 : 8) * (D + 4) + 2 * kWarps * (G16 ? 16 : 8);
 }
@@ -136,6 +144,164 @@ template <int D, bool G16> constexpr int smem_floats() {
     return smem_out_floats<D, G16>() + (D > 128 ? (G16 ? 16 : 8) * (D + 32) / 2 : 0);
 }
 
+// One CTA's work item.  slot >= 0: a split of a row (partial state); merge_idx: the fused route's merge.
+struct task_info {
+    int32_t row, head, tb, te, slot, page_base, merge_idx;
+};
+
+// Reads the CTA's task.  false: nothing to compute (an empty split, which exits before reading any
+// KV, or an empty row of the fused route, which this call writes).
+template <typename T, int D>
+__device__ __forceinline__ bool load_task(const decode_params &p, task_info &ti) {
+    ti.merge_idx = -1;
+    if (p.rect) {
+        const pkv_row_sched rs = p.rows[blockIdx.x];
+        const int32_t s = blockIdx.z;
+        if (s >= rs.num_splits) return false;
+        ti.row = rs.row;
+        ti.head = blockIdx.y;
+        ti.tb = s * rs.chunk_tokens;
+        ti.te = min(ti.tb + rs.chunk_tokens, rs.seq_len);
+        ti.slot = rs.num_splits > 1 ? rs.slot_base + ti.head * rs.num_splits + s : -1;
+        ti.page_base = rs.page_base;
+    } else {
+        if (p.fused && (int32_t)blockIdx.x >= p.num_tasks) {
+            pdl_launch_dependents();
+            merge_one<T, D>(p.merges[p.num_split_merges + (blockIdx.x - p.num_tasks)], p.state_o, p.state_lse, p.o,
+                            p.lse, p.num_qo_heads, p.group);
+            return false;
+        }
+        const pkv_task t = p.tasks[blockIdx.x];
+        ti.row = t.row;
+        ti.head = t.kv_head;
+        ti.tb = t.tok_begin;
+        ti.te = t.tok_end;
+        ti.slot = t.state_slot;
+        ti.page_base = t.page_base;
+        ti.merge_idx = t.merge;
+    }
+    pdl_launch_dependents();
+    pdl_wait();
+    return true;
+}
+
+// Page ids of a tile's tokens (K: base + 8j + g; V: base + {2c, 2c+1, 8+2c, 9+2c}); -1 past the
+// range, so those K/V slots are never read.
+__device__ __forceinline__ void tile_pages(const decode_params &p, const task_info &ti, int ntiles, int tile, int g,
+                                           int c, int32_t (&kp)[2], int32_t (&vp)[4]) {
+    const int base = ti.tb + tile * 16;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int tok = base + 8 * j + g;
+        kp[j] = (tile < ntiles && tok < ti.te) ? token_page(p, ti.page_base, tok) : -1;
+    }
+#pragma unroll
+    for (int qv = 0; qv < 4; qv++) {
+        const int tok = base + (qv >> 1) * 8 + 2 * c + (qv & 1);
+        vp[qv] = (tile < ntiles && tok < ti.te) ? token_page(p, ti.page_base, tok) : -1;
+    }
+}
+
+// K of tokens base + 8j + g: the 16-byte chunks i*4 + c.  V of tokens base + {2c, 2c+1, 8+2c, 9+2c}:
+// the chunks g + 8u.  Zeros where the page id is -1.
+template <typename T, int D>
+__device__ __forceinline__ void load_k(const decode_params &p, const T *kbase, int base, int head, int g, int c,
+                                       const int32_t (&kp)[2], uint4 (&kr)[2][D / 32]) {
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        if (kp[j] >= 0) {
+            const T *src = kbase + page_offset(p, kp[j], base + 8 * j + g, head);
+#pragma unroll
+            for (int i = 0; i < D / 32; i++) kr[j][i] = ldg_nc_v4(src + (i * 4 + c) * 8);
+        } else {
+#pragma unroll
+            for (int i = 0; i < D / 32; i++) kr[j][i] = make_uint4(0, 0, 0, 0);
+        }
+    }
+}
+template <typename T, int D>
+__device__ __forceinline__ void load_v(const decode_params &p, const T *vbase, int base, int head, int g, int c,
+                                       const int32_t (&vp)[4], uint4 (&vr)[4][D / 64]) {
+#pragma unroll
+    for (int qv = 0; qv < 4; qv++) {
+        if (vp[qv] >= 0) {
+            const T *src = vbase + page_offset(p, vp[qv], base + (qv >> 1) * 8 + 2 * c + (qv & 1), head);
+#pragma unroll
+            for (int u = 0; u < D / 64; u++) vr[qv][u] = ldg_nc_v4(src + (g + 8 * u) * 8);
+        } else {
+#pragma unroll
+            for (int u = 0; u < D / 64; u++) vr[qv][u] = make_uint4(0, 0, 0, 0);
+        }
+    }
+}
+
+// After every warp wrote its output (sm_o [warp][GP][D + 4], unnormalised), m and l (log2 domain):
+// combines the warps, writes o/lse (unsplit row) or the partial state, and in the fused route the
+// last task of a split (row, KV head) merges it (slot order: deterministic) and resets the counter.
+template <typename T, int D, int GP>
+__device__ __forceinline__ void finish_task(const decode_params &p, const float *smem, const task_info &ti, int G) {
+    using tr = dtype_traits<T>;
+    const float *sm_o = smem;
+    const float *sm_m = smem + kWarps * GP * (D + 4);
+    const float *sm_l = sm_m + kWarps * GP;
+    __syncthreads();
+    const int groups = G * (D / 8); // 8 outputs per thread step
+    for (int idx = threadIdx.x; idx < groups; idx += kThreads) {
+        const int j = idx / (D / 8), d = (idx % (D / 8)) * 8;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kWarps; w++) M = fmaxf(M, sm_m[w * GP + j]);
+        float wgt[kWarps], L = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; w++) {
+            wgt[w] = sm_l[w * GP + j] > 0.f ? exp2f(sm_m[w * GP + j] - M) : 0.f;
+            L += wgt[w] * sm_l[w * GP + j];
+        }
+        const float inv = 1.f / L;
+        float out[8];
+#pragma unroll
+        for (int x = 0; x < 8; x++) {
+            float v = 0.f;
+#pragma unroll
+            for (int w = 0; w < kWarps; w++) v += wgt[w] * sm_o[(w * GP + j) * (D + 4) + d + x];
+            out[x] = v * inv;
+        }
+        const float lse_nat = (M + log2f(L)) * kLn2;
+        const int64_t qh = (int64_t)ti.row * p.num_qo_heads + (int64_t)ti.head * G + j;
+        if (ti.slot < 0) {
+            uint4 pk;
+            pk.x = tr::pack(out[0], out[1]);
+            pk.y = tr::pack(out[2], out[3]);
+            pk.z = tr::pack(out[4], out[5]);
+            pk.w = tr::pack(out[6], out[7]);
+            *reinterpret_cast<uint4 *>(static_cast<T *>(p.o) + qh * D + d) = pk;
+            if (p.lse && d == 0) p.lse[qh] = lse_nat;
+        } else {
+            float *dst = p.state_o + ((int64_t)ti.slot * G + j) * D + d;
+            *reinterpret_cast<float4 *>(dst) = make_float4(out[0], out[1], out[2], out[3]);
+            *reinterpret_cast<float4 *>(dst + 4) = make_float4(out[4], out[5], out[6], out[7]);
+            if (d == 0) p.state_lse[(int64_t)ti.slot * G + j] = lse_nat;
+        }
+    }
+    if (p.fused && ti.slot >= 0) {
+        __shared__ int last;
+        __threadfence(); // this thread's state writes, visible device-wide before the arrival
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const pkv_merge m = p.merges[ti.merge_idx];
+            const int prev = atomicAdd(p.counters + ti.merge_idx, 1);
+            last = prev == m.count - 1;
+            if (last) p.counters[ti.merge_idx] = 0;
+        }
+        __syncthreads();
+        if (last) {
+            __threadfence();
+            merge_one<T, D>(p.merges[ti.merge_idx], p.state_o, p.state_lse, p.o, p.lse, p.num_qo_heads, G);
+        }
+    }
+}
+
+// ---- heads in M: any G up to 16, every head dim ---------------------------------------------------
 template <typename T, int D, bool G16>
 __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const decode_params p) {
     constexpr int KC = D / 32; // K chunks of 8 halves per thread per token
@@ -148,42 +314,16 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const decode_params
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3;
 
-    int32_t row, head, tb, te, slot, page_base, merge_idx = -1;
-    if (p.rect) {
-        const pkv_row_sched rs = p.rows[blockIdx.x];
-        const int32_t s = blockIdx.z;
-        if (s >= rs.num_splits) return; // empty split: exits before reading any KV
-        row = rs.row;
-        head = blockIdx.y;
-        tb = s * rs.chunk_tokens;
-        te = min(tb + rs.chunk_tokens, rs.seq_len);
-        slot = rs.num_splits > 1 ? rs.slot_base + head * rs.num_splits + s : -1;
-        page_base = rs.page_base;
-    } else {
-        if (p.fused && (int32_t)blockIdx.x >= p.num_tasks) { // an empty row of the fused route
-            pdl_launch_dependents();
-            merge_one<T, D>(p.merges[p.num_split_merges + (blockIdx.x - p.num_tasks)], p.state_o, p.state_lse, p.o,
-                            p.lse, p.num_qo_heads, p.group);
-            return;
-        }
-        const pkv_task t = p.tasks[blockIdx.x];
-        row = t.row;
-        head = t.kv_head;
-        tb = t.tok_begin;
-        te = t.tok_end;
-        slot = t.state_slot;
-        page_base = t.page_base;
-        merge_idx = t.merge;
-    }
-    pdl_launch_dependents();
-    pdl_wait();
+    task_info ti;
+    if (!load_task<T, D>(p, ti)) return;
+    const int32_t head = ti.head, tb = ti.tb, te = ti.te;
 
     // ---- q of the G heads: registers for d <= 128 (loads in flight with the first tile's), shared
     // memory for d = 256 (registers go to the 16 x 256 accumulator); smem rows padded by 64 bytes
     // against bank conflicts: sm_q [GP][D + 32] halves.
     constexpr bool kQInRegs = D <= 128;
     const int G = p.group;
-    const T *qbase = static_cast<const T *>(p.q) + ((int64_t)row * p.num_qo_heads + (int64_t)head * G) * D;
+    const T *qbase = static_cast<const T *>(p.q) + ((int64_t)ti.row * p.num_qo_heads + (int64_t)head * G) * D;
     uint4 qra[kQInRegs ? KC : 1], qrb[kQInRegs ? KC : 1];
     T *sm_q = reinterpret_cast<T *>(smem + smem_out_floats<D, G16>());
     if constexpr (kQInRegs) {
@@ -211,51 +351,15 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const decode_params
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 
     const int ntiles = (te - tb + 15) >> 4;
-    // Page ids of a tile's tokens (K: base + 8j + g; V: base + {2c, 2c+1, 8+2c, 9+2c}); -1 past the
-    // range.  Loaded one tile ahead, so the K/V loads of a tile never wait on a page-table read.
-    auto tile_pages = [&](int tile, int32_t (&kp)[2], int32_t (&vp)[4]) {
-        const int base = tb + tile * 16;
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            const int tok = base + 8 * j + g;
-            kp[j] = (tile < ntiles && tok < te) ? token_page(p, page_base, tok) : -1;
-        }
-#pragma unroll
-        for (int qv = 0; qv < 4; qv++) {
-            const int tok = base + (qv >> 1) * 8 + 2 * c + (qv & 1);
-            vp[qv] = (tile < ntiles && tok < te) ? token_page(p, page_base, tok) : -1;
-        }
-    };
+    // Page ids loaded one tile ahead, so the K/V loads of a tile never wait on a page-table read.
     int32_t kpage[2], vpage[4];
-    tile_pages(warp, kpage, vpage);
+    tile_pages(p, ti, ntiles, warp, g, c, kpage, vpage);
     for (int tile = warp; tile < ntiles; tile += kWarps) {
         const int base = tb + tile * 16;
-        // ---- loads: K for tokens base + 8j + g, V for tokens base + {2c, 2c+1, 8+2c, 9+2c}
-        uint4 kr[2][KC];
-#pragma unroll
-        for (int j = 0; j < 2; j++) {
-            if (kpage[j] >= 0) {
-                const T *src = kbase + page_offset(p, kpage[j], base + 8 * j + g, head);
-#pragma unroll
-                for (int i = 0; i < KC; i++) kr[j][i] = ldg_nc_v4(src + (i * 4 + c) * 8);
-            } else {
-#pragma unroll
-                for (int i = 0; i < KC; i++) kr[j][i] = make_uint4(0, 0, 0, 0);
-            }
-        }
-        uint4 vr[4][VC];
-#pragma unroll
-        for (int qv = 0; qv < 4; qv++) {
-            if (vpage[qv] >= 0) {
-                const T *src = vbase + page_offset(p, vpage[qv], base + (qv >> 1) * 8 + 2 * c + (qv & 1), head);
-#pragma unroll
-                for (int u = 0; u < VC; u++) vr[qv][u] = ldg_nc_v4(src + (g + 8 * u) * 8);
-            } else {
-#pragma unroll
-                for (int u = 0; u < VC; u++) vr[qv][u] = make_uint4(0, 0, 0, 0);
-            }
-        }
-        tile_pages(tile + kWarps, kpage, vpage); // the next tile's page ids, in flight with this tile
+        uint4 kr[2][KC], vr[4][VC];
+        load_k<T, D>(p, kbase, base, head, g, c, kpage, kr);
+        load_v<T, D>(p, vbase, base, head, g, c, vpage, vr);
+        tile_pages(p, ti, ntiles, tile + kWarps, g, c, kpage, vpage); // in flight with this tile
         // ---- S = Q K^T for the two 8-token halves of the tile
         float s[2][4];
 #pragma unroll
@@ -335,12 +439,11 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const decode_params
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
 
-    // ---- combine the warps: sm_o [warp][GP][D + 4], sm_m / sm_l [warp][GP]
-    float *sm_o = smem;
-    float *sm_m = smem + kWarps * GP * (D + 4);
-    float *sm_l = sm_m + kWarps * GP;
+    // ---- this warp's output: sm_o [warp][GP][D + 4], sm_m / sm_l [warp][GP]
     {
-        float *wo = sm_o + warp * GP * (D + 4);
+        float *sm_m = smem + kWarps * GP * (D + 4);
+        float *sm_l = sm_m + kWarps * GP;
+        float *wo = smem + warp * GP * (D + 4);
 #pragma unroll
         for (int u = 0; u < VC; u++)
 #pragma unroll
@@ -363,63 +466,143 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const decode_params
             }
         }
     }
-    __syncthreads();
-    const int groups = G * (D / 8); // 8 outputs per thread step
-    for (int idx = threadIdx.x; idx < groups; idx += kThreads) {
-        const int j = idx / (D / 8), d = (idx % (D / 8)) * 8;
-        float M = -INFINITY;
+    finish_task<T, D, GP>(p, smem, ti, G);
+}
+
+// ---- heads in N: G <= 8, d <= 128 ----------------------------------------------------------------
+// Thread (g, c) loads the same K and V chunks as above.  S^T (tokens x heads): A = K with
+// a = {K[g].x, K[g+8].x, K[g].y, K[g+8].y} per k-step, B = q of head g, so the C fragment holds
+// tokens g, g+8 x heads 2c, 2c+1.  P^T is packed per 8 tokens and transposed by movmatrix into the
+// B fragment (tokens 2c, 2c+1 | 8+2c, 9+2c x head g), which matches the V tokens of the thread.
+// O^T (head dims x heads): A = V^T from byte permutes; m-tile (u, mp) row g is head dim
+// (g + 8u) * 8 + 2mp, row g + 8 the dim after it.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+    uint32_t y;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, 3) decode_kernel_n8(const decode_params p) {
+    static_assert(D <= 128, "the heads-in-N kernel is for d <= 128");
+    constexpr int KC = D / 32;
+    constexpr int VC = D / 64;
+    constexpr int MT = VC * 4; // m-tiles of O^T
+    constexpr int GP = 8;
+    using tr = dtype_traits<T>;
+    extern __shared__ float smem[];
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, c = lane & 3;
+
+    task_info ti;
+    if (!load_task<T, D>(p, ti)) return;
+    const int32_t head = ti.head, tb = ti.tb, te = ti.te;
+    const int G = p.group;
+    const T *qbase = static_cast<const T *>(p.q) + ((int64_t)ti.row * p.num_qo_heads + (int64_t)head * G) * D;
+    uint4 qr[KC];
 #pragma unroll
-        for (int w = 0; w < kWarps; w++) M = fmaxf(M, sm_m[w * GP + j]);
-        float wgt[kWarps], L = 0.f;
+    for (int i = 0; i < KC; i++)
+        qr[i] = g < G ? *reinterpret_cast<const uint4 *>(qbase + g * D + (i * 4 + c) * 8) : make_uint4(0, 0, 0, 0);
+
+    const T *kbase = static_cast<const T *>(p.k);
+    const T *vbase = static_cast<const T *>(p.v);
+    float acc[MT][4];
 #pragma unroll
-        for (int w = 0; w < kWarps; w++) {
-            wgt[w] = sm_l[w * GP + j] > 0.f ? exp2f(sm_m[w * GP + j] - M) : 0.f;
-            L += wgt[w] * sm_l[w * GP + j];
+    for (int mt = 0; mt < MT; mt++) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
+    float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f; // heads 2c and 2c + 1
+
+    const int ntiles = (te - tb + 15) >> 4;
+    int32_t kpage[2], vpage[4];
+    uint4 kr[2][KC], vr[4][VC];
+    tile_pages(p, ti, ntiles, warp, g, c, kpage, vpage);
+    load_k<T, D>(p, kbase, tb + warp * 16, head, g, c, kpage, kr);
+    load_v<T, D>(p, vbase, tb + warp * 16, head, g, c, vpage, vr);
+    tile_pages(p, ti, ntiles, warp + kWarps, g, c, kpage, vpage);
+    for (int tile = warp; tile < ntiles; tile += kWarps) {
+        const int base = tb + tile * 16;
+        // ---- S^T = K Q^T: two accumulators (x/y and z/w halves of each chunk) for a shorter chain
+        float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int i = 0; i < KC; i++) {
+            const uint32_t a0[4] = {kr[0][i].x, kr[1][i].x, kr[0][i].y, kr[1][i].y};
+            const uint32_t a1[4] = {kr[0][i].z, kr[1][i].z, kr[0][i].w, kr[1][i].w};
+            mma_16816<T>(s, a0, qr[i].x, qr[i].y);
+            mma_16816<T>(s2, a1, qr[i].z, qr[i].w);
         }
-        const float inv = 1.f / L;
-        float out[8];
+        // the next tile's K: in flight while this tile finishes
+        load_k<T, D>(p, kbase, base + kWarps * 16, head, g, c, kpage, kr);
+        // ---- online softmax (log2 domain) per head column; rows are tokens g and g + 8
+        const bool v0 = base + g < te, v1 = base + 8 + g < te;
+        const float x0 = v0 ? (s[0] + s2[0]) * p.scale_log2 : -INFINITY;
+        const float x1 = v0 ? (s[1] + s2[1]) * p.scale_log2 : -INFINITY;
+        const float x2 = v1 ? (s[2] + s2[2]) * p.scale_log2 : -INFINITY;
+        const float x3 = v1 ? (s[3] + s2[3]) * p.scale_log2 : -INFINITY;
+        float mxa = fmaxf(x0, x2), mxb = fmaxf(x1, x3);
 #pragma unroll
-        for (int x = 0; x < 8; x++) {
-            float v = 0.f;
-#pragma unroll
-            for (int w = 0; w < kWarps; w++) v += wgt[w] * sm_o[(w * GP + j) * (D + 4) + d + x];
-            out[x] = v * inv;
+        for (int sh = 4; sh < 32; sh <<= 1) {
+            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, sh));
+            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, sh));
         }
-        const float lse_nat = (M + log2f(L)) * kLn2;
-        const int64_t qh = (int64_t)row * p.num_qo_heads + (int64_t)head * G + j;
-        if (slot < 0) {
-            uint4 pk;
-            pk.x = tr::pack(out[0], out[1]);
-            pk.y = tr::pack(out[2], out[3]);
-            pk.z = tr::pack(out[4], out[5]);
-            pk.w = tr::pack(out[6], out[7]);
-            *reinterpret_cast<uint4 *>(static_cast<T *>(p.o) + qh * D + d) = pk;
-            if (p.lse && d == 0) p.lse[qh] = lse_nat;
-        } else {
-            float *dst = p.state_o + ((int64_t)slot * G + j) * D + d;
-            *reinterpret_cast<float4 *>(dst) = make_float4(out[0], out[1], out[2], out[3]);
-            *reinterpret_cast<float4 *>(dst + 4) = make_float4(out[4], out[5], out[6], out[7]);
-            if (d == 0) p.state_lse[(int64_t)slot * G + j] = lse_nat;
+        const float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb); // finite: token base is valid
+        const float ala = exp2f(ma - na), alb = exp2f(mb - nb);
+        ma = na;
+        mb = nb;
+        const float p0 = exp2f(x0 - na), p1 = exp2f(x1 - nb), p2 = exp2f(x2 - na), p3 = exp2f(x3 - nb);
+        la = la * ala + (p0 + p2);
+        lb = lb * alb + (p1 + p3);
+        const uint32_t b0 = movmatrix_trans(tr::pack(p0, p1)), b1 = movmatrix_trans(tr::pack(p2, p3));
+        // ---- O^T = O^T * alpha + V^T P^T
+#pragma unroll
+        for (int u = 0; u < VC; u++) {
+            const uint32_t *w0 = reinterpret_cast<const uint32_t *>(&vr[0][u]);
+            const uint32_t *w1 = reinterpret_cast<const uint32_t *>(&vr[1][u]);
+            const uint32_t *w2 = reinterpret_cast<const uint32_t *>(&vr[2][u]);
+            const uint32_t *w3 = reinterpret_cast<const uint32_t *>(&vr[3][u]);
+#pragma unroll
+            for (int mp = 0; mp < 4; mp++) {
+                const int mt = u * 4 + mp;
+                const uint32_t a[4] = {__byte_perm(w0[mp], w1[mp], 0x5410u), __byte_perm(w0[mp], w1[mp], 0x7632u),
+                                       __byte_perm(w2[mp], w3[mp], 0x5410u), __byte_perm(w2[mp], w3[mp], 0x7632u)};
+                acc[mt][0] *= ala;
+                acc[mt][1] *= alb;
+                acc[mt][2] *= ala;
+                acc[mt][3] *= alb;
+                mma_16816<T>(acc[mt], a, b0, b1);
+            }
+        }
+        // the next tile's V, then the page ids of the tile after it
+        load_v<T, D>(p, vbase, base + kWarps * 16, head, g, c, vpage, vr);
+        tile_pages(p, ti, ntiles, tile + 2 * kWarps, g, c, kpage, vpage);
+    }
+#pragma unroll
+    for (int sh = 4; sh < 32; sh <<= 1) {
+        la += __shfl_xor_sync(0xffffffffu, la, sh);
+        lb += __shfl_xor_sync(0xffffffffu, lb, sh);
+    }
+    // ---- this warp's output: O[head][dim] = acc (see the m-tile layout above)
+    {
+        float *sm_m = smem + kWarps * GP * (D + 4);
+        float *sm_l = sm_m + kWarps * GP;
+        float *wo = smem + warp * GP * (D + 4);
+#pragma unroll
+        for (int u = 0; u < VC; u++)
+#pragma unroll
+            for (int mp = 0; mp < 4; mp++) {
+                const int mt = u * 4 + mp, d0 = (g + 8 * u) * 8 + 2 * mp;
+                wo[(2 * c) * (D + 4) + d0] = acc[mt][0];
+                wo[(2 * c + 1) * (D + 4) + d0] = acc[mt][1];
+                wo[(2 * c) * (D + 4) + d0 + 1] = acc[mt][2];
+                wo[(2 * c + 1) * (D + 4) + d0 + 1] = acc[mt][3];
+            }
+        if (g == 0) {
+            sm_m[warp * GP + 2 * c] = ma;
+            sm_m[warp * GP + 2 * c + 1] = mb;
+            sm_l[warp * GP + 2 * c] = la;
+            sm_l[warp * GP + 2 * c + 1] = lb;
         }
     }
-    if (p.fused && slot >= 0) {
-        // Arrive on the merge's counter; the last of its tasks merges (slot order: deterministic)
-        // and resets the counter for the next run.
-        __shared__ int last;
-        __threadfence(); // this thread's state writes, visible device-wide before the arrival
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            const pkv_merge m = p.merges[merge_idx];
-            const int prev = atomicAdd(p.counters + merge_idx, 1);
-            last = prev == m.count - 1;
-            if (last) p.counters[merge_idx] = 0;
-        }
-        __syncthreads();
-        if (last) {
-            __threadfence();
-            merge_one<T, D>(p.merges[merge_idx], p.state_o, p.state_lse, p.o, p.lse, p.num_qo_heads, G);
-        }
-    }
+    finish_task<T, D, GP>(p, smem, ti, G);
 }
 
 // ---- host side ------------------------------------------------------------------------------------
@@ -431,6 +614,10 @@ template <typename T, int D, bool G16> static cudaError_t set_smem_attr() {
 template <typename T, int D> static cudaError_t set_attrs_d() {
     cudaError_t e = set_smem_attr<T, D, false>();
     if (e == cudaSuccess) e = set_smem_attr<T, D, true>();
+    if constexpr (D <= 128)
+        if (e == cudaSuccess)
+            e = cudaFuncSetAttribute(decode_kernel_n8<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     (int)(smem_floats<D, false>() * sizeof(float)));
     return e;
 }
 
@@ -441,11 +628,46 @@ template <typename T> static cudaError_t set_attrs_t() {
     return e;
 }
 
-template <typename T, int D, bool G16>
-static cudaError_t launch_decode(const decode_params &p, dim3 grid, cudaStream_t stream) {
-    const size_t smem = smem_floats<D, G16>() * sizeof(float);
-    decode_kernel<T, D, G16><<<grid, kThreads, smem, stream>>>(p);
+// Which decode kernel runs a problem: heads in N for G <= 8 and d <= 128 (unless the heads-in-M
+// kernel is forced, to compare the two), else heads in M with 8 or 16 rows.
+enum kernel_kind { kHeadsInN, kHeadsInM8, kHeadsInM16 };
+static kernel_kind kernel_for(int32_t group, int32_t head_dim, bool allow_n8) {
+    if (group > 8) return kHeadsInM16;
+    return allow_n8 && head_dim <= 128 ? kHeadsInN : kHeadsInM8;
+}
+
+template <typename T, int D>
+static cudaError_t launch_decode(kernel_kind kind, const decode_params &p, dim3 grid, cudaStream_t stream) {
+    if constexpr (D <= 128) {
+        if (kind == kHeadsInN) {
+            decode_kernel_n8<T, D><<<grid, kThreads, smem_floats<D, false>() * sizeof(float), stream>>>(p);
+            return cudaGetLastError();
+        }
+    }
+    if (kind == kHeadsInM16)
+        decode_kernel<T, D, true><<<grid, kThreads, smem_floats<D, true>() * sizeof(float), stream>>>(p);
+    else
+        decode_kernel<T, D, false><<<grid, kThreads, smem_floats<D, false>() * sizeof(float), stream>>>(p);
     return cudaGetLastError();
+}
+
+template <typename T, int D> static int resident_ctas_d(kernel_kind kind) {
+    int n = 0;
+    cudaError_t e;
+    if constexpr (D <= 128) {
+        if (kind == kHeadsInN) {
+            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel_n8<T, D>, kThreads,
+                                                              smem_floats<D, false>() * sizeof(float));
+            return e == cudaSuccess ? n : 0;
+        }
+    }
+    if (kind == kHeadsInM16)
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<T, D, true>, kThreads,
+                                                          smem_floats<D, true>() * sizeof(float));
+    else
+        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<T, D, false>, kThreads,
+                                                          smem_floats<D, false>() * sizeof(float));
+    return e == cudaSuccess ? n : 0;
 }
 
 template <typename T, int D>
@@ -467,8 +689,8 @@ static cudaError_t launch_merge(const merge_params &p, int32_t n, cudaStream_t s
 
 template <typename T, int D>
 static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, const merge_params &mbase,
-                              const char *ws_dev, cudaStream_t stream, bool pdl) {
-    const bool g16 = plan->group > 8;
+                              const char *ws_dev, cudaStream_t stream, bool pdl, bool allow_n8) {
+    const kernel_kind kind = kernel_for(plan->group, D, allow_n8);
     for (int32_t k = 0; k < plan->num_phases; k++) {
         const pkv_phase &ph = plan->phases[k];
         const bool fused = plan->route == PKV_ROUTE_FUSED;
@@ -498,7 +720,7 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
                 grid = dim3((unsigned)(ph.row_end - ph.row_begin), (unsigned)plan->problem.num_kv_heads,
                             (unsigned)ph.grid_splits);
             }
-            cudaError_t e = g16 ? launch_decode<T, D, true>(p, grid, stream) : launch_decode<T, D, false>(p, grid, stream);
+            cudaError_t e = launch_decode<T, D>(kind, p, grid, stream);
             if (e != cudaSuccess) return e;
         }
         if (!fused && ph.merge_end > ph.merge_begin) {
@@ -514,11 +736,11 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
 
 template <typename T>
 static cudaError_t run_t(const pkv_plan *plan, const decode_params &p, const merge_params &m, const char *ws,
-                         cudaStream_t stream, bool pdl) {
+                         cudaStream_t stream, bool pdl, bool allow_n8) {
     switch (plan->problem.head_dim) {
-    case 64: return run_phases<T, 64>(plan, p, m, ws, stream, pdl);
-    case 128: return run_phases<T, 128>(plan, p, m, ws, stream, pdl);
-    case 256: return run_phases<T, 256>(plan, p, m, ws, stream, pdl);
+    case 64: return run_phases<T, 64>(plan, p, m, ws, stream, pdl, allow_n8);
+    case 128: return run_phases<T, 128>(plan, p, m, ws, stream, pdl, allow_n8);
+    case 256: return run_phases<T, 256>(plan, p, m, ws, stream, pdl, allow_n8);
     }
     return cudaErrorInvalidValue;
 }
@@ -531,8 +753,18 @@ extern "C" cudaError_t pkv_cuda_decode_init_attributes(void) {
     return e;
 }
 
+extern "C" int pkv_cuda_decode_resident_ctas(int32_t group, int32_t head_dim, int allow_n8) {
+    const pkv::kernel_kind kind = pkv::kernel_for(group, head_dim, allow_n8 != 0);
+    switch (head_dim) {
+    case 64: return pkv::resident_ctas_d<__half, 64>(kind);
+    case 128: return pkv::resident_ctas_d<__half, 128>(kind);
+    case 256: return pkv::resident_ctas_d<__half, 256>(kind);
+    }
+    return 0;
+}
+
 extern "C" cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace, const pkv_tensors *t,
-                                           cudaStream_t stream, int use_pdl) {
+                                           cudaStream_t stream, int use_pdl, int allow_n8) {
     const pkv_problem &pr = plan->problem;
     const pkv_kv_strides st = pkv_kv_strides_of(&pr);
     char *ws = static_cast<char *>(workspace);
@@ -560,6 +792,6 @@ extern "C" cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace
     m.lse = t->lse;
     m.num_qo_heads = pr.num_qo_heads;
     m.group = plan->group;
-    if (pr.dtype == PKV_DTYPE_FP16) return pkv::run_t<__half>(plan, p, m, ws, stream, use_pdl != 0);
-    return pkv::run_t<__nv_bfloat16>(plan, p, m, ws, stream, use_pdl != 0);
+    if (pr.dtype == PKV_DTYPE_FP16) return pkv::run_t<__half>(plan, p, m, ws, stream, use_pdl != 0, allow_n8 != 0);
+    return pkv::run_t<__nv_bfloat16>(plan, p, m, ws, stream, use_pdl != 0, allow_n8 != 0);
 }

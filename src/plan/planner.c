@@ -346,6 +346,15 @@ static void compute_counters(pkv_plan *plan) {
  * with rows longer than 1.25 x the mean, more, smaller tasks than one wave let the hardware
  * scheduler even out the load; one wave per 32 (row, KV head) pairs; even batches keep one wave,
  * as measured on the H200, docs/kernel-notes.md), chunk bounds and forced values. */
+/* The backend's default tasks per parallel unit for this problem (resident CTAs per SM on CUDA,
+ * which depend on the kernel the problem runs on). */
+static int32_t default_ctas(const pkv_context *ctx, const pkv_problem *p) {
+    if (!ctx) return 2;
+    if (ctx->ctas_per_unit_light > 0 && p->num_qo_heads <= 8 * p->num_kv_heads && p->head_dim <= 128)
+        return ctx->ctas_per_unit_light;
+    return ctx->ctas_per_unit;
+}
+
 static void resolve_params(const pkv_plan_options *opts, int32_t parallelism, int32_t default_per_unit,
                            const pkv_problem *problem, const pkv_page_table *table, plan_params *pp) {
     int32_t per_unit = opts->ctas_per_unit > 0 ? opts->ctas_per_unit : default_per_unit;
@@ -598,7 +607,7 @@ pkv_status pkv_plan_step(pkv_context *ctx, const pkv_problem *problem, const pkv
             pkv_plan_options_default(&o);
         int32_t par = o.parallelism > 0 ? o.parallelism : ctx->parallelism;
         plan_params pp;
-        resolve_params(&o, par, ctx->ctas_per_unit, problem, table, &pp);
+        resolve_params(&o, par, default_ctas(ctx, problem), problem, table, &pp);
         static const pkv_route candidates[] = {PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_WORKQUEUE, PKV_ROUTE_FUSED};
         double best_us = INFINITY;
         o.route = PKV_ROUTE_FUSED;
@@ -612,9 +621,9 @@ pkv_status pkv_plan_step(pkv_context *ctx, const pkv_problem *problem, const pkv
                 o.route = candidates[k];
             }
         }
-        return plan_impl(ctx, ctx->parallelism, ctx->ctas_per_unit, problem, table, &o, plan);
+        return plan_impl(ctx, ctx->parallelism, default_ctas(ctx, problem), problem, table, &o, plan);
     }
-    return plan_impl(ctx, ctx->parallelism, ctx->ctas_per_unit, problem, table, opts, plan);
+    return plan_impl(ctx, ctx->parallelism, default_ctas(ctx, problem), problem, table, opts, plan);
 }
 
 pkv_status pkv_plan_step_host(const pkv_problem *problem, const pkv_page_table *table, const pkv_plan_options *opts,
@@ -636,7 +645,7 @@ pkv_status pkv_workspace_size(pkv_context *ctx, const pkv_problem *problem, int3
         pkv_plan_options_default(&opts);
     int64_t par = opts.parallelism > 0 ? opts.parallelism : (ctx ? ctx->parallelism : 0);
     if (par <= 0) return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "parallelism unknown: pass a context or set it");
-    int64_t per = opts.ctas_per_unit > 0 ? opts.ctas_per_unit : (ctx ? ctx->ctas_per_unit : 2);
+    int64_t per = opts.ctas_per_unit > 0 ? opts.ctas_per_unit : default_ctas(ctx, problem);
     /* up to 4 waves for ragged batches unless ctas_per_unit is forced */
     int64_t P = par * per * (opts.ctas_per_unit > 0 ? 1 : 4), hkv = problem->num_kv_heads, G = problem->num_qo_heads / hkv;
     int64_t max_splits = opts.max_splits > 0 ? opts.max_splits : 256;
