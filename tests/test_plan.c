@@ -93,8 +93,50 @@ static int64_t effective_wave(const batch *b, int32_t hkv, const pkv_plan_option
     if (opts->ctas_per_unit <= 0 && nonempty > 0 && 4 * max_len * nonempty > 5 * total) {
         int64_t waves = nonempty * hkv / 32;
         P *= waves < 1 ? 1 : waves > 4 ? 4 : waves;
+    } else if (opts->ctas_per_unit <= 0 && nonempty * hkv > P) {
+        /* even batch over one wave: the split S in 1..4 whose last wave is fullest (a larger S only
+         * when its fill is more than 5% better), P = its waves */
+        const int64_t u = nonempty * hkv;
+        double best_fill = (double)u / (double)(ceil_div64(u, P) * P);
+        int64_t waves = 1; /* unsplit: P stays */
+        for (int64_t S = 2; S <= 4; S++) {
+            const int64_t w = ceil_div64(u * S, P);
+            const double fill = (double)(u * S) / (double)(w * P);
+            if (fill > best_fill * 1.05 + 1e-12) {
+                best_fill = fill;
+                waves = w;
+            }
+        }
+        P *= waves;
     }
     return P;
+}
+
+/* An even batch just over one wave is split so that its waves are full: 64 rows x 8 KV heads on
+ * 100 units x 2 = 200 resident tasks fill 3 waves to 85% unsplit, 4 waves of 1600 to 96% when each
+ * pair is split 3 ways. */
+static void test_even_batch_waves(void) {
+    int32_t lens[64];
+    for (int i = 0; i < 64; i++) lens[i] = 8192;
+    pkv_problem pb;
+    pkv_problem_default(&pb);
+    batch b;
+    batch_make(&b, lens, 64, &pb, NULL, true);
+    pkv_plan *plan = NULL;
+    CHECK_OK(pkv_plan_create(&plan));
+    pkv_plan_options opts;
+    pkv_plan_options_default(&opts);
+    opts.parallelism = 100;
+    opts.route = PKV_ROUTE_AUTO;
+    CHECK_OK(pkv_plan_step_host(&pb, &b.table, &opts, plan));
+    CHECK(pkv_plan_route(plan) == PKV_ROUTE_FUSED);
+    CHECK(pkv_plan_counters(plan)->tasks == 64 * 8 * 3);
+    opts.parallelism = 132; /* 512 pairs on 264: 97% full unsplit, stays single */
+    CHECK_OK(pkv_plan_step_host(&pb, &b.table, &opts, plan));
+    CHECK(pkv_plan_route(plan) == PKV_ROUTE_SINGLE);
+    CHECK(pkv_plan_counters(plan)->tasks == 64 * 8);
+    pkv_plan_free(plan);
+    batch_free(&b);
 }
 
 static bool check_rules(int case_id, const pkv_problem *pb, const batch *b, const pkv_plan_options *opts,
@@ -759,6 +801,7 @@ int main(void) {
     test_route_names();
     test_block_table();
     test_anchor_b8_bimodal();
+    test_even_batch_waves();
     test_plan_reuse();
     test_mutations();
     test_coverage();

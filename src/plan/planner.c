@@ -18,7 +18,9 @@
  *   fused      the workqueue's plan, executed in one launch: the last task of a split (row, KV head)
  *              to finish merges its states (a counter per merge in the workspace).
  *   auto       single when the non-empty rows already fill a wave (rows x Hkv >= P), else fused.
- *   P grows to up to 4 waves for ragged batches (see below in plan_impl).
+ *   P grows to up to 4 waves for ragged batches, and for even batches of more (row, KV head)
+ *   pairs than one wave, to the waves that fill best when each pair is split 1..4 ways
+ *   (resolve_params).
  */
 #include "internal.h"
 
@@ -371,9 +373,24 @@ static void resolve_params(const pkv_plan_options *opts, int32_t parallelism, in
         total += n;
         if (n > max_len) max_len = n;
     }
+    const int64_t units = nonempty * problem->num_kv_heads;
     if (opts->ctas_per_unit <= 0 && nonempty > 0 && 4 * max_len * nonempty > 5 * total) {
-        int64_t waves = nonempty * problem->num_kv_heads / 32;
+        int64_t waves = units / 32;
         pp->P *= waves < 1 ? 1 : waves > 4 ? 4 : waves;
+    } else if (opts->ctas_per_unit <= 0 && units > pp->P) {
+        /* An even batch with more (row, KV head) pairs than one wave: unsplit, the last wave may run
+         * nearly empty (512 pairs on 396 resident CTAs: 1.3 waves in the time of 2).  Split each pair
+         * S = 1..4 ways and keep the S whose last wave is fullest; P becomes those waves. */
+        int64_t best_waves = ceil_div(units, pp->P), best_num = units, best_den = best_waves * pp->P;
+        for (int64_t S = 2; S <= 4; S++) {
+            const int64_t w = ceil_div(units * S, pp->P);
+            if (units * S * best_den > best_num * w * pp->P + best_num * w * pp->P / 20) { /* > 5% fuller */
+                best_waves = w;
+                best_num = units * S;
+                best_den = w * pp->P;
+            }
+        }
+        if (best_num != units) pp->P *= best_waves;
     }
 }
 
@@ -648,6 +665,8 @@ pkv_status pkv_workspace_size(pkv_context *ctx, const pkv_problem *problem, int3
     int64_t per = opts.ctas_per_unit > 0 ? opts.ctas_per_unit : default_ctas(ctx, problem);
     /* up to 4 waves for ragged batches unless ctas_per_unit is forced */
     int64_t P = par * per * (opts.ctas_per_unit > 0 ? 1 : 4), hkv = problem->num_kv_heads, G = problem->num_qo_heads / hkv;
+    /* an even batch over one wave: its pairs split up to 4 ways, P = the waves that holds */
+    if (opts.ctas_per_unit <= 0 && 4 * (int64_t)max_batch * hkv + par * per > P) P = 4 * (int64_t)max_batch * hkv + par * per;
     int64_t max_splits = opts.max_splits > 0 ? opts.max_splits : 256;
     /* Every rule keeps split slots <= P + B x Hkv (a wave plus one rounding per row); a forced S
      * gives up to B x Hkv x S, a forced workqueue chunk up to B x Hkv x max_splits. */
