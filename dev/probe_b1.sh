@@ -3,8 +3,8 @@
 # kernel on B1_N8192 at 1, 2 and 3 tasks per SM, and kernel time against tasks per SM for B1 steps.
 set -u
 build=${1:?build dir}; out=${2:?out dir}
-for cpu in 1 2 3; do
-  ncu --clock-control none -k regex:decode_kernel --launch-skip 12 --launch-count 1 \
+for cpu in ${PKV_PROBE_CPUS:-1 2 3}; do
+  ncu --clock-control none --graph-profiling node -k regex:decode_kernel --launch-skip 12 --launch-count 1 \
     --section SpeedOfLight --section WarpStateStats --section Occupancy --section MemoryWorkloadAnalysis \
     --section SchedulerStats --section LaunchStats \
     "$build/pkv" bench --backend cuda --anchor B1_N8192 --route fused --reps 4 --warmup 2 --wall-reps 1 --no-check --quiet \

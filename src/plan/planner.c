@@ -348,9 +348,11 @@ static void compute_counters(pkv_plan *plan) {
  * with rows longer than 1.25 x the mean, more, smaller tasks than one wave let the hardware
  * scheduler even out the load; one wave per 32 (row, KV head) pairs; even batches keep one wave,
  * as measured on the H200, docs/kernel-notes.md), chunk bounds and forced values. */
-/* The backend's default tasks per parallel unit for this problem (resident CTAs per SM on CUDA,
- * which depend on the kernel the problem runs on). */
-static int32_t default_ctas(const pkv_context *ctx, const pkv_problem *p) {
+/* Tasks per parallel unit: the wave the planner fills (the backend's default) and the tasks the
+ * device holds resident (CUDA: CTAs per SM of the kernel that runs this problem; the lighter
+ * heads-in-N kernel for G <= 8, d <= 128 holds 3 where the other holds 2). */
+static int32_t default_ctas(const pkv_context *ctx) { return ctx ? ctx->ctas_per_unit : 2; }
+static int32_t resident_ctas(const pkv_context *ctx, const pkv_problem *p) {
     if (!ctx) return 2;
     if (ctx->ctas_per_unit_light > 0 && p->num_qo_heads <= 8 * p->num_kv_heads && p->head_dim <= 128)
         return ctx->ctas_per_unit_light;
@@ -358,8 +360,10 @@ static int32_t default_ctas(const pkv_context *ctx, const pkv_problem *p) {
 }
 
 static void resolve_params(const pkv_plan_options *opts, int32_t parallelism, int32_t default_per_unit,
-                           const pkv_problem *problem, const pkv_page_table *table, plan_params *pp) {
+                           int32_t resident, const pkv_problem *problem, const pkv_page_table *table,
+                           plan_params *pp) {
     int32_t per_unit = opts->ctas_per_unit > 0 ? opts->ctas_per_unit : default_per_unit;
+    if (resident < per_unit) resident = per_unit;
     pp->P = (int64_t)parallelism * per_unit;
     int32_t min_tokens = opts->min_chunk_tokens > 0 ? opts->min_chunk_tokens : 128;
     pp->min_chunk_pages = (int32_t)ceil_div(min_tokens, problem->page_size);
@@ -375,22 +379,25 @@ static void resolve_params(const pkv_plan_options *opts, int32_t parallelism, in
     }
     const int64_t units = nonempty * problem->num_kv_heads;
     if (opts->ctas_per_unit <= 0 && nonempty > 0 && 4 * max_len * nonempty > 5 * total) {
-        int64_t waves = units / 32;
-        pp->P *= waves < 1 ? 1 : waves > 4 ? 4 : waves;
+        /* ragged: one wave per 32 pairs, up to 4 waves of the resident tasks */
+        const int64_t cap = 4 * (int64_t)resident / per_unit, waves = units / 32;
+        pp->P *= waves < 1 ? 1 : waves > cap ? cap : waves;
     } else if (opts->ctas_per_unit <= 0 && units > pp->P) {
-        /* An even batch with more (row, KV head) pairs than one wave: unsplit, the last wave may run
-         * nearly empty (512 pairs on 396 resident CTAs: 1.3 waves in the time of 2).  Split each pair
-         * S = 1..4 ways and keep the S whose last wave is fullest; P becomes those waves. */
-        int64_t best_waves = ceil_div(units, pp->P), best_num = units, best_den = best_waves * pp->P;
+        /* An even batch with more (row, KV head) pairs than one wave: unsplit, the last wave of
+         * resident tasks R may run nearly empty (512 pairs on 396 resident CTAs: 1.3 waves in the
+         * time of 2).  Split each pair S = 1..4 ways and keep the S whose last wave is fullest
+         * (a larger S only when more than 5% fuller); P becomes those waves of R. */
+        const int64_t R = (int64_t)parallelism * resident;
+        int64_t best_waves = ceil_div(units, R), best_num = units, best_den = best_waves * R;
         for (int64_t S = 2; S <= 4; S++) {
-            const int64_t w = ceil_div(units * S, pp->P);
-            if (units * S * best_den > best_num * w * pp->P + best_num * w * pp->P / 20) { /* > 5% fuller */
+            const int64_t w = ceil_div(units * S, R);
+            if (units * S * best_den > best_num * w * R + best_num * w * R / 20) {
                 best_waves = w;
                 best_num = units * S;
-                best_den = w * pp->P;
+                best_den = w * R;
             }
         }
-        if (best_num != units) pp->P *= best_waves;
+        if (best_num != units) pp->P = best_waves * R;
     }
 }
 
@@ -453,7 +460,8 @@ static int32_t length_bucket(int32_t n) {
     return b;
 }
 
-static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t default_cpu, const pkv_problem *problem,
+static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t default_cpu, int32_t resident,
+                            const pkv_problem *problem,
                             const pkv_page_table *table, const pkv_plan_options *opts_in, pkv_plan *plan) {
     pkv_status st = pkv_check_problem(ctx, problem);
     if (st != PKV_OK) return st;
@@ -472,7 +480,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
     if (parallelism <= 0)
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "parallelism must be positive (set it in the options)");
     plan_params pp;
-    resolve_params(&opts, parallelism, default_cpu, problem, table, &pp);
+    resolve_params(&opts, parallelism, default_cpu, resident, problem, table, &pp);
 
     const int32_t B = table->batch_size, hkv = problem->num_kv_heads;
     const int32_t *lens = table->seq_lens;
@@ -624,7 +632,7 @@ pkv_status pkv_plan_step(pkv_context *ctx, const pkv_problem *problem, const pkv
             pkv_plan_options_default(&o);
         int32_t par = o.parallelism > 0 ? o.parallelism : ctx->parallelism;
         plan_params pp;
-        resolve_params(&o, par, default_ctas(ctx, problem), problem, table, &pp);
+        resolve_params(&o, par, default_ctas(ctx), resident_ctas(ctx, problem), problem, table, &pp);
         static const pkv_route candidates[] = {PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_WORKQUEUE, PKV_ROUTE_FUSED};
         double best_us = INFINITY;
         o.route = PKV_ROUTE_FUSED;
@@ -638,14 +646,14 @@ pkv_status pkv_plan_step(pkv_context *ctx, const pkv_problem *problem, const pkv
                 o.route = candidates[k];
             }
         }
-        return plan_impl(ctx, ctx->parallelism, default_ctas(ctx, problem), problem, table, &o, plan);
+        return plan_impl(ctx, ctx->parallelism, default_ctas(ctx), resident_ctas(ctx, problem), problem, table, &o, plan);
     }
-    return plan_impl(ctx, ctx->parallelism, default_ctas(ctx, problem), problem, table, opts, plan);
+    return plan_impl(ctx, ctx->parallelism, default_ctas(ctx), resident_ctas(ctx, problem), problem, table, opts, plan);
 }
 
 pkv_status pkv_plan_step_host(const pkv_problem *problem, const pkv_page_table *table, const pkv_plan_options *opts,
                          pkv_plan *plan) {
-    return plan_impl(NULL, 0, 2, problem, table, opts, plan);
+    return plan_impl(NULL, 0, 2, 2, problem, table, opts, plan);
 }
 
 pkv_status pkv_workspace_size(pkv_context *ctx, const pkv_problem *problem, int32_t max_batch,
@@ -662,11 +670,12 @@ pkv_status pkv_workspace_size(pkv_context *ctx, const pkv_problem *problem, int3
         pkv_plan_options_default(&opts);
     int64_t par = opts.parallelism > 0 ? opts.parallelism : (ctx ? ctx->parallelism : 0);
     if (par <= 0) return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "parallelism unknown: pass a context or set it");
-    int64_t per = opts.ctas_per_unit > 0 ? opts.ctas_per_unit : default_ctas(ctx, problem);
-    /* up to 4 waves for ragged batches unless ctas_per_unit is forced */
-    int64_t P = par * per * (opts.ctas_per_unit > 0 ? 1 : 4), hkv = problem->num_kv_heads, G = problem->num_qo_heads / hkv;
-    /* an even batch over one wave: its pairs split up to 4 ways, P = the waves that holds */
-    if (opts.ctas_per_unit <= 0 && 4 * (int64_t)max_batch * hkv + par * per > P) P = 4 * (int64_t)max_batch * hkv + par * per;
+    int64_t per = opts.ctas_per_unit > 0 ? opts.ctas_per_unit : default_ctas(ctx), res = resident_ctas(ctx, problem);
+    if (res < per || opts.ctas_per_unit > 0) res = per;
+    /* up to 4 waves of the resident tasks for ragged batches unless ctas_per_unit is forced */
+    int64_t P = par * res * (opts.ctas_per_unit > 0 ? 1 : 4), hkv = problem->num_kv_heads, G = problem->num_qo_heads / hkv;
+    /* an even batch over one wave: its pairs split up to 4 ways, P = the waves of resident tasks that holds */
+    if (opts.ctas_per_unit <= 0 && 4 * (int64_t)max_batch * hkv + par * res > P) P = 4 * (int64_t)max_batch * hkv + par * res;
     int64_t max_splits = opts.max_splits > 0 ? opts.max_splits : 256;
     /* Every rule keeps split slots <= P + B x Hkv (a wave plus one rounding per row); a forced S
      * gives up to B x Hkv x S, a forced workqueue chunk up to B x Hkv x max_splits. */
@@ -713,7 +722,7 @@ pkv_status pkv_plan_route_terms(const pkv_problem *problem, const pkv_page_table
     if (opts->route == PKV_ROUTE_AUTO || opts->route == PKV_ROUTE_BUCKETED || opts->route < 0 || opts->route >= PKV_ROUTE_COUNT_)
         return pkv_fail(NULL, PKV_ERR_UNSUPPORTED, "terms without a plan exist for single, split, workqueue and fused");
     plan_params pp;
-    resolve_params(opts, opts->parallelism, default_per_unit, problem, table, &pp);
+    resolve_params(opts, opts->parallelism, default_per_unit, default_per_unit, problem, table, &pp);
     route_terms(&pp, problem, table->seq_lens, table->batch_size, opts->route, opts->parallelism, -1, terms);
     return PKV_OK;
 }
