@@ -80,8 +80,8 @@ static int rules_failed = 0; /* plans with at least one broken rule (printed for
     } while (0)
 
 /* The planner's P (planner.c): parallelism x ctas_per_unit (2 without a context), and, when
- * ctas_per_unit is not forced and the batch is ragged (longest row > 1.25 x the mean), one wave per
- * 32 (row, KV head) pairs, 1 to 4 waves. */
+ * ctas_per_unit is not forced and the batch is ragged (longest row > 1.25 x the mean) with at least
+ * 128 (row, KV head) pairs, 4 waves. */
 static int64_t effective_wave(const batch *b, int32_t hkv, const pkv_plan_options *opts) {
     int64_t P = (int64_t)opts->parallelism * (opts->ctas_per_unit > 0 ? opts->ctas_per_unit : 2);
     int64_t nonempty = 0, total = 0, max_len = 0;
@@ -91,8 +91,7 @@ static int64_t effective_wave(const batch *b, int32_t hkv, const pkv_plan_option
         if (b->lens[i] > max_len) max_len = b->lens[i];
     }
     if (opts->ctas_per_unit <= 0 && nonempty > 0 && 4 * max_len * nonempty > 5 * total) {
-        int64_t waves = nonempty * hkv / 32;
-        P *= waves < 1 ? 1 : waves > 4 ? 4 : waves;
+        if (nonempty * hkv >= 128) P *= 4; /* resident = wave without a context */
     } else if (opts->ctas_per_unit <= 0 && nonempty * hkv > P) {
         /* even batch over one wave: the split S in 1..4 whose last wave is fullest (a larger S only
          * when its fill is more than 5% better), P = its waves */

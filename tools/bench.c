@@ -981,7 +981,7 @@ int cmd_bench(int argc, char **argv) {
            o.prob.page_size, workload);
     printf("planned for parallelism %d x %d tasks per unit%s\n", o.parallelism > 0 ? o.parallelism : pkv_context_parallelism(o.ctx),
            o.ctas_per_unit > 0 ? o.ctas_per_unit : (o.cuda ? 2 : 4),
-           o.ctas_per_unit > 0 ? "" : " (up to 4 waves for ragged batches)");
+           o.ctas_per_unit > 0 ? "" : " (4 resident waves for ragged batches of >= 128 pairs)");
     if (o.cuda)
         printf("read ceiling %.0f GB/s, empty launch %.2f us, graph replay %.2f us (measured in this run)\n", ce.read_gbps,
                ce.launch_us, ce.graph_us);

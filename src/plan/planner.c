@@ -18,8 +18,8 @@
  *   fused      the workqueue's plan, executed in one launch: the last task of a split (row, KV head)
  *              to finish merges its states (a counter per merge in the workspace).
  *   auto       single when the non-empty rows already fill a wave (rows x Hkv >= P), else fused.
- *   P grows to up to 4 waves for ragged batches, and for even batches of more (row, KV head)
- *   pairs than one wave, to the waves that fill best when each pair is split 1..4 ways
+ *   P grows to 4 waves of resident tasks for ragged batches of >= 128 (row, KV head) pairs, and
+ *   for even batches of more (row, KV head) pairs than one wave, to the waves that fill best when each pair is split 1..4 ways
  *   (resolve_params).
  */
 #include "internal.h"
@@ -344,10 +344,10 @@ static void compute_counters(pkv_plan *plan) {
     }
 }
 
-/* The planner's parameters for a step: P (tasks per wave, with up to 4 waves for ragged batches:
- * with rows longer than 1.25 x the mean, more, smaller tasks than one wave let the hardware
- * scheduler even out the load; one wave per 32 (row, KV head) pairs; even batches keep one wave,
- * as measured on the H200, docs/kernel-notes.md), chunk bounds and forced values. */
+/* The planner's parameters for a step: P (tasks per wave; ragged batches - rows longer than 1.25 x
+ * the mean - of >= 128 (row, KV head) pairs get 4 waves of resident tasks, so that more, smaller
+ * tasks let the hardware scheduler even out the load; even batches keep one wave unless they
+ * overflow it, as measured on the H200, docs/kernel-notes.md), chunk bounds and forced values. */
 /* Tasks per parallel unit: the wave the planner fills (the backend's default) and the tasks the
  * device holds resident (CUDA: CTAs per SM of the kernel that runs this problem; the lighter
  * heads-in-N kernel for G <= 8, d <= 128 holds 3 where the other holds 2). */
@@ -379,9 +379,10 @@ static void resolve_params(const pkv_plan_options *opts, int32_t parallelism, in
     }
     const int64_t units = nonempty * problem->num_kv_heads;
     if (opts->ctas_per_unit <= 0 && nonempty > 0 && 4 * max_len * nonempty > 5 * total) {
-        /* ragged: one wave per 32 pairs, up to 4 waves of the resident tasks */
-        const int64_t cap = 4 * (int64_t)resident / per_unit, waves = units / 32;
-        pp->P *= waves < 1 ? 1 : waves > cap ? cap : waves;
+        /* ragged with at least 128 pairs: 4 waves of the resident tasks, so the block scheduler
+         * can balance (fewer pairs: one wave; measured on the H200, B8 ragged steps lose 10-15%
+         * with 2 waves) */
+        if (units >= 128) pp->P = (int64_t)parallelism * resident * 4;
     } else if (opts->ctas_per_unit <= 0 && units > pp->P) {
         /* An even batch with more (row, KV head) pairs than one wave: unsplit, the last wave of
          * resident tasks R may run nearly empty (512 pairs on 396 resident CTAs: 1.3 waves in the
