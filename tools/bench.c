@@ -58,6 +58,8 @@ typedef struct row_result {
     double flashinfer_us;
     double terms[PKV_COST_TERMS], predicted_us;
     char repro[512];
+    char trace[192];      /* the step's workload arguments (trace, seed, B, step) */
+    const int32_t *lens;  /* the step's lengths (owned by its step_input) */
 } row_result;
 
 typedef struct results {
@@ -173,6 +175,59 @@ static void make_trace_step(const bench_opts *o, const pkv_trace *t, int32_t ste
     for (int32_t r = 0; r < rotations; r++)
         for (int64_t j = 0; j < cap; j++) s->pages[r * cap + j] = (int32_t)(idx[j] + r * np);
     free(idx);
+}
+
+/* "1,4,16" -> values; the count, or -1 on a malformed list. */
+static int parse_int_list(const char *s, int32_t *out, int cap) {
+    int n = 0;
+    while (*s) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 1 || v > 4096 || n == cap || (*end && *end != ',')) return -1;
+        out[n++] = (int32_t)v;
+        s = *end ? end + 1 : end;
+    }
+    return n;
+}
+
+/* A set of traces (every family x these seeds x these batch sizes, 3 x B requests each): the
+ * first and the middle step of each, named family_B<b>_s<seed>_t<step>, each carrying its trace
+ * arguments.  Returns the number of steps. */
+static int add_trace_set(const bench_opts *o, const uint64_t *seeds, int nseeds, const int32_t *bs, int nb,
+                         step_input **out) {
+    step_input *steps = (step_input *)xmalloc((size_t)PKV_TRACE_FAMILY_COUNT_ * (size_t)(nb * nseeds) * 2 * sizeof *steps);
+    int n = 0;
+    for (int f = 0; f < PKV_TRACE_FAMILY_COUNT_; f++)
+        for (int si = 0; si < nseeds; si++)
+            for (int bi = 0; bi < nb; bi++) {
+                pkv_trace_config tc;
+                pkv_trace_config_default(&tc, (pkv_trace_family)f);
+                tc.seed = seeds[si];
+                tc.max_active = bs[bi];
+                tc.num_requests = 3 * bs[bi];
+                tc.page_size = o->prob.page_size;
+                pkv_trace *tr = NULL;
+                TRY(NULL, pkv_trace_generate(&tc, &tr), "trace generation");
+                char arg[128];
+                snprintf(arg, sizeof arg, "--trace %s --seed %llu --batch %d --requests %d",
+                         pkv_trace_family_name(tc.family), (unsigned long long)tc.seed, bs[bi], tc.num_requests);
+                int64_t pool = pkv_trace_num_pages(tr) * o->prob.page_size * kv_bytes_per_token(&o->prob);
+                int32_t nst = pkv_trace_num_steps(tr), picks[2] = {0, nst / 2};
+                for (int k = 0; k < 2 && k < nst; k++) {
+                    const int32_t *ids, *ls;
+                    int32_t B = pkv_trace_step(tr, picks[k], &ids, &ls);
+                    int64_t tok = 0;
+                    for (int32_t i = 0; i < B; i++) tok += ls[i];
+                    int32_t rot = choose_rotations(o, tok * kv_bytes_per_token(&o->prob), pool);
+                    make_trace_step(o, tr, picks[k], rot, arg, &steps[n]);
+                    snprintf(steps[n].name, sizeof steps[n].name, "%s_B%d_s%llu_t%d", pkv_trace_family_name(tc.family),
+                             bs[bi], (unsigned long long)(tc.seed % 100), picks[k]);
+                    n++;
+                }
+                pkv_trace_free(tr);
+            }
+    *out = steps;
+    return n;
 }
 
 static void free_step(step_input *s) {
@@ -471,6 +526,8 @@ static void measure(const bench_opts *o, buffers *b, const step_input *s, pkv_ro
     snprintf(r->repro, sizeof r->repro, "pkv bench --backend %s --shape %s --dtype %s --layout %s --page-size %d %s --route %s",
              o->cuda ? "cuda" : "cpu", o->shape->name, o->prob.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16",
              o->prob.layout == PKV_LAYOUT_HND ? "hnd" : "nhd", o->prob.page_size, s->workload_arg, pkv_route_name(route));
+    snprintf(r->trace, sizeof r->trace, "%s", s->workload_arg);
+    r->lens = s->lens;
 }
 
 /* ---- output -------------------------------------------------------------------------------------- */
@@ -609,7 +666,13 @@ static void write_json(const char *path, const bench_opts *o, const ceilings *ce
         json_num(f, r->flashinfer_us > 0 ? r->flashinfer_us : NAN);
         fprintf(f, ", \"repro\": ");
         json_str(f, r->repro);
-        fprintf(f, "}%s\n", i + 1 < res->n ? "," : "");
+        fprintf(f, ", \"args\": ");
+        json_str(f, r->trace);
+        fprintf(f, ", \"terms\": [");
+        for (int k = 0; k < PKV_COST_TERMS; k++) fprintf(f, "%s%.9g", k ? "," : "", r->terms[k]);
+        fprintf(f, "], \"lens\": [");
+        for (int32_t k = 0; k < r->batch && r->lens; k++) fprintf(f, "%s%d", k ? "," : "", r->lens[k]);
+        fprintf(f, "]}%s\n", i + 1 < res->n ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
     fclose(f);
@@ -678,6 +741,8 @@ static void usage(void) {
            "  --policy FILE             cost model for auto and --explain (default: from the measured ceilings)\n"
            "  --calibrate-out FILE      fit the cost model to this run's measurements and write a policy file\n"
            "  --calibration-set         workload: the calibration traces (seed 20260622, five families, several B)\n"
+           "  --heldout-set             workload: the held-out traces (seeds 20260623..27, five families, B 1..128)\n"
+           "      --set-batches B1,B2.. --set-seeds N (first N of the five)\n"
            "  --no-check                skip the comparison with the float64 reference\n"
            "  --per-step                print every trace step, not only the per-route summary\n"
            "  --json PATH               write every metric as JSON\n");
@@ -688,7 +753,7 @@ int cmd_bench(int argc, char **argv) {
                                         "--page-size", "--trace", "--seed", "--batch", "--requests", "--steps",
                                         "--step", "--trace-file", "--anchor", "--lens", "--reps", "--warmup",
                                         "--wall-reps", "--rotate-gib", "--no-check!", "--per-step!", "--json",
-                                        "--quiet!", "--help!", "--ctas-per-unit", "--min-chunk", "--explain!", "--policy", "--calibrate-out", "--calibration-set!", "--parallelism", NULL};
+                                        "--quiet!", "--help!", "--ctas-per-unit", "--min-chunk", "--explain!", "--policy", "--calibrate-out", "--calibration-set!", "--heldout-set!", "--set-batches", "--set-seeds", "--parallelism", NULL};
     if (cli_flag(argc, argv, "--help")) {
         usage();
         return 0;
@@ -832,38 +897,26 @@ int cmd_bench(int argc, char **argv) {
         /* the calibration traces: seed 20260622, every family, B 1, 4, 16, 64 (CPU: 1 and 4), the
          * first and the middle step of each */
         trace_mode = true;
+        static const uint64_t seeds[] = {20260622};
         static const int32_t gpu_b[] = {1, 4, 16, 64}, cpu_b[] = {1, 4};
-        const int32_t *bs = o.cuda ? gpu_b : cpu_b;
-        int nb = o.cuda ? 4 : 2;
-        steps = (step_input *)xmalloc((size_t)PKV_TRACE_FAMILY_COUNT_ * (size_t)nb * 2 * sizeof *steps);
-        for (int f = 0; f < PKV_TRACE_FAMILY_COUNT_; f++)
-            for (int bi = 0; bi < nb; bi++) {
-                pkv_trace_config tc;
-                pkv_trace_config_default(&tc, (pkv_trace_family)f);
-                tc.seed = 20260622;
-                tc.max_active = bs[bi];
-                tc.num_requests = 3 * bs[bi];
-                tc.page_size = o.prob.page_size;
-                pkv_trace *tr = NULL;
-                TRY(NULL, pkv_trace_generate(&tc, &tr), "trace generation");
-                char arg[96];
-                snprintf(arg, sizeof arg, "--trace %s --seed 20260622 --batch %d", pkv_trace_family_name(tc.family), bs[bi]);
-                int64_t pool = pkv_trace_num_pages(tr) * o.prob.page_size * kv_bytes_per_token(&o.prob);
-                int32_t ns = pkv_trace_num_steps(tr), picks[2] = {0, ns / 2};
-                for (int k = 0; k < 2 && k < ns; k++) {
-                    const int32_t *ids, *ls;
-                    int32_t B = pkv_trace_step(tr, picks[k], &ids, &ls);
-                    int64_t tok = 0;
-                    for (int32_t i = 0; i < B; i++) tok += ls[i];
-                    int32_t rot = choose_rotations(&o, tok * kv_bytes_per_token(&o.prob), pool);
-                    make_trace_step(&o, tr, picks[k], rot, arg, &steps[nsteps]);
-                    snprintf(steps[nsteps].name, sizeof steps[nsteps].name, "%s_B%d_t%d", pkv_trace_family_name(tc.family),
-                             bs[bi], picks[k]);
-                    nsteps++;
-                }
-                pkv_trace_free(tr);
-            }
+        nsteps = add_trace_set(&o, seeds, 1, o.cuda ? gpu_b : cpu_b, o.cuda ? 4 : 2, &steps);
         snprintf(workload, sizeof workload, "calibration set (seed 20260622)");
+    } else if (cli_flag(argc, argv, "--heldout-set")) {
+        /* the held-out traces: seeds 20260623..27, every family, B 1..128 (or --set-batches), the
+         * first and the middle step of each */
+        trace_mode = true;
+        static const uint64_t seeds[] = {20260623, 20260624, 20260625, 20260626, 20260627};
+        int32_t bs[16] = {1, 2, 4, 8, 16, 32, 64, 128};
+        int nb = o.cuda ? 8 : 2;
+        const char *sb = cli_opt(argc, argv, "--set-batches");
+        if (sb && (nb = parse_int_list(sb, bs, 16)) <= 0) {
+            fprintf(stderr, "pkv bench: --set-batches expects comma-separated batch sizes\n");
+            return 2;
+        }
+        int ns = (int)cli_opt_int(argc, argv, "--set-seeds", 5);
+        if (ns < 1 || ns > 5) ns = 5;
+        nsteps = add_trace_set(&o, seeds, ns, bs, nb, &steps);
+        snprintf(workload, sizeof workload, "held-out set (seeds 20260623..%d)", 20260622 + ns);
     } else {
         trace_mode = true;
         pkv_trace *tr = NULL;

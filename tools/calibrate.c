@@ -14,6 +14,7 @@
 typedef struct meas {
     char step[48];
     char workload[160];
+    char row[160]; /* the workload row: the step's arguments without seed and step (or the anchor) */
     pkv_route route;
     double us;
     double terms[PKV_COST_TERMS];
@@ -98,7 +99,38 @@ static int step_lens(const char *step, const char *workload, int32_t *lens, int3
     return B;
 }
 
-/* Rows of a pkv bench JSON (or several merged): step, route, kernel time; terms by re-planning. */
+/* The integer after "key": in the text from p (0 when absent). */
+static long json_int_after(const char *p, const char *key) {
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    const char *q = strstr(p, pat);
+    return q ? strtol(q + strlen(pat), NULL, 10) : 0;
+}
+
+/* "--trace bimodal --seed 20260623 --batch 8 --requests 24 --step 3" -> "--trace bimodal --batch 8
+ * --requests 24": the row of the matrix a step belongs to (its seeds and steps pooled). */
+static void row_key(const char *args, char *out, size_t cap) {
+    size_t n = 0;
+    out[0] = 0;
+    char buf[192];
+    snprintf(buf, sizeof buf, "%s", args);
+    bool skip = false;
+    for (char *tok = strtok(buf, " "); tok; tok = strtok(NULL, " ")) {
+        if (skip) {
+            skip = false;
+            continue;
+        }
+        if (!strcmp(tok, "--seed") || !strcmp(tok, "--step")) {
+            skip = true;
+            continue;
+        }
+        n += (size_t)snprintf(out + n, n < cap ? cap - n : 0, "%s%s", n ? " " : "", tok);
+        if (n >= cap) break;
+    }
+}
+
+/* Rows of a pkv bench JSON (or several merged): step, route, kernel time; terms by re-planning the
+ * step's lengths (the row's "lens", else the anchor or the trace step it names) for the JSON's shape. */
 static int load_rows(const char *path, meas_set *set, int32_t parallelism_opt) {
     char *s = read_all(path);
     if (!s) {
@@ -107,6 +139,20 @@ static int load_rows(const char *path, meas_set *set, int32_t parallelism_opt) {
     }
     pkv_problem prob;
     pkv_problem_default(&prob);
+    const char *shape = strstr(s, "\"shape\": {");
+    if (shape) {
+        const char *end = strchr(shape, '}');
+        long hq = json_int_after(shape, "num_qo_heads"), hkv = json_int_after(shape, "num_kv_heads");
+        long d = json_int_after(shape, "head_dim"), ps = json_int_after(shape, "page_size");
+        if (end && hq > 0 && hkv > 0 && d > 0 && ps > 0) {
+            prob.num_qo_heads = (int32_t)hq;
+            prob.num_kv_heads = (int32_t)hkv;
+            prob.head_dim = (int32_t)d;
+            prob.page_size = (int32_t)ps;
+            const char *dt = strstr(shape, "\"dtype\": \"bf16\"");
+            prob.dtype = dt && dt < end ? PKV_DTYPE_BF16 : PKV_DTYPE_FP16;
+        }
+    }
     prob.num_pages = INT32_MAX;
     pkv_plan *plan = NULL;
     pkv_plan_create(&plan);
@@ -134,21 +180,54 @@ static int load_rows(const char *path, meas_set *set, int32_t parallelism_opt) {
         char route[32];
         const char *q2 = json_str_after(q, "route", route, sizeof route);
         const char *ku = strstr(q, "\"kernel_us\": ");
+        const char *row_end = strchr(q, '\n');
         p = q;
         if (!q2 || !ku || pkv_route_parse(route, &m.route) != PKV_OK) continue;
         m.us = strtod(ku + 13, NULL);
         snprintf(m.workload, sizeof m.workload, "%s", workload);
-        int B = step_lens(m.step, workload, lens, 4096);
-        if (B < 0 || m.route == PKV_ROUTE_AUTO || m.route == PKV_ROUTE_BUCKETED || !(m.us > 0)) continue;
-        indptr[0] = 0;
-        for (int i = 0; i < B; i++) indptr[i + 1] = indptr[i] + (lens[i] + prob.page_size - 1) / prob.page_size;
-        pkv_page_table t = {B, indptr, NULL, lens};
-        pkv_plan_options o;
-        pkv_plan_options_default(&o);
-        o.route = m.route;
-        o.parallelism = par;
-        if (pkv_plan_step_host(&prob, &t, &o, plan) != PKV_OK) continue;
-        pkv_cost_terms(plan, par, m.terms);
+        char args[192] = "";
+        const char *ar = strstr(q, "\"args\": \"");
+        if (ar && (!row_end || ar < row_end)) json_str_after(ar, "args", args, sizeof args);
+        int B = -1;
+        const char *ls = strstr(q, "\"lens\": [");
+        if (ls && (!row_end || ls < row_end)) {
+            B = 0;
+            for (const char *x = ls + 9; *x && *x != ']' && B < 4096;) {
+                char *end;
+                lens[B++] = (int32_t)strtol(x, &end, 10);
+                x = *end == ',' ? end + 1 : end;
+                if (end == x && *x != ']') break;
+            }
+        } else {
+            B = step_lens(m.step, workload, lens, 4096);
+        }
+        if (args[0]) {
+            /* several seeds of one row share the step names: the arguments keep them apart */
+            snprintf(m.workload, sizeof m.workload, "%s", args);
+            row_key(args, m.row, sizeof m.row);
+        } else {
+            snprintf(m.row, sizeof m.row, "%s", workload);
+        }
+        if (B < 0 || !(m.us > 0)) continue;
+        const char *tm = strstr(q, "\"terms\": [");
+        if (tm && (!row_end || tm < row_end)) { /* the terms of the plan that ran */
+            const char *x = tm + 10;
+            for (int k = 0; k < PKV_COST_TERMS; k++) {
+                char *end;
+                m.terms[k] = strtod(x, &end);
+                x = *end == ',' ? end + 1 : end;
+            }
+        } else if (m.route != PKV_ROUTE_AUTO) {
+            indptr[0] = 0;
+            for (int i = 0; i < B; i++) indptr[i + 1] = indptr[i] + (lens[i] + prob.page_size - 1) / prob.page_size;
+            pkv_page_table t = {B, indptr, NULL, lens};
+            pkv_plan_options o;
+            pkv_plan_options_default(&o);
+            o.route = m.route;
+            o.parallelism = par;
+            if (pkv_plan_step_host(&prob, &t, &o, plan) != PKV_OK) continue;
+            pkv_cost_terms(plan, par, m.terms);
+        }
         if (set->n == set->cap) {
             set->cap = set->cap ? 2 * set->cap : 256;
             set->m = (meas *)realloc(set->m, (size_t)set->cap * sizeof *set->m);
@@ -170,27 +249,50 @@ static void load_list(const char *list, meas_set *set, int32_t par) {
     }
 }
 
-/* For each measured step: the route the model picks among the measured ones vs the fastest. */
-static void evaluate(const pkv_cost_model *m, const meas_set *set) {
-    double sum = 0, worst = 0;
-    int steps = 0, hits = 0;
+/* A route the model chooses among (as pkv_plan_step's auto does). */
+static bool candidate(pkv_route r) {
+    return r == PKV_ROUTE_SINGLE || r == PKV_ROUTE_SPLIT || r == PKV_ROUTE_WORKQUEUE || r == PKV_ROUTE_FUSED;
+}
+
+typedef struct row_stat {
+    char row[160];
+    int steps, model_best;
+    double model_reg, auto_reg, worst;
+    int auto_steps;
+    char worst_step[48];
+} row_stat;
+
+/* For each measured step: the oracle (the fastest measured fixed route, bucketed included), the
+ * route the model picks among its candidates, and the measured `auto` row when there is one; the
+ * regrets pooled per workload row (seeds and steps of one trace family and B together). */
+static void evaluate(const pkv_cost_model *m, const meas_set *set, const char *label) {
+    double sum = 0, worst = 0, asum = 0;
+    int steps = 0, hits = 0, asteps = 0;
     char worst_step[220] = "";
+    row_stat *rows = (row_stat *)calloc((size_t)(set->n ? set->n : 1), sizeof *rows);
+    int nrows = 0;
     for (int i = 0; i < set->n; i++) {
         bool first = true;
-        for (int j = 0; j < i; j++)
+        for (int j = 0; j < i && first; j++)
             if (!strcmp(set->m[j].step, set->m[i].step) && !strcmp(set->m[j].workload, set->m[i].workload)) first = false;
         if (!first) continue;
-        double best = INFINITY, pick_pred = INFINITY, pick_us = 0;
+        double best = INFINITY, pick_pred = INFINITY, pick_us = 0, auto_us = 0;
         for (int j = i; j < set->n; j++) {
             const meas *x = &set->m[j];
             if (strcmp(x->step, set->m[i].step) || strcmp(x->workload, set->m[i].workload)) continue;
+            if (x->route == PKV_ROUTE_AUTO) {
+                auto_us = x->us;
+                continue;
+            }
             if (x->us < best) best = x->us;
+            if (!candidate(x->route)) continue;
             double pr = pkv_cost_predict(m, x->terms);
             if (pr < pick_pred) {
                 pick_pred = pr;
                 pick_us = x->us;
             }
         }
+        if (!(best < INFINITY) || pick_us <= 0) continue;
         double reg = pick_us / best - 1.0;
         sum += reg;
         steps++;
@@ -199,9 +301,44 @@ static void evaluate(const pkv_cost_model *m, const meas_set *set) {
             worst = reg;
             snprintf(worst_step, sizeof worst_step, "%s (%s)", set->m[i].step, set->m[i].workload);
         }
+        int k = 0;
+        while (k < nrows && strcmp(rows[k].row, set->m[i].row)) k++;
+        if (k == nrows) snprintf(rows[nrows++].row, sizeof rows[0].row, "%s", set->m[i].row);
+        row_stat *rs = &rows[k];
+        rs->steps++;
+        rs->model_best += reg <= 0.0;
+        rs->model_reg += reg;
+        if (reg >= rs->worst) {
+            rs->worst = reg;
+            snprintf(rs->worst_step, sizeof rs->worst_step, "%s", set->m[i].step);
+        }
+        if (auto_us > 0) {
+            rs->auto_reg += auto_us / best - 1.0;
+            rs->auto_steps++;
+            asum += auto_us / best - 1.0;
+            asteps++;
+        }
     }
-    printf("evaluation on %d measured steps: the model's route is the fastest on %d; mean regret %.2f%%, worst %.2f%% (%s)\n",
-           steps, hits, steps ? 100.0 * sum / steps : 0.0, 100.0 * worst, worst_step);
+    printf("\n| workload row | steps | model picks the fastest | model mean regret | model worst step | measured auto mean regret |\n");
+    printf("| --- | ---: | ---: | ---: | --- | ---: |\n");
+    int over = 0;
+    for (int k = 0; k < nrows; k++) {
+        const row_stat *rs = &rows[k];
+        double mr = rs->model_reg / rs->steps;
+        over += mr > 0.03;
+        printf("| %s | %d | %d | %.2f%% | %s %.1f%% | ", rs->row, rs->steps, rs->model_best, 100.0 * mr, rs->worst_step,
+               100.0 * rs->worst);
+        if (rs->auto_steps)
+            printf("%.2f%% |\n", 100.0 * rs->auto_reg / rs->auto_steps);
+        else
+            printf("- |\n");
+    }
+    printf("\n%sevaluation on %d measured steps in %d workload rows: the model's route is the fastest on %d; mean regret "
+           "%.2f%%, worst %.2f%% (%s); rows with a mean regret over 3%%: %d",
+           label, steps, nrows, hits, steps ? 100.0 * sum / steps : 0.0, 100.0 * worst, worst_step, over);
+    if (asteps) printf("; measured auto: mean regret %.2f%% over %d steps", 100.0 * asum / asteps, asteps);
+    printf("\n");
+    free(rows);
 }
 
 int cmd_calibrate(int argc, char **argv) {
@@ -243,20 +380,22 @@ int cmd_calibrate(int argc, char **argv) {
         load_list(from, &set, par);
         double *T = (double *)malloc((size_t)(set.n ? set.n : 1) * PKV_COST_TERMS * sizeof(double));
         double *y = (double *)malloc((size_t)(set.n ? set.n : 1) * sizeof(double));
+        int nfit = 0;
         for (int i = 0; i < set.n; i++) {
-            memcpy(T + (size_t)i * PKV_COST_TERMS, set.m[i].terms, sizeof set.m[i].terms);
-            y[i] = set.m[i].us;
+            if (!candidate(set.m[i].route)) continue; /* the fit is over the routes the model chooses among */
+            memcpy(T + (size_t)nfit * PKV_COST_TERMS, set.m[i].terms, sizeof set.m[i].terms);
+            y[nfit++] = set.m[i].us;
         }
         pkv_cost_model_default(&m, set.parallelism, 0, 0);
         snprintf(m.device, sizeof m.device, "fit from %.100s", from);
-        if (pkv_cost_model_fit(set.n, T, y, &m) != PKV_OK) {
+        if (pkv_cost_model_fit(nfit, T, y, &m) != PKV_OK) {
             fprintf(stderr, "pkv calibrate: %s\n", pkv_last_error());
             return 1;
         }
         printf("fit on %d measurements: rms %.2f us; const %.3g us, %.3g us/launch, %.3g us/MB, %.3g us/MB longest task, "
                "%.3g us/extra wave, %.3g us/MB merged\n",
-               set.n, m.rms_us, m.coef[0], m.coef[1], m.coef[2], m.coef[3], m.coef[4], m.coef[5]);
-        evaluate(&m, &set);
+               nfit, m.rms_us, m.coef[0], m.coef[1], m.coef[2], m.coef[3], m.coef[4], m.coef[5]);
+        evaluate(&m, &set, "fit set: ");
         free(T);
         free(y);
         free(set.m);
@@ -274,8 +413,7 @@ int cmd_calibrate(int argc, char **argv) {
         }
         meas_set set = {0};
         load_list(eval, &set, par);
-        printf("held-out: ");
-        evaluate(&m, &set);
+        evaluate(&m, &set, "held-out: ");
         free(set.m);
     }
     return 0;

@@ -14,6 +14,7 @@ struct cuda_state {
     int cc_major, cc_minor;
     bool pdl;                 // programmatic dependent launch of the merge (sm_90+)
     bool heads_in_n;          // the heads-in-N kernel for G <= 8, d <= 128 (PKV_DECODE_KERNEL=m turns it off)
+    int32_t deep_max_ctas;    // heads-in-N grids up to this size keep two tiles in flight per warp
     const void *uploaded_ws;  // workspace that holds uploaded_gen's plan
     uint64_t uploaded_gen;
 };
@@ -56,7 +57,8 @@ pkv_status cuda_run(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_
     if (plan->num_phases == 0 || (plan->num_tasks == 0 && plan->num_merges == 0)) return PKV_OK;
     pkv_status ps = cuda_upload(ctx, plan, ws, ws_bytes, stream);
     if (ps != PKV_OK) return ps;
-    cudaError_t e = pkv_cuda_decode_run(plan, ws, t, static_cast<cudaStream_t>(stream), s->pdl ? 1 : 0, s->heads_in_n ? 1 : 0);
+    cudaError_t e = pkv_cuda_decode_run(plan, ws, t, static_cast<cudaStream_t>(stream), s->pdl ? 1 : 0, s->heads_in_n ? 1 : 0,
+                                        s->deep_max_ctas);
     if (e != cudaSuccess)
         return pkv_fail(ctx, PKV_ERR_CUDA, "decode launch failed: %s", cudaGetErrorString(e));
     return PKV_OK;
@@ -103,6 +105,12 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device) {
     s->pdl = prop.major >= 9 && getenv("PKV_NO_PDL") == nullptr;
     const char *kernel = getenv("PKV_DECODE_KERNEL");
     s->heads_in_n = !(kernel && strcmp(kernel, "m") == 0);
+    /* two tiles in flight per warp (2 CTAs per SM) when a grid fills at most 2 CTAs per SM, i.e. the
+     * one-tile kernel's third resident slot would stay empty; PKV_DECODE_DEEP=0 / 1: never / always */
+    const char *deep = getenv("PKV_DECODE_DEEP");
+    s->deep_max_ctas = deep && strcmp(deep, "0") == 0   ? 0
+                       : deep && strcmp(deep, "1") == 0 ? INT32_MAX
+                                                        : 2 * prop.multiProcessorCount;
     ctx->backend_state = s;
     ctx->ops = &cuda_ops;
     ctx->device = device;

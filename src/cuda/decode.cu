@@ -521,14 +521,82 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
     return y;
 }
 
+// One 16-token tile of the heads-in-N kernel: S^T from kr, the online softmax, O^T from vr.  The
+// buffers are refilled with the tile at next_base (pages kpage/vpage; -1 pages load zeros, no
+// memory): K right after S, V right after O, so a tile is in flight while the warp computes.
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads, 3) decode_kernel_n8(const decode_params p) {
-    static_assert(D <= 128, "the heads-in-N kernel is for d <= 128");
+__device__ __forceinline__ void n8_tile(const decode_params &p, const T *kbase, const T *vbase, int head, int g, int c,
+                                        int base, int te, int next_base, const uint4 (&qr)[D / 32],
+                                        uint4 (&kr)[2][D / 32], uint4 (&vr)[4][D / 64], const int32_t (&kpage)[2],
+                                        const int32_t (&vpage)[4], float (&acc)[D / 16][4], float &ma, float &mb,
+                                        float &la, float &lb) {
+    constexpr int KC = D / 32;
+    constexpr int VC = D / 64;
+    using tr = dtype_traits<T>;
+    // ---- S^T = K Q^T: two accumulators (x/y and z/w halves of each chunk) for a shorter chain
+    float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < KC; i++) {
+        const uint32_t a0[4] = {kr[0][i].x, kr[1][i].x, kr[0][i].y, kr[1][i].y};
+        const uint32_t a1[4] = {kr[0][i].z, kr[1][i].z, kr[0][i].w, kr[1][i].w};
+        mma_16816<T>(s, a0, qr[i].x, qr[i].y);
+        mma_16816<T>(s2, a1, qr[i].z, qr[i].w);
+    }
+    load_k<T, D>(p, kbase, next_base, head, g, c, kpage, kr);
+    // ---- online softmax (log2 domain) per head column; rows are tokens g and g + 8
+    const bool v0 = base + g < te, v1 = base + 8 + g < te;
+    const float x0 = v0 ? (s[0] + s2[0]) * p.scale_log2 : -INFINITY;
+    const float x1 = v0 ? (s[1] + s2[1]) * p.scale_log2 : -INFINITY;
+    const float x2 = v1 ? (s[2] + s2[2]) * p.scale_log2 : -INFINITY;
+    const float x3 = v1 ? (s[3] + s2[3]) * p.scale_log2 : -INFINITY;
+    float mxa = fmaxf(x0, x2), mxb = fmaxf(x1, x3);
+#pragma unroll
+    for (int sh = 4; sh < 32; sh <<= 1) {
+        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, sh));
+        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, sh));
+    }
+    const float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb); // finite: token base is valid
+    const float ala = exp2f(ma - na), alb = exp2f(mb - nb);
+    ma = na;
+    mb = nb;
+    const float p0 = exp2f(x0 - na), p1 = exp2f(x1 - nb), p2 = exp2f(x2 - na), p3 = exp2f(x3 - nb);
+    la = la * ala + (p0 + p2);
+    lb = lb * alb + (p1 + p3);
+    const uint32_t b0 = movmatrix_trans(tr::pack(p0, p1)), b1 = movmatrix_trans(tr::pack(p2, p3));
+    // ---- O^T = O^T * alpha + V^T P^T
+#pragma unroll
+    for (int u = 0; u < VC; u++) {
+        const uint32_t *w0 = reinterpret_cast<const uint32_t *>(&vr[0][u]);
+        const uint32_t *w1 = reinterpret_cast<const uint32_t *>(&vr[1][u]);
+        const uint32_t *w2 = reinterpret_cast<const uint32_t *>(&vr[2][u]);
+        const uint32_t *w3 = reinterpret_cast<const uint32_t *>(&vr[3][u]);
+#pragma unroll
+        for (int mp = 0; mp < 4; mp++) {
+            const int mt = u * 4 + mp;
+            const uint32_t a[4] = {__byte_perm(w0[mp], w1[mp], 0x5410u), __byte_perm(w0[mp], w1[mp], 0x7632u),
+                                   __byte_perm(w2[mp], w3[mp], 0x5410u), __byte_perm(w2[mp], w3[mp], 0x7632u)};
+            acc[mt][0] *= ala;
+            acc[mt][1] *= alb;
+            acc[mt][2] *= ala;
+            acc[mt][3] *= alb;
+            mma_16816<T>(acc[mt], a, b0, b1);
+        }
+    }
+    load_v<T, D>(p, vbase, next_base, head, g, c, vpage, vr);
+}
+
+// NB = 1: one tile in flight per warp, 3 CTAs per SM (every grid larger than two CTAs per SM).
+// NB = 2: two tiles in flight per warp in two register buffers (tiles w, w + 4 | w + 8, w + 12 ...),
+// page ids two tiles ahead per buffer; ~2 CTAs per SM, for grids that leave the third slot empty
+// anyway (single requests and small batches), where a warp's round trips are the step's length.
+template <typename T, int D, int NB>
+__global__ void __launch_bounds__(kThreads, NB == 1 && D <= 128 ? 3 : 2) decode_kernel_n8(const decode_params p) {
+    static_assert(NB == 1 || (NB == 2 && D <= 128), "one tile in flight per warp, or two at d <= 128");
     constexpr int KC = D / 32;
     constexpr int VC = D / 64;
     constexpr int MT = VC * 4; // m-tiles of O^T
     constexpr int GP = 8;
-    using tr = dtype_traits<T>;
+    constexpr int STEP = NB * kWarps; // tiles between a buffer's uses
     extern __shared__ float smem[];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -552,67 +620,39 @@ __global__ void __launch_bounds__(kThreads, 3) decode_kernel_n8(const decode_par
     float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f; // heads 2c and 2c + 1
 
     const int ntiles = (te - tb + 15) >> 4;
-    int32_t kpage[2], vpage[4];
-    uint4 kr[2][KC], vr[4][VC];
-    tile_pages(p, ti, ntiles, warp, g, c, kpage, vpage);
-    load_k<T, D>(p, kbase, tb + warp * 16, head, g, c, kpage, kr);
-    load_v<T, D>(p, vbase, tb + warp * 16, head, g, c, vpage, vr);
-    tile_pages(p, ti, ntiles, warp + kWarps, g, c, kpage, vpage);
-    for (int tile = warp; tile < ntiles; tile += kWarps) {
-        const int base = tb + tile * 16;
-        // ---- S^T = K Q^T: two accumulators (x/y and z/w halves of each chunk) for a shorter chain
-        float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int i = 0; i < KC; i++) {
-            const uint32_t a0[4] = {kr[0][i].x, kr[1][i].x, kr[0][i].y, kr[1][i].y};
-            const uint32_t a1[4] = {kr[0][i].z, kr[1][i].z, kr[0][i].w, kr[1][i].w};
-            mma_16816<T>(s, a0, qr[i].x, qr[i].y);
-            mma_16816<T>(s2, a1, qr[i].z, qr[i].w);
+    int32_t kpa[2], vpa[4];
+    uint4 kra[2][KC], vra[4][VC];
+    tile_pages(p, ti, ntiles, warp, g, c, kpa, vpa);
+    load_k<T, D>(p, kbase, tb + warp * 16, head, g, c, kpa, kra);
+    load_v<T, D>(p, vbase, tb + warp * 16, head, g, c, vpa, vra);
+    if constexpr (NB == 1) {
+        tile_pages(p, ti, ntiles, warp + kWarps, g, c, kpa, vpa);
+        for (int tile = warp; tile < ntiles; tile += kWarps) {
+            const int base = tb + tile * 16;
+            n8_tile<T, D>(p, kbase, vbase, head, g, c, base, te, base + kWarps * 16, qr, kra, vra, kpa, vpa, acc, ma,
+                          mb, la, lb);
+            tile_pages(p, ti, ntiles, tile + 2 * kWarps, g, c, kpa, vpa);
         }
-        // the next tile's K: in flight while this tile finishes
-        load_k<T, D>(p, kbase, base + kWarps * 16, head, g, c, kpage, kr);
-        // ---- online softmax (log2 domain) per head column; rows are tokens g and g + 8
-        const bool v0 = base + g < te, v1 = base + 8 + g < te;
-        const float x0 = v0 ? (s[0] + s2[0]) * p.scale_log2 : -INFINITY;
-        const float x1 = v0 ? (s[1] + s2[1]) * p.scale_log2 : -INFINITY;
-        const float x2 = v1 ? (s[2] + s2[2]) * p.scale_log2 : -INFINITY;
-        const float x3 = v1 ? (s[3] + s2[3]) * p.scale_log2 : -INFINITY;
-        float mxa = fmaxf(x0, x2), mxb = fmaxf(x1, x3);
-#pragma unroll
-        for (int sh = 4; sh < 32; sh <<= 1) {
-            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, sh));
-            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, sh));
-        }
-        const float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb); // finite: token base is valid
-        const float ala = exp2f(ma - na), alb = exp2f(mb - nb);
-        ma = na;
-        mb = nb;
-        const float p0 = exp2f(x0 - na), p1 = exp2f(x1 - nb), p2 = exp2f(x2 - na), p3 = exp2f(x3 - nb);
-        la = la * ala + (p0 + p2);
-        lb = lb * alb + (p1 + p3);
-        const uint32_t b0 = movmatrix_trans(tr::pack(p0, p1)), b1 = movmatrix_trans(tr::pack(p2, p3));
-        // ---- O^T = O^T * alpha + V^T P^T
-#pragma unroll
-        for (int u = 0; u < VC; u++) {
-            const uint32_t *w0 = reinterpret_cast<const uint32_t *>(&vr[0][u]);
-            const uint32_t *w1 = reinterpret_cast<const uint32_t *>(&vr[1][u]);
-            const uint32_t *w2 = reinterpret_cast<const uint32_t *>(&vr[2][u]);
-            const uint32_t *w3 = reinterpret_cast<const uint32_t *>(&vr[3][u]);
-#pragma unroll
-            for (int mp = 0; mp < 4; mp++) {
-                const int mt = u * 4 + mp;
-                const uint32_t a[4] = {__byte_perm(w0[mp], w1[mp], 0x5410u), __byte_perm(w0[mp], w1[mp], 0x7632u),
-                                       __byte_perm(w2[mp], w3[mp], 0x5410u), __byte_perm(w2[mp], w3[mp], 0x7632u)};
-                acc[mt][0] *= ala;
-                acc[mt][1] *= alb;
-                acc[mt][2] *= ala;
-                acc[mt][3] *= alb;
-                mma_16816<T>(acc[mt], a, b0, b1);
+    } else {
+        int32_t kpb[2], vpb[4];
+        uint4 krb[2][KC], vrb[4][VC];
+        tile_pages(p, ti, ntiles, warp + kWarps, g, c, kpb, vpb);
+        load_k<T, D>(p, kbase, tb + (warp + kWarps) * 16, head, g, c, kpb, krb);
+        load_v<T, D>(p, vbase, tb + (warp + kWarps) * 16, head, g, c, vpb, vrb);
+        tile_pages(p, ti, ntiles, warp + STEP, g, c, kpa, vpa);
+        tile_pages(p, ti, ntiles, warp + STEP + kWarps, g, c, kpb, vpb);
+        for (int tile = warp; tile < ntiles; tile += STEP) {
+            const int base = tb + tile * 16;
+            n8_tile<T, D>(p, kbase, vbase, head, g, c, base, te, base + STEP * 16, qr, kra, vra, kpa, vpa, acc, ma,
+                          mb, la, lb);
+            tile_pages(p, ti, ntiles, tile + 2 * STEP, g, c, kpa, vpa);
+            if (tile + kWarps < ntiles) { // warp-uniform
+                const int bb = base + kWarps * 16;
+                n8_tile<T, D>(p, kbase, vbase, head, g, c, bb, te, bb + STEP * 16, qr, krb, vrb, kpb, vpb, acc, ma,
+                              mb, la, lb);
+                tile_pages(p, ti, ntiles, tile + kWarps + 2 * STEP, g, c, kpb, vpb);
             }
         }
-        // the next tile's V, then the page ids of the tile after it
-        load_v<T, D>(p, vbase, base + kWarps * 16, head, g, c, vpage, vr);
-        tile_pages(p, ti, ntiles, tile + 2 * kWarps, g, c, kpage, vpage);
     }
 #pragma unroll
     for (int sh = 4; sh < 32; sh <<= 1) {
@@ -645,19 +685,40 @@ __global__ void __launch_bounds__(kThreads, 3) decode_kernel_n8(const decode_par
 }
 
 // ---- host side ------------------------------------------------------------------------------------
-template <typename T, int D, bool G16> static cudaError_t set_smem_attr() {
-    return cudaFuncSetAttribute(decode_kernel<T, D, G16>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)(smem_floats<D, G16>() * sizeof(float)));
+// Which decode kernel runs a problem: heads in N for G <= 8 (unless the heads-in-M kernel is forced,
+// to compare the two), else heads in M with 16 rows; the heads-in-N kernel's two-tiles-in-flight
+// variant (d <= 128) is picked per launch from the grid size (run_phases).
+enum kernel_kind { kHeadsInN, kHeadsInNDeep, kHeadsInM8, kHeadsInM16 };
+static kernel_kind kernel_for(int32_t group, int32_t head_dim, bool allow_n8) {
+    (void)head_dim;
+    if (group > 8) return kHeadsInM16;
+    return allow_n8 ? kHeadsInN : kHeadsInM8;
+}
+
+using decode_fn = void (*)(decode_params);
+
+// The kernel instance of a kind and its dynamic shared memory (bytes).
+template <typename T, int D> static decode_fn kernel_of(kernel_kind kind, int *smem_bytes) {
+    *smem_bytes = (int)((kind == kHeadsInM16 ? smem_floats<D, true>() : smem_floats<D, false>()) * sizeof(float));
+    switch (kind) {
+    case kHeadsInN: return decode_kernel_n8<T, D, 1>;
+    case kHeadsInNDeep:
+        if constexpr (D <= 128) return decode_kernel_n8<T, D, 2>;
+        return decode_kernel_n8<T, D, 1>;
+    case kHeadsInM16: return decode_kernel<T, D, true>;
+    default: return decode_kernel<T, D, false>;
+    }
 }
 
 template <typename T, int D> static cudaError_t set_attrs_d() {
-    cudaError_t e = set_smem_attr<T, D, false>();
-    if (e == cudaSuccess) e = set_smem_attr<T, D, true>();
-    if constexpr (D <= 128)
-        if (e == cudaSuccess)
-            e = cudaFuncSetAttribute(decode_kernel_n8<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                     (int)(smem_floats<D, false>() * sizeof(float)));
-    return e;
+    const kernel_kind kinds[] = {kHeadsInN, kHeadsInNDeep, kHeadsInM8, kHeadsInM16};
+    for (kernel_kind k : kinds) {
+        int smem = 0;
+        const decode_fn f = kernel_of<T, D>(k, &smem);
+        cudaError_t e = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
 }
 
 template <typename T> static cudaError_t set_attrs_t() {
@@ -667,46 +728,18 @@ template <typename T> static cudaError_t set_attrs_t() {
     return e;
 }
 
-// Which decode kernel runs a problem: heads in N for G <= 8 and d <= 128 (unless the heads-in-M
-// kernel is forced, to compare the two), else heads in M with 8 or 16 rows.
-enum kernel_kind { kHeadsInN, kHeadsInM8, kHeadsInM16 };
-static kernel_kind kernel_for(int32_t group, int32_t head_dim, bool allow_n8) {
-    if (group > 8) return kHeadsInM16;
-    return allow_n8 && head_dim <= 128 ? kHeadsInN : kHeadsInM8;
-}
-
 template <typename T, int D>
 static cudaError_t launch_decode(kernel_kind kind, const decode_params &p, dim3 grid, cudaStream_t stream) {
-    if constexpr (D <= 128) {
-        if (kind == kHeadsInN) {
-            decode_kernel_n8<T, D><<<grid, kThreads, smem_floats<D, false>() * sizeof(float), stream>>>(p);
-            return cudaGetLastError();
-        }
-    }
-    if (kind == kHeadsInM16)
-        decode_kernel<T, D, true><<<grid, kThreads, smem_floats<D, true>() * sizeof(float), stream>>>(p);
-    else
-        decode_kernel<T, D, false><<<grid, kThreads, smem_floats<D, false>() * sizeof(float), stream>>>(p);
+    int smem = 0;
+    const decode_fn f = kernel_of<T, D>(kind, &smem);
+    f<<<grid, kThreads, smem, stream>>>(p);
     return cudaGetLastError();
 }
 
 template <typename T, int D> static int resident_ctas_d(kernel_kind kind) {
-    int n = 0;
-    cudaError_t e;
-    if constexpr (D <= 128) {
-        if (kind == kHeadsInN) {
-            e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel_n8<T, D>, kThreads,
-                                                              smem_floats<D, false>() * sizeof(float));
-            return e == cudaSuccess ? n : 0;
-        }
-    }
-    if (kind == kHeadsInM16)
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<T, D, true>, kThreads,
-                                                          smem_floats<D, true>() * sizeof(float));
-    else
-        e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel<T, D, false>, kThreads,
-                                                          smem_floats<D, false>() * sizeof(float));
-    return e == cudaSuccess ? n : 0;
+    int n = 0, smem = 0;
+    const decode_fn f = kernel_of<T, D>(kind, &smem);
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, kThreads, smem) == cudaSuccess ? n : 0;
 }
 
 template <typename T, int D>
@@ -728,8 +761,9 @@ static cudaError_t launch_merge(const merge_params &p, int32_t n, cudaStream_t s
 
 template <typename T, int D>
 static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, const merge_params &mbase,
-                              const char *ws_dev, cudaStream_t stream, bool pdl, bool allow_n8) {
-    const kernel_kind kind = kernel_for(plan->group, D, allow_n8);
+                              const char *ws_dev, cudaStream_t stream, bool pdl, bool allow_n8,
+                              int32_t deep_max_ctas) {
+    const kernel_kind base_kind = kernel_for(plan->group, D, allow_n8);
     for (int32_t k = 0; k < plan->num_phases; k++) {
         const pkv_phase &ph = plan->phases[k];
         const bool fused = plan->route == PKV_ROUTE_FUSED;
@@ -759,6 +793,9 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
                 grid = dim3((unsigned)(ph.row_end - ph.row_begin), (unsigned)plan->problem.num_kv_heads,
                             (unsigned)ph.grid_splits);
             }
+            // a grid that leaves the third resident slot of every SM empty runs the two-tiles-in-flight kernel
+            const int64_t ctas = (int64_t)grid.x * grid.y * grid.z;
+            const kernel_kind kind = base_kind == kHeadsInN && ctas <= deep_max_ctas ? kHeadsInNDeep : base_kind;
             cudaError_t e = launch_decode<T, D>(kind, p, grid, stream);
             if (e != cudaSuccess) return e;
         }
@@ -775,11 +812,11 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
 
 template <typename T>
 static cudaError_t run_t(const pkv_plan *plan, const decode_params &p, const merge_params &m, const char *ws,
-                         cudaStream_t stream, bool pdl, bool allow_n8) {
+                         cudaStream_t stream, bool pdl, bool allow_n8, int32_t deep_max_ctas) {
     switch (plan->problem.head_dim) {
-    case 64: return run_phases<T, 64>(plan, p, m, ws, stream, pdl, allow_n8);
-    case 128: return run_phases<T, 128>(plan, p, m, ws, stream, pdl, allow_n8);
-    case 256: return run_phases<T, 256>(plan, p, m, ws, stream, pdl, allow_n8);
+    case 64: return run_phases<T, 64>(plan, p, m, ws, stream, pdl, allow_n8, deep_max_ctas);
+    case 128: return run_phases<T, 128>(plan, p, m, ws, stream, pdl, allow_n8, deep_max_ctas);
+    case 256: return run_phases<T, 256>(plan, p, m, ws, stream, pdl, allow_n8, deep_max_ctas);
     }
     return cudaErrorInvalidValue;
 }
@@ -803,7 +840,7 @@ extern "C" int pkv_cuda_decode_resident_ctas(int32_t group, int32_t head_dim, in
 }
 
 extern "C" cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace, const pkv_tensors *t,
-                                           cudaStream_t stream, int use_pdl, int allow_n8) {
+                                           cudaStream_t stream, int use_pdl, int allow_n8, int32_t deep_max_ctas) {
     const pkv_problem &pr = plan->problem;
     const pkv_kv_strides st = pkv_kv_strides_of(&pr);
     char *ws = static_cast<char *>(workspace);
@@ -831,6 +868,7 @@ extern "C" cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace
     m.lse = t->lse;
     m.num_qo_heads = pr.num_qo_heads;
     m.group = plan->group;
-    if (pr.dtype == PKV_DTYPE_FP16) return pkv::run_t<__half>(plan, p, m, ws, stream, use_pdl != 0, allow_n8 != 0);
-    return pkv::run_t<__nv_bfloat16>(plan, p, m, ws, stream, use_pdl != 0, allow_n8 != 0);
+    if (pr.dtype == PKV_DTYPE_FP16)
+        return pkv::run_t<__half>(plan, p, m, ws, stream, use_pdl != 0, allow_n8 != 0, deep_max_ctas);
+    return pkv::run_t<__nv_bfloat16>(plan, p, m, ws, stream, use_pdl != 0, allow_n8 != 0, deep_max_ctas);
 }

@@ -82,7 +82,10 @@ typedef struct plan_params {
     int32_t forced_chunk;  /* > 0: workqueue chunk given (pages) */
 } plan_params;
 
-static int32_t row_pages(const pkv_problem *p, int32_t n) { return (int32_t)ceil_div(n, p->page_size); }
+/* 32-bit division: n >= 0 and n + page_size < 2^32 (validated), and this runs per row */
+static int32_t row_pages(const pkv_problem *p, int32_t n) {
+    return (int32_t)(((uint32_t)n + (uint32_t)p->page_size - 1u) / (uint32_t)p->page_size);
+}
 
 /* S for a set of rows under the `split` rule. */
 static int32_t choose_splits(const plan_params *pp, const pkv_problem *p, const int32_t *lens,
@@ -133,15 +136,17 @@ static int32_t choose_workqueue_chunk(const plan_params *pp, const pkv_problem *
     int64_t cost_hi = 0;
     for (int32_t i = 0; i < B; i++) cost_hi += lens[i] > 0 ? 1 : 0;
     if (cost_hi * p->num_kv_heads > pp->P) return max_pages;
-    /* 32-bit divisions, and each count stops as soon as it exceeds the wave */
+    /* divisions by reciprocal (exact, see candidate_terms), and each count stops as soon as it
+     * exceeds the wave */
     const int64_t budget = pp->P / p->num_kv_heads;
-    const uint32_t ps = (uint32_t)p->page_size;
+    const double inv_ps = 1.0 / p->page_size, ps_up = p->page_size - 0.5;
     while (lo < hi) {
-        const uint32_t mid = (uint32_t)(lo + (hi - lo) / 2);
+        const int32_t mid = lo + (hi - lo) / 2;
+        const double inv_mid = 1.0 / mid, mid_up = mid - 0.5;
         int64_t cost = 0;
         for (int32_t i = 0; i < B && cost <= budget; i++) {
-            const uint32_t pages = ((uint32_t)lens[i] + ps - 1) / ps;
-            cost += (pages + mid - 1) / mid;
+            const double pages = (double)(int64_t)((lens[i] + ps_up) * inv_ps);
+            cost += (int64_t)((pages + mid_up) * inv_mid);
         }
         if (cost <= budget)
             hi = (int32_t)mid;
@@ -402,56 +407,87 @@ static void resolve_params(const pkv_plan_options *opts, int32_t parallelism, in
     }
 }
 
-/* The cost-model terms of a route for this step without building its plan: the same rules as
- * plan_impl, O(B) (plus the work queue's chunk search).  tests/test_plan checks them against
- * pkv_cost_terms of the built plans. */
-static void route_terms(const plan_params *pp, const pkv_problem *p, const int32_t *lens, int32_t B, pkv_route route,
-                        int32_t parallelism, int32_t wq_chunk_pages, double t[PKV_COST_TERMS]) {
+/* The cost-model terms of the candidate routes for this step without building their plans: the
+ * same rules as plan_impl, one O(B) pass for all four (the work queue's chunk searched once, or
+ * given).  Divisions by a per-step constant go through a double reciprocal: floor((n + 0.5) / c)
+ * is exact for n, c < 2^31, since n / c's fractional part is a multiple of 1 / c > the rounding
+ * error.  tests/test_plan checks the terms against pkv_cost_terms of the built plans. */
+enum { TC_SINGLE, TC_SPLIT, TC_WORKQUEUE, TC_FUSED, TC_COUNT };
+static const pkv_route term_routes[TC_COUNT] = {PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_WORKQUEUE, PKV_ROUTE_FUSED};
+
+static void candidate_terms(const plan_params *pp, const pkv_problem *p, const int32_t *lens, int32_t B,
+                            int32_t parallelism, int32_t wq_chunk_pages, double t[TC_COUNT][PKV_COST_TERMS]) {
     const int64_t hkv = p->num_kv_heads, G = p->num_qo_heads / hkv, d = p->head_dim;
     const int64_t es = (int64_t)pkv_dtype_size(p->dtype);
-    int32_t S = 1, wq_chunk = 0;
-    if (route == PKV_ROUTE_SPLIT) S = choose_splits(pp, p, lens, NULL, B);
-    if (route == PKV_ROUTE_WORKQUEUE || route == PKV_ROUTE_FUSED)
-        wq_chunk = (wq_chunk_pages > 0 ? wq_chunk_pages : choose_workqueue_chunk(pp, p, lens, B)) * p->page_size;
-    int64_t tokens = 0, tasks = 0, split_tasks = 0, merges = 0, empty = 0, longest = 0, max_count = 0;
+    const int32_t S = choose_splits(pp, p, lens, NULL, B);
+    const int32_t wq_pages = wq_chunk_pages > 0 ? wq_chunk_pages : choose_workqueue_chunk(pp, p, lens, B);
+    const double inv_ps = 1.0 / p->page_size, inv_S = 1.0 / S, inv_wq = 1.0 / ((double)wq_pages * p->page_size);
+    const int64_t wq_tokens = (int64_t)wq_pages * p->page_size, min_chunk = pp->min_chunk_pages;
+    int64_t tokens = 0, empty = 0, longest_single = 0;
+    int64_t tasks[2] = {0, 0}, split_tasks[2] = {0, 0}, max_count[2] = {0, 0}, longest[2] = {0, 0}; /* split, wq */
+    /* two branch-free passes (the compiler keeps them in registers): the work queue's chunks and
+     * the single route's tallies, then the split route's per-row chunks */
+    const double wq_up = (double)wq_tokens - 0.5;
     for (int32_t i = 0; i < B; i++) {
-        int32_t n = lens[i];
+        const int64_t n = lens[i];
         tokens += n;
-        if (n == 0) {
-            empty++;
-            continue;
-        }
-        const uint32_t chunk = route == PKV_ROUTE_SINGLE ? (uint32_t)n
-                               : route == PKV_ROUTE_SPLIT
-                                   ? (uint32_t)row_chunk_pages(pp, row_pages(p, n), S) * (uint32_t)p->page_size
-                                   : (uint32_t)wq_chunk;
-        const int64_t ns = ((uint32_t)n + chunk - 1) / chunk; /* 32-bit division: this loop is the decision */
-        tasks += ns * hkv;
-        if (ns > 1) {
-            split_tasks += ns * hkv;
-            merges += hkv;
-            if (ns > max_count) max_count = ns;
-        }
-        const int64_t first = chunk < (uint32_t)n ? (int64_t)chunk : n;
-        if (first > longest) longest = first;
+        empty += n <= 0;
+        longest_single = n > longest_single ? n : longest_single;
+        const int64_t ns = (int64_t)(((double)n + wq_up) * inv_wq); /* 0 for an empty row */
+        tasks[1] += ns;
+        split_tasks[1] += ns > 1 ? ns : 0;
+        max_count[1] = ns > 1 && ns > max_count[1] ? ns : max_count[1];
+        const int64_t first = wq_tokens < n ? wq_tokens : n;
+        longest[1] = first > longest[1] ? first : longest[1];
     }
-    int64_t launches, ctas;
-    if (route == PKV_ROUTE_FUSED) {
-        launches = (tasks > 0 || empty > 0) ? 1 : 0;
-        ctas = tasks + empty * hkv;
-    } else {
-        launches = (tasks > 0) + (merges + empty > 0);
-        ctas = route == PKV_ROUTE_WORKQUEUE ? tasks : (tasks > 0 ? (int64_t)B * hkv * S : 0);
+    const double ps_up = p->page_size - 0.5, S_up = S - 0.5;
+    for (int32_t i = 0; i < B; i++) {
+        const int64_t n = lens[i];
+        /* chunk = max(ceil(pages / S), min_chunk) pages, at most the row (at least 1) */
+        const int64_t pages = (int64_t)(((double)n + ps_up) * inv_ps);
+        int64_t cp = S > 1 ? (int64_t)(((double)pages + S_up) * inv_S) : pages;
+        cp = S > 1 && cp < min_chunk ? min_chunk : cp;
+        cp = cp > pages ? pages : cp;
+        cp = cp < 1 ? 1 : cp;
+        /* ceil(pages / cp) <= S: a float quotient, then one correction each way (no exactness needed) */
+        int64_t ns = (int64_t)((float)pages / (float)cp);
+        ns += ns * cp < pages;
+        ns -= (ns - 1) * cp >= pages && ns > 0;
+        tasks[0] += ns;
+        split_tasks[0] += ns > 1 ? ns : 0;
+        max_count[0] = ns > 1 && ns > max_count[0] ? ns : max_count[0];
+        const int64_t chunk = cp * p->page_size, first = chunk < n ? chunk : n;
+        longest[0] = first > longest[0] ? first : longest[0];
     }
+    for (int r = 0; r < 2; r++) tasks[r] *= hkv, split_tasks[r] *= hkv;
+    const int64_t nonempty = B - empty;
     const int64_t kv = tokens * hkv * d * es * 2, qo = (int64_t)B * p->num_qo_heads * (d * es * 2 + 4);
-    const int64_t ms = 2 * split_tasks * G * (d + 1) * 4;
-    double waves = ceil((double)ctas / (2.0 * parallelism)) - 1.0;
-    t[0] = 1.0;
-    t[1] = (double)launches;
-    t[2] = (double)(kv + qo + ms) / 1e6;
-    t[3] = (double)longest * (double)d * (double)es * 2.0 / 1e6;
-    t[4] = waves > 0 ? waves : 0.0;
-    t[5] = (double)max_count * (double)G * (d + 1.0) * 4.0 / 1e6;
+    for (int k = 0; k < TC_COUNT; k++) {
+        const int r = k == TC_SPLIT ? 0 : 1; /* the split and work-queue tallies */
+        int64_t ntasks, nsplit, maxc, lng, launches, ctas;
+        if (k == TC_SINGLE) {
+            ntasks = nonempty * hkv, nsplit = 0, maxc = 0, lng = longest_single;
+        } else {
+            ntasks = tasks[r], nsplit = split_tasks[r], maxc = max_count[r], lng = longest[r];
+        }
+        const int64_t merges = nsplit > 0 || empty > 0;
+        if (k == TC_FUSED) {
+            launches = (ntasks > 0 || empty > 0) ? 1 : 0;
+            ctas = ntasks + empty * hkv;
+        } else {
+            launches = (ntasks > 0) + merges;
+            const int64_t s = k == TC_SPLIT ? S : 1;
+            ctas = k == TC_WORKQUEUE ? ntasks : (ntasks > 0 ? (int64_t)B * hkv * s : 0);
+        }
+        const int64_t ms = 2 * nsplit * G * (d + 1) * 4;
+        const double waves = ceil((double)ctas / (2.0 * parallelism)) - 1.0;
+        t[k][0] = 1.0;
+        t[k][1] = (double)launches;
+        t[k][2] = (double)(kv + qo + ms) / 1e6;
+        t[k][3] = (double)lng * (double)d * (double)es * 2.0 / 1e6;
+        t[k][4] = waves > 0 ? waves : 0.0;
+        t[k][5] = (double)maxc * (double)G * (d + 1.0) * 4.0 / 1e6;
+    }
 }
 
 /* Length bucket of the bucketed route: floor(log2(N)) + 1, 0 for an empty row (0..32). */
@@ -497,7 +533,25 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
             empty++;
     }
     pkv_route route = opts.route;
-    if (route == PKV_ROUTE_AUTO) route = nonempty * hkv >= pp.P ? PKV_ROUTE_SINGLE : PKV_ROUTE_FUSED;
+    int32_t wq_chunk = -1; /* the work queue's chunk (pages), once searched */
+    if (route == PKV_ROUTE_AUTO && ctx && ctx->has_cost_model) {
+        /* the policy: each candidate's predicted time from its terms (O(B) each, no plan built),
+         * the lowest wins; ties keep the earlier candidate */
+        wq_chunk = choose_workqueue_chunk(&pp, problem, lens, B);
+        double t[TC_COUNT][PKV_COST_TERMS];
+        candidate_terms(&pp, problem, lens, B, parallelism, wq_chunk, t);
+        static const int pref[TC_COUNT] = {TC_SINGLE, TC_FUSED, TC_SPLIT, TC_WORKQUEUE}; /* ties: the simpler */
+        double best_us = INFINITY;
+        for (int k = 0; k < TC_COUNT; k++) {
+            const double us = pkv_cost_predict(&ctx->cost_model, t[pref[k]]);
+            if (us < best_us) {
+                best_us = us;
+                route = term_routes[pref[k]];
+            }
+        }
+    } else if (route == PKV_ROUTE_AUTO) {
+        route = nonempty * hkv >= pp.P ? PKV_ROUTE_SINGLE : PKV_ROUTE_FUSED;
+    }
     plan->route = route;
 
     st = scratch_reserve(ctx, plan, (size_t)B + 64);
@@ -552,7 +606,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
             if (s > slots) slots = s; /* buckets run in sequence: slots are reused */
         }
     } else { /* WORKQUEUE and FUSED */
-        int32_t c = choose_workqueue_chunk(&pp, problem, lens, B);
+        int32_t c = wq_chunk > 0 ? wq_chunk : choose_workqueue_chunk(&pp, problem, lens, B);
         int32_t chunk_tokens = c * problem->page_size;
         int64_t ntasks = 0, nmerges = empty * hkv;
         for (int32_t i = 0; i < B; i++) {
@@ -620,34 +674,6 @@ pkv_status pkv_plan_step(pkv_context *ctx, const pkv_problem *problem, const pkv
         if (st != PKV_OK) return st;
         st = ctx->ops->supports(ctx, problem);
         if (st != PKV_OK) return st;
-    }
-    if (ctx->has_cost_model && (!opts || opts->route == PKV_ROUTE_AUTO)) {
-        /* the policy: predicted time of each candidate route from its terms, the lowest wins */
-        pkv_status st = pkv_check_problem(ctx, problem);
-        if (st == PKV_OK) st = pkv_check_table(ctx, problem, table, false);
-        if (st != PKV_OK) return st;
-        pkv_plan_options o;
-        if (opts)
-            o = *opts;
-        else
-            pkv_plan_options_default(&o);
-        int32_t par = o.parallelism > 0 ? o.parallelism : ctx->parallelism;
-        plan_params pp;
-        resolve_params(&o, par, default_ctas(ctx), resident_ctas(ctx, problem), problem, table, &pp);
-        static const pkv_route candidates[] = {PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_WORKQUEUE, PKV_ROUTE_FUSED};
-        double best_us = INFINITY;
-        o.route = PKV_ROUTE_FUSED;
-        const int32_t wq_chunk = choose_workqueue_chunk(&pp, problem, table->seq_lens, table->batch_size);
-        for (size_t k = 0; k < sizeof candidates / sizeof candidates[0]; k++) {
-            double t[PKV_COST_TERMS];
-            route_terms(&pp, problem, table->seq_lens, table->batch_size, candidates[k], par, wq_chunk, t);
-            double us = pkv_cost_predict(&ctx->cost_model, t);
-            if (us < best_us) {
-                best_us = us;
-                o.route = candidates[k];
-            }
-        }
-        return plan_impl(ctx, ctx->parallelism, default_ctas(ctx), resident_ctas(ctx, problem), problem, table, &o, plan);
     }
     return plan_impl(ctx, ctx->parallelism, default_ctas(ctx), resident_ctas(ctx, problem), problem, table, opts, plan);
 }
@@ -724,6 +750,10 @@ pkv_status pkv_plan_route_terms(const pkv_problem *problem, const pkv_page_table
         return pkv_fail(NULL, PKV_ERR_UNSUPPORTED, "terms without a plan exist for single, split, workqueue and fused");
     plan_params pp;
     resolve_params(opts, opts->parallelism, default_per_unit, default_per_unit, problem, table, &pp);
-    route_terms(&pp, problem, table->seq_lens, table->batch_size, opts->route, opts->parallelism, -1, terms);
+    double t[TC_COUNT][PKV_COST_TERMS];
+    candidate_terms(&pp, problem, table->seq_lens, table->batch_size, opts->parallelism, -1, t);
+    int k = 0;
+    while (term_routes[k] != opts->route) k++;
+    memcpy(terms, t[k], sizeof t[k]);
     return PKV_OK;
 }
