@@ -89,7 +89,7 @@ with tempfile.TemporaryDirectory() as tmp:
     out = run("calibrate", "--from-json", js, "--evaluate", js, "--out", pol2).stdout
     check("fit on 12 measurements" in out and "held-out: evaluation on 3 measured steps in 1 workload rows" in out,
           "calibrate: " + out)
-    check("| --trace uniform --batch 2 --requests 6 | 3 |" in out, "calibrate: regret per workload row: " + out)
+    check("| paper --trace uniform --batch 2 --requests 6 | 3 |" in out, "calibrate: regret per workload row: " + out)
     out = run("bench", "--backend", "cpu", "--lens", "500,3000", "--route", "auto", "--policy", pol2, "--reps", "1",
               "--wall-reps", "1").stdout
     check("auto:" in out, "auto with a policy file")

@@ -31,6 +31,7 @@ static void usage(void) {
            "  --out FILE              policy file to write (default persistentkv.policy)\n"
            "live (measures on a backend):\n"
            "  --backend best|cpu|cuda --reps N        runs `pkv bench --calibration-set` and fits\n"
+           "  --json FILE             also keep the measurements (for --from-json / --evaluate)\n"
            "offline (from `pkv bench --json` files):\n"
            "  --from-json F1[,F2..]   fit from the measured rows of these files\n"
            "  --evaluate F1[,F2..]    replay the model's route choice on these measured steps\n"
@@ -140,6 +141,8 @@ static int load_rows(const char *path, meas_set *set, int32_t parallelism_opt) {
     pkv_problem prob;
     pkv_problem_default(&prob);
     const char *shape = strstr(s, "\"shape\": {");
+    char shape_name[32] = "paper";
+    if (shape) json_str_after(shape, "name", shape_name, sizeof shape_name);
     if (shape) {
         const char *end = strchr(shape, '}');
         long hq = json_int_after(shape, "num_qo_heads"), hkv = json_int_after(shape, "num_kv_heads");
@@ -203,8 +206,10 @@ static int load_rows(const char *path, meas_set *set, int32_t parallelism_opt) {
         }
         if (args[0]) {
             /* several seeds of one row share the step names: the arguments keep them apart */
-            snprintf(m.workload, sizeof m.workload, "%s", args);
-            row_key(args, m.row, sizeof m.row);
+            char key[160];
+            row_key(args, key, sizeof key);
+            snprintf(m.workload, sizeof m.workload, "%s %s", shape_name, args);
+            snprintf(m.row, sizeof m.row, "%s %s", shape_name, key);
         } else {
             snprintf(m.row, sizeof m.row, "%s", workload);
         }
@@ -343,7 +348,7 @@ static void evaluate(const pkv_cost_model *m, const meas_set *set, const char *l
 
 int cmd_calibrate(int argc, char **argv) {
     static const char *const known[] = {"--out", "--backend", "--reps", "--from-json", "--evaluate", "--policy",
-                                        "--parallelism", "--help!", NULL};
+                                        "--parallelism", "--json", "--help!", NULL};
     if (cli_flag(argc, argv, "--help")) {
         usage();
         return 0;
@@ -357,6 +362,7 @@ int cmd_calibrate(int argc, char **argv) {
     if (!from && !eval && !policy) { /* live */
         const char *be = cli_opt(argc, argv, "--backend");
         const char *reps = cli_opt(argc, argv, "--reps");
+        const char *json = cli_opt(argc, argv, "--json");
         char *args[16];
         int n = 0;
         args[n++] = (char *)"--calibration-set";
@@ -366,6 +372,7 @@ int cmd_calibrate(int argc, char **argv) {
         args[n++] = (char *)"--quiet";
         if (be) args[n++] = (char *)"--backend", args[n++] = (char *)be;
         if (reps) args[n++] = (char *)"--reps", args[n++] = (char *)reps;
+        if (json) args[n++] = (char *)"--json", args[n++] = (char *)json;
         return cmd_bench(n, args);
     }
     pkv_cost_model m;

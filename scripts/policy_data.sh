@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# policy_data.sh OUT_DIR - the adaptive policy's measurements on a GPU, in one run: the live
+# calibration (`pkv calibrate --backend cuda`, seed 20260622: fits and writes OUT_DIR/policy), then
+# every route on the held-out traces (seeds 20260623..27, five families, B 1..128, paper shape;
+# the other shapes of workloads.md on seed 20260623, B 1, 4, 16, 64), JSON per set.  Evaluate
+# offline with: pkv calibrate --policy OUT_DIR/policy --evaluate OUT_DIR/heldout_paper.json,...
+set -u -o pipefail
+out=${1:?usage: scripts/policy_data.sh OUT_DIR}
+mkdir -p "$out"
+root=$(cd "$(dirname "$0")/.." && pwd)
+build="$root/build-gpu"
+if [ ! -x "$build/pkv" ]; then
+  cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="${PKV_CUDA_ARCH:-90a-real}" >/dev/null &&
+    cmake --build "$build" -j "$(nproc)" >"$out/build.log" 2>&1 || { tail -n 30 "$out/build.log"; exit 1; }
+fi
+export PKV_COMMIT=${PKV_COMMIT:-$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
+status=0
+echo "== live calibration (seed 20260622)"
+"$build/pkv" calibrate --backend cuda --reps 30 --out "$out/policy" --json "$out/calibration.json" \
+  >"$out/calibration.md" 2>>"$out/bench.log" || status=1
+grep -E "calibrated on" "$out/calibration.md"
+m="--backend cuda --heldout-set --no-check --reps 20 --warmup 3 --wall-reps 3 --quiet"
+echo "== held-out traces, paper shape (5 seeds, B 1..128)"
+"$build/pkv" bench $m --json "$out/heldout_paper.json" >"$out/heldout_paper.md" 2>>"$out/bench.log" || status=1
+for sh in ${PKV_POLICY_SHAPES:-g8 g7 mha d256 d64}; do
+  echo "== held-out traces, shape $sh (seed 20260623, B 1, 4, 16, 64)"
+  "$build/pkv" bench $m --shape $sh --set-seeds 1 --set-batches 1,4,16,64 --json "$out/heldout_$sh.json" \
+    >"$out/heldout_$sh.md" 2>>"$out/bench.log" || status=1
+done
+echo "== offline evaluation of the live policy on the held-out sets"
+files=$(ls "$out"/heldout_*.json | paste -sd, -)
+"$build/pkv" calibrate --policy "$out/policy" --evaluate "$files" | tee "$out/evaluation.md" | tail -n 3
+exit $status
