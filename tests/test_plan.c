@@ -157,11 +157,16 @@ static bool check_rules(int case_id, const pkv_problem *pb, const batch *b, cons
         else
             empty++;
     }
-    if (opts->route == PKV_ROUTE_AUTO) /* single when the rows fill a wave, else a work-queue route */
-        RULE(nonempty * hkv >= P ? route == PKV_ROUTE_SINGLE
-                                 : (route == PKV_ROUTE_WORKQUEUE || route == PKV_ROUTE_FUSED),
-             "auto picked %s for %lld rows x %d KV heads, wave %lld", pkv_route_name(route), (long long)nonempty,
-             hkv, (long long)P);
+    if (opts->route == PKV_ROUTE_AUTO) { /* single for even batches that fill a wave, else a work-queue route */
+        int64_t max_len = 0;
+        for (int32_t i = 0; i < B; i++) max_len = b->lens[i] > max_len ? b->lens[i] : max_len;
+        const bool even = 4 * max_len * nonempty <= 5 * total;
+        const pkv_route want = nonempty * hkv >= P ? (even ? PKV_ROUTE_SINGLE : PKV_ROUTE_WORKQUEUE)
+                               : nonempty == 1 && max_len >= 4096 ? PKV_ROUTE_WORKQUEUE
+                                                                   : PKV_ROUTE_FUSED;
+        RULE(route == want, "auto picked %s (want %s) for %lld rows x %d KV heads, wave %lld", pkv_route_name(route),
+             pkv_route_name(want), (long long)nonempty, hkv, (long long)P);
+    }
     else
         RULE(route == opts->route, "route %d", (int)route);
 

@@ -116,7 +116,8 @@ static void row_key(const char *args, char *out, size_t cap) {
     char buf[192];
     snprintf(buf, sizeof buf, "%s", args);
     bool skip = false;
-    for (char *tok = strtok(buf, " "); tok; tok = strtok(NULL, " ")) {
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
         if (skip) {
             skip = false;
             continue;
@@ -246,9 +247,10 @@ static int load_rows(const char *path, meas_set *set, int32_t parallelism_opt) {
 }
 
 static void load_list(const char *list, meas_set *set, int32_t par) {
-    char buf[2048];
+    char buf[4096];
     snprintf(buf, sizeof buf, "%s", list);
-    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+    char *save = NULL;
+    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
         int n = load_rows(tok, set, par);
         fprintf(stderr, "pkv calibrate: %d measured rows from %s\n", n, tok);
     }

@@ -17,7 +17,9 @@
  *              longest first.
  *   fused      the workqueue's plan, executed in one launch: the last task of a split (row, KV head)
  *              to finish merges its states (a counter per merge in the workspace).
- *   auto       single when the non-empty rows already fill a wave (rows x Hkv >= P), else fused.
+ *   auto       with a cost model on the context, the candidate of lowest predicted time; else the
+ *              rule of auto_rule (single for even batches that fill a wave, the work queue for
+ *              ragged ones that do and for one long row, fused otherwise).
  *   P grows to 4 waves of resident tasks for ragged batches of >= 128 (row, KV head) pairs, and
  *   for even batches of more (row, KV head) pairs than one wave, to the waves that fill best when each pair is split 1..4 ways
  *   (resolve_params).
@@ -497,6 +499,27 @@ static int32_t length_bucket(int32_t n) {
     return b;
 }
 
+/* The auto rule (no cost model set), from every route measured on the held-out traces (H200,
+ * bench/results/h200_policy_eval.md):
+ *   single     when the non-empty rows fill a wave (rows x Hkv >= P) and the batch is even (longest
+ *              row <= 1.25 x the mean); a ragged batch that large goes to the work queue instead,
+ *              whose longest-first task order balances it (mha B64: 7-16% faster than single);
+ *   workqueue  for one non-empty row of >= 4096 tokens: its merge kernel (launched early with PDL)
+ *              beats the fused route's merge by the last CTA by ~1 us (3-8% of such a step);
+ *   fused      otherwise (one launch). */
+static pkv_route auto_rule(const plan_params *pp, const pkv_problem *p, const int32_t *lens, int32_t B) {
+    int64_t nonempty = 0, total = 0, max_len = 0;
+    for (int32_t i = 0; i < B; i++) {
+        nonempty += lens[i] > 0;
+        total += lens[i];
+        if (lens[i] > max_len) max_len = lens[i];
+    }
+    const bool ragged = 4 * max_len * nonempty > 5 * total;
+    if (nonempty * p->num_kv_heads >= pp->P) return ragged ? PKV_ROUTE_WORKQUEUE : PKV_ROUTE_SINGLE;
+    if (nonempty == 1 && max_len >= 4096) return PKV_ROUTE_WORKQUEUE;
+    return PKV_ROUTE_FUSED;
+}
+
 static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t default_cpu, int32_t resident,
                             const pkv_problem *problem,
                             const pkv_page_table *table, const pkv_plan_options *opts_in, pkv_plan *plan) {
@@ -550,7 +573,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
             }
         }
     } else if (route == PKV_ROUTE_AUTO) {
-        route = nonempty * hkv >= pp.P ? PKV_ROUTE_SINGLE : PKV_ROUTE_FUSED;
+        route = auto_rule(&pp, problem, lens, B);
     }
     plan->route = route;
 
