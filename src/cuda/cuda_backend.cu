@@ -105,12 +105,10 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device) {
     s->pdl = prop.major >= 9 && getenv("PKV_NO_PDL") == nullptr;
     const char *kernel = getenv("PKV_DECODE_KERNEL");
     s->heads_in_n = !(kernel && strcmp(kernel, "m") == 0);
-    /* two tiles in flight per warp (2 CTAs per SM) when a grid fills at most 2 CTAs per SM, i.e. the
-     * one-tile kernel's third resident slot would stay empty; PKV_DECODE_DEEP=0 / 1: never / always */
+    /* two tiles in flight per warp (2 CTAs per SM) for grids of at most 2 CTAs per SM: measured
+     * slower on the H200 (B1 steps +2-9%, docs/kernel-notes.md v4), so off unless PKV_DECODE_DEEP=1 */
     const char *deep = getenv("PKV_DECODE_DEEP");
-    s->deep_max_ctas = deep && strcmp(deep, "0") == 0   ? 0
-                       : deep && strcmp(deep, "1") == 0 ? INT32_MAX
-                                                        : 2 * prop.multiProcessorCount;
+    s->deep_max_ctas = deep && strcmp(deep, "1") == 0 ? 2 * prop.multiProcessorCount : 0;
     ctx->backend_state = s;
     ctx->ops = &cuda_ops;
     ctx->device = device;
