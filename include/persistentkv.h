@@ -286,9 +286,10 @@ pkv_status pkv_cost_model_fit(int32_t n, const double *terms, const double *us, 
 /* Small versioned text file: "persistentkv-policy 1" then key = value lines. */
 pkv_status pkv_cost_model_save(const pkv_cost_model *m, const char *path);
 pkv_status pkv_cost_model_load(const char *path, pkv_cost_model *m);
-/* With a model set (NULL clears it), PKV_ROUTE_AUTO plans each candidate route (single, split,
- * workqueue, fused) and keeps the one with the lowest predicted time.  Without one, auto uses the
- * documented rule of pkv_plan_step.  The context copies the model. */
+/* With a model set (NULL clears it), PKV_ROUTE_AUTO computes each candidate route's terms (single,
+ * split, workqueue, fused; one O(B) pass, no plan built) and keeps the one with the lowest predicted
+ * time.  Without one, auto uses the documented rule of pkv_plan_step (measured better on the H200's
+ * held-out traces, docs/benchmarks.md section 4).  The context copies the model. */
 pkv_status pkv_context_set_cost_model(pkv_context *ctx, const pkv_cost_model *m);
 
 /* ------------------------------------------------------------------------------------------------

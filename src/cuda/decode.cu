@@ -13,7 +13,7 @@
 // Online softmax in the log2 domain per warp; warps combine through shared memory at the end; the
 // CTA writes o/lse directly (unsplit row) or a partial state (o_s normalised, lse_s natural log).
 //
-// For G <= 8 and d <= 128 a second kernel (decode_kernel_n8) swaps the operands: S^T = K Q^T and
+// For G <= 8 (every head dim) a second kernel (decode_kernel_n8) swaps the operands: S^T = K Q^T and
 // O^T = V^T P^T, tokens and head dims in M, the G heads in N (8 columns).  The accumulator is then
 // 16 x 8 per 16 head dims (32 registers at d = 128 instead of 64, q 16 instead of 32) and each
 // 16-token tile takes 8 + 8 mma instead of 16 + 16, which leaves room for 3 CTAs per SM; P^T
@@ -508,7 +508,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const decode_params
     finish_task<T, D, GP>(p, smem, ti, G);
 }
 
-// ---- heads in N: G <= 8, d <= 128 ----------------------------------------------------------------
+// ---- heads in N: G <= 8, every head dim ----------------------------------------------------------------
 // Thread (g, c) loads the same K and V chunks as above.  S^T (tokens x heads): A = K with
 // a = {K[g].x, K[g+8].x, K[g].y, K[g+8].y} per k-step, B = q of head g, so the C fragment holds
 // tokens g, g+8 x heads 2c, 2c+1.  P^T is packed per 8 tokens and transposed by movmatrix into the
@@ -687,7 +687,7 @@ __global__ void __launch_bounds__(kThreads, NB == 1 && D <= 128 ? 3 : 2) decode_
 // ---- host side ------------------------------------------------------------------------------------
 // Which decode kernel runs a problem: heads in N for G <= 8 (unless the heads-in-M kernel is forced,
 // to compare the two), else heads in M with 16 rows; the heads-in-N kernel's two-tiles-in-flight
-// variant (d <= 128) is picked per launch from the grid size (run_phases).
+// variant (d <= 128, off unless PKV_DECODE_DEEP=1) is picked per launch from the grid size (run_phases).
 enum kernel_kind { kHeadsInN, kHeadsInNDeep, kHeadsInM8, kHeadsInM16 };
 static kernel_kind kernel_for(int32_t group, int32_t head_dim, bool allow_n8) {
     (void)head_dim;
