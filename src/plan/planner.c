@@ -82,6 +82,8 @@ typedef struct plan_params {
     int32_t max_splits;
     int32_t forced_splits; /* > 0: S given */
     int32_t forced_chunk;  /* > 0: workqueue chunk given (pages) */
+    int64_t nonempty, total, max_len; /* the step's rows: non-empty ones, tokens, longest */
+    bool ragged;           /* longest row > 1.25 x the mean of the non-empty ones */
 } plan_params;
 
 /* 32-bit division: n >= 0 and n + page_size < 2^32 (validated), and this runs per row */
@@ -384,8 +386,12 @@ static void resolve_params(const pkv_plan_options *opts, int32_t parallelism, in
         total += n;
         if (n > max_len) max_len = n;
     }
+    pp->nonempty = nonempty;
+    pp->total = total;
+    pp->max_len = max_len;
+    pp->ragged = nonempty > 0 && 4 * max_len * nonempty > 5 * total;
     const int64_t units = nonempty * problem->num_kv_heads;
-    if (opts->ctas_per_unit <= 0 && nonempty > 0 && 4 * max_len * nonempty > 5 * total) {
+    if (opts->ctas_per_unit <= 0 && pp->ragged) {
         /* ragged with at least 128 pairs: 4 waves of the resident tasks, so the block scheduler
          * can balance (fewer pairs: one wave; measured on the H200, B8 ragged steps lose 10-15%
          * with 2 waves) */
@@ -425,16 +431,13 @@ static void candidate_terms(const plan_params *pp, const pkv_problem *p, const i
     const int32_t wq_pages = wq_chunk_pages > 0 ? wq_chunk_pages : choose_workqueue_chunk(pp, p, lens, B);
     const double inv_ps = 1.0 / p->page_size, inv_S = 1.0 / S, inv_wq = 1.0 / ((double)wq_pages * p->page_size);
     const int64_t wq_tokens = (int64_t)wq_pages * p->page_size, min_chunk = pp->min_chunk_pages;
-    int64_t tokens = 0, empty = 0, longest_single = 0;
+    const int64_t tokens = pp->total, empty = B - pp->nonempty, nonempty = pp->nonempty;
     int64_t tasks[2] = {0, 0}, split_tasks[2] = {0, 0}, max_count[2] = {0, 0}, longest[2] = {0, 0}; /* split, wq */
-    /* two branch-free passes (the compiler keeps them in registers): the work queue's chunks and
-     * the single route's tallies, then the split route's per-row chunks */
+    /* two branch-free passes (the compiler keeps them in registers): the work queue's chunks, then
+     * the split route's per-row chunks (the single route's tallies are the step's, pp) */
     const double wq_up = (double)wq_tokens - 0.5;
     for (int32_t i = 0; i < B; i++) {
         const int64_t n = lens[i];
-        tokens += n;
-        empty += n <= 0;
-        longest_single = n > longest_single ? n : longest_single;
         const int64_t ns = (int64_t)(((double)n + wq_up) * inv_wq); /* 0 for an empty row */
         tasks[1] += ns;
         split_tasks[1] += ns > 1 ? ns : 0;
@@ -462,13 +465,12 @@ static void candidate_terms(const plan_params *pp, const pkv_problem *p, const i
         longest[0] = first > longest[0] ? first : longest[0];
     }
     for (int r = 0; r < 2; r++) tasks[r] *= hkv, split_tasks[r] *= hkv;
-    const int64_t nonempty = B - empty;
     const int64_t kv = tokens * hkv * d * es * 2, qo = (int64_t)B * p->num_qo_heads * (d * es * 2 + 4);
     for (int k = 0; k < TC_COUNT; k++) {
         const int r = k == TC_SPLIT ? 0 : 1; /* the split and work-queue tallies */
         int64_t ntasks, nsplit, maxc, lng, launches, ctas;
         if (k == TC_SINGLE) {
-            ntasks = nonempty * hkv, nsplit = 0, maxc = 0, lng = longest_single;
+            ntasks = nonempty * hkv, nsplit = 0, maxc = 0, lng = pp->max_len;
         } else {
             ntasks = tasks[r], nsplit = split_tasks[r], maxc = max_count[r], lng = longest[r];
         }
@@ -507,16 +509,9 @@ static int32_t length_bucket(int32_t n) {
  *   workqueue  for one non-empty row of >= 4096 tokens: its merge kernel (launched early with PDL)
  *              beats the fused route's merge by the last CTA by ~1 us (3-8% of such a step);
  *   fused      otherwise (one launch). */
-static pkv_route auto_rule(const plan_params *pp, const pkv_problem *p, const int32_t *lens, int32_t B) {
-    int64_t nonempty = 0, total = 0, max_len = 0;
-    for (int32_t i = 0; i < B; i++) {
-        nonempty += lens[i] > 0;
-        total += lens[i];
-        if (lens[i] > max_len) max_len = lens[i];
-    }
-    const bool ragged = 4 * max_len * nonempty > 5 * total;
-    if (nonempty * p->num_kv_heads >= pp->P) return ragged ? PKV_ROUTE_WORKQUEUE : PKV_ROUTE_SINGLE;
-    if (nonempty == 1 && max_len >= 4096) return PKV_ROUTE_WORKQUEUE;
+static pkv_route auto_rule(const plan_params *pp, const pkv_problem *p) {
+    if (pp->nonempty * p->num_kv_heads >= pp->P) return pp->ragged ? PKV_ROUTE_WORKQUEUE : PKV_ROUTE_SINGLE;
+    if (pp->nonempty == 1 && pp->max_len >= 4096) return PKV_ROUTE_WORKQUEUE;
     return PKV_ROUTE_FUSED;
 }
 
@@ -548,13 +543,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
     plan->batch_size = B;
     plan->group = problem->num_qo_heads / hkv;
 
-    int64_t nonempty = 0, empty = 0;
-    for (int32_t i = 0; i < B; i++) {
-        if (lens[i] > 0)
-            nonempty++;
-        else
-            empty++;
-    }
+    const int64_t empty = B - pp.nonempty;
     pkv_route route = opts.route;
     int32_t wq_chunk = -1; /* the work queue's chunk (pages), once searched */
     if (route == PKV_ROUTE_AUTO && ctx && ctx->has_cost_model) {
@@ -573,7 +562,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
             }
         }
     } else if (route == PKV_ROUTE_AUTO) {
-        route = auto_rule(&pp, problem, lens, B);
+        route = auto_rule(&pp, problem);
     }
     plan->route = route;
 
