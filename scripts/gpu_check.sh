@@ -34,6 +34,12 @@ grep -E "tests passed|Passed|Failed|SKIP|passed, " "$log/tests.log" | tail -n 20
 echo "PKV_DECODE_DEEP=1: $(PKV_DECODE_DEEP=1 PKV_TEST_CASES=$((cases / 3)) "$build/tests/test_cuda" 2>&1 | tail -n 1)" |
   tee -a "$log/tests.log"
 grep -q "PKV_DECODE_DEEP=1: test_cuda: .* 0 failed" "$log/tests.log" || status=1
+# both merge kernels stay checked (the default picks one per plan by the merges' width)
+for mk in head row; do
+  echo "PKV_MERGE_KERNEL=$mk: $(PKV_MERGE_KERNEL=$mk PKV_TEST_CASES=$((cases / 3)) "$build/tests/test_cuda" 2>&1 | tail -n 1)" |
+    tee -a "$log/tests.log"
+  grep -q "PKV_MERGE_KERNEL=$mk: test_cuda: .* 0 failed" "$log/tests.log" || status=1
+done
 
 say "compute-sanitizer (memcheck, racecheck) on a reduced set"
 if [ $quick = 1 ]; then

@@ -63,6 +63,7 @@ struct pkv_plan {
     int32_t num_phases, cap_phases;
 
     int32_t num_state_slots;
+    int32_t max_merge_count; /* the most partial states of one merge (0: no split merges) */
     pkv_counters counters;
 
     void *blob;              /* [tasks | rows | merges], each part PKV_WS_ALIGN aligned */

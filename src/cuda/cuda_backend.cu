@@ -12,9 +12,7 @@ namespace {
 struct cuda_state {
     int device;
     int cc_major, cc_minor;
-    bool pdl;                 // programmatic dependent launch of the merge (sm_90+)
-    bool heads_in_n;          // the heads-in-N kernel for G <= 8, d <= 128 (PKV_DECODE_KERNEL=m turns it off)
-    int32_t deep_max_ctas;    // heads-in-N grids up to this size keep two tiles in flight per warp
+    pkv_cuda_launch_opts launch; // PDL, kernel choices (PKV_NO_PDL, PKV_DECODE_KERNEL, PKV_MERGE_KERNEL, PKV_DECODE_DEEP)
     const void *uploaded_ws;  // workspace that holds uploaded_gen's plan
     uint64_t uploaded_gen;
 };
@@ -57,14 +55,17 @@ pkv_status cuda_run(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_
     if (plan->num_phases == 0 || (plan->num_tasks == 0 && plan->num_merges == 0)) return PKV_OK;
     pkv_status ps = cuda_upload(ctx, plan, ws, ws_bytes, stream);
     if (ps != PKV_OK) return ps;
-    cudaError_t e = pkv_cuda_decode_run(plan, ws, t, static_cast<cudaStream_t>(stream), s->pdl ? 1 : 0, s->heads_in_n ? 1 : 0,
-                                        s->deep_max_ctas);
+    cudaError_t e = pkv_cuda_decode_run(plan, ws, t, static_cast<cudaStream_t>(stream), &s->launch);
     if (e != cudaSuccess)
         return pkv_fail(ctx, PKV_ERR_CUDA, "decode launch failed: %s", cudaGetErrorString(e));
     return PKV_OK;
 }
 
 void cuda_destroy(pkv_context *ctx) {
+#ifdef PKV_TIMELINE
+    const char *tl = getenv("PKV_TIMELINE_OUT");
+    if (tl && pkv_cuda_timeline_dump(tl) != 0) fprintf(stderr, "persistentkv: cannot write the timeline to %s\n", tl);
+#endif
     free(ctx->backend_state);
     ctx->backend_state = nullptr;
 }
@@ -102,19 +103,22 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device) {
     s->device = device;
     s->cc_major = prop.major;
     s->cc_minor = prop.minor;
-    s->pdl = prop.major >= 9 && getenv("PKV_NO_PDL") == nullptr;
+    s->launch.use_pdl = prop.major >= 9 && getenv("PKV_NO_PDL") == nullptr;
     const char *kernel = getenv("PKV_DECODE_KERNEL");
-    s->heads_in_n = !(kernel && strcmp(kernel, "m") == 0);
+    s->launch.allow_n8 = !(kernel && strcmp(kernel, "m") == 0);
+    /* PKV_MERGE_KERNEL=head|row forces one merge kernel (A/B runs); default: chosen per plan */
+    const char *merge = getenv("PKV_MERGE_KERNEL");
+    s->launch.merge_kernel = merge && strcmp(merge, "head") == 0 ? 1 : merge && strcmp(merge, "row") == 0 ? 2 : 0;
     /* two tiles in flight per warp (2 CTAs per SM) for grids of at most 2 CTAs per SM: measured
      * slower on the H200 (B1 steps +2-9%, docs/kernel-notes.md v4), so off unless PKV_DECODE_DEEP=1 */
     const char *deep = getenv("PKV_DECODE_DEEP");
-    s->deep_max_ctas = deep && strcmp(deep, "1") == 0 ? 2 * prop.multiProcessorCount : 0;
+    s->launch.deep_max_ctas = deep && strcmp(deep, "1") == 0 ? 2 * prop.multiProcessorCount : 0;
     ctx->backend_state = s;
     ctx->ops = &cuda_ops;
     ctx->device = device;
     ctx->parallelism = prop.multiProcessorCount;
     /* resident CTAs per SM of the kernels, as the planner's default tasks per SM */
-    int m8 = pkv_cuda_decode_resident_ctas(8, 128, 0), n8 = pkv_cuda_decode_resident_ctas(8, 128, s->heads_in_n);
+    int m8 = pkv_cuda_decode_resident_ctas(8, 128, 0), n8 = pkv_cuda_decode_resident_ctas(8, 128, s->launch.allow_n8);
     ctx->ctas_per_unit = m8 > 0 ? m8 : 2;
     ctx->ctas_per_unit_light = n8 > 0 ? n8 : ctx->ctas_per_unit;
     snprintf(ctx->device_name, sizeof ctx->device_name, "%s (%d SMs, sm_%d%d)", prop.name, prop.multiProcessorCount,

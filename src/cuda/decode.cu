@@ -28,6 +28,9 @@
 #include "pkv_cuda.h"
 
 #include <math.h>
+#ifdef PKV_TIMELINE
+#include <stdio.h>
+#endif
 
 namespace pkv {
 
@@ -60,6 +63,42 @@ struct merge_params {
     float *lse;
     int32_t num_qo_heads, group;
 };
+
+// Dev builds only (cmake -DPKV_TIMELINE=ON; dev/probe_timeline.sh): thread 0 of every CTA records
+// its SM and %globaltimer at entry and exit, per kernel kind (0 decode, 1 merge), last launch wins.
+#ifdef PKV_TIMELINE
+constexpr int kTimelineCap = 32768;
+__device__ unsigned long long tl_rec[2][kTimelineCap][3];
+__device__ unsigned int tl_count[2];
+__device__ __forceinline__ unsigned long long tl_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+struct tl_scope {
+    int kind;
+    unsigned int cta;
+    unsigned long long t0;
+    __device__ explicit tl_scope(int k) : kind(k) {
+        cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+        t0 = threadIdx.x == 0 ? tl_now() : 0;
+    }
+    __device__ ~tl_scope() {
+        if (threadIdx.x != 0 || cta >= (unsigned)kTimelineCap) return;
+        unsigned int smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        tl_rec[kind][cta][0] = t0;
+        tl_rec[kind][cta][1] = tl_now();
+        tl_rec[kind][cta][2] = smid;
+        if (cta == 0) tl_count[kind] = gridDim.x * gridDim.y * gridDim.z;
+    }
+};
+#define PKV_TL_SCOPE(kind) tl_scope tl_scope_(kind)
+#else
+#define PKV_TL_SCOPE(kind) \
+    do {                   \
+    } while (0)
+#endif
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
@@ -168,10 +207,127 @@ __device__ __forceinline__ void merge_one(const pkv_merge &m, const float *state
         merge_states<T, D, false>(m, state_o, state_lse, w_sm, lse_sm, o_out, lse_out, num_qo_heads, G);
 }
 
+// The earlier merge kernel, one CTA per merge (PKV_MERGE_KERNEL=row, for A/B runs).
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) merge_kernel(const merge_params p) {
+__global__ void __launch_bounds__(kThreads) merge_kernel_row(const merge_params p) {
+    PKV_TL_SCOPE(1);
     pdl_wait(); // the partial states come from the previous launch
     merge_one<T, D>(p.merges[blockIdx.x], p.state_o, p.state_lse, p.o, p.lse, p.num_qo_heads, p.group);
+}
+
+// The merge kernel: one CTA per (merge, query head), so a step's merges spread over merges x G CTAs
+// instead of one CTA per (row, KV head) walking G heads (a 33-way merge of 4 heads took 6.5 us on
+// 8 CTAs).  Threads (grp, col): col = a float4 of the head dim, grp = one of kThreads / (D / 4)
+// interleaved subsets of the states; the subsets' sums combine through shared memory in a fixed
+// order (deterministic).
+template <typename T, int D, bool kCached>
+__device__ __forceinline__ float4 merge_head_sum(const pkv_merge &m, const float *state_o, const float *state_lse,
+                                                 const float *w_sm, float lse, int G, int j, int grp, int col) {
+    constexpr int NG = kThreads / (D / 4);
+    const int64_t first = m.first_slot;
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s0 = grp; s0 < m.count; s0 += NG * kMergeBatch) {
+        float4 o[kMergeBatch];
+        float w[kMergeBatch];
+#pragma unroll
+        for (int k = 0; k < kMergeBatch; k++) {
+            const int s = min(s0 + k * NG, m.count - 1);
+            o[k] = __ldcg(reinterpret_cast<const float4 *>(state_o + ((first + s) * G + j) * D) + col);
+            w[k] = kCached ? w_sm[s] : __ldcg(state_lse + (first + s) * G + j);
+        }
+#pragma unroll
+        for (int k = 0; k < kMergeBatch; k++) {
+            const float wk = s0 + k * NG < m.count ? (kCached ? w[k] : __expf(w[k] - lse)) : 0.f;
+            a.x += wk * o[k].x;
+            a.y += wk * o[k].y;
+            a.z += wk * o[k].z;
+            a.w += wk * o[k].w;
+        }
+    }
+    return a;
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) merge_kernel(const merge_params p) {
+    static_assert(kThreads % (D / 4) == 0, "state groups");
+    constexpr int NG = kThreads / (D / 4);
+    __shared__ float w_sm[kMaxCached];
+    __shared__ float red_sm[2][kWarps];
+    __shared__ float4 part_sm[NG][D / 4];
+    using tr = dtype_traits<T>;
+    PKV_TL_SCOPE(1);
+    pdl_wait(); // the partial states come from the previous launch
+    const int G = p.group;
+    const pkv_merge m = p.merges[blockIdx.x / G];
+    const int j = blockIdx.x % G;
+    const int64_t first = m.first_slot;
+    const float *state_lse = p.state_lse;
+    const int n = m.count;
+    const bool cached = n <= kMaxCached;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    // lse of every state of head j: up to 8 unconditional (clamped) loads per thread, then max and sum
+    float M = -INFINITY;
+    if (n > 0) {
+        float v[kMaxCached / kThreads];
+#pragma unroll
+        for (int k = 0; k < kMaxCached / kThreads; k++)
+            v[k] = __ldcg(state_lse + (first + min((int)threadIdx.x + k * kThreads, n - 1)) * G + j);
+#pragma unroll
+        for (int k = 0; k < kMaxCached / kThreads; k++) {
+            const int s = threadIdx.x + k * kThreads;
+            if (s < n) {
+                M = fmaxf(M, v[k]);
+                if (cached) w_sm[s] = v[k];
+            }
+        }
+        for (int s = threadIdx.x + kMaxCached; s < n; s += kThreads)
+            M = fmaxf(M, __ldcg(state_lse + (first + s) * G + j));
+    }
+#pragma unroll
+    for (int sh = 16; sh > 0; sh >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, sh));
+    if (lane == 0) red_sm[0][warp] = M;
+    __syncthreads();
+    M = red_sm[0][0];
+#pragma unroll
+    for (int w = 1; w < kWarps; w++) M = fmaxf(M, red_sm[0][w]);
+    float L = 0.f;
+    for (int s = threadIdx.x; s < n; s += kThreads) {
+        const float e = __expf((cached ? w_sm[s] : __ldcg(state_lse + (first + s) * G + j)) - M);
+        if (cached) w_sm[s] = e; // the state's weight before normalisation
+        L += e;
+    }
+#pragma unroll
+    for (int sh = 16; sh > 0; sh >>= 1) L += __shfl_xor_sync(0xffffffffu, L, sh);
+    if (lane == 0) red_sm[1][warp] = L;
+    __syncthreads();
+    L = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; w++) L += red_sm[1][w];
+    const float lse = n > 0 ? M + logf(L) : -INFINITY;
+    const float inv = n > 0 ? 1.f / L : 0.f;
+    // weighted sum of the states: weight exp(lse_s - M) / L = exp(lse_s - lse)
+    const int grp = threadIdx.x / (D / 4), col = threadIdx.x % (D / 4);
+    float4 a = cached ? merge_head_sum<T, D, true>(m, p.state_o, p.state_lse, w_sm, lse, G, j, grp, col)
+                      : merge_head_sum<T, D, false>(m, p.state_o, p.state_lse, w_sm, lse, G, j, grp, col);
+    if (cached) a = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
+    part_sm[grp][col] = a;
+    __syncthreads();
+    if (grp == 0) {
+#pragma unroll
+        for (int g2 = 1; g2 < NG; g2++) {
+            const float4 b = part_sm[g2][col];
+            a.x += b.x;
+            a.y += b.y;
+            a.z += b.z;
+            a.w += b.w;
+        }
+        const int64_t qh = (int64_t)m.row * p.num_qo_heads + (int64_t)m.kv_head * G + j;
+        uint2 pk;
+        pk.x = tr::pack(a.x, a.y);
+        pk.y = tr::pack(a.z, a.w);
+        *reinterpret_cast<uint2 *>(static_cast<T *>(p.o) + qh * D + col * 4) = pk;
+        if (p.lse && col == 0) p.lse[qh] = lse;
+    }
 }
 
 // Shared memory: the warps' outputs for the final combine (fp32 [warp][GP][D + 4], m and l
@@ -349,6 +505,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const decode_params
     constexpr int GP = G16 ? 16 : 8;
     using tr = dtype_traits<T>;
     extern __shared__ float smem[];
+    PKV_TL_SCOPE(0);
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3;
@@ -598,6 +755,7 @@ __global__ void __launch_bounds__(kThreads, NB == 1 && D <= 128 ? 3 : 2) decode_
     constexpr int GP = 8;
     constexpr int STEP = NB * kWarps; // tiles between a buffer's uses
     extern __shared__ float smem[];
+    PKV_TL_SCOPE(0);
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3;
@@ -689,8 +847,7 @@ __global__ void __launch_bounds__(kThreads, NB == 1 && D <= 128 ? 3 : 2) decode_
 // to compare the two), else heads in M with 16 rows; the heads-in-N kernel's two-tiles-in-flight
 // variant (d <= 128, off unless PKV_DECODE_DEEP=1) is picked per launch from the grid size (run_phases).
 enum kernel_kind { kHeadsInN, kHeadsInNDeep, kHeadsInM8, kHeadsInM16 };
-static kernel_kind kernel_for(int32_t group, int32_t head_dim, bool allow_n8) {
-    (void)head_dim;
+static kernel_kind kernel_for(int32_t group, bool allow_n8) {
     if (group > 8) return kHeadsInM16;
     return allow_n8 ? kHeadsInN : kHeadsInM8;
 }
@@ -743,9 +900,9 @@ template <typename T, int D> static int resident_ctas_d(kernel_kind kind) {
 }
 
 template <typename T, int D>
-static cudaError_t launch_merge(const merge_params &p, int32_t n, cudaStream_t stream, bool pdl) {
+static cudaError_t launch_merge(const merge_params &p, int32_t n, cudaStream_t stream, bool pdl, bool per_head) {
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)n);
+    cfg.gridDim = dim3(per_head ? (unsigned)n * (unsigned)p.group : (unsigned)n);
     cfg.blockDim = dim3(kThreads);
     cfg.dynamicSmemBytes = 0;
     cfg.stream = stream;
@@ -754,16 +911,27 @@ static cudaError_t launch_merge(const merge_params &p, int32_t n, cudaStream_t s
     attr[0].val.programmaticStreamSerializationAllowed = 1;
     cfg.attrs = attr;
     cfg.numAttrs = pdl ? 1 : 0;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, merge_kernel<T, D>, p);
+    cudaError_t e = per_head ? cudaLaunchKernelEx(&cfg, merge_kernel<T, D>, p)
+                             : cudaLaunchKernelEx(&cfg, merge_kernel_row<T, D>, p);
     if (e != cudaSuccess) return e;
     return cudaGetLastError();
 }
 
+// The merge kernel of a plan: a CTA per (merge, query head) when a CTA per merge would take 3 or more
+// dependent batches of state loads per thread (ceil(G x D / 4 / threads) columns x ceil(count / 16));
+// for narrower merges the per-merge kernel is ~1 us shorter (H200: B1_N2048 12.8 vs 13.9 us, while
+// d64 B1_N32768 went 22.0 -> 15.7 us and g7 34.5 -> 28.6 us with a CTA per head).
+template <int D> static bool merge_per_head(const pkv_plan *plan, int mode) {
+    if (mode != 0) return mode == 1;
+    const int64_t cols = ((int64_t)plan->group * (D / 4) + kThreads - 1) / kThreads;
+    const int64_t batches = ((int64_t)plan->max_merge_count + kMergeBatch - 1) / kMergeBatch;
+    return cols * batches >= 3;
+}
+
 template <typename T, int D>
 static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, const merge_params &mbase,
-                              const char *ws_dev, cudaStream_t stream, bool pdl, bool allow_n8,
-                              int32_t deep_max_ctas) {
-    const kernel_kind base_kind = kernel_for(plan->group, D, allow_n8);
+                              const char *ws_dev, cudaStream_t stream, const pkv_cuda_launch_opts &o) {
+    const kernel_kind base_kind = kernel_for(plan->group, o.allow_n8 != 0);
     for (int32_t k = 0; k < plan->num_phases; k++) {
         const pkv_phase &ph = plan->phases[k];
         const bool fused = plan->route == PKV_ROUTE_FUSED;
@@ -795,7 +963,7 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
             }
             // a grid that leaves the third resident slot of every SM empty runs the two-tiles-in-flight kernel
             const int64_t ctas = (int64_t)grid.x * grid.y * grid.z;
-            const kernel_kind kind = base_kind == kHeadsInN && ctas <= deep_max_ctas ? kHeadsInNDeep : base_kind;
+            const kernel_kind kind = base_kind == kHeadsInN && ctas <= o.deep_max_ctas ? kHeadsInNDeep : base_kind;
             cudaError_t e = launch_decode<T, D>(kind, p, grid, stream);
             if (e != cudaSuccess) return e;
         }
@@ -803,7 +971,8 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
             merge_params m = mbase;
             m.merges = reinterpret_cast<const pkv_merge *>(ws_dev + plan->off_merges) + ph.merge_begin;
             cudaError_t e = launch_merge<T, D>(m, ph.merge_end - ph.merge_begin, stream,
-                                               pdl && ph.task_end > ph.task_begin);
+                                               o.use_pdl && ph.task_end > ph.task_begin,
+                                               merge_per_head<D>(plan, o.merge_kernel));
             if (e != cudaSuccess) return e;
         }
     }
@@ -812,11 +981,11 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
 
 template <typename T>
 static cudaError_t run_t(const pkv_plan *plan, const decode_params &p, const merge_params &m, const char *ws,
-                         cudaStream_t stream, bool pdl, bool allow_n8, int32_t deep_max_ctas) {
+                         cudaStream_t stream, const pkv_cuda_launch_opts &o) {
     switch (plan->problem.head_dim) {
-    case 64: return run_phases<T, 64>(plan, p, m, ws, stream, pdl, allow_n8, deep_max_ctas);
-    case 128: return run_phases<T, 128>(plan, p, m, ws, stream, pdl, allow_n8, deep_max_ctas);
-    case 256: return run_phases<T, 256>(plan, p, m, ws, stream, pdl, allow_n8, deep_max_ctas);
+    case 64: return run_phases<T, 64>(plan, p, m, ws, stream, o);
+    case 128: return run_phases<T, 128>(plan, p, m, ws, stream, o);
+    case 256: return run_phases<T, 256>(plan, p, m, ws, stream, o);
     }
     return cudaErrorInvalidValue;
 }
@@ -830,7 +999,7 @@ extern "C" cudaError_t pkv_cuda_decode_init_attributes(void) {
 }
 
 extern "C" int pkv_cuda_decode_resident_ctas(int32_t group, int32_t head_dim, int allow_n8) {
-    const pkv::kernel_kind kind = pkv::kernel_for(group, head_dim, allow_n8 != 0);
+    const pkv::kernel_kind kind = pkv::kernel_for(group, allow_n8 != 0);
     switch (head_dim) {
     case 64: return pkv::resident_ctas_d<__half, 64>(kind);
     case 128: return pkv::resident_ctas_d<__half, 128>(kind);
@@ -840,7 +1009,7 @@ extern "C" int pkv_cuda_decode_resident_ctas(int32_t group, int32_t head_dim, in
 }
 
 extern "C" cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace, const pkv_tensors *t,
-                                           cudaStream_t stream, int use_pdl, int allow_n8, int32_t deep_max_ctas) {
+                                           cudaStream_t stream, const pkv_cuda_launch_opts *opts) {
     const pkv_problem &pr = plan->problem;
     const pkv_kv_strides st = pkv_kv_strides_of(&pr);
     char *ws = static_cast<char *>(workspace);
@@ -869,6 +1038,25 @@ extern "C" cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace
     m.num_qo_heads = pr.num_qo_heads;
     m.group = plan->group;
     if (pr.dtype == PKV_DTYPE_FP16)
-        return pkv::run_t<__half>(plan, p, m, ws, stream, use_pdl != 0, allow_n8 != 0, deep_max_ctas);
-    return pkv::run_t<__nv_bfloat16>(plan, p, m, ws, stream, use_pdl != 0, allow_n8 != 0, deep_max_ctas);
+        return pkv::run_t<__half>(plan, p, m, ws, stream, *opts);
+    return pkv::run_t<__nv_bfloat16>(plan, p, m, ws, stream, *opts);
 }
+
+#ifdef PKV_TIMELINE
+// Writes the recorded CTAs of the last decode and merge launches as CSV (kind, cta, sm, start_ns,
+// end_ns); 0 on success.
+extern "C" int pkv_cuda_timeline_dump(const char *path) {
+    static unsigned long long rec[2][pkv::kTimelineCap][3];
+    unsigned int count[2];
+    if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(rec, pkv::tl_rec, sizeof rec) != cudaSuccess ||
+        cudaMemcpyFromSymbol(count, pkv::tl_count, sizeof count) != cudaSuccess)
+        return -1;
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fprintf(f, "kind,cta,sm,start_ns,end_ns\n");
+    for (int k = 0; k < 2; k++)
+        for (unsigned int i = 0; i < count[k] && i < (unsigned)pkv::kTimelineCap; i++)
+            fprintf(f, "%s,%u,%llu,%llu,%llu\n", k ? "merge" : "decode", i, rec[k][i][2], rec[k][i][0], rec[k][i][1]);
+    return fclose(f) == 0 ? 0 : -1;
+}
+#endif

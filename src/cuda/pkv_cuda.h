@@ -12,13 +12,22 @@ extern "C" {
 
 /* Raises the dynamic shared-memory limit of every decode kernel instance (once per device). */
 cudaError_t pkv_cuda_decode_init_attributes(void);
-/* Launches every phase of an uploaded plan on the stream (attention, then merge with PDL);
- * allow_n8: the heads-in-N kernel for G <= 8 and d <= 128 (else heads in M everywhere);
- * deep_max_ctas: heads-in-N grids of at most this many CTAs run the two-tiles-in-flight variant. */
+/* How the kernels run (fixed per context, from the device and the PKV_* variables). */
+typedef struct pkv_cuda_launch_opts {
+    int use_pdl;           /* programmatic dependent launch of the merge kernel (sm_90) */
+    int allow_n8;          /* the heads-in-N kernel for G <= 8 (else heads in M everywhere) */
+    int merge_kernel;      /* 0: by the merges' width; 1: a CTA per (merge, query head); 2: a CTA per merge */
+    int32_t deep_max_ctas; /* heads-in-N grids of at most this many CTAs run the two-tiles-in-flight variant */
+} pkv_cuda_launch_opts;
+/* Launches every phase of an uploaded plan on the stream (attention, then merge). */
 cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace, const pkv_tensors *t, cudaStream_t stream,
-                                int use_pdl, int allow_n8, int32_t deep_max_ctas);
+                                const pkv_cuda_launch_opts *opts);
 /* CTAs of the kernel that runs (group, head_dim) resident per SM (fp16; 0 on error). */
 int pkv_cuda_decode_resident_ctas(int32_t group, int32_t head_dim, int allow_n8);
+#ifdef PKV_TIMELINE
+/* Dev builds: the per-CTA times of the last decode and merge launches as CSV (see decode.cu). */
+int pkv_cuda_timeline_dump(const char *path);
+#endif
 
 #ifdef __cplusplus
 }

@@ -194,6 +194,7 @@ static pkv_status plan_reserve(pkv_context *ctx, pkv_plan *plan, int64_t ntasks,
     plan->rows = (pkv_row_sched *)((char *)plan->blob + off_rows);
     plan->merges = (pkv_merge *)((char *)plan->blob + off_merges);
     plan->num_tasks = plan->num_rows = plan->num_merges = plan->num_phases = 0;
+    plan->max_merge_count = 0;
     return PKV_OK;
 }
 
@@ -244,6 +245,7 @@ static int32_t emit_row(pkv_plan *plan, int32_t row, int32_t n, int32_t page_bas
             m->first_slot = slot_base + h * nsplit;
             m->count = nsplit;
         }
+    if (nsplit > plan->max_merge_count && nsplit > 1) plan->max_merge_count = nsplit;
     return nsplit > 1 ? nsplit * hkv : 0;
 }
 
