@@ -5,24 +5,20 @@ Every held-out step was measured on every fixed route, so a policy's time on a s
 time of the route it picks; the oracle is the fastest fixed route (bucketed included).  Regret is
 pooled per workload row (shape, family, B; seeds and steps together), as issue 5 asks.
 
-  bench/policy_rule_eval.py POLICY_FILE HELDOUT.json [...]
+  bench/policy_rule_eval.py [--rule] HELDOUT.json [...]
 
-Policies: `auto measured` (the auto row as run, i.e. the rule of the commit that measured it),
-`rule` (planner.c's auto_rule, mirrored here from each step's lengths and the measured routes' task
-counts), `model` (the cost model of POLICY_FILE on each route's plan terms, among single, split,
-workqueue and fused, as pkv_plan_step does with a model set).
+Policies: `auto measured` (the auto row as run: the cost model of the build that measured it, or the
+rule before the roofline model), the oracle among the four candidates, and with --rule planner.c's
+auto_rule (the policy without a cost model), mirrored from each step's lengths; that mirror reads
+whether the rows fill the planner's wave from the measured auto row, so it holds only for JSON
+measured while auto was the rule (commit 172211f's held-out data).  The cost model's replay on the
+same files: `pkv calibrate --policy POLICY --evaluate HELDOUT.json,...` (the C model itself).
 """
 import collections
 import json
 import sys
 
 CANDIDATES = ("single", "fused", "split", "workqueue")
-NAMES = ("const_us", "launch_us", "us_per_mb", "task_us_per_mb", "wave_us", "merge_us_per_mb")
-
-
-def load_policy(path):
-    kv = dict(line.strip().split(" = ", 1) for line in open(path) if " = " in line)
-    return [float(kv[n]) for n in NAMES]
 
 
 def row_key(shape, args):
@@ -55,19 +51,18 @@ def rule(routes):
 
 
 def main():
-    coef = load_policy(sys.argv[1])
+    args = sys.argv[1:]
+    with_rule = "--rule" in args
     steps = collections.OrderedDict()
-    for path in sys.argv[2:]:
+    for path in [a for a in args if a != "--rule"]:
         j = json.load(open(path))
         shape = j["meta"]["shape"]
         for r in j["rows"]:
             steps.setdefault((shape["name"], shape["num_kv_heads"], r["args"]), {})[r["route"]] = r
-    policies = {
-        "auto measured": lambda R, hkv: "auto",
-        "rule": lambda R, hkv: rule(R),
-        "model": lambda R, hkv: min(CANDIDATES, key=lambda c: sum(a * b for a, b in zip(coef, R[c]["terms"]))),
-        "oracle (4 candidates)": lambda R, hkv: min(CANDIDATES, key=lambda c: R[c]["kernel_us"]),
-    }
+    policies = {"auto measured": lambda R, hkv: "auto"}
+    if with_rule:
+        policies["rule"] = lambda R, hkv: rule(R)
+    policies["oracle (4 candidates)"] = lambda R, hkv: min(CANDIDATES, key=lambda c: R[c]["kernel_us"])
     for name, pick in policies.items():
         rows = collections.defaultdict(list)
         for (shape, hkv, args), R in steps.items():

@@ -3,6 +3,10 @@
 
   python3 dev/roofline_fit.py            (from the repo root; numpy)
 
+Reads the JSON's six terms of the linear model (files measured before "terms_version": 2, as the
+committed ones at commit 172211f); the C model (src/plan/cost.c) is this script's R3, and
+`pkv calibrate --from-json ... --evaluate ...` reproduces its numbers.
+
 Fits only on bench/results/policy/calibration.json (paper shape, seed 20260622) and evaluates only on
 bench/results/policy/heldout_*.json, replaying the route each policy picks among single, fused, split
 and workqueue exactly as bench/policy_rule_eval.py does (regret per step against the fastest measured
@@ -36,6 +40,8 @@ CALIB = ["calibration"]
 HELDOUT = ["heldout_paper", "heldout_g8", "heldout_g7", "heldout_mha", "heldout_d256", "heldout_d64"]
 CANDIDATES = ("single", "fused", "split", "workqueue")  # the planner's tie order: earlier wins
 LINEAR_NAMES = ("const_us", "launch_us", "us_per_mb", "task_us_per_mb", "wave_us", "merge_us_per_mb")
+# bench/results/h200.policy as of commit 172211f (version 1, the linear model), in LINEAR_NAMES order
+LINEAR_H200_172211F = (0.0, 0.0, 0.166710226, 28.4130958, 12.6336223, 150.846732)
 
 
 # ---- data ------------------------------------------------------------------------------------------
@@ -203,11 +209,11 @@ def main():
 
     results = collections.OrderedDict()
     results["rule (auto_rule)"] = (evaluate(held, lambda s: rule(s["R"])), evaluate(calib, lambda s: rule(s["R"])), None)
-    kv = dict(l.strip().split(" = ", 1) for l in open(os.path.join(ROOT, "bench", "results", "h200.policy")) if " = " in l)
-    lin = [float(kv[n]) for n in LINEAR_NAMES]
+    # the linear model this replaced (policy version 1, fitted live on the H200 at commit 172211f)
+    lin = LINEAR_H200_172211F
     lin_pred = lambda f: sum(a * b for a, b in zip(lin, f["terms"]))
     lin_pick = lambda s: min(CANDIDATES, key=lambda c: lin_pred(s["F"][c]))
-    results["linear model (h200.policy)"] = (evaluate(held, lin_pick), evaluate(calib, lin_pick), lin_pred)
+    results["linear model (policy v1)"] = (evaluate(held, lin_pick), evaluate(calib, lin_pick), lin_pred)
 
     for name, (design, cols, pgrid) in FORMS.items():
         e, rho, p, c = fit(design, pgrid, cal_samples)

@@ -251,46 +251,87 @@ pkv_status pkv_workspace_size(pkv_context *ctx, const pkv_problem *problem, int3
                               const pkv_plan_options *opts, size_t *bytes);
 
 /* ------------------------------------------------------------------------------------------------
- * Cost model (the policy behind PKV_ROUTE_AUTO once a model is set on the context).
- * Predicted kernel time of a plan = sum_k coef[k] x term_k, roofline-style terms computed from the
- * plan alone (pkv_cost_terms):
- *   0 constant (1)                       fixed cost of a step (task reads, q, epilogue)
- *   1 launches                           kernel launches per layer
- *   2 MB moved                           K, V, q, o and partial states
- *   3 MB of the longest task's KV        the critical path of one CTA (load imbalance)
- *   4 waves                              ceil(CTAs / (parallelism x 2)) - 1 extra waves of tasks
- *   5 MB of the largest merge            partial states one CTA reads in the merge tail
- * Coefficients are in microseconds per unit; pkv_cost_model_fit finds them by least squares from
- * measured runs (`pkv calibrate`), pkv_cost_model_default derives them from device properties.
+ * Cost model (the policy behind PKV_ROUTE_AUTO).
+ * The terms of a plan (pkv_cost_terms; the planner computes the same for its candidate routes in
+ * one O(B) pass without building them):
+ *   PKV_TERM_LAUNCHES    kernel launches per layer
+ *   PKV_TERM_MB          MB moved: K, V, q, o and partial states
+ *   PKV_TERM_LONGEST_MB  KV MB of the longest task (one CTA's critical path)
+ *   PKV_TERM_MERGE_MB    partial states of the largest merge, MB (count x G x (d + 1) x 4 bytes)
+ *   PKV_TERM_TASKS       tasks that read KV (CTAs with work)
+ *   PKV_TERM_SLOTS       resident task slots (SMs x CTAs per SM of the kernel that runs the problem)
+ *   PKV_TERM_TASK_MB     mean KV MB of a task
+ *   PKV_TERM_TOKEN_MB    KV MB per token of one task (K and V of one KV head)
+ *   PKV_TERM_RECT        1 for a rectangular grid in row order (single, split), else 0
+ *   PKV_TERM_FUSED       1 when the last CTA of a split merges it (fused), else 0
+ * The model (roofline form, version 2; docs/benchmarks.md section 4):
+ *   L = LONGEST_MB / TOKEN_MB tokens, N = TASKS, R = SLOTS, w = ceil(N / R) waves,
+ *   X = MB (+ the idle end of a one-wave or row-ordered grid: with n_sat = rho / TOKEN_MB tasks
+ *       needed to saturate the bandwidth and q = n_sat / min(N, R) < 1, X += rho q (L - lo) / 2,
+ *       lo = max(0, 2 TASK_MB / TOKEN_MB - L)),
+ *   Y = rho L (the longest task's own critical path),
+ *   idle = (w > 1) (1 - n_last / R) MB R / N (empty slots of the last wave),
+ *   us = const + launch x LAUNCHES + (FUSED ? fused_merge : merge) x MERGE_MB
+ *        + us_per_mb x (X^p + Y^p)^(1/p) + idle_us_per_mb x idle.
+ * pkv_cost_model_fit finds rho and p by a grid search and the rest by non-negative least squares
+ * on relative error from measured runs (`pkv calibrate`); pkv_cost_model_default derives them from
+ * device properties.
  * ---------------------------------------------------------------------------------------------- */
-#define PKV_COST_TERMS 6
+enum {
+    PKV_TERM_LAUNCHES,
+    PKV_TERM_MB,
+    PKV_TERM_LONGEST_MB,
+    PKV_TERM_MERGE_MB,
+    PKV_TERM_TASKS,
+    PKV_TERM_SLOTS,
+    PKV_TERM_TASK_MB,
+    PKV_TERM_TOKEN_MB,
+    PKV_TERM_RECT,
+    PKV_TERM_FUSED,
+    PKV_COST_TERMS
+};
+enum {
+    PKV_COEF_CONST_US,        /* us per step */
+    PKV_COEF_LAUNCH_US,       /* us per launch */
+    PKV_COEF_FUSED_MERGE,     /* us per MB of the largest merge, merged by the last CTA (fused) */
+    PKV_COEF_MERGE,           /* us per MB of the largest merge, merge kernel */
+    PKV_COEF_US_PER_MB,       /* 1 / read bandwidth */
+    PKV_COEF_IDLE_US_PER_MB,  /* us per MB of the last wave's empty slots */
+    PKV_COEF_RHO,             /* MB of device streaming per token of one task's critical path */
+    PKV_COEF_P,               /* soft-max exponent of the bandwidth and critical-path terms (0: max) */
+    PKV_COST_COEFS
+};
 typedef struct pkv_cost_model {
-    int32_t version;      /* file format version (1) */
+    int32_t version;      /* file format version (2) */
     int32_t parallelism;  /* SMs (or threads) the model was measured with */
     int32_t cuda_version; /* CUDA runtime version of the measurements (0: CPU) */
     char device[128];     /* device name of the measurements */
-    double coef[PKV_COST_TERMS];
+    double coef[PKV_COST_COEFS];
     double rms_us;        /* root-mean-square error of the fit */
     int32_t samples;      /* measurements behind the fit */
 } pkv_cost_model;
 
-/* Terms of a plan (see above) for a device with `parallelism` SMs or threads. */
-pkv_status pkv_cost_terms(const pkv_plan *plan, int32_t parallelism, double terms[PKV_COST_TERMS]);
+/* Terms of a plan (see above), for the parallelism and residency it was planned for. */
+pkv_status pkv_cost_terms(const pkv_plan *plan, double terms[PKV_COST_TERMS]);
 double pkv_cost_predict(const pkv_cost_model *m, const double terms[PKV_COST_TERMS]);
-/* Defaults from device properties: read bandwidth (GB/s), launch latency (us), SMs. */
+/* Defaults from device properties: SMs, read bandwidth (GB/s; <= 0: 2000), launch latency (us;
+ * <= 0: 3). */
 void pkv_cost_model_default(pkv_cost_model *m, int32_t parallelism, double read_gbps, double launch_us);
-/* Least-squares fit of the coefficients from n measurements (terms [n][PKV_COST_TERMS], us [n]),
- * on relative error (rows weighted by 1 / us); coefficients are kept non-negative.  Fills coef,
- * rms_us (absolute) and samples. */
+/* Fit from n measurements (terms [n][PKV_COST_TERMS], us [n]): rho and p by grid search, the
+ * linear coefficients by least squares on relative error (rows weighted by 1 / us), kept
+ * non-negative.  Fills coef, rms_us (absolute) and samples; keeps the identity fields. */
 pkv_status pkv_cost_model_fit(int32_t n, const double *terms, const double *us, pkv_cost_model *m);
-/* Small versioned text file: "persistentkv-policy 1" then key = value lines. */
+/* Small versioned text file: "persistentkv-policy 2" then key = value lines. */
 pkv_status pkv_cost_model_save(const pkv_cost_model *m, const char *path);
 pkv_status pkv_cost_model_load(const char *path, pkv_cost_model *m);
-/* With a model set (NULL clears it), PKV_ROUTE_AUTO computes each candidate route's terms (single,
- * split, workqueue, fused; one O(B) pass, no plan built) and keeps the one with the lowest predicted
- * time.  Without one, auto uses the documented rule of pkv_plan_step (measured better on the H200's
- * held-out traces, docs/benchmarks.md section 4).  The context copies the model. */
+/* PKV_ROUTE_AUTO with a model set computes each candidate route's terms (single, split, workqueue,
+ * fused; one O(B) pass, no plan built) and keeps the one with the lowest predicted time.  The CUDA
+ * backend sets pkv_cost_model_default for its device at context creation, and the policy file
+ * named by PKV_POLICY when that is set; NULL clears the model, and auto then uses the documented
+ * rule of pkv_plan_step.  The context copies the model. */
 pkv_status pkv_context_set_cost_model(pkv_context *ctx, const pkv_cost_model *m);
+/* Copies the model auto uses on this context into *m: 1, or 0 when none is set. */
+int pkv_context_get_cost_model(const pkv_context *ctx, pkv_cost_model *m);
 
 /* ------------------------------------------------------------------------------------------------
  * Run.

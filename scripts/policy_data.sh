@@ -2,8 +2,9 @@
 # policy_data.sh OUT_DIR - the adaptive policy's measurements on a GPU, in one run: the live
 # calibration (`pkv calibrate --backend cuda`, seed 20260622: fits and writes OUT_DIR/policy), then
 # every route on the held-out traces (seeds 20260623..27, five families, B 1..128, paper shape;
-# the other shapes of workloads.md on seed 20260623, B 1, 4, 16, 64), JSON per set.  Evaluate
-# offline with: pkv calibrate --policy OUT_DIR/policy --evaluate OUT_DIR/heldout_paper.json,...
+# the other shapes of workloads.md on seed 20260623, B 1, 4, 16, 64) with auto following the live
+# policy (as PKV_POLICY=OUT_DIR/policy would), JSON per set; then the offline replay of that policy
+# (pkv calibrate --policy P --evaluate F1,F2,...).
 set -u -o pipefail
 out=${1:?usage: scripts/policy_data.sh OUT_DIR}
 mkdir -p "$out"
@@ -19,7 +20,7 @@ echo "== live calibration (seed 20260622)"
 "$build/pkv" calibrate --backend cuda --reps 30 --out "$out/policy" --json "$out/calibration.json" \
   >"$out/calibration.md" 2>>"$out/bench.log" || status=1
 grep -E "calibrated on" "$out/calibration.md"
-m="--backend cuda --heldout-set --no-check --reps 20 --warmup 3 --wall-reps 3 --quiet"
+m="--backend cuda --heldout-set --no-check --reps 20 --warmup 3 --wall-reps 3 --quiet --policy $out/policy"
 echo "== held-out traces, paper shape (5 seeds, B 1..128)"
 "$build/pkv" bench $m --json "$out/heldout_paper.json" >"$out/heldout_paper.md" 2>>"$out/bench.log" || status=1
 for sh in ${PKV_POLICY_SHAPES:-g8 g7 mha d256 d64}; do
@@ -30,4 +31,5 @@ done
 echo "== offline evaluation of the live policy on the held-out sets"
 files=$(ls "$out"/heldout_*.json | paste -sd, -)
 "$build/pkv" calibrate --policy "$out/policy" --evaluate "$files" | tee "$out/evaluation.md" | tail -n 3
+echo "== decision cost on this host (B = 128)"; "$build/tests/test_cost" | grep decision | tee "$out/decision.txt"
 exit $status

@@ -84,7 +84,7 @@ with tempfile.TemporaryDirectory() as tmp:
               "--wall-reps", "1", "--no-check", "--explain", "--calibrate-out", pol, "--json", js).stdout
     check("| predicted us | measured us |" in out, "--explain prints predicted next to measured")
     check("calibrated on 12 measurements" in out, "calibration from the run: " + out[-400:])
-    check(open(pol).readline().strip() == "persistentkv-policy 1", "policy file header")
+    check(open(pol).readline().strip() == "persistentkv-policy 2", "policy file header")
     pol2 = os.path.join(tmp, "d.policy")
     out = run("calibrate", "--from-json", js, "--evaluate", js, "--out", pol2).stdout
     check("fit on 12 measurements" in out and "held-out: evaluation on 3 measured steps in 1 workload rows" in out,

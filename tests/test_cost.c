@@ -2,6 +2,7 @@
  * counters, the fit recovers known coefficients, policy files round-trip and bad ones are refused,
  * and auto with a model picks the candidate of lowest predicted time (synthetic device constants). */
 #define _POSIX_C_SOURCE 200809L
+#include <stdlib.h>
 #include "pkv_test.h"
 #include "internal.h"
 
@@ -70,16 +71,20 @@ int main(void) {
         o.route = (pkv_route)route;
         CHECK_OK(pkv_plan_step_host(&p, &t, &o, plan));
         double tm[PKV_COST_TERMS];
-        CHECK_OK(pkv_cost_terms(plan, 132, tm));
+        CHECK_OK(pkv_cost_terms(plan, tm));
         const pkv_counters *c = pkv_plan_counters(plan);
-        CHECK(tm[0] == 1.0);
-        CHECK(tm[1] == (double)c->launches);
-        CHECK(fabs(tm[2] - (c->kv_bytes + c->qo_bytes + c->merge_state_bytes) / 1e6) < 1e-9);
-        CHECK(tm[3] > 0 && tm[3] * 1e6 <= c->kv_bytes / 8.0 + 1); /* one task: at most one head's row */
-        CHECK(tm[4] >= 0);
-        CHECK((tm[5] > 0) == (c->merge_state_bytes > 0));
+        CHECK(tm[PKV_TERM_LAUNCHES] == (double)c->launches);
+        CHECK(fabs(tm[PKV_TERM_MB] - (c->kv_bytes + c->qo_bytes + c->merge_state_bytes) / 1e6) < 1e-9);
+        CHECK(tm[PKV_TERM_LONGEST_MB] > 0 && tm[PKV_TERM_LONGEST_MB] * 1e6 <= c->kv_bytes / 8.0 + 1); /* one head's row */
+        CHECK((tm[PKV_TERM_MERGE_MB] > 0) == (c->merge_state_bytes > 0));
+        CHECK(tm[PKV_TERM_TASKS] == (double)c->tasks);
+        CHECK(tm[PKV_TERM_SLOTS] == 132.0 * 2); /* host plans: 2 resident CTAs per unit */
+        CHECK(fabs(tm[PKV_TERM_TASK_MB] * c->tasks - c->kv_bytes / 1e6) < 1e-9);
+        CHECK(tm[PKV_TERM_TOKEN_MB] == 128 * 2 * 2 / 1e6);
+        CHECK(tm[PKV_TERM_RECT] == (route == PKV_ROUTE_SINGLE || route == PKV_ROUTE_SPLIT));
+        CHECK(tm[PKV_TERM_FUSED] == (route == PKV_ROUTE_FUSED));
     }
-    CHECK_STATUS(pkv_cost_terms(NULL, 132, NULL), PKV_ERR_NULL_POINTER);
+    CHECK_STATUS(pkv_cost_terms(NULL, NULL), PKV_ERR_NULL_POINTER);
 
     /* the policy's fast terms (no plan built) equal the terms of the built plans */
     {
@@ -105,7 +110,7 @@ int main(void) {
                 fo.route = rs[ri];
                 double a[PKV_COST_TERMS], b[PKV_COST_TERMS];
                 CHECK_OK(pkv_plan_step_host(&q, &t, &fo, plan));
-                CHECK_OK(pkv_cost_terms(plan, fo.parallelism, a));
+                CHECK_OK(pkv_cost_terms(plan, a));
                 CHECK_OK(pkv_plan_route_terms(&q, &t, &fo, 2, b));
                 compared++;
                 for (int j = 0; j < PKV_COST_TERMS; j++)
@@ -120,21 +125,27 @@ int main(void) {
         CHECK_MSG(mismatches == 0, "%d of %d fast term sets differ from the plans'", mismatches, compared);
     }
 
-    /* the fit recovers a known model from its own predictions */
+    /* the fit recovers a known model from its own predictions (rho on the fit's grid, p = 3; every
+     * linear coefficient non-zero, the two merge columns told apart by the fused route) */
     pkv_cost_model truth;
     pkv_cost_model_default(&truth, 132, 4500, 2.5);
-    enum { N = 120 };
+    truth.coef[PKV_COEF_CONST_US] = 1.5;
+    truth.coef[PKV_COEF_MERGE] = 7.0;
+    truth.coef[PKV_COEF_RHO] = 0.01 * pow(20.0, 112 / 160.0);
+    enum { N = 160 };
     static double T[N][PKV_COST_TERMS], y[N];
     int n = 0;
-    for (int k = 0; k < 30; k++) {
-        int32_t B = 1 + (int32_t)pkv_rng_uniform_int(&r, 0, 63);
-        for (int i = 0; i < B; i++) lens[i] = (int32_t)pkv_rng_uniform_int(&r, 1, 40000);
+    for (int k = 0; k < 40; k++) {
+        int32_t B = 1 + (int32_t)pkv_rng_uniform_int(&r, 0, 127);
+        const int ragged = k % 2;
+        for (int i = 0; i < B; i++)
+            lens[i] = ragged ? (int32_t)pkv_rng_uniform_int(&r, 1, 40000) : 1000 * (1 + k % 20);
         table_for(lens, B, 16, indptr, &t);
         for (int route = PKV_ROUTE_SINGLE; route <= PKV_ROUTE_FUSED && n < N; route++) {
             if (route == PKV_ROUTE_BUCKETED) continue;
             o.route = (pkv_route)route;
             CHECK_OK(pkv_plan_step_host(&p, &t, &o, plan));
-            CHECK_OK(pkv_cost_terms(plan, 132, T[n]));
+            CHECK_OK(pkv_cost_terms(plan, T[n]));
             y[n] = pkv_cost_predict(&truth, T[n]);
             n++;
         }
@@ -142,12 +153,47 @@ int main(void) {
     pkv_cost_model fit;
     memset(&fit, 0, sizeof fit);
     CHECK_OK(pkv_cost_model_fit(n, &T[0][0], y, &fit));
-    for (int k = 0; k < PKV_COST_TERMS; k++)
+    for (int k = 0; k < PKV_COST_COEFS; k++)
         CHECK_MSG(fabs(fit.coef[k] - truth.coef[k]) <= 1e-3 * (1 + truth.coef[k]), "coef %d: %g vs %g", k, fit.coef[k],
                   truth.coef[k]);
     CHECK(fit.rms_us < 1e-3);
-    CHECK(fit.samples == n);
+    CHECK(fit.samples == n && fit.version == 2);
     CHECK_STATUS(pkv_cost_model_fit(3, &T[0][0], y, &fit), PKV_ERR_INVALID_ARGUMENT);
+    y[0] = 0;
+    CHECK_STATUS(pkv_cost_model_fit(n, &T[0][0], y, &fit), PKV_ERR_INVALID_ARGUMENT);
+    y[0] = pkv_cost_predict(&truth, T[0]);
+
+    /* the model's physics, on the synthetic constants of a 132-SM GPU at 4500 GB/s */
+    {
+        double t1[PKV_COST_TERMS], t2[PKV_COST_TERMS];
+        /* one long row: 8 single tasks cannot reach the bandwidth; a split fills the GPU */
+        int32_t one = 65536;
+        table_for(&one, 1, 16, indptr, &t);
+        o.route = PKV_ROUTE_SINGLE;
+        CHECK_OK(pkv_plan_step_host(&p, &t, &o, plan));
+        CHECK_OK(pkv_cost_terms(plan, t1));
+        o.route = PKV_ROUTE_SPLIT;
+        CHECK_OK(pkv_plan_step_host(&p, &t, &o, plan));
+        CHECK_OK(pkv_cost_terms(plan, t2));
+        CHECK_MSG(pkv_cost_predict(&truth, t2) * 4 < pkv_cost_predict(&truth, t1), "split %g us vs single %g us",
+                  pkv_cost_predict(&truth, t2), pkv_cost_predict(&truth, t1));
+        /* an even batch that fills the GPU: both read the same bytes near the ceiling; the split
+         * pays its merge launch and states */
+        for (int i = 0; i < 128; i++) lens[i] = 8192;
+        table_for(lens, 128, 16, indptr, &t);
+        o.route = PKV_ROUTE_SINGLE;
+        CHECK_OK(pkv_plan_step_host(&p, &t, &o, plan));
+        CHECK_OK(pkv_cost_terms(plan, t1));
+        const double floor_us = t1[PKV_TERM_MB] * truth.coef[PKV_COEF_US_PER_MB];
+        CHECK_MSG(pkv_cost_predict(&truth, t1) < 1.25 * floor_us + 10, "single %g us, floor %g us",
+                  pkv_cost_predict(&truth, t1), floor_us);
+        o.route = PKV_ROUTE_SPLIT;
+        o.num_splits = 4;
+        CHECK_OK(pkv_plan_step_host(&p, &t, &o, plan));
+        o.num_splits = 0;
+        CHECK_OK(pkv_cost_terms(plan, t2));
+        CHECK(pkv_cost_predict(&truth, t2) > pkv_cost_predict(&truth, t1));
+    }
 
     /* policy files */
     char path[256], bad[256];
@@ -160,32 +206,60 @@ int main(void) {
     pkv_cost_model back;
     CHECK_OK(pkv_cost_model_load(path, &back));
     CHECK(strcmp(back.device, "synthetic GPU") == 0 && back.parallelism == 132 && back.samples == n);
-    for (int k = 0; k < PKV_COST_TERMS; k++) CHECK(fabs(back.coef[k] - fit.coef[k]) <= 1e-8 * (1 + fabs(fit.coef[k])));
+    for (int k = 0; k < PKV_COST_COEFS; k++) CHECK(fabs(back.coef[k] - fit.coef[k]) <= 1e-8 * (1 + fabs(fit.coef[k])));
     CHECK_STATUS(pkv_cost_model_load("/nonexistent/x.policy", &back), PKV_ERR_IO);
-    const char *bodies[] = {"not a policy\n", "persistentkv-policy 1\nconst_us = 1\n",
-                            "persistentkv-policy 1\nconst_us = x\n", "persistentkv-policy 1\nwhat = 1\n",
-                            "persistentkv-policy 1\nconst_us = -1\n"};
+    const char *bodies[] = {"not a policy\n",
+                            "persistentkv-policy 1\nconst_us = 1\n", /* the linear model's files: refused */
+                            "persistentkv-policy 2\nconst_us = 1\n",
+                            "persistentkv-policy 2\nconst_us = x\n",
+                            "persistentkv-policy 2\nwhat = 1\n",
+                            "persistentkv-policy 2\nconst_us = -1\n"};
     for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
         FILE *f = fopen(bad, "w");
         fputs(bodies[i], f);
         fclose(f);
         CHECK_STATUS(pkv_cost_model_load(bad, &back), PKV_ERR_PARSE);
     }
-    remove(path);
-    remove(bad);
 
-    /* auto with a model picks the candidate of lowest predicted time */
+    /* PKV_POLICY: loaded at context creation; a bad file or another device's fails it clearly */
     pkv_context_config cc;
     pkv_context_config_default(&cc);
     cc.backend = PKV_BACKEND_CPU;
     cc.num_threads = 4;
     pkv_context *ctx = NULL;
+    pkv_cost_model got;
+    setenv("PKV_POLICY", bad, 1);
+    CHECK_STATUS(pkv_context_create(&cc, &ctx), PKV_ERR_PARSE);
+    CHECK(ctx == NULL && strstr(pkv_last_error(), "PKV_POLICY") != NULL);
+    setenv("PKV_POLICY", path, 1); /* measured with 132, this context has 4 threads */
+    CHECK_STATUS(pkv_context_create(&cc, &ctx), PKV_ERR_INVALID_ARGUMENT);
+    fit.parallelism = 4;
+    CHECK_OK(pkv_cost_model_save(&fit, path));
     CHECK_OK(pkv_context_create(&cc, &ctx));
+    CHECK(pkv_context_get_cost_model(ctx, &got) == 1 && got.coef[PKV_COEF_RHO] == back.coef[PKV_COEF_RHO]);
+    pkv_context_free(ctx);
+    ctx = NULL;
+    unsetenv("PKV_POLICY");
+    remove(path);
+    remove(bad);
+
+    /* auto with a model picks the candidate of lowest predicted time */
+    CHECK_OK(pkv_context_create(&cc, &ctx));
+    CHECK(pkv_context_get_cost_model(ctx, &got) == 0); /* the CPU backend: the rule until a model is set */
     pkv_cost_model models[3];
-    memset(models, 0, sizeof models);
-    models[0].coef[1] = 100.0;                        /* launches dominate: a one-launch route */
-    models[1].coef[5] = 1000.0, models[1].coef[0] = 1; /* merges dominate: no split at all */
+    for (int mi = 0; mi < 2; mi++) {
+        memset(&models[mi], 0, sizeof models[mi]);
+        models[mi].coef[PKV_COEF_RHO] = 0.05;
+        models[mi].coef[PKV_COEF_P] = 3;
+    }
+    models[0].coef[PKV_COEF_LAUNCH_US] = 100.0; /* launches dominate: a one-launch route */
+    models[1].coef[PKV_COEF_FUSED_MERGE] = models[1].coef[PKV_COEF_MERGE] = 1000.0; /* merges dominate: no split */
+    models[1].coef[PKV_COEF_CONST_US] = 1;
     pkv_cost_model_default(&models[2], 4, 20, 0.5);
+    CHECK_STATUS(pkv_context_set_cost_model(ctx, &models[0]), PKV_OK);
+    models[0].coef[PKV_COEF_RHO] = 0;
+    CHECK_STATUS(pkv_context_set_cost_model(ctx, &models[0]), PKV_ERR_INVALID_ARGUMENT);
+    models[0].coef[PKV_COEF_RHO] = 0.05;
     for (int mi = 0; mi < 3; mi++) {
         CHECK_OK(pkv_context_set_cost_model(ctx, &models[mi]));
         for (int k = 0; k < 20; k++) {
@@ -196,14 +270,14 @@ int main(void) {
             pkv_plan_options_default(&a);
             CHECK_OK(pkv_plan_step(ctx, &p, &t, &a, plan));
             double tm[PKV_COST_TERMS];
-            pkv_cost_terms(plan, pkv_context_parallelism(ctx), tm);
+            CHECK_OK(pkv_cost_terms(plan, tm));
             double chosen = pkv_cost_predict(&models[mi], tm);
             pkv_route picked = pkv_plan_route(plan);
             for (int route = PKV_ROUTE_SINGLE; route <= PKV_ROUTE_FUSED; route++) {
                 if (route == PKV_ROUTE_BUCKETED) continue;
                 a.route = (pkv_route)route;
                 CHECK_OK(pkv_plan_step(ctx, &p, &t, &a, plan));
-                pkv_cost_terms(plan, pkv_context_parallelism(ctx), tm);
+                CHECK_OK(pkv_cost_terms(plan, tm));
                 CHECK_MSG(chosen <= pkv_cost_predict(&models[mi], tm) + 1e-9, "model %d picked %s over %s", mi,
                           pkv_route_name(picked), pkv_route_name((pkv_route)route));
             }

@@ -460,7 +460,7 @@ static void measure(const bench_opts *o, buffers *b, const step_input *s, pkv_ro
     r->route_used = pkv_plan_route(plan);
     r->c = *pkv_plan_counters(plan);
     r->total_tokens = r->c.total_tokens;
-    pkv_cost_terms(plan, pkv_context_parallelism(o->ctx), r->terms);
+    pkv_cost_terms(plan, r->terms);
     r->flashinfer_us = s->flashinfer_us;
     pkv_tensors t = {b->q, b->k, b->v, b->page_sets[0], b->o, b->lse};
 
@@ -617,7 +617,7 @@ static void write_json(const char *path, const bench_opts *o, const ceilings *ce
     fprintf(f, ", \"workload\": ");
     json_str(f, workload);
     fprintf(f, ",\n    \"shape\": {\"name\": \"%s\", \"num_qo_heads\": %d, \"num_kv_heads\": %d, \"head_dim\": %d, \"page_size\": %d, "
-               "\"layout\": \"%s\", \"dtype\": \"%s\"}, \"reps\": %d, \"wall_reps\": %d},\n",
+               "\"layout\": \"%s\", \"dtype\": \"%s\"}, \"reps\": %d, \"wall_reps\": %d, \"terms_version\": 2},\n",
             o->shape->name, o->prob.num_qo_heads, o->prob.num_kv_heads, o->prob.head_dim, o->prob.page_size,
             o->prob.layout == PKV_LAYOUT_HND ? "HND" : "NHD", o->prob.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", o->reps,
             o->wall_reps);
@@ -989,7 +989,9 @@ int cmd_bench(int argc, char **argv) {
                 pkv_context_device_name(o.ctx));
     }
 
-    if (!have_policy)
+    /* --explain shows the model auto uses: the policy file, else the context's (the CUDA backend's
+     * defaults or PKV_POLICY), else defaults from this run's ceilings */
+    if (!have_policy && !pkv_context_get_cost_model(o.ctx, &o.model))
         pkv_cost_model_default(&o.model, pkv_context_parallelism(o.ctx), o.cuda ? ce.read_gbps : 20.0,
                                o.cuda ? ce.launch_us : 0.0);
     buffers b;
@@ -1071,20 +1073,24 @@ int cmd_bench(int argc, char **argv) {
         free(y);
     }
     if (o.explain) {
-        printf("\n| step | route | predicted us | measured us | error | const | launches | MB moved | longest task MB | extra waves | merge MB |\n");
+        printf("\n| step | route | predicted us | measured us | error | launches | MB moved | longest task MB | "
+               "merge MB | tasks | slots |\n");
         printf("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
         for (int i = 0; i < res.n; i++) {
             row_result *r = &res.rows[i];
             r->predicted_us = pkv_cost_predict(&o.model, r->terms);
             char rl[32];
             route_label(r, rl, sizeof rl);
-            printf("| %s | %s | %.1f | %.1f | %+.0f%% | %.0f | %.0f | %.2f | %.3f | %.0f | %.3f |\n", r->step, rl,
-                   r->predicted_us, r->kernel_us, 100.0 * (r->predicted_us / r->kernel_us - 1.0), r->terms[0],
-                   r->terms[1], r->terms[2], r->terms[3], r->terms[4], r->terms[5]);
+            printf("| %s | %s | %.1f | %.1f | %+.0f%% | %.0f | %.2f | %.3f | %.3f | %.0f | %.0f |\n", r->step, rl,
+                   r->predicted_us, r->kernel_us, 100.0 * (r->predicted_us / r->kernel_us - 1.0),
+                   r->terms[PKV_TERM_LAUNCHES], r->terms[PKV_TERM_MB], r->terms[PKV_TERM_LONGEST_MB],
+                   r->terms[PKV_TERM_MERGE_MB], r->terms[PKV_TERM_TASKS], r->terms[PKV_TERM_SLOTS]);
         }
-        printf("model (%s): const %.3g us, %.3g us/launch, %.3g us/MB, %.3g us/MB of the longest task, %.3g us/extra wave, "
-               "%.3g us/MB merged\n", o.model.device, o.model.coef[0], o.model.coef[1], o.model.coef[2], o.model.coef[3],
-               o.model.coef[4], o.model.coef[5]);
+        const double *c = o.model.coef;
+        printf("model (%s): %.3g us + %.3g us/launch + %.3g (fused) / %.3g (merge kernel) us/MB merged + %.3g us/MB "
+               "x soft-max(p %.3g) of the streamed MB and rho %.4g MB/token x the longest task + %.3g us/MB idle\n",
+               o.model.device, c[PKV_COEF_CONST_US], c[PKV_COEF_LAUNCH_US], c[PKV_COEF_FUSED_MERGE], c[PKV_COEF_MERGE],
+               c[PKV_COEF_US_PER_MB], c[PKV_COEF_P], c[PKV_COEF_RHO], c[PKV_COEF_IDLE_US_PER_MB]);
     }
     const char *json = cli_opt(argc, argv, "--json");
     if (json) {

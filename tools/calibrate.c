@@ -6,6 +6,7 @@
  * fastest measured route of each step). */
 #define _POSIX_C_SOURCE 200809L
 #include "cli.h"
+#include "internal.h" /* pkv_cost_fill_terms, pkv_dtype_size: rebuilding the terms of older JSON */
 
 #include <math.h>
 #include <stdlib.h>
@@ -24,6 +25,8 @@ typedef struct meas_set {
     meas *m;
     int n, cap;
     int32_t parallelism;
+    char gpu[128];        /* the GPU of the first file that names one */
+    int32_t cuda_version; /* its CUDA runtime */
 } meas_set;
 
 static void usage(void) {
@@ -165,6 +168,18 @@ static int load_rows(const char *path, meas_set *set, int32_t parallelism_opt) {
     if (par <= 0 && sm) par = atoi(sm + 7);
     if (par <= 0) par = 132;
     set->parallelism = par;
+    const char *gpu = strstr(s, "\"gpu\": {");
+    if (gpu && !set->gpu[0]) {
+        json_str_after(gpu, "name", set->gpu, sizeof set->gpu);
+        set->cuda_version = (int32_t)json_int_after(gpu, "cuda_runtime");
+    }
+    /* JSON from before the roofline model (no "terms_version": 2) carries the six terms of the
+     * linear model; the rest is rebuilt from the row (tasks, lengths) and the shape, with the
+     * residency of the H200 kernels then (3 CTAs per SM for G <= 8 and d <= 128, else 2) */
+    const bool terms_v2 = strstr(s, "\"terms_version\": 2") != NULL;
+    const int32_t G = prob.num_qo_heads / prob.num_kv_heads;
+    const int64_t v1_slots = (int64_t)par * (G <= 8 && prob.head_dim <= 128 ? 3 : 2);
+    const double token_mb = (double)prob.head_dim * (double)pkv_dtype_size(prob.dtype) * 2.0 / 1e6;
     char workload[160] = "";
     const char *p = s;
     int added = 0;
@@ -218,10 +233,22 @@ static int load_rows(const char *path, meas_set *set, int32_t parallelism_opt) {
         const char *tm = strstr(q, "\"terms\": [");
         if (tm && (!row_end || tm < row_end)) { /* the terms of the plan that ran */
             const char *x = tm + 10;
-            for (int k = 0; k < PKV_COST_TERMS; k++) {
+            double v[PKV_COST_TERMS] = {0};
+            for (int k = 0; k < (terms_v2 ? PKV_COST_TERMS : 6); k++) {
                 char *end;
-                m.terms[k] = strtod(x, &end);
+                v[k] = strtod(x, &end);
                 x = *end == ',' ? end + 1 : end;
+            }
+            if (terms_v2) {
+                memcpy(m.terms, v, sizeof v);
+            } else { /* v1: const, launches, MB, longest task MB, extra waves, largest merge MB */
+                int64_t tokens = 0;
+                for (int i = 0; i < B; i++) tokens += lens[i];
+                const long tasks = json_int_after(q, "tasks");
+                pkv_cost_fill_terms(m.terms, (int64_t)v[1], v[2], v[3], v[5], tasks, v1_slots,
+                                      (double)tokens * prob.num_kv_heads * token_mb, token_mb,
+                                      m.route == PKV_ROUTE_SINGLE || m.route == PKV_ROUTE_SPLIT,
+                                      m.route == PKV_ROUTE_FUSED);
             }
         } else if (m.route != PKV_ROUTE_AUTO) {
             indptr[0] = 0;
@@ -232,7 +259,7 @@ static int load_rows(const char *path, meas_set *set, int32_t parallelism_opt) {
             o.route = m.route;
             o.parallelism = par;
             if (pkv_plan_step_host(&prob, &t, &o, plan) != PKV_OK) continue;
-            pkv_cost_terms(plan, par, m.terms);
+            pkv_cost_terms(plan, m.terms);
         }
         if (set->n == set->cap) {
             set->cap = set->cap ? 2 * set->cap : 256;
@@ -396,14 +423,22 @@ int cmd_calibrate(int argc, char **argv) {
             y[nfit++] = set.m[i].us;
         }
         pkv_cost_model_default(&m, set.parallelism, 0, 0);
-        snprintf(m.device, sizeof m.device, "fit from %.100s", from);
+        if (set.gpu[0])
+            snprintf(m.device, sizeof m.device, "%.48s (%d SMs), fit from %.40s", set.gpu, (int)(set.parallelism % 100000), from);
+        else
+            snprintf(m.device, sizeof m.device, "fit from %.100s", from);
+        m.cuda_version = set.cuda_version;
         if (pkv_cost_model_fit(nfit, T, y, &m) != PKV_OK) {
             fprintf(stderr, "pkv calibrate: %s\n", pkv_last_error());
             return 1;
         }
-        printf("fit on %d measurements: rms %.2f us; const %.3g us, %.3g us/launch, %.3g us/MB, %.3g us/MB longest task, "
-               "%.3g us/extra wave, %.3g us/MB merged\n",
-               nfit, m.rms_us, m.coef[0], m.coef[1], m.coef[2], m.coef[3], m.coef[4], m.coef[5]);
+        const double *c = m.coef;
+        printf("fit on %d measurements: rms %.2f us; %.3g us + %.3g us/launch + %.3g (fused) / %.3g (merge kernel) us/MB "
+               "merged + %.4g us/MB (%.0f GB/s) x soft-max(p %.3g) of the streamed MB and rho %.4g MB/token x the longest "
+               "task + %.3g us/MB idle\n",
+               nfit, m.rms_us, c[PKV_COEF_CONST_US], c[PKV_COEF_LAUNCH_US], c[PKV_COEF_FUSED_MERGE], c[PKV_COEF_MERGE],
+               c[PKV_COEF_US_PER_MB], c[PKV_COEF_US_PER_MB] > 0 ? 1e3 / c[PKV_COEF_US_PER_MB] : 0.0, c[PKV_COEF_P],
+               c[PKV_COEF_RHO], c[PKV_COEF_IDLE_US_PER_MB]);
         evaluate(&m, &set, "fit set: ");
         free(T);
         free(y);

@@ -155,9 +155,9 @@ class Rng(ctypes.Structure):
 
 
 class CostModel(ctypes.Structure):
-    """pkv_cost_model: the policy's coefficients (microseconds per unit of each term)."""
+    """pkv_cost_model: the roofline model's coefficients (PKV_COEF_* in persistentkv.h)."""
     _fields_ = [("version", ctypes.c_int32), ("parallelism", ctypes.c_int32), ("cuda_version", ctypes.c_int32),
-                ("device", ctypes.c_char * 128), ("coef", ctypes.c_double * 6), ("rms_us", ctypes.c_double),
+                ("device", ctypes.c_char * 128), ("coef", ctypes.c_double * 8), ("rms_us", ctypes.c_double),
                 ("samples", ctypes.c_int32)]
 
 

@@ -474,12 +474,12 @@ def test_cuda_two_layers_streams_and_errors(cuda_torch):
 
 def test_policy_file_drives_auto(tmp_path):
     """A policy file (as `pkv calibrate` writes it) makes route="auto" follow its cost model."""
-    assert ctypes.sizeof(_lib.CostModel) == 208  # sizeof(pkv_cost_model) in C
+    assert ctypes.sizeof(_lib.CostModel) == 224  # sizeof(pkv_cost_model) in C
     # launches cost everything: auto must pick a one-launch route (single or fused)
     path = tmp_path / "launch_bound.policy"
-    path.write_text("persistentkv-policy 1\ndevice = synthetic\nparallelism = 32\n"
-                    "const_us = 0\nlaunch_us = 100\nus_per_mb = 0\ntask_us_per_mb = 0\nwave_us = 0\n"
-                    "merge_us_per_mb = 0\n")
+    path.write_text("persistentkv-policy 2\ndevice = synthetic\nparallelism = 32\n"
+                    "const_us = 0\nlaunch_us = 100\nfused_merge_us_per_mb = 0\nmerge_us_per_mb = 0\nus_per_mb = 0\n"
+                    "idle_us_per_mb = 0\nrho_mb_per_token = 0.05\nsoftmax_p = 3\n")
     w = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cpu", num_threads=2, policy=path)
     p = make_problem(seed_of("policy"), LENS, hq=8, hkv=2)
     plan(w, p, route="auto", **SPLITTY)
@@ -487,7 +487,7 @@ def test_policy_file_drives_auto(tmp_path):
     o, lse = w.run(p["q"], p["k"], p["v"], return_lse=True)
     assert_close(o, lse, ref_of(p), "float16", LENS)
     bad = tmp_path / "bad.policy"
-    bad.write_text("persistentkv-policy 1\nconst_us = -1\n")
+    bad.write_text("persistentkv-policy 2\nconst_us = -1\n")
     with pytest.raises(pkv.PkvError) as e:
         pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cpu", policy=bad)
     assert e.value.status == 17  # PKV_ERR_PARSE

@@ -2,6 +2,7 @@
 #include "internal.h"
 
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <stdint.h>
 #include <string.h>
@@ -35,6 +36,20 @@ pkv_status pkv_context_create(const pkv_context_config *cfg, pkv_context **out) 
     ctx->kind = kind;
     pkv_status st = kind == PKV_BACKEND_CUDA ? pkv_cuda_backend_init(ctx, cfg->device)
                                              : pkv_cpu_backend_init(ctx, cfg->num_threads);
+    const char *policy = getenv("PKV_POLICY");
+    if (st == PKV_OK && policy && policy[0]) { /* the policy file of this GPU (`pkv calibrate`) */
+        pkv_cost_model m;
+        st = pkv_cost_model_load(policy, &m);
+        if (st == PKV_OK && m.parallelism != ctx->parallelism)
+            st = pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, "PKV_POLICY %s was measured with parallelism %d, this %s has %d",
+                          policy, m.parallelism, ctx->device_name, ctx->parallelism);
+        if (st == PKV_OK) st = pkv_context_set_cost_model(ctx, &m);
+        if (st != PKV_OK) { /* the reason, on the context (copied thread-locally) for the clean-up below */
+            char msg[400];
+            snprintf(msg, sizeof msg, "%s", pkv_last_error());
+            pkv_fail(ctx, st, "PKV_POLICY: %s", msg);
+        }
+    }
     if (st != PKV_OK) {
         /* keep the message thread-locally, the context goes away */
         if (!ctx->last_error[0]) pkv_fail(NULL, st, "backend initialisation failed"); /* else already copied */

@@ -64,6 +64,7 @@ struct pkv_plan {
 
     int32_t num_state_slots;
     int32_t max_merge_count; /* the most partial states of one merge (0: no split merges) */
+    int64_t slots;           /* resident task slots it was planned for (parallelism x CTAs per unit) */
     pkv_counters counters;
 
     void *blob;              /* [tasks | rows | merges], each part PKV_WS_ALIGN aligned */
@@ -101,6 +102,10 @@ pkv_kv_strides pkv_kv_strides_of(const pkv_problem *p);
  * them with pkv_cost_terms of the built plan).  default_per_unit: ctas_per_unit when not forced. */
 pkv_status pkv_plan_route_terms(const pkv_problem *problem, const pkv_page_table *table, const pkv_plan_options *opts,
                                 int32_t default_per_unit, double terms[PKV_COST_TERMS]);
+
+/* Fills the cost terms (persistentkv.h) from a plan's tallies; kv_mb: KV MB of all tasks. */
+void pkv_cost_fill_terms(double t[PKV_COST_TERMS], int64_t launches, double mb, double longest_mb, double merge_mb,
+                         int64_t tasks, int64_t slots, double kv_mb, double token_mb, int rect, int fused);
 
 /* Backends. */
 pkv_status pkv_cpu_backend_init(pkv_context *ctx, int32_t num_threads);

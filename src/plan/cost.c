@@ -1,6 +1,6 @@
-/* cost.c - the cost model behind the adaptive policy: roofline-style terms of a plan, a linear
- * prediction with per-device coefficients, their least-squares fit from measurements, the policy
- * file, and the auto route's choice among candidate plans. */
+/* cost.c - the cost model behind the adaptive policy: the terms of a plan, the roofline-form
+ * prediction (persistentkv.h spells the formula out), its fit from measurements, the policy file,
+ * and the context's model. */
 #include "internal.h"
 
 #include <math.h>
@@ -8,74 +8,124 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const term_names[PKV_COST_TERMS] = {"const_us", "launch_us", "us_per_mb", "task_us_per_mb",
-                                                        "wave_us", "merge_us_per_mb"};
+static const char *const coef_names[PKV_COST_COEFS] = {"const_us",       "launch_us",      "fused_merge_us_per_mb",
+                                                       "merge_us_per_mb", "us_per_mb",      "idle_us_per_mb",
+                                                       "rho_mb_per_token", "softmax_p"};
 
-pkv_status pkv_cost_terms(const pkv_plan *plan, int32_t parallelism, double t[PKV_COST_TERMS]) {
+void pkv_cost_fill_terms(double t[PKV_COST_TERMS], int64_t launches, double mb, double longest_mb, double merge_mb,
+                         int64_t tasks, int64_t slots, double kv_mb, double token_mb, int rect, int fused) {
+    t[PKV_TERM_LAUNCHES] = (double)launches;
+    t[PKV_TERM_MB] = mb;
+    t[PKV_TERM_LONGEST_MB] = longest_mb;
+    t[PKV_TERM_MERGE_MB] = merge_mb;
+    t[PKV_TERM_TASKS] = (double)tasks;
+    t[PKV_TERM_SLOTS] = (double)slots;
+    t[PKV_TERM_TASK_MB] = tasks > 0 ? kv_mb / (double)tasks : 0.0;
+    t[PKV_TERM_TOKEN_MB] = token_mb;
+    t[PKV_TERM_RECT] = rect ? 1.0 : 0.0;
+    t[PKV_TERM_FUSED] = fused ? 1.0 : 0.0;
+}
+
+pkv_status pkv_cost_terms(const pkv_plan *plan, double t[PKV_COST_TERMS]) {
     if (!plan || !t) return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "plan and terms must not be NULL");
-    if (parallelism <= 0) return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, "parallelism must be positive");
+    if (plan->slots <= 0) return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, "the plan was not planned");
     const pkv_problem *p = &plan->problem;
     const pkv_counters *c = &plan->counters;
     const double es = (double)pkv_dtype_size(p->dtype), d = p->head_dim;
-    int32_t longest = 0, max_count = 0;
+    int32_t longest = 0;
     for (int32_t k = 0; k < plan->num_tasks; k++) {
         int32_t n = plan->tasks[k].tok_end - plan->tasks[k].tok_begin;
         if (n > longest) longest = n;
     }
-    for (int32_t k = 0; k < plan->num_merges; k++)
-        if (plan->merges[k].count > max_count) max_count = plan->merges[k].count;
-    double slots = 2.0 * parallelism;
-    double waves = ceil((double)c->grid_ctas / slots) - 1.0;
-    t[0] = 1.0;
-    t[1] = (double)c->launches;
-    t[2] = (double)(c->kv_bytes + c->qo_bytes + c->merge_state_bytes) / 1e6;
-    t[3] = (double)longest * d * es * 2.0 / 1e6;
-    t[4] = waves > 0 ? waves : 0.0;
-    t[5] = (double)max_count * plan->group * (d + 1.0) * 4.0 / 1e6;
+    const double token_mb = d * es * 2.0 / 1e6;
+    pkv_cost_fill_terms(t, c->launches, (double)(c->kv_bytes + c->qo_bytes + c->merge_state_bytes) / 1e6,
+                        (double)longest * token_mb, (double)plan->max_merge_count * plan->group * (d + 1.0) * 4.0 / 1e6,
+                        c->tasks, plan->slots, (double)c->kv_bytes / 1e6, token_mb,
+                        plan->route == PKV_ROUTE_SINGLE || plan->route == PKV_ROUTE_SPLIT,
+                        plan->route == PKV_ROUTE_FUSED);
     return PKV_OK;
 }
 
+/* The model's two nonlinear quantities for given rho and p: the streaming term
+ * (X^p + Y^p)^(1/p) and the idle MB of the last wave. */
+static void roofline_parts(const double t[PKV_COST_TERMS], double rho, double p, double *stream, double *idle) {
+    const double b = t[PKV_TERM_TOKEN_MB], mb = t[PKV_TERM_MB];
+    const double N = t[PKV_TERM_TASKS] > 1 ? t[PKV_TERM_TASKS] : 1.0, R = t[PKV_TERM_SLOTS] > 1 ? t[PKV_TERM_SLOTS] : 1.0;
+    const double L = b > 0 ? t[PKV_TERM_LONGEST_MB] / b : 0.0;
+    const double w = ceil(N / R), n_last = N - (w - 1.0) * R;
+    double X = mb;
+    if ((w <= 1.0 || t[PKV_TERM_RECT] > 0) && b > 0) {
+        /* the idle end of the last window: fewer than n_sat tasks left running, their lengths
+         * taken as spread evenly over [lo, L] around the mean task */
+        const double q = rho / b / (N < R ? N : R);
+        if (q < 1.0) {
+            const double mean = t[PKV_TERM_TASK_MB] / b, lo = 2.0 * mean - L > 0 ? 2.0 * mean - L : 0.0;
+            X += rho * q * (L - lo) / 2.0;
+        }
+    }
+    const double Y = rho * L;
+    if (p <= 0)
+        *stream = X > Y ? X : Y;
+    else if (p == 3.0)
+        *stream = cbrt(X * X * X + Y * Y * Y);
+    else
+        *stream = pow(pow(X, p) + pow(Y, p), 1.0 / p);
+    *idle = w > 1.0 ? (1.0 - n_last / R) * mb * R / N : 0.0;
+}
+
 double pkv_cost_predict(const pkv_cost_model *m, const double t[PKV_COST_TERMS]) {
-    double us = 0;
-    for (int k = 0; k < PKV_COST_TERMS; k++) us += m->coef[k] * t[k];
-    return us;
+    const double *c = m->coef;
+    double stream, idle;
+    roofline_parts(t, c[PKV_COEF_RHO], c[PKV_COEF_P], &stream, &idle);
+    const double merge = t[PKV_TERM_FUSED] > 0 ? c[PKV_COEF_FUSED_MERGE] : c[PKV_COEF_MERGE];
+    return c[PKV_COEF_CONST_US] + c[PKV_COEF_LAUNCH_US] * t[PKV_TERM_LAUNCHES] + merge * t[PKV_TERM_MERGE_MB] +
+           c[PKV_COEF_US_PER_MB] * stream + c[PKV_COEF_IDLE_US_PER_MB] * idle;
 }
 
 void pkv_cost_model_default(pkv_cost_model *m, int32_t parallelism, double read_gbps, double launch_us) {
-    memset(m, 0, sizeof *m);
-    m->version = 1;
+    memset(m, 0, sizeof m->coef);
+    m->version = 2;
     m->parallelism = parallelism;
+    m->cuda_version = 0;
+    m->rms_us = 0;
+    m->samples = 0;
     snprintf(m->device, sizeof m->device, "defaults");
     if (read_gbps <= 0) read_gbps = 2000;
     if (launch_us <= 0) launch_us = 3.0;
-    m->coef[0] = 2.0 * launch_us;                          /* task and q reads, epilogue */
-    m->coef[1] = launch_us;                                /* per launch */
-    m->coef[2] = 1e3 / read_gbps;                          /* us per MB at the read ceiling */
-    m->coef[3] = 1e3 / (read_gbps / (2.0 * parallelism));  /* one CTA's share of the bandwidth */
-    m->coef[4] = 2.0 * launch_us;                          /* an extra wave of short tasks */
-    m->coef[5] = 1e3 / 50.0;                               /* one CTA reading partial states */
+    if (parallelism <= 0) parallelism = 1;
+    double *c = m->coef;
+    c[PKV_COEF_CONST_US] = 0.0;
+    c[PKV_COEF_LAUNCH_US] = 2.0 * launch_us;    /* a launch and its share of the dependent tail */
+    c[PKV_COEF_FUSED_MERGE] = 1e3 / 10.0;       /* one CTA reads the states at ~10 GB/s */
+    c[PKV_COEF_MERGE] = 0.0;                    /* the merge kernel spreads them: its launch dominates */
+    c[PKV_COEF_US_PER_MB] = 1e3 / read_gbps;
+    c[PKV_COEF_IDLE_US_PER_MB] = 0.4 * 1e3 / read_gbps; /* empty slots of a last wave, partly hidden */
+    /* ~1.2 tasks per SM of d = 128 (0.512 MB per 1000 tokens) saturate the bandwidth (H200 fit: 156) */
+    c[PKV_COEF_RHO] = 1.2 * parallelism * 512e-6;
+    c[PKV_COEF_P] = 3.0;
 }
 
-/* Solves the normal equations over the active terms; inactive coefficients are 0. */
+/* Solves the normal equations over the active columns; inactive coefficients are 0. */
+enum { NCOL = 6 }; /* const, launches, fused merge, merge kernel, streaming, idle */
 static int solve_ls(int32_t n, const double *T, const double *y, const int *active, double *coef) {
-    double A[PKV_COST_TERMS][PKV_COST_TERMS + 1], scale[PKV_COST_TERMS];
-    int idx[PKV_COST_TERMS], m = 0;
-    for (int k = 0; k < PKV_COST_TERMS; k++)
+    double A[NCOL][NCOL + 1], scale[NCOL];
+    int idx[NCOL], m = 0;
+    for (int k = 0; k < NCOL; k++)
         if (active[k]) idx[m++] = k;
     /* columns scaled to unit norm: the terms span many orders of magnitude */
     for (int a = 0; a < m; a++) {
         double s2 = 0;
-        for (int32_t i = 0; i < n; i++) s2 += T[(size_t)i * PKV_COST_TERMS + idx[a]] * T[(size_t)i * PKV_COST_TERMS + idx[a]];
+        for (int32_t i = 0; i < n; i++) s2 += T[(size_t)i * NCOL + idx[a]] * T[(size_t)i * NCOL + idx[a]];
         scale[a] = s2 > 0 ? 1.0 / sqrt(s2) : 0.0;
     }
     for (int a = 0; a < m; a++) {
         for (int b = 0; b <= m; b++) A[a][b] = 0;
         for (int32_t i = 0; i < n; i++) {
-            const double *ti = T + (size_t)i * PKV_COST_TERMS;
+            const double *ti = T + (size_t)i * NCOL;
             for (int b = 0; b < m; b++) A[a][b] += ti[idx[a]] * scale[a] * ti[idx[b]] * scale[b];
             A[a][m] += ti[idx[a]] * scale[a] * y[i];
         }
-        A[a][a] += 1e-12; /* a whisper of ridge: an all-zero term gets coefficient 0 */
+        A[a][a] += 1e-12; /* a whisper of ridge: an all-zero column gets coefficient 0 */
     }
     for (int col = 0; col < m; col++) { /* Gaussian elimination with partial pivoting */
         int piv = col;
@@ -94,56 +144,100 @@ static int solve_ls(int32_t n, const double *T, const double *y, const int *acti
             for (int b = col; b <= m; b++) A[r][b] -= f * A[col][b];
         }
     }
-    for (int k = 0; k < PKV_COST_TERMS; k++) coef[k] = 0;
+    for (int k = 0; k < NCOL; k++) coef[k] = 0;
     for (int a = 0; a < m; a++) coef[idx[a]] = A[a][m] / A[a][a] * scale[a];
     return 1;
 }
 
+/* The linear columns of one measurement for given rho and p. */
+static void design_row(const double t[PKV_COST_TERMS], double rho, double p, double x[NCOL]) {
+    double stream, idle;
+    roofline_parts(t, rho, p, &stream, &idle);
+    const int fused = t[PKV_TERM_FUSED] > 0;
+    x[0] = 1.0;
+    x[1] = t[PKV_TERM_LAUNCHES];
+    x[2] = fused ? t[PKV_TERM_MERGE_MB] : 0.0;
+    x[3] = fused ? 0.0 : t[PKV_TERM_MERGE_MB];
+    x[4] = stream;
+    x[5] = idle;
+}
+
 pkv_status pkv_cost_model_fit(int32_t n, const double *terms, const double *us, pkv_cost_model *m) {
     if (!terms || !us || !m) return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "terms, times and model must not be NULL");
-    if (n < PKV_COST_TERMS)
-        return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, "%d measurements cannot fit %d coefficients", n, PKV_COST_TERMS);
-    /* Relative least squares (each row weighted by 1 / its time, so a 10 us step counts as much as a
-     * 2 ms one), non-negative by elimination: drop the most negative coefficient and refit. */
-    double *wt = (double *)malloc((size_t)n * PKV_COST_TERMS * sizeof(double));
+    if (n < PKV_COST_COEFS)
+        return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, "%d measurements cannot fit %d coefficients", n, PKV_COST_COEFS);
+    for (int32_t i = 0; i < n; i++)
+        if (!(us[i] > 0) || !isfinite(us[i]))
+            return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, "measurement %d has no positive time", i);
+    double *X = (double *)malloc((size_t)n * NCOL * sizeof(double));
+    double *wx = (double *)malloc((size_t)n * NCOL * sizeof(double));
     double *wy = (double *)malloc((size_t)n * sizeof(double));
-    if (!wt || !wy) {
-        free(wt);
+    if (!X || !wx || !wy) {
+        free(X);
+        free(wx);
         free(wy);
         return pkv_fail(NULL, PKV_ERR_OUT_OF_MEMORY, "cannot allocate the fit");
     }
-    for (int32_t i = 0; i < n; i++) {
-        double w = us[i] > 0 ? 1.0 / us[i] : 1.0;
-        for (int k = 0; k < PKV_COST_TERMS; k++) wt[(size_t)i * PKV_COST_TERMS + k] = terms[(size_t)i * PKV_COST_TERMS + k] * w;
-        wy[i] = us[i] * w;
-    }
-    int active[PKV_COST_TERMS];
-    double coef[PKV_COST_TERMS];
-    for (int k = 0; k < PKV_COST_TERMS; k++) active[k] = 1;
-    for (int iter = 0; iter < PKV_COST_TERMS; iter++) {
-        if (!solve_ls(n, wt, wy, active, coef)) {
-            free(wt);
-            free(wy);
-            return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, "the measurements do not determine the model");
+    /* rho over 0.01..0.2 MB per token (161 log-spaced points) x p; per pair the linear part by
+     * relative least squares made non-negative by elimination (drop the most negative, refit) */
+    static const double ps[] = {2.0, 3.0, 4.0, 6.0, 0.0};
+    double best_err = INFINITY, best_coef[NCOL] = {0}, best_rho = 0, best_p = 3.0;
+    for (int pi = 0; pi < (int)(sizeof ps / sizeof ps[0]); pi++)
+        for (int ri = 0; ri <= 160; ri++) {
+            const double rho = 0.01 * pow(20.0, ri / 160.0);
+            for (int32_t i = 0; i < n; i++) {
+                design_row(terms + (size_t)i * PKV_COST_TERMS, rho, ps[pi], X + (size_t)i * NCOL);
+                for (int k = 0; k < NCOL; k++) wx[(size_t)i * NCOL + k] = X[(size_t)i * NCOL + k] / us[i];
+                wy[i] = 1.0;
+            }
+            int active[NCOL];
+            double coef[NCOL];
+            for (int k = 0; k < NCOL; k++) active[k] = 1;
+            int ok = 0;
+            for (int iter = 0; iter < NCOL; iter++) {
+                ok = solve_ls(n, wx, wy, active, coef);
+                if (!ok) break;
+                int worst = -1;
+                for (int k = 0; k < NCOL; k++)
+                    if (active[k] && coef[k] < 0 && (worst < 0 || coef[k] < coef[worst])) worst = k;
+                if (worst < 0) break;
+                active[worst] = 0;
+            }
+            if (!ok) continue;
+            double err = 0;
+            for (int32_t i = 0; i < n; i++) {
+                double pred = 0;
+                for (int k = 0; k < NCOL; k++) pred += coef[k] * X[(size_t)i * NCOL + k];
+                err += (pred / us[i] - 1.0) * (pred / us[i] - 1.0);
+            }
+            if (err < best_err) {
+                best_err = err;
+                memcpy(best_coef, coef, sizeof coef);
+                best_rho = rho;
+                best_p = ps[pi];
+            }
         }
-        int worst = -1;
-        for (int k = 0; k < PKV_COST_TERMS; k++)
-            if (active[k] && coef[k] < 0 && (worst < 0 || coef[k] < coef[worst])) worst = k;
-        if (worst < 0) break;
-        active[worst] = 0;
-    }
+    free(X);
+    free(wx);
+    free(wy);
+    if (!(best_err < INFINITY)) return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, "the measurements do not determine the model");
+    double *c = m->coef;
+    c[PKV_COEF_CONST_US] = best_coef[0];
+    c[PKV_COEF_LAUNCH_US] = best_coef[1];
+    c[PKV_COEF_FUSED_MERGE] = best_coef[2];
+    c[PKV_COEF_MERGE] = best_coef[3];
+    c[PKV_COEF_US_PER_MB] = best_coef[4];
+    c[PKV_COEF_IDLE_US_PER_MB] = best_coef[5];
+    c[PKV_COEF_RHO] = best_rho;
+    c[PKV_COEF_P] = best_p;
     double se = 0;
     for (int32_t i = 0; i < n; i++) {
-        double pred = 0;
-        for (int k = 0; k < PKV_COST_TERMS; k++) pred += coef[k] * terms[(size_t)i * PKV_COST_TERMS + k];
-        se += (pred - us[i]) * (pred - us[i]);
+        double e = pkv_cost_predict(m, terms + (size_t)i * PKV_COST_TERMS) - us[i];
+        se += e * e;
     }
-    free(wt);
-    free(wy);
-    memcpy(m->coef, coef, sizeof coef);
     m->rms_us = sqrt(se / n);
     m->samples = n;
-    m->version = 1;
+    m->version = 2;
     return PKV_OK;
 }
 
@@ -151,10 +245,10 @@ pkv_status pkv_cost_model_save(const pkv_cost_model *m, const char *path) {
     if (!m || !path) return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "model and path must not be NULL");
     FILE *f = fopen(path, "w");
     if (!f) return pkv_fail(NULL, PKV_ERR_IO, "cannot write policy file '%s'", path);
-    fprintf(f, "persistentkv-policy 1\n");
+    fprintf(f, "persistentkv-policy 2\n");
     fprintf(f, "device = %s\nparallelism = %d\ncuda_version = %d\nsamples = %d\nrms_us = %.6g\n", m->device,
             m->parallelism, m->cuda_version, m->samples, m->rms_us);
-    for (int k = 0; k < PKV_COST_TERMS; k++) fprintf(f, "%s = %.9g\n", term_names[k], m->coef[k]);
+    for (int k = 0; k < PKV_COST_COEFS; k++) fprintf(f, "%s = %.9g\n", coef_names[k], m->coef[k]);
     int bad = ferror(f);
     if (fclose(f) != 0 || bad) return pkv_fail(NULL, PKV_ERR_IO, "cannot write policy file '%s'", path);
     return PKV_OK;
@@ -173,9 +267,10 @@ pkv_status pkv_cost_model_load(const char *path, pkv_cost_model *m) {
         lineno++;
         line[strcspn(line, "\r\n")] = 0;
         if (lineno == 1) {
-            if (strcmp(line, "persistentkv-policy 1") != 0)
-                st = pkv_fail(NULL, PKV_ERR_PARSE, "'%s' is not a version 1 policy file", path);
-            r.version = 1;
+            if (strcmp(line, "persistentkv-policy 2") != 0)
+                st = pkv_fail(NULL, PKV_ERR_PARSE, "'%s' is not a version 2 policy file (`pkv calibrate` writes one)",
+                              path);
+            r.version = 2;
             continue;
         }
         if (!line[0] || line[0] == '#') continue;
@@ -202,8 +297,8 @@ pkv_status pkv_cost_model_load(const char *path, pkv_cost_model *m) {
         else if (strcmp(key, "rms_us") == 0) r.rms_us = x;
         else {
             int k = 0;
-            while (k < PKV_COST_TERMS && strcmp(key, term_names[k]) != 0) k++;
-            if (k == PKV_COST_TERMS) {
+            while (k < PKV_COST_COEFS && strcmp(key, coef_names[k]) != 0) k++;
+            if (k == PKV_COST_COEFS) {
                 st = pkv_fail(NULL, PKV_ERR_PARSE, "%s:%d: unknown key '%s'", path, lineno, key);
                 break;
             }
@@ -217,8 +312,9 @@ pkv_status pkv_cost_model_load(const char *path, pkv_cost_model *m) {
     }
     fclose(f);
     if (st != PKV_OK) return st;
-    if (r.version != 1) return pkv_fail(NULL, PKV_ERR_PARSE, "'%s' is empty", path);
-    if (seen != (1 << PKV_COST_TERMS) - 1) return pkv_fail(NULL, PKV_ERR_PARSE, "'%s' lacks coefficients", path);
+    if (r.version != 2) return pkv_fail(NULL, PKV_ERR_PARSE, "'%s' is empty", path);
+    if (seen != (1 << PKV_COST_COEFS) - 1) return pkv_fail(NULL, PKV_ERR_PARSE, "'%s' lacks coefficients", path);
+    if (r.coef[PKV_COEF_RHO] <= 0) return pkv_fail(NULL, PKV_ERR_PARSE, "'%s': rho_mb_per_token must be positive", path);
     *m = r;
     return PKV_OK;
 }
@@ -229,10 +325,17 @@ pkv_status pkv_context_set_cost_model(pkv_context *ctx, const pkv_cost_model *m)
         ctx->has_cost_model = false;
         return PKV_OK;
     }
-    for (int k = 0; k < PKV_COST_TERMS; k++)
+    for (int k = 0; k < PKV_COST_COEFS; k++)
         if (!(m->coef[k] >= 0) || !isfinite(m->coef[k]))
-            return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "cost coefficient %d is negative or not finite", k);
+            return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "cost coefficient %s is negative or not finite", coef_names[k]);
+    if (!(m->coef[PKV_COEF_RHO] > 0)) return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "rho_mb_per_token must be positive");
     ctx->cost_model = *m;
     ctx->has_cost_model = true;
     return PKV_OK;
+}
+
+int pkv_context_get_cost_model(const pkv_context *ctx, pkv_cost_model *m) {
+    if (!ctx || !m || !ctx->has_cost_model) return 0;
+    *m = ctx->cost_model;
+    return 1;
 }

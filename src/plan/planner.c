@@ -84,6 +84,7 @@ typedef struct plan_params {
     int32_t forced_chunk;  /* > 0: workqueue chunk given (pages) */
     int64_t nonempty, total, max_len; /* the step's rows: non-empty ones, tokens, longest */
     bool ragged;           /* longest row > 1.25 x the mean of the non-empty ones */
+    int64_t slots;         /* resident task slots: parallelism x resident CTAs per unit */
 } plan_params;
 
 /* 32-bit division: n >= 0 and n + page_size < 2^32 (validated), and this runs per row */
@@ -97,11 +98,16 @@ static int32_t choose_splits(const plan_params *pp, const pkv_problem *p, const 
     if (pp->forced_splits > 0) return pp->forced_splits < pp->max_splits ? pp->forced_splits : pp->max_splits;
     int64_t nonempty = 0;
     int32_t max_pages = 0;
-    for (int32_t k = 0; k < nrows; k++) {
-        int32_t n = lens[rows ? rows[k] : k];
-        if (n > 0) nonempty++;
-        int32_t pg = row_pages(p, n);
-        if (pg > max_pages) max_pages = pg;
+    if (!rows) { /* all rows of the step: their tallies are in pp */
+        nonempty = pp->nonempty;
+        max_pages = row_pages(p, (int32_t)pp->max_len);
+    } else {
+        for (int32_t k = 0; k < nrows; k++) {
+            int32_t n = lens[rows[k]];
+            if (n > 0) nonempty++;
+            int32_t pg = row_pages(p, n);
+            if (pg > max_pages) max_pages = pg;
+        }
     }
     if (nonempty == 0) return 1;
     int64_t s = ceil_div(pp->P, nonempty * p->num_kv_heads);
@@ -122,11 +128,7 @@ static int32_t row_chunk_pages(const plan_params *pp, int32_t pages, int32_t S) 
 
 /* Workqueue chunk: smallest c with sum ceil(pages_i / c) x Hkv <= P. */
 static int32_t choose_workqueue_chunk(const plan_params *pp, const pkv_problem *p, const int32_t *lens, int32_t B) {
-    int32_t max_pages = 0;
-    for (int32_t i = 0; i < B; i++) {
-        int32_t pg = row_pages(p, lens[i]);
-        if (pg > max_pages) max_pages = pg;
-    }
+    const int32_t max_pages = row_pages(p, (int32_t)pp->max_len);
     if (max_pages == 0) return 1;
     int32_t lo_cap = (int32_t)ceil_div(max_pages, pp->max_splits); /* respect max_splits */
     if (pp->forced_chunk > 0) {
@@ -136,14 +138,38 @@ static int32_t choose_workqueue_chunk(const plan_params *pp, const pkv_problem *
     int32_t lo = pp->min_chunk_pages > lo_cap ? pp->min_chunk_pages : lo_cap;
     if (lo >= max_pages) return max_pages;
     int32_t hi = max_pages;
-    /* cost(hi) may exceed P (many rows): then no split at all. */
-    int64_t cost_hi = 0;
-    for (int32_t i = 0; i < B; i++) cost_hi += lens[i] > 0 ? 1 : 0;
-    if (cost_hi * p->num_kv_heads > pp->P) return max_pages;
+    /* cost(hi) = the non-empty rows may exceed P (many rows): then no split at all. */
+    if (pp->nonempty * p->num_kv_heads > pp->P) return max_pages;
     /* divisions by reciprocal (exact, see candidate_terms), and each count stops as soon as it
      * exceeds the wave */
     const int64_t budget = pp->P / p->num_kv_heads;
     const double inv_ps = 1.0 / p->page_size, ps_up = p->page_size - 0.5;
+    /* bounds from sum(pages) / c <= cost(c) <= sum(pages) / c + rows (one O(B) pass for the pages
+     * total, then fewer passes of the search): cost(c) <= budget needs c >= sum / budget and holds
+     * once c >= sum / (budget - rows) */
+    int64_t sum_pages = 0;
+    for (int32_t i = 0; i < B; i++) sum_pages += (int64_t)((lens[i] + ps_up) * inv_ps);
+    const int64_t lo_sum = ceil_div(sum_pages, budget > 0 ? budget : 1);
+    if (lo_sum > lo) lo = lo_sum < hi ? (int32_t)lo_sum : hi;
+    if (budget > pp->nonempty) {
+        const int64_t hi_sum = ceil_div(sum_pages, budget - pp->nonempty);
+        if (hi_sum < hi && hi_sum >= lo) hi = (int32_t)hi_sum;
+    }
+    if (B <= 256) { /* the pages once; each count is then a branch-free, vectorisable pass */
+        double pg[256];
+        for (int32_t i = 0; i < B; i++) pg[i] = (double)(int64_t)((lens[i] + ps_up) * inv_ps);
+        while (lo < hi) {
+            const int32_t mid = lo + (hi - lo) / 2;
+            const double inv_mid = 1.0 / mid, mid_up = mid - 0.5;
+            int32_t cost = 0; /* mid >= sum / budget: cost <= budget + B, no overflow */
+            for (int32_t i = 0; i < B; i++) cost += (int32_t)((pg[i] + mid_up) * inv_mid);
+            if (cost <= budget)
+                hi = (int32_t)mid;
+            else
+                lo = (int32_t)mid + 1;
+        }
+        return lo;
+    }
     while (lo < hi) {
         const int32_t mid = lo + (hi - lo) / 2;
         const double inv_mid = 1.0 / mid, mid_up = mid - 0.5;
@@ -376,6 +402,7 @@ static void resolve_params(const pkv_plan_options *opts, int32_t parallelism, in
     int32_t per_unit = opts->ctas_per_unit > 0 ? opts->ctas_per_unit : default_per_unit;
     if (resident < per_unit) resident = per_unit;
     pp->P = (int64_t)parallelism * per_unit;
+    pp->slots = (int64_t)parallelism * resident;
     int32_t min_tokens = opts->min_chunk_tokens > 0 ? opts->min_chunk_tokens : 128;
     pp->min_chunk_pages = (int32_t)ceil_div(min_tokens, problem->page_size);
     pp->max_splits = opts->max_splits > 0 ? opts->max_splits : 256;
@@ -426,7 +453,7 @@ enum { TC_SINGLE, TC_SPLIT, TC_WORKQUEUE, TC_FUSED, TC_COUNT };
 static const pkv_route term_routes[TC_COUNT] = {PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_WORKQUEUE, PKV_ROUTE_FUSED};
 
 static void candidate_terms(const plan_params *pp, const pkv_problem *p, const int32_t *lens, int32_t B,
-                            int32_t parallelism, int32_t wq_chunk_pages, double t[TC_COUNT][PKV_COST_TERMS]) {
+                            int32_t wq_chunk_pages, double t[TC_COUNT][PKV_COST_TERMS]) {
     const int64_t hkv = p->num_kv_heads, G = p->num_qo_heads / hkv, d = p->head_dim;
     const int64_t es = (int64_t)pkv_dtype_size(p->dtype);
     const int32_t S = choose_splits(pp, p, lens, NULL, B);
@@ -435,64 +462,69 @@ static void candidate_terms(const plan_params *pp, const pkv_problem *p, const i
     const int64_t wq_tokens = (int64_t)wq_pages * p->page_size, min_chunk = pp->min_chunk_pages;
     const int64_t tokens = pp->total, empty = B - pp->nonempty, nonempty = pp->nonempty;
     int64_t tasks[2] = {0, 0}, split_tasks[2] = {0, 0}, max_count[2] = {0, 0}, longest[2] = {0, 0}; /* split, wq */
-    /* two branch-free passes (the compiler keeps them in registers): the work queue's chunks, then
-     * the split route's per-row chunks (the single route's tallies are the step's, pp) */
-    const double wq_up = (double)wq_tokens - 0.5;
-    for (int32_t i = 0; i < B; i++) {
-        const int64_t n = lens[i];
-        const int64_t ns = (int64_t)(((double)n + wq_up) * inv_wq); /* 0 for an empty row */
-        tasks[1] += ns;
-        split_tasks[1] += ns > 1 ? ns : 0;
-        max_count[1] = ns > 1 && ns > max_count[1] ? ns : max_count[1];
-        const int64_t first = wq_tokens < n ? wq_tokens : n;
-        longest[1] = first > longest[1] ? first : longest[1];
+    /* Branch-free int32 passes the compiler vectorises (a row's splits are at most max_splits, so
+     * the sums stay below 2^31).  The work queue: chunks per row; its longest task and largest
+     * merge follow from the longest row. */
+    {
+        const double wq_up = (double)wq_tokens - 0.5;
+        int32_t wt = 0, wst = 0;
+        for (int32_t i = 0; i < B; i++) {
+            const int32_t ns = (int32_t)(((double)lens[i] + wq_up) * inv_wq); /* 0 for an empty row */
+            wt += ns;
+            wst += ns > 1 ? ns : 0;
+        }
+        tasks[1] = wt, split_tasks[1] = wst;
+        const int64_t ns_max = ceil_div(pp->max_len, wq_tokens);
+        max_count[1] = ns_max > 1 ? ns_max : 0;
+        longest[1] = wq_tokens < pp->max_len ? wq_tokens : pp->max_len;
     }
-    const double ps_up = p->page_size - 0.5, S_up = S - 0.5;
-    for (int32_t i = 0; i < B; i++) {
-        const int64_t n = lens[i];
-        /* chunk = max(ceil(pages / S), min_chunk) pages, at most the row (at least 1) */
-        const int64_t pages = (int64_t)(((double)n + ps_up) * inv_ps);
-        int64_t cp = S > 1 ? (int64_t)(((double)pages + S_up) * inv_S) : pages;
-        cp = S > 1 && cp < min_chunk ? min_chunk : cp;
-        cp = cp > pages ? pages : cp;
-        cp = cp < 1 ? 1 : cp;
-        /* ceil(pages / cp) <= S: a float quotient, then one correction each way (no exactness needed) */
-        int64_t ns = (int64_t)((float)pages / (float)cp);
-        ns += ns * cp < pages;
-        ns -= (ns - 1) * cp >= pages && ns > 0;
-        tasks[0] += ns;
-        split_tasks[0] += ns > 1 ? ns : 0;
-        max_count[0] = ns > 1 && ns > max_count[0] ? ns : max_count[0];
-        const int64_t chunk = cp * p->page_size, first = chunk < n ? chunk : n;
-        longest[0] = first > longest[0] ? first : longest[0];
+    if (S == 1) { /* the split route is the single route */
+        tasks[0] = nonempty, longest[0] = pp->max_len;
+    } else { /* chunk = max(ceil(pages / S), min_chunk) pages, at most the row (at least 1) */
+        const double ps_up = p->page_size - 0.5, S_up = S - 0.5;
+        const int32_t mc = (int32_t)min_chunk, ps = p->page_size;
+        int32_t st = 0, sst = 0, cmax = 0, lmax = 0;
+        for (int32_t i = 0; i < B; i++) {
+            const int32_t n = lens[i];
+            const int32_t pages = (int32_t)(((double)n + ps_up) * inv_ps);
+            int32_t cp = (int32_t)(((double)pages + S_up) * inv_S);
+            cp = cp < mc ? mc : cp;
+            cp = cp > pages ? pages : cp;
+            cp = cp < 1 ? 1 : cp;
+            /* ceil(pages / cp) <= S: a float quotient, then one correction each way */
+            int32_t ns = (int32_t)((double)pages / (double)cp);
+            ns += ns * cp < pages;
+            ns -= ((ns - 1) * cp >= pages) & (ns > 0);
+            const int32_t split = ns > 1 ? ns : 0;
+            st += ns;
+            sst += split;
+            cmax = split > cmax ? split : cmax;
+            /* the first chunk: cp pages when the row has more (then cp x ps < n < 2^31), else the row */
+            const int32_t first = cp < pages ? (int32_t)((uint32_t)cp * (uint32_t)ps) : n;
+            lmax = first > lmax ? first : lmax;
+        }
+        tasks[0] = st, split_tasks[0] = sst, max_count[0] = cmax, longest[0] = lmax;
     }
     for (int r = 0; r < 2; r++) tasks[r] *= hkv, split_tasks[r] *= hkv;
     const int64_t kv = tokens * hkv * d * es * 2, qo = (int64_t)B * p->num_qo_heads * (d * es * 2 + 4);
+    const double token_mb = (double)(d * es * 2) / 1e6, merge_mb_per_state = (double)G * (d + 1.0) * 4.0 / 1e6;
     for (int k = 0; k < TC_COUNT; k++) {
         const int r = k == TC_SPLIT ? 0 : 1; /* the split and work-queue tallies */
-        int64_t ntasks, nsplit, maxc, lng, launches, ctas;
+        int64_t ntasks, nsplit, maxc, lng, launches;
         if (k == TC_SINGLE) {
             ntasks = nonempty * hkv, nsplit = 0, maxc = 0, lng = pp->max_len;
         } else {
             ntasks = tasks[r], nsplit = split_tasks[r], maxc = max_count[r], lng = longest[r];
         }
         const int64_t merges = nsplit > 0 || empty > 0;
-        if (k == TC_FUSED) {
+        if (k == TC_FUSED)
             launches = (ntasks > 0 || empty > 0) ? 1 : 0;
-            ctas = ntasks + empty * hkv;
-        } else {
+        else
             launches = (ntasks > 0) + merges;
-            const int64_t s = k == TC_SPLIT ? S : 1;
-            ctas = k == TC_WORKQUEUE ? ntasks : (ntasks > 0 ? (int64_t)B * hkv * s : 0);
-        }
         const int64_t ms = 2 * nsplit * G * (d + 1) * 4;
-        const double waves = ceil((double)ctas / (2.0 * parallelism)) - 1.0;
-        t[k][0] = 1.0;
-        t[k][1] = (double)launches;
-        t[k][2] = (double)(kv + qo + ms) / 1e6;
-        t[k][3] = (double)lng * (double)d * (double)es * 2.0 / 1e6;
-        t[k][4] = waves > 0 ? waves : 0.0;
-        t[k][5] = (double)maxc * (double)G * (d + 1.0) * 4.0 / 1e6;
+        pkv_cost_fill_terms(t[k], launches, (double)(kv + qo + ms) / 1e6, (double)lng * token_mb,
+                            (double)maxc * merge_mb_per_state, ntasks, pp->slots, (double)kv / 1e6, token_mb,
+                            k == TC_SINGLE || k == TC_SPLIT, k == TC_FUSED);
     }
 }
 
@@ -540,6 +572,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
     resolve_params(&opts, parallelism, default_cpu, resident, problem, table, &pp);
 
     const int32_t B = table->batch_size, hkv = problem->num_kv_heads;
+    plan->slots = pp.slots;
     const int32_t *lens = table->seq_lens;
     plan->problem = *problem;
     plan->batch_size = B;
@@ -553,7 +586,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
          * the lowest wins; ties keep the earlier candidate */
         wq_chunk = choose_workqueue_chunk(&pp, problem, lens, B);
         double t[TC_COUNT][PKV_COST_TERMS];
-        candidate_terms(&pp, problem, lens, B, parallelism, wq_chunk, t);
+        candidate_terms(&pp, problem, lens, B, wq_chunk, t);
         static const int pref[TC_COUNT] = {TC_SINGLE, TC_FUSED, TC_SPLIT, TC_WORKQUEUE}; /* ties: the simpler */
         double best_us = INFINITY;
         for (int k = 0; k < TC_COUNT; k++) {
@@ -765,7 +798,7 @@ pkv_status pkv_plan_route_terms(const pkv_problem *problem, const pkv_page_table
     plan_params pp;
     resolve_params(opts, opts->parallelism, default_per_unit, default_per_unit, problem, table, &pp);
     double t[TC_COUNT][PKV_COST_TERMS];
-    candidate_terms(&pp, problem, table->seq_lens, table->batch_size, opts->parallelism, -1, t);
+    candidate_terms(&pp, problem, table->seq_lens, table->batch_size, -1, t);
     int k = 0;
     while (term_routes[k] != opts->route) k++;
     memcpy(terms, t[k], sizeof t[k]);
