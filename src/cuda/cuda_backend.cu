@@ -121,6 +121,12 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device) {
     int m8 = pkv_cuda_decode_resident_ctas(8, 128, 0), n8 = pkv_cuda_decode_resident_ctas(8, 128, s->launch.allow_n8);
     ctx->ctas_per_unit = m8 > 0 ? m8 : 2;
     ctx->ctas_per_unit_light = n8 > 0 ? n8 : ctx->ctas_per_unit;
+    /* and per head dim: the d = 64 kernels hold more CTAs than the d = 128 ones */
+    static const int32_t dims[3] = {64, 128, 256};
+    for (int k = 0; k < 3; k++) {
+        ctx->resident[k][0] = pkv_cuda_decode_resident_ctas(8, dims[k], s->launch.allow_n8);
+        ctx->resident[k][1] = pkv_cuda_decode_resident_ctas(16, dims[k], 0);
+    }
     snprintf(ctx->device_name, sizeof ctx->device_name, "%s (%d SMs, sm_%d%d)", prop.name, prop.multiProcessorCount,
              prop.major, prop.minor);
     /* auto's cost model until a policy file replaces it: the read bandwidth from the memory clock

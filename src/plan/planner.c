@@ -85,6 +85,7 @@ typedef struct plan_params {
     int64_t nonempty, total, max_len; /* the step's rows: non-empty ones, tokens, longest */
     bool ragged;           /* longest row > 1.25 x the mean of the non-empty ones */
     int64_t slots;         /* resident task slots: parallelism x resident CTAs per unit */
+    int64_t P_bucketed;    /* > 0: the wave of the bucketed route where it differs from P */
 } plan_params;
 
 /* 32-bit division: n >= 0 and n + page_size < 2^32 (validated), and this runs per row */
@@ -391,6 +392,9 @@ static void compute_counters(pkv_plan *plan) {
 static int32_t default_ctas(const pkv_context *ctx) { return ctx ? ctx->ctas_per_unit : 2; }
 static int32_t resident_ctas(const pkv_context *ctx, const pkv_problem *p) {
     if (!ctx) return 2;
+    const int di = p->head_dim == 64 ? 0 : p->head_dim == 128 ? 1 : p->head_dim == 256 ? 2 : -1;
+    if (di >= 0 && ctx->resident[di][p->num_qo_heads > 8 * p->num_kv_heads] > 0)
+        return ctx->resident[di][p->num_qo_heads > 8 * p->num_kv_heads];
     if (ctx->ctas_per_unit_light > 0 && p->num_qo_heads <= 8 * p->num_kv_heads && p->head_dim <= 128)
         return ctx->ctas_per_unit_light;
     return ctx->ctas_per_unit;
@@ -402,6 +406,7 @@ static void resolve_params(const pkv_plan_options *opts, int32_t parallelism, in
     int32_t per_unit = opts->ctas_per_unit > 0 ? opts->ctas_per_unit : default_per_unit;
     if (resident < per_unit) resident = per_unit;
     pp->P = (int64_t)parallelism * per_unit;
+    pp->P_bucketed = 0;
     pp->slots = (int64_t)parallelism * resident;
     int32_t min_tokens = opts->min_chunk_tokens > 0 ? opts->min_chunk_tokens : 128;
     pp->min_chunk_pages = (int32_t)ceil_div(min_tokens, problem->page_size);
@@ -424,7 +429,12 @@ static void resolve_params(const pkv_plan_options *opts, int32_t parallelism, in
         /* ragged with at least 128 pairs: 4 waves of the resident tasks, so the block scheduler
          * can balance (fewer pairs: one wave; measured on the H200, B8 ragged steps lose 10-15%
          * with 2 waves) */
-        if (units >= 128) pp->P = (int64_t)parallelism * resident * 4;
+        if (units >= 128)
+            pp->P = (int64_t)parallelism * resident * 4;
+        else if (units >= 32) /* one wave of the resident tasks, the finest split that still runs in
+                               * one wave (H200: paper B8 ragged 2-3% faster, d64 B16 14-17%); not
+                               * for the bucketed baseline, whose phases each fill the wave */
+            pp->P_bucketed = pp->P, pp->P = (int64_t)parallelism * resident;
     } else if (opts->ctas_per_unit <= 0 && units > pp->P) {
         /* An even batch with more (row, KV head) pairs than one wave: unsplit, the last wave of
          * resident tasks R may run nearly empty (512 pairs on 396 resident CTAs: 1.3 waves in the
@@ -620,6 +630,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
         if (st != PKV_OK) return st;
         slots = emit_rect_phase(plan, &pp, table, order, B, S);
     } else if (route == PKV_ROUTE_BUCKETED) {
+        if (pp.P_bucketed > 0) pp.P = pp.P_bucketed;
         /* counting sort of rows by bucket = floor(log2(N)) + 1, 0 for empty rows */
         int32_t counts[34] = {0};
         for (int32_t i = 0; i < B; i++) counts[length_bucket(lens[i])]++;
