@@ -392,16 +392,21 @@ static void compute_counters(pkv_plan *plan) {
 static int32_t default_ctas(const pkv_context *ctx) { return ctx ? ctx->ctas_per_unit : 2; }
 static int32_t resident_ctas(const pkv_context *ctx, const pkv_problem *p) {
     if (!ctx) return 2;
-    const int di = p->head_dim == 64 ? 0 : p->head_dim == 128 ? 1 : p->head_dim == 256 ? 2 : -1;
-    if (di >= 0 && ctx->resident[di][p->num_qo_heads > 8 * p->num_kv_heads] > 0)
-        return ctx->resident[di][p->num_qo_heads > 8 * p->num_kv_heads];
     if (ctx->ctas_per_unit_light > 0 && p->num_qo_heads <= 8 * p->num_kv_heads && p->head_dim <= 128)
         return ctx->ctas_per_unit_light;
     return ctx->ctas_per_unit;
 }
+/* The exact residency of the kernel that runs the problem at its head dim (CUDA: the occupancy
+ * API; the d = 64 kernels hold 4), else resident_ctas. */
+static int32_t resident_exact(const pkv_context *ctx, const pkv_problem *p) {
+    const int di = p->head_dim == 64 ? 0 : p->head_dim == 128 ? 1 : p->head_dim == 256 ? 2 : -1;
+    if (ctx && di >= 0 && ctx->resident[di][p->num_qo_heads > 8 * p->num_kv_heads] > 0)
+        return ctx->resident[di][p->num_qo_heads > 8 * p->num_kv_heads];
+    return resident_ctas(ctx, p);
+}
 
 static void resolve_params(const pkv_plan_options *opts, int32_t parallelism, int32_t default_per_unit,
-                           int32_t resident, const pkv_problem *problem, const pkv_page_table *table,
+                           int32_t resident, int32_t resident_x, const pkv_problem *problem, const pkv_page_table *table,
                            plan_params *pp) {
     int32_t per_unit = opts->ctas_per_unit > 0 ? opts->ctas_per_unit : default_per_unit;
     if (resident < per_unit) resident = per_unit;
@@ -431,10 +436,12 @@ static void resolve_params(const pkv_plan_options *opts, int32_t parallelism, in
          * with 2 waves) */
         if (units >= 128)
             pp->P = (int64_t)parallelism * resident * 4;
-        else if (units >= 32) /* one wave of the resident tasks, the finest split that still runs in
-                               * one wave (H200: paper B8 ragged 2-3% faster, d64 B16 14-17%); not
-                               * for the bucketed baseline, whose phases each fill the wave */
-            pp->P_bucketed = pp->P, pp->P = (int64_t)parallelism * resident;
+        else if (units >= 32 && resident_x >= 4)
+            /* a kernel with small tiles (d = 64: 4 resident CTAs per SM) needs them all in flight:
+             * one wave of the resident tasks (H200: d64 B16 ragged 14-17% faster; the d = 128
+             * kernels gained 0-3% on B8 and lost 1-3% on B4, so they keep 2 per SM).  Not for the
+             * bucketed baseline, whose phases each fill the wave. */
+            pp->P_bucketed = pp->P, pp->P = (int64_t)parallelism * resident_x;
     } else if (opts->ctas_per_unit <= 0 && units > pp->P) {
         /* An even batch with more (row, KV head) pairs than one wave: unsplit, the last wave of
          * resident tasks R may run nearly empty (512 pairs on 396 resident CTAs: 1.3 waves in the
@@ -559,7 +566,7 @@ static pkv_route auto_rule(const plan_params *pp, const pkv_problem *p) {
     return PKV_ROUTE_FUSED;
 }
 
-static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t default_cpu, int32_t resident,
+static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t default_cpu, int32_t resident, int32_t resident_x,
                             const pkv_problem *problem,
                             const pkv_page_table *table, const pkv_plan_options *opts_in, pkv_plan *plan) {
     pkv_status st = pkv_check_problem(ctx, problem);
@@ -579,7 +586,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
     if (parallelism <= 0)
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "parallelism must be positive (set it in the options)");
     plan_params pp;
-    resolve_params(&opts, parallelism, default_cpu, resident, problem, table, &pp);
+    resolve_params(&opts, parallelism, default_cpu, resident, resident_x, problem, table, &pp);
 
     const int32_t B = table->batch_size, hkv = problem->num_kv_heads;
     plan->slots = pp.slots;
@@ -733,12 +740,13 @@ pkv_status pkv_plan_step(pkv_context *ctx, const pkv_problem *problem, const pkv
         st = ctx->ops->supports(ctx, problem);
         if (st != PKV_OK) return st;
     }
-    return plan_impl(ctx, ctx->parallelism, default_ctas(ctx), resident_ctas(ctx, problem), problem, table, opts, plan);
+    return plan_impl(ctx, ctx->parallelism, default_ctas(ctx), resident_ctas(ctx, problem), resident_exact(ctx, problem),
+                     problem, table, opts, plan);
 }
 
 pkv_status pkv_plan_step_host(const pkv_problem *problem, const pkv_page_table *table, const pkv_plan_options *opts,
                          pkv_plan *plan) {
-    return plan_impl(NULL, 0, 2, 2, problem, table, opts, plan);
+    return plan_impl(NULL, 0, 2, 2, 2, problem, table, opts, plan);
 }
 
 pkv_status pkv_workspace_size(pkv_context *ctx, const pkv_problem *problem, int32_t max_batch,
@@ -756,6 +764,7 @@ pkv_status pkv_workspace_size(pkv_context *ctx, const pkv_problem *problem, int3
     int64_t par = opts.parallelism > 0 ? opts.parallelism : (ctx ? ctx->parallelism : 0);
     if (par <= 0) return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "parallelism unknown: pass a context or set it");
     int64_t per = opts.ctas_per_unit > 0 ? opts.ctas_per_unit : default_ctas(ctx), res = resident_ctas(ctx, problem);
+    if (resident_exact(ctx, problem) > res) res = resident_exact(ctx, problem); /* bounds the one-wave P too */
     if (res < per || opts.ctas_per_unit > 0) res = per;
     /* up to 4 waves of the resident tasks for ragged batches unless ctas_per_unit is forced */
     int64_t P = par * res * (opts.ctas_per_unit > 0 ? 1 : 4), hkv = problem->num_kv_heads, G = problem->num_qo_heads / hkv;
@@ -807,7 +816,7 @@ pkv_status pkv_plan_route_terms(const pkv_problem *problem, const pkv_page_table
     if (opts->route == PKV_ROUTE_AUTO || opts->route == PKV_ROUTE_BUCKETED || opts->route < 0 || opts->route >= PKV_ROUTE_COUNT_)
         return pkv_fail(NULL, PKV_ERR_UNSUPPORTED, "terms without a plan exist for single, split, workqueue and fused");
     plan_params pp;
-    resolve_params(opts, opts->parallelism, default_per_unit, default_per_unit, problem, table, &pp);
+    resolve_params(opts, opts->parallelism, default_per_unit, default_per_unit, default_per_unit, problem, table, &pp);
     double t[TC_COUNT][PKV_COST_TERMS];
     candidate_terms(&pp, problem, table->seq_lens, table->batch_size, -1, t);
     int k = 0;
