@@ -35,7 +35,7 @@ import sys
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-POL = os.path.join(ROOT, "bench", "results", "policy")
+POL = os.path.join(ROOT, "bench", "results", "policy_172211f")
 CALIB = ["calibration"]
 HELDOUT = ["heldout_paper", "heldout_g8", "heldout_g7", "heldout_mha", "heldout_d256", "heldout_d64"]
 CANDIDATES = ("single", "fused", "split", "workqueue")  # the planner's tie order: earlier wins
