@@ -285,6 +285,32 @@ int main(void) {
             if (mi == 1) CHECK(picked == PKV_ROUTE_SINGLE);
         }
     }
+    /* the planner's wave from the kernel's residency: a (fake) kernel holding 6 CTAs per unit gets
+     * one wave of them for a ragged batch of 32-127 (row, KV head) pairs, 4 per unit (the CPU
+     * backend's wave) below 32 pairs and for the bucketed baseline */
+    {
+        pkv_plan_options a;
+        pkv_plan_options_default(&a);
+        a.parallelism = 132;
+        a.route = PKV_ROUTE_WORKQUEUE;
+        ctx->resident[1][0] = 6;
+        for (int i = 0; i < 8; i++) lens[i] = i % 2 ? 30000 : 2000; /* 8 rows x 8 KV heads: 64 pairs, ragged */
+        table_for(lens, 8, 16, indptr, &t);
+        CHECK_OK(pkv_plan_step(ctx, &p, &t, &a, plan));
+        const int32_t wide = pkv_plan_num_tasks(plan);
+        CHECK_MSG(wide > 132 * 4 && wide <= 132 * 6, "64 ragged pairs: %d tasks, expected (528, 792]", wide);
+        a.route = PKV_ROUTE_BUCKETED;
+        CHECK_OK(pkv_plan_step(ctx, &p, &t, &a, plan));
+        const pkv_phase *ph = pkv_plan_phases(plan);
+        for (int32_t k = 0; k < pkv_plan_num_phases(plan); k++)
+            CHECK_MSG(ph[k].task_end - ph[k].task_begin <= 132 * 4 + 8 * 8, "bucket %d: %d tasks", k,
+                      ph[k].task_end - ph[k].task_begin);
+        a.route = PKV_ROUTE_WORKQUEUE;
+        table_for(lens, 3, 16, indptr, &t); /* 24 pairs */
+        CHECK_OK(pkv_plan_step(ctx, &p, &t, &a, plan));
+        CHECK_MSG(pkv_plan_num_tasks(plan) <= 132 * 4, "24 ragged pairs: %d tasks", pkv_plan_num_tasks(plan));
+        ctx->resident[1][0] = 0;
+    }
     /* decision cost of auto with a model, B = 128 (reported, not asserted: timings are not tests):
      * auto's plan time minus the plan time of the route it chose */
     CHECK_OK(pkv_context_set_cost_model(ctx, &models[2]));
