@@ -392,6 +392,7 @@ static void compute_counters(pkv_plan *plan) {
 static int32_t default_ctas(const pkv_context *ctx) { return ctx ? ctx->ctas_per_unit : 2; }
 static int32_t resident_ctas(const pkv_context *ctx, const pkv_problem *p) {
     if (!ctx) return 2;
+    if (!p) return ctx->ctas_per_unit; /* plan_impl reports the NULL problem */
     if (ctx->ctas_per_unit_light > 0 && p->num_qo_heads <= 8 * p->num_kv_heads && p->head_dim <= 128)
         return ctx->ctas_per_unit_light;
     return ctx->ctas_per_unit;
@@ -399,6 +400,7 @@ static int32_t resident_ctas(const pkv_context *ctx, const pkv_problem *p) {
 /* The exact residency of the kernel that runs the problem at its head dim (CUDA: the occupancy
  * API; the d = 64 kernels hold 4), else resident_ctas. */
 static int32_t resident_exact(const pkv_context *ctx, const pkv_problem *p) {
+    if (!p) return resident_ctas(ctx, p);
     const int di = p->head_dim == 64 ? 0 : p->head_dim == 128 ? 1 : p->head_dim == 256 ? 2 : -1;
     if (ctx && di >= 0 && ctx->resident[di][p->num_qo_heads > 8 * p->num_kv_heads] > 0)
         return ctx->resident[di][p->num_qo_heads > 8 * p->num_kv_heads];
