@@ -64,10 +64,18 @@ static void roofline_parts(const double t[PKV_COST_TERMS], double rho, double p,
         }
     }
     const double Y = rho * L;
+    /* the fit's exponents without pow() (the policy's decision runs this four times per step) */
+    const double X2 = X * X, Y2 = Y * Y;
     if (p <= 0)
         *stream = X > Y ? X : Y;
+    else if (p == 2.0)
+        *stream = sqrt(X2 + Y2);
     else if (p == 3.0)
-        *stream = cbrt(X * X * X + Y * Y * Y);
+        *stream = cbrt(X2 * X + Y2 * Y);
+    else if (p == 4.0)
+        *stream = sqrt(sqrt(X2 * X2 + Y2 * Y2));
+    else if (p == 6.0)
+        *stream = cbrt(sqrt(X2 * X2 * X2 + Y2 * Y2 * Y2));
     else
         *stream = pow(pow(X, p) + pow(Y, p), 1.0 / p);
     *idle = w > 1.0 ? (1.0 - n_last / R) * mb * R / N : 0.0;
