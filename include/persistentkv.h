@@ -325,10 +325,13 @@ pkv_status pkv_cost_model_fit(int32_t n, const double *terms, const double *us, 
 pkv_status pkv_cost_model_save(const pkv_cost_model *m, const char *path);
 pkv_status pkv_cost_model_load(const char *path, pkv_cost_model *m);
 /* PKV_ROUTE_AUTO with a model set computes each candidate route's terms (single, split, workqueue,
- * fused; one O(B) pass, no plan built) and keeps the one with the lowest predicted time.  The CUDA
- * backend sets pkv_cost_model_default for its device at context creation, and the policy file
- * named by PKV_POLICY when that is set; NULL clears the model, and auto then uses the documented
- * rule of pkv_plan_step.  The context copies the model. */
+ * fused; one O(B) pass, no plan built) and keeps the one with the lowest predicted time (the rule's
+ * route when no prediction is finite).  The CUDA backend sets pkv_cost_model_default for its device
+ * at context creation; PKV_POLICY=file replaces it with a policy file on contexts of the backend
+ * the file was measured on (cuda_version > 0: CUDA, else CPU), and a file that does not load or
+ * was measured with another parallelism fails the context's creation.  NULL clears the model, and
+ * auto then uses the documented rule of pkv_plan_step.  The context copies the model; a model
+ * needs finite coefficients >= 0, rho > 0 and p = 0 (max) or in [1, 16]. */
 pkv_status pkv_context_set_cost_model(pkv_context *ctx, const pkv_cost_model *m);
 /* Copies the model auto uses on this context into *m: 1, or 0 when none is set. */
 int pkv_context_get_cost_model(const pkv_context *ctx, pkv_cost_model *m);

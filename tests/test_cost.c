@@ -208,15 +208,39 @@ int main(void) {
     CHECK(strcmp(back.device, "synthetic GPU") == 0 && back.parallelism == 132 && back.samples == n);
     for (int k = 0; k < PKV_COST_COEFS; k++) CHECK(fabs(back.coef[k] - fit.coef[k]) <= 1e-8 * (1 + fabs(fit.coef[k])));
     CHECK_STATUS(pkv_cost_model_load("/nonexistent/x.policy", &back), PKV_ERR_IO);
+    /* a complete body, then each way of breaking it */
+    static const char good[] = "persistentkv-policy 2\nparallelism = 4\nconst_us = 0\nlaunch_us = 6\n"
+                               "fused_merge_us_per_mb = 100\nmerge_us_per_mb = 0\nus_per_mb = 0.22\n"
+                               "idle_us_per_mb = 0.09\nrho_mb_per_token = 0.08\n";
+    char body[1024];
+    snprintf(body, sizeof body, "%ssoftmax_p = 3\n", good);
+    {
+        FILE *f = fopen(bad, "w");
+        fputs(body, f);
+        fclose(f);
+        CHECK_OK(pkv_cost_model_load(bad, &back));
+    }
     const char *bodies[] = {"not a policy\n",
                             "persistentkv-policy 1\nconst_us = 1\n", /* the linear model's files: refused */
                             "persistentkv-policy 2\nconst_us = 1\n",
                             "persistentkv-policy 2\nconst_us = x\n",
                             "persistentkv-policy 2\nwhat = 1\n",
-                            "persistentkv-policy 2\nconst_us = -1\n"};
+                            "persistentkv-policy 2\nconst_us = -1\n",
+                            "softmax_p = 1000\n",           /* overflows the soft max */
+                            "softmax_p = 3\nconst_us = 1\n", /* a key twice */
+                            "softmax_p = 3\nparallelism = 1e12\n",
+                            "softmax_p = 3\nparallelism = 2.5\n"};
     for (size_t i = 0; i < sizeof bodies / sizeof bodies[0]; i++) {
         FILE *f = fopen(bad, "w");
+        if (strncmp(bodies[i], "persistentkv", 12) != 0) fputs(good, f);
         fputs(bodies[i], f);
+        fclose(f);
+        CHECK_MSG(pkv_cost_model_load(bad, &back) == PKV_ERR_PARSE, "body %zu loaded", i);
+    }
+    {
+        FILE *f = fopen(bad, "w"); /* no parallelism */
+        fputs("persistentkv-policy 2\nconst_us = 0\nlaunch_us = 6\nfused_merge_us_per_mb = 100\nmerge_us_per_mb = 0\n"
+              "us_per_mb = 0.22\nidle_us_per_mb = 0.09\nrho_mb_per_token = 0.08\nsoftmax_p = 3\n", f);
         fclose(f);
         CHECK_STATUS(pkv_cost_model_load(bad, &back), PKV_ERR_PARSE);
     }
@@ -231,12 +255,24 @@ int main(void) {
     setenv("PKV_POLICY", bad, 1);
     CHECK_STATUS(pkv_context_create(&cc, &ctx), PKV_ERR_PARSE);
     CHECK(ctx == NULL && strstr(pkv_last_error(), "PKV_POLICY") != NULL);
+    CHECK_MSG(strstr(strstr(pkv_last_error(), "parse error") + 1, "parse error") == NULL, "status twice: %s",
+              pkv_last_error());
+    fit.cuda_version = 13000; /* measured on a GPU: a CPU context keeps the rule */
+    fit.parallelism = 132;
+    CHECK_OK(pkv_cost_model_save(&fit, path));
+    setenv("PKV_POLICY", path, 1);
+    CHECK_OK(pkv_context_create(&cc, &ctx));
+    CHECK(pkv_context_get_cost_model(ctx, &got) == 0);
+    pkv_context_free(ctx);
+    ctx = NULL;
+    fit.cuda_version = 0;
+    CHECK_OK(pkv_cost_model_save(&fit, path));
     setenv("PKV_POLICY", path, 1); /* measured with 132, this context has 4 threads */
     CHECK_STATUS(pkv_context_create(&cc, &ctx), PKV_ERR_INVALID_ARGUMENT);
     fit.parallelism = 4;
     CHECK_OK(pkv_cost_model_save(&fit, path));
     CHECK_OK(pkv_context_create(&cc, &ctx));
-    CHECK(pkv_context_get_cost_model(ctx, &got) == 1 && got.coef[PKV_COEF_RHO] == back.coef[PKV_COEF_RHO]);
+    CHECK(pkv_context_get_cost_model(ctx, &got) == 1 && fabs(got.coef[PKV_COEF_RHO] - fit.coef[PKV_COEF_RHO]) < 1e-8 * fit.coef[PKV_COEF_RHO]);
     pkv_context_free(ctx);
     ctx = NULL;
     unsetenv("PKV_POLICY");
@@ -260,6 +296,20 @@ int main(void) {
     models[0].coef[PKV_COEF_RHO] = 0;
     CHECK_STATUS(pkv_context_set_cost_model(ctx, &models[0]), PKV_ERR_INVALID_ARGUMENT);
     models[0].coef[PKV_COEF_RHO] = 0.05;
+    models[0].coef[PKV_COEF_P] = 100;
+    CHECK_STATUS(pkv_context_set_cost_model(ctx, &models[0]), PKV_ERR_INVALID_ARGUMENT);
+    models[0].coef[PKV_COEF_P] = 3;
+    { /* finite constants whose predictions overflow: auto still plans a real route (the rule's) */
+        pkv_cost_model huge = models[0];
+        huge.coef[PKV_COEF_LAUNCH_US] = 1e308;
+        huge.coef[PKV_COEF_US_PER_MB] = 1e308;
+        CHECK_OK(pkv_context_set_cost_model(ctx, &huge));
+        table_for(lens, 4, 16, indptr, &t);
+        pkv_plan_options a;
+        pkv_plan_options_default(&a);
+        CHECK_OK(pkv_plan_step(ctx, &p, &t, &a, plan));
+        CHECK(pkv_plan_route(plan) != PKV_ROUTE_AUTO);
+    }
     for (int mi = 0; mi < 3; mi++) {
         CHECK_OK(pkv_context_set_cost_model(ctx, &models[mi]));
         for (int k = 0; k < 20; k++) {

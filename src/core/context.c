@@ -2,6 +2,7 @@
 #include "internal.h"
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <stdint.h>
@@ -37,16 +38,22 @@ pkv_status pkv_context_create(const pkv_context_config *cfg, pkv_context **out) 
     pkv_status st = kind == PKV_BACKEND_CUDA ? pkv_cuda_backend_init(ctx, cfg->device)
                                              : pkv_cpu_backend_init(ctx, cfg->num_threads);
     const char *policy = getenv("PKV_POLICY");
-    if (st == PKV_OK && policy && policy[0]) { /* the policy file of this GPU (`pkv calibrate`) */
+    if (st == PKV_OK && policy && policy[0]) {
+        /* the policy file of this GPU (`pkv calibrate`): it applies to the backend it was measured
+         * on (a CUDA runtime version: CUDA contexts; none: CPU contexts), others keep theirs */
         pkv_cost_model m;
         st = pkv_cost_model_load(policy, &m);
-        if (st == PKV_OK && m.parallelism != ctx->parallelism)
-            st = pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, "PKV_POLICY %s was measured with parallelism %d, this %s has %d",
-                          policy, m.parallelism, ctx->device_name, ctx->parallelism);
-        if (st == PKV_OK) st = pkv_context_set_cost_model(ctx, &m);
+        const bool applies = st == PKV_OK && (m.cuda_version > 0) == (kind == PKV_BACKEND_CUDA);
+        if (applies && m.parallelism != ctx->parallelism)
+            st = pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, "%s was measured with parallelism %d, this %s has %d", policy,
+                          m.parallelism, ctx->device_name, ctx->parallelism);
+        if (applies && st == PKV_OK) st = pkv_context_set_cost_model(ctx, &m);
         if (st != PKV_OK) { /* the reason, on the context (copied thread-locally) for the clean-up below */
             char msg[400];
-            snprintf(msg, sizeof msg, "%s", pkv_last_error());
+            const char *why = pkv_last_error(), *prefix = pkv_status_string(st);
+            const size_t n = strlen(prefix);
+            if (strncmp(why, prefix, n) == 0 && why[n] == ':' && why[n + 1] == ' ') why += n + 2;
+            snprintf(msg, sizeof msg, "%s", why);
             pkv_fail(ctx, st, "PKV_POLICY: %s", msg);
         }
     }

@@ -91,7 +91,7 @@ double pkv_cost_predict(const pkv_cost_model *m, const double t[PKV_COST_TERMS])
 }
 
 void pkv_cost_model_default(pkv_cost_model *m, int32_t parallelism, double read_gbps, double launch_us) {
-    memset(m, 0, sizeof m->coef);
+    memset(m, 0, sizeof *m);
     m->version = 2;
     m->parallelism = parallelism;
     m->cuda_version = 0;
@@ -212,6 +212,7 @@ pkv_status pkv_cost_model_fit(int32_t n, const double *terms, const double *us, 
                 active[worst] = 0;
             }
             if (!ok) continue;
+            for (int k = 0; k < NCOL; k++) coef[k] = coef[k] > 0 ? coef[k] : 0.0; /* an unfinished elimination */
             double err = 0;
             for (int32_t i = 0; i < n; i++) {
                 double pred = 0;
@@ -247,6 +248,21 @@ pkv_status pkv_cost_model_fit(int32_t n, const double *terms, const double *us, 
     m->samples = n;
     m->version = 2;
     return PKV_OK;
+}
+
+/* Why a model cannot drive the policy (NULL: it can): coefficients finite and >= 0, rho > 0, and
+ * p 0 (max) or in [1, 16] (larger exponents overflow the soft max). */
+static const char *model_invalid(const pkv_cost_model *m) {
+    static char why[96];
+    for (int k = 0; k < PKV_COST_COEFS; k++)
+        if (!(m->coef[k] >= 0) || !isfinite(m->coef[k])) {
+            snprintf(why, sizeof why, "coefficient %s is negative or not finite", coef_names[k]);
+            return why;
+        }
+    if (!(m->coef[PKV_COEF_RHO] > 0)) return "rho_mb_per_token must be positive";
+    const double p = m->coef[PKV_COEF_P];
+    if (p != 0 && !(p >= 1 && p <= 16)) return "softmax_p must be 0 (max) or in [1, 16]";
+    return NULL;
 }
 
 pkv_status pkv_cost_model_save(const pkv_cost_model *m, const char *path) {
@@ -299,11 +315,25 @@ pkv_status pkv_cost_model_load(const char *path, pkv_cost_model *m) {
             st = pkv_fail(NULL, PKV_ERR_PARSE, "%s:%d: '%s' is not a number", path, lineno, val);
             break;
         }
-        if (strcmp(key, "parallelism") == 0) r.parallelism = (int32_t)x;
-        else if (strcmp(key, "cuda_version") == 0) r.cuda_version = (int32_t)x;
-        else if (strcmp(key, "samples") == 0) r.samples = (int32_t)x;
-        else if (strcmp(key, "rms_us") == 0) r.rms_us = x;
-        else {
+        static const char *const ints[3] = {"parallelism", "cuda_version", "samples"};
+        int ik = 0;
+        while (ik < 3 && strcmp(key, ints[ik]) != 0) ik++;
+        if (ik < 3) {
+            if (x < 0 || x > INT32_MAX || x != floor(x)) {
+                st = pkv_fail(NULL, PKV_ERR_PARSE, "%s:%d: '%s' must be a non-negative integer", path, lineno, key);
+                break;
+            }
+            if (seen & (1 << (PKV_COST_COEFS + ik))) {
+                st = pkv_fail(NULL, PKV_ERR_PARSE, "%s:%d: '%s' appears twice", path, lineno, key);
+                break;
+            }
+            seen |= 1 << (PKV_COST_COEFS + ik);
+            if (ik == 0) r.parallelism = (int32_t)x;
+            else if (ik == 1) r.cuda_version = (int32_t)x;
+            else r.samples = (int32_t)x;
+        } else if (strcmp(key, "rms_us") == 0) {
+            r.rms_us = x;
+        } else {
             int k = 0;
             while (k < PKV_COST_COEFS && strcmp(key, coef_names[k]) != 0) k++;
             if (k == PKV_COST_COEFS) {
@@ -314,6 +344,10 @@ pkv_status pkv_cost_model_load(const char *path, pkv_cost_model *m) {
                 st = pkv_fail(NULL, PKV_ERR_PARSE, "%s:%d: coefficient '%s' is negative", path, lineno, key);
                 break;
             }
+            if (seen & (1 << k)) {
+                st = pkv_fail(NULL, PKV_ERR_PARSE, "%s:%d: '%s' appears twice", path, lineno, key);
+                break;
+            }
             r.coef[k] = x;
             seen |= 1 << k;
         }
@@ -321,8 +355,12 @@ pkv_status pkv_cost_model_load(const char *path, pkv_cost_model *m) {
     fclose(f);
     if (st != PKV_OK) return st;
     if (r.version != 2) return pkv_fail(NULL, PKV_ERR_PARSE, "'%s' is empty", path);
-    if (seen != (1 << PKV_COST_COEFS) - 1) return pkv_fail(NULL, PKV_ERR_PARSE, "'%s' lacks coefficients", path);
-    if (r.coef[PKV_COEF_RHO] <= 0) return pkv_fail(NULL, PKV_ERR_PARSE, "'%s': rho_mb_per_token must be positive", path);
+    if ((seen & ((1 << PKV_COST_COEFS) - 1)) != (1 << PKV_COST_COEFS) - 1)
+        return pkv_fail(NULL, PKV_ERR_PARSE, "'%s' lacks coefficients", path);
+    if (!(seen & (1 << PKV_COST_COEFS)) || r.parallelism <= 0)
+        return pkv_fail(NULL, PKV_ERR_PARSE, "'%s' lacks a positive parallelism (the SMs it was measured on)", path);
+    const char *why = model_invalid(&r);
+    if (why) return pkv_fail(NULL, PKV_ERR_PARSE, "'%s': %s", path, why);
     *m = r;
     return PKV_OK;
 }
@@ -333,10 +371,8 @@ pkv_status pkv_context_set_cost_model(pkv_context *ctx, const pkv_cost_model *m)
         ctx->has_cost_model = false;
         return PKV_OK;
     }
-    for (int k = 0; k < PKV_COST_COEFS; k++)
-        if (!(m->coef[k] >= 0) || !isfinite(m->coef[k]))
-            return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "cost coefficient %s is negative or not finite", coef_names[k]);
-    if (!(m->coef[PKV_COEF_RHO] > 0)) return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "rho_mb_per_token must be positive");
+    const char *why = model_invalid(m);
+    if (why) return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "cost model: %s", why);
     ctx->cost_model = *m;
     ctx->has_cost_model = true;
     return PKV_OK;

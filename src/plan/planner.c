@@ -424,7 +424,7 @@ static void resolve_params(const pkv_plan_options *opts, int32_t parallelism, in
     if (resident < per_unit) resident = per_unit;
     pp->P = (int64_t)parallelism * per_unit;
     pp->P_bucketed = 0;
-    pp->slots = (int64_t)parallelism * resident;
+    pp->slots = (int64_t)parallelism * (resident_x > resident ? resident_x : resident);
     int32_t min_tokens = opts->min_chunk_tokens > 0 ? opts->min_chunk_tokens : 128;
     pp->min_chunk_pages = (int32_t)ceil_div(min_tokens, problem->page_size);
     pp->max_splits = opts->max_splits > 0 ? opts->max_splits : 256;
@@ -619,9 +619,10 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
         candidate_terms(&pp, problem, lens, B, wq_chunk, t);
         static const int pref[TC_COUNT] = {TC_SINGLE, TC_FUSED, TC_SPLIT, TC_WORKQUEUE}; /* ties: the simpler */
         double best_us = INFINITY;
+        route = auto_rule(&pp, problem); /* kept if no prediction is finite */
         for (int k = 0; k < TC_COUNT; k++) {
             const double us = pkv_cost_predict(&ctx->cost_model, t[pref[k]]);
-            if (us < best_us) {
+            if (us < best_us) { /* false for NaN */
                 best_us = us;
                 route = term_routes[pref[k]];
             }
