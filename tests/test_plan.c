@@ -262,6 +262,28 @@ static bool check_rules(int case_id, const pkv_problem *pb, const batch *b, cons
                 break;
             }
         if (any_split && opts->chunk_pages <= 0) RULE(nt <= P, "workqueue made %d tasks for a wave of %lld", nt, (long long)P);
+        if (any_split && opts->chunk_pages <= 0) { /* and the chunk is the smallest that fits (brute force) */
+            const int32_t ps = pb->page_size;
+            int64_t chunk = 0, max_pages = 0;
+            for (int32_t k = 0; k < nt; k++) {
+                const int64_t pg = (tasks[k].tok_end - tasks[k].tok_begin + ps - 1) / ps;
+                chunk = pg > chunk ? pg : chunk;
+            }
+            for (int32_t i = 0; i < B; i++) {
+                const int64_t pg = (b->lens[i] + ps - 1) / ps;
+                max_pages = pg > max_pages ? pg : max_pages;
+            }
+            const int64_t min_chunk = ((opts->min_chunk_tokens > 0 ? opts->min_chunk_tokens : 128) + ps - 1) / ps;
+            const int64_t max_splits = opts->max_splits > 0 ? opts->max_splits : 256;
+            int64_t lo = (max_pages + max_splits - 1) / max_splits;
+            lo = lo > min_chunk ? lo : min_chunk;
+            if (chunk > lo) {
+                int64_t count = 0;
+                for (int32_t i = 0; i < B; i++) count += ((b->lens[i] + ps - 1) / ps + chunk - 2) / (chunk - 1);
+                RULE(count * hkv > P, "workqueue chunk %lld pages: %lld would also fit the wave of %lld", (long long)chunk,
+                     (long long)(chunk - 1), (long long)P);
+            }
+        }
     }
     if (route == PKV_ROUTE_SPLIT) {
         RULE(nph == 1, "split has %d phases", nph);
