@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # policy_data.sh OUT_DIR - the adaptive policy's measurements on a GPU, in one run: the live
-# calibration (`pkv calibrate --backend cuda`, seed 20260622: fits and writes OUT_DIR/policy), then
+# calibration (every route on the seed-20260622 traces of the shapes in PKV_CALIB_SHAPES, default
+# paper d64 d256 g7, then `pkv calibrate --from-json` over all: OUT_DIR/policy), then
 # every route on the held-out traces (seeds 20260623..27, five families, B 1..128, paper shape;
 # the other shapes of workloads.md on seed 20260623, B 1, 4, 16, 64) with auto following the live
 # policy (as PKV_POLICY=OUT_DIR/policy would), JSON per set; then the offline replay of that policy
@@ -16,10 +17,17 @@ if [ ! -x "$build/pkv" ]; then
 fi
 export PKV_COMMIT=${PKV_COMMIT:-$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 status=0
-echo "== live calibration (seed 20260622)"
-"$build/pkv" calibrate --backend cuda --reps 30 --out "$out/policy" --json "$out/calibration.json" \
-  >"$out/calibration.md" 2>>"$out/bench.log" || status=1
-grep -E "calibrated on" "$out/calibration.md"
+echo "== live calibration (seed 20260622; shapes ${PKV_CALIB_SHAPES:-paper d64 d256 g7})"
+# every route on the calibration traces of each shape (one head dim and group size per shape, so
+# the fit sees how the merge and the tiles scale), then one fit over all of them
+cal=""
+for sh in ${PKV_CALIB_SHAPES:-paper d64 d256 g7}; do
+  "$build/pkv" bench --backend cuda --calibration-set --shape "$sh" --reps 30 --no-check --quiet \
+    --json "$out/calibration_$sh.json" >"$out/calibration_$sh.md" 2>>"$out/bench.log" || status=1
+  cal="$cal${cal:+,}$out/calibration_$sh.json"
+done
+"$build/pkv" calibrate --from-json "$cal" --out "$out/policy" >"$out/calibration.md" 2>>"$out/bench.log" || status=1
+grep -E "^fit on" "$out/calibration.md"
 m="--backend cuda --heldout-set --no-check --reps 20 --warmup 3 --wall-reps 3 --quiet --policy $out/policy"
 echo "== held-out traces, paper shape (5 seeds, B 1..128)"
 "$build/pkv" bench $m --json "$out/heldout_paper.json" >"$out/heldout_paper.md" 2>>"$out/bench.log" || status=1
