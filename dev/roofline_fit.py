@@ -35,6 +35,8 @@ import sys
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from policy_rule_eval import row_key, rule  # noqa: E402  (the same row keys and rule mirror)
 POL = os.path.join(ROOT, "bench", "results", "policy_172211f")
 CALIB = ["calibration"]
 HELDOUT = ["heldout_paper", "heldout_g8", "heldout_g7", "heldout_mha", "heldout_d256", "heldout_d64"]
@@ -45,19 +47,6 @@ LINEAR_H200_172211F = (0.0, 0.0, 0.166710226, 28.4130958, 12.6336223, 150.846732
 
 
 # ---- data ------------------------------------------------------------------------------------------
-def row_key(shape, args):
-    out, skip = [], False
-    for tok in args.split():
-        if skip:
-            skip = False
-            continue
-        if tok in ("--seed", "--step"):
-            skip = True
-            continue
-        out.append(tok)
-    return shape + " " + " ".join(out)
-
-
 def features(sh, sms, r):
     hkv, d = sh["num_kv_heads"], sh["head_dim"]
     G = sh["num_qo_heads"] // hkv
@@ -168,18 +157,6 @@ def fit(design, pgrid, samples):
 
 
 # ---- evaluation (as bench/policy_rule_eval.py) ----------------------------------------------------
-def rule(R):
-    lens = [n for n in R["single"]["lens"] if n > 0]
-    if not lens:
-        return "fused"
-    ragged = 4 * max(lens) * len(lens) > 5 * sum(lens)
-    if R["auto"]["route_used"] == "single":
-        return "workqueue" if ragged else "single"
-    if len(lens) == 1 and lens[0] >= 4096:
-        return "workqueue"
-    return "fused"
-
-
 def evaluate(steps, pick):
     rows = collections.defaultdict(list)
     for s in steps:
