@@ -151,8 +151,7 @@ static int32_t choose_workqueue_chunk(const plan_params *pp, const pkv_problem *
     int32_t hi = max_pages;
     /* cost(hi) = the non-empty rows may exceed P (many rows): then no split at all. */
     if (pp->nonempty * p->num_kv_heads > pp->P) return max_pages;
-    /* divisions by reciprocal (exact, see candidate_terms), and each count stops as soon as it
-     * exceeds the wave */
+    /* divisions by reciprocal (exact, see candidate_terms) */
     const int64_t budget = pp->P / p->num_kv_heads;
     const double inv_ps = 1.0 / p->page_size, ps_up = p->page_size - 0.5;
     /* bounds from sum(pages) / c <= cost(c) <= sum(pages) / c + rows (one O(B) pass for the pages
@@ -166,28 +165,15 @@ static int32_t choose_workqueue_chunk(const plan_params *pp, const pkv_problem *
         const int64_t hi_sum = ceil_div(sum_pages, budget - pp->nonempty);
         if (hi_sum < hi && hi_sum >= lo) hi = (int32_t)hi_sum;
     }
-    if (B <= 256) { /* the pages once; each count is then a branch-free, vectorisable pass */
-        double pg[256];
-        for (int32_t i = 0; i < B; i++) pg[i] = (double)(int64_t)((lens[i] + ps_up) * inv_ps);
-        while (lo < hi) {
-            const int32_t mid = lo + (hi - lo) / 2;
-            const double inv_mid = 1.0 / mid, mid_up = mid - 0.5;
-            int32_t cost = 0; /* mid >= sum / budget: cost <= budget + B, no overflow */
-            for (int32_t i = 0; i < B; i++) cost += (int32_t)((pg[i] + mid_up) * inv_mid);
-            if (cost <= budget)
-                hi = (int32_t)mid;
-            else
-                lo = (int32_t)mid + 1;
-        }
-        return lo;
-    }
+    /* each count is a branch-free int32 pass the compiler vectorises: mid >= sum / budget, so the
+     * count stays below budget + B, and a row's pages fit in int32 (the indptr does) */
     while (lo < hi) {
         const int32_t mid = lo + (hi - lo) / 2;
         const double inv_mid = 1.0 / mid, mid_up = mid - 0.5;
-        int64_t cost = 0;
-        for (int32_t i = 0; i < B && cost <= budget; i++) {
-            const double pages = (double)(int64_t)((lens[i] + ps_up) * inv_ps);
-            cost += (int64_t)((pages + mid_up) * inv_mid);
+        int32_t cost = 0;
+        for (int32_t i = 0; i < B; i++) {
+            const double pages = (double)(int32_t)((lens[i] + ps_up) * inv_ps);
+            cost += (int32_t)((pages + mid_up) * inv_mid);
         }
         if (cost <= budget)
             hi = (int32_t)mid;
