@@ -250,19 +250,25 @@ pkv_status pkv_cost_model_fit(int32_t n, const double *terms, const double *us, 
     return PKV_OK;
 }
 
-/* Why a model cannot drive the policy (NULL: it can): coefficients finite and >= 0, rho > 0, and
- * p 0 (max) or in [1, 16] (larger exponents overflow the soft max). */
-static const char *model_invalid(const pkv_cost_model *m) {
-    static char why[96];
+/* Why a model cannot drive the policy, written to why (false: it can): coefficients finite and
+ * >= 0, rho > 0, and p 0 (max) or in [1, 16] (larger exponents overflow the soft max).  The
+ * caller's buffer: contexts may be configured from several threads. */
+static bool model_invalid(const pkv_cost_model *m, char *why, size_t cap) {
     for (int k = 0; k < PKV_COST_COEFS; k++)
         if (!(m->coef[k] >= 0) || !isfinite(m->coef[k])) {
-            snprintf(why, sizeof why, "coefficient %s is negative or not finite", coef_names[k]);
-            return why;
+            snprintf(why, cap, "coefficient %s is negative or not finite", coef_names[k]);
+            return true;
         }
-    if (!(m->coef[PKV_COEF_RHO] > 0)) return "rho_mb_per_token must be positive";
+    if (!(m->coef[PKV_COEF_RHO] > 0)) {
+        snprintf(why, cap, "rho_mb_per_token must be positive");
+        return true;
+    }
     const double p = m->coef[PKV_COEF_P];
-    if (p != 0 && !(p >= 1 && p <= 16)) return "softmax_p must be 0 (max) or in [1, 16]";
-    return NULL;
+    if (p != 0 && !(p >= 1 && p <= 16)) {
+        snprintf(why, cap, "softmax_p must be 0 (max) or in [1, 16]");
+        return true;
+    }
+    return false;
 }
 
 pkv_status pkv_cost_model_save(const pkv_cost_model *m, const char *path) {
@@ -359,8 +365,8 @@ pkv_status pkv_cost_model_load(const char *path, pkv_cost_model *m) {
         return pkv_fail(NULL, PKV_ERR_PARSE, "'%s' lacks coefficients", path);
     if (!(seen & (1 << PKV_COST_COEFS)) || r.parallelism <= 0)
         return pkv_fail(NULL, PKV_ERR_PARSE, "'%s' lacks a positive parallelism (the SMs it was measured on)", path);
-    const char *why = model_invalid(&r);
-    if (why) return pkv_fail(NULL, PKV_ERR_PARSE, "'%s': %s", path, why);
+    char why[96];
+    if (model_invalid(&r, why, sizeof why)) return pkv_fail(NULL, PKV_ERR_PARSE, "'%s': %s", path, why);
     *m = r;
     return PKV_OK;
 }
@@ -371,8 +377,8 @@ pkv_status pkv_context_set_cost_model(pkv_context *ctx, const pkv_cost_model *m)
         ctx->has_cost_model = false;
         return PKV_OK;
     }
-    const char *why = model_invalid(m);
-    if (why) return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "cost model: %s", why);
+    char why[96];
+    if (model_invalid(m, why, sizeof why)) return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "cost model: %s", why);
     ctx->cost_model = *m;
     ctx->has_cost_model = true;
     return PKV_OK;
