@@ -764,7 +764,8 @@ pkv_status pkv_workspace_size(pkv_context *ctx, const pkv_problem *problem, int3
     int64_t par = opts.parallelism > 0 ? opts.parallelism : (ctx ? ctx->parallelism : 0);
     if (par <= 0) return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "parallelism unknown: pass a context or set it");
     int64_t per = opts.ctas_per_unit > 0 ? opts.ctas_per_unit : default_ctas(ctx), res = resident_ctas(ctx, problem);
-    if (resident_exact(ctx, problem) > res) res = resident_exact(ctx, problem); /* bounds the one-wave P too */
+    const int64_t res_x = resident_exact(ctx, problem);
+    if (res_x > res) res = res_x; /* bounds the one-wave P too */
     if (res < per || opts.ctas_per_unit > 0) res = per;
     /* up to 4 waves of the resident tasks for ragged batches unless ctas_per_unit is forced */
     int64_t P = par * res * (opts.ctas_per_unit > 0 ? 1 : 4), hkv = problem->num_kv_heads, G = problem->num_qo_heads / hkv;
