@@ -361,6 +361,50 @@ int main(void) {
         CHECK_MSG(pkv_plan_num_tasks(plan) <= 132 * 4, "24 ragged pairs: %d tasks", pkv_plan_num_tasks(plan));
         ctx->resident[1][0] = 0;
     }
+    /* auto's wave: with fewer (row, KV head) pairs than resident slots, the split routes are also
+     * weighed at one wave of k = 2 .. resident tasks per unit; the pick's prediction is at most
+     * every route's at every such wave (forced by ctas_per_unit), and on ragged B <= 16 steps the
+     * device defaults pick a wave other than the planner's in some step (else the search is off) */
+    {
+        pkv_cost_model dev;
+        pkv_cost_model_default(&dev, 132, 4600, 3);
+        CHECK_OK(pkv_context_set_cost_model(ctx, &dev));
+        ctx->resident[1][0] = 3;
+        int other_wave = 0;
+        for (int k = 0; k < 30; k++) {
+            const int32_t B = 2 + (int32_t)pkv_rng_uniform_int(&r, 0, 14);
+            for (int i = 0; i < B; i++)
+                lens[i] = (int32_t)(i % 4 == 0 ? pkv_rng_uniform_int(&r, 16384, 65536) : pkv_rng_uniform_int(&r, 256, 8192));
+            table_for(lens, B, 16, indptr, &t);
+            pkv_plan_options a;
+            pkv_plan_options_default(&a);
+            a.parallelism = 132;
+            CHECK_OK(pkv_plan_step(ctx, &p, &t, &a, plan));
+            double tm[PKV_COST_TERMS];
+            CHECK_OK(pkv_cost_terms(plan, tm));
+            const double chosen = pkv_cost_predict(&dev, tm);
+            const pkv_route picked = pkv_plan_route(plan);
+            const int32_t picked_tasks = pkv_plan_num_tasks(plan);
+            a.route = picked;
+            CHECK_OK(pkv_plan_step(ctx, &p, &t, &a, plan));
+            other_wave += pkv_plan_num_tasks(plan) != picked_tasks;
+            for (int cpu = 0; cpu <= 3; cpu++) {
+                if (cpu == 1) continue;
+                a.ctas_per_unit = cpu; /* 0: the planner's wave */
+                for (int route = PKV_ROUTE_SINGLE; route <= PKV_ROUTE_FUSED; route++) {
+                    if (route == PKV_ROUTE_BUCKETED) continue;
+                    a.route = (pkv_route)route;
+                    CHECK_OK(pkv_plan_step(ctx, &p, &t, &a, plan));
+                    CHECK_OK(pkv_cost_terms(plan, tm));
+                    CHECK_MSG(chosen <= pkv_cost_predict(&dev, tm) * (1 + 1e-12), "B %d: auto (%s) predicted %.3f us, "
+                              "%s at %d per unit %.3f us", B, pkv_route_name(picked), chosen,
+                              pkv_route_name((pkv_route)route), cpu, pkv_cost_predict(&dev, tm));
+                }
+            }
+        }
+        CHECK_MSG(other_wave > 0, "auto never left the planner's wave on 30 ragged B <= 16 steps");
+        ctx->resident[1][0] = 0;
+    }
     /* decision cost of auto with a model, B = 128 (reported, not asserted: timings are not tests):
      * auto's plan time minus the plan time of the route it chose */
     CHECK_OK(pkv_context_set_cost_model(ctx, &models[2]));

@@ -465,6 +465,7 @@ static void resolve_params(const pkv_plan_options *opts, int32_t parallelism, in
  * is exact for n, c < 2^31, since n / c's fractional part is a multiple of 1 / c > the rounding
  * error.  tests/test_plan checks the terms against pkv_cost_terms of the built plans. */
 enum { TC_SINGLE, TC_SPLIT, TC_WORKQUEUE, TC_FUSED, TC_COUNT };
+#define PKV_MAX_WAVE_CANDIDATES 8 /* the planner's wave and one wave of 2..8 tasks per unit */
 static const pkv_route term_routes[TC_COUNT] = {PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_WORKQUEUE, PKV_ROUTE_FUSED};
 
 PKV_VECTOR_CLONES
@@ -599,20 +600,42 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
     int32_t wq_chunk = -1; /* the work queue's chunk (pages), once searched */
     if (route == PKV_ROUTE_AUTO && ctx && ctx->has_cost_model) {
         /* the policy: each candidate's predicted time from its terms (O(B) each, no plan built),
-         * the lowest wins; ties keep the earlier candidate */
-        wq_chunk = choose_workqueue_chunk(&pp, problem, lens, B);
-        double t[TC_COUNT][PKV_COST_TERMS];
-        candidate_terms(&pp, problem, lens, B, wq_chunk, t);
+         * the lowest wins; ties keep the earlier candidate.  Candidates: the four routes at the
+         * planner's wave P, and, when the step has fewer (row, KV head) pairs than resident task
+         * slots (splitting decides its length) and nothing is forced, the split routes at one wave
+         * of k tasks per unit, k = 2 .. the resident CTAs per unit.  The model's critical-path and
+         * idle-slot terms rank those waves as the H200 does (dev/wave_model.c against the measured
+         * sweep in bench/results/probes/h200_sweep_wave.txt: 9 of 9 rows within 1% of the best). */
+        int64_t waves[PKV_MAX_WAVE_CANDIDATES];
+        int nwaves = 0;
+        waves[nwaves++] = pp.P;
+        const int64_t units = pp.nonempty * hkv;
+        if (opts.ctas_per_unit <= 0 && pp.forced_splits <= 0 && pp.forced_chunk <= 0 && units < pp.slots) {
+            const int64_t kmax = pp.slots / parallelism;
+            for (int64_t k = 2; k <= kmax && nwaves < PKV_MAX_WAVE_CANDIDATES; k++)
+                if ((int64_t)parallelism * k != pp.P) waves[nwaves++] = (int64_t)parallelism * k;
+        }
         static const int pref[TC_COUNT] = {TC_SINGLE, TC_FUSED, TC_SPLIT, TC_WORKQUEUE}; /* ties: the simpler */
         double best_us = INFINITY;
+        int64_t best_P = pp.P;
         route = auto_rule(&pp, problem); /* kept if no prediction is finite */
-        for (int k = 0; k < TC_COUNT; k++) {
-            const double us = pkv_cost_predict(&ctx->cost_model, t[pref[k]]);
-            if (us < best_us) { /* false for NaN */
-                best_us = us;
-                route = term_routes[pref[k]];
+        for (int w = 0; w < nwaves; w++) {
+            plan_params pw = pp;
+            pw.P = waves[w];
+            const int32_t chunk = choose_workqueue_chunk(&pw, problem, lens, B);
+            double t[TC_COUNT][PKV_COST_TERMS];
+            candidate_terms(&pw, problem, lens, B, chunk, t);
+            for (int k = w == 0 ? 0 : 1; k < TC_COUNT; k++) { /* single does not depend on P */
+                const double us = pkv_cost_predict(&ctx->cost_model, t[pref[k]]);
+                if (us < best_us) { /* false for NaN */
+                    best_us = us;
+                    route = term_routes[pref[k]];
+                    best_P = waves[w];
+                    wq_chunk = chunk;
+                }
             }
         }
+        pp.P = best_P;
     } else if (route == PKV_ROUTE_AUTO) {
         route = auto_rule(&pp, problem);
     }
