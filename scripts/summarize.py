@@ -20,9 +20,10 @@ def anchors_table(path):
     out = [f"commit {data['meta']['commit']}, {data['meta'].get('gpu', {}).get('name', data['meta']['device'])}, "
            f"read ceiling {ceil:.0f} GB/s, empty launch {data['ceilings']['empty_launch_us']:.2f} us",
            "",
-           "| step | KV MB | best route | kernel us | FlashInfer us | FI / ours | of ceiling | floor us | step eff | "
-           "single | split | bucketed | workqueue | fused | auto | rel err |",
-           "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+           "| step | KV MB | best route | kernel us | FlashInfer us | FI / ours | of ceiling | floor us | pages floor us | its share of ceiling | "
+           "step eff | single | split | bucketed | workqueue | fused | auto | rel err |",
+           "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+           "| ---: |"]
     wins = 0
     effs = []
     for s in steps:
@@ -37,8 +38,10 @@ def anchors_table(path):
         effs.append(best["step_efficiency"] or 0)
         cell = lambda k: f"{by[k]['kernel_us']:.1f}" if k in by else "-"
         worst_err = max((r["rel_err"] or 0) for r in rs)
+        pf = best.get("pages_floor_us")
+        pf_s = f"{pf:.1f} | {best['kv_bytes'] / (pf * 1e3) / ceil:.2f}" if pf else "- | -"
         out.append(f"| {s} | {best['kv_bytes'] / 1e6:.1f} | {best['route']} | {best['kernel_us']:.1f} | "
-                   f"{fi if fi else '-'} | {ratio:.2f} | {best['frac_read_ceiling']:.2f} | {best['floor_us']:.1f} | "
+                   f"{fi if fi else '-'} | {ratio:.2f} | {best['frac_read_ceiling']:.2f} | {best['floor_us']:.1f} | {pf_s} | "
                    f"{best['step_efficiency']:.2f} | {cell('single')} | {cell('split')} | {cell('bucketed')} | "
                    f"{cell('workqueue')} | {cell('fused')} | {cell('auto')} | {worst_err:.1e} |")
     out.append("")

@@ -52,6 +52,7 @@ typedef struct row_result {
     pkv_route route_asked, route_used;
     pkv_counters c;
     double kernel_us, kernel_p10, kernel_p90, wall_us, plan_us, floor_us;
+    double gather_us; /* the floor of the step's pages: a pure read of each K and V page, whole */
     double gbps, frac_ceiling, step_eff, tokens_per_s;
     double rel_err, max_err;
     int nan_outputs;
@@ -441,7 +442,7 @@ typedef struct ceilings {
 } ceilings;
 
 static void measure(const bench_opts *o, buffers *b, const step_input *s, pkv_route route, const ceilings *ce,
-                    const reference *ref, double floor_us, pkv_plan *plan, row_result *r) {
+                    const reference *ref, double floor_us, double gather_us, pkv_plan *plan, row_result *r) {
     memset(r, 0, sizeof *r);
     pkv_problem prob = o->prob;
     prob.num_pages = b->pool_pages;
@@ -521,6 +522,7 @@ static void measure(const bench_opts *o, buffers *b, const step_input *s, pkv_ro
     r->gbps = r->kernel_us > 0 ? bytes / (r->kernel_us * 1e3) : 0;
     r->frac_ceiling = ce && ce->read_gbps > 0 ? r->gbps / ce->read_gbps : NAN;
     r->floor_us = floor_us;
+    r->gather_us = gather_us;
     r->step_eff = floor_us > 0 && r->kernel_us > 0 ? floor_us / r->kernel_us : NAN;
     r->tokens_per_s = r->wall_us > 0 ? s->batch / (r->wall_us * 1e-6) : 0;
     snprintf(r->repro, sizeof r->repro, "pkv bench --backend %s --shape %s --dtype %s --layout %s --page-size %d %s --route %s",
@@ -533,8 +535,8 @@ static void measure(const bench_opts *o, buffers *b, const step_input *s, pkv_ro
 /* ---- output -------------------------------------------------------------------------------------- */
 static void print_row_header(void) {
     printf("| step | B | KV MB | route | kernel us | wall us | launches | tasks | merge KB | GB/s | of ceiling | floor us "
-           "| step eff | FlashInfer us | FI / ours | rel err |\n");
-    printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+           "| step eff | FlashInfer us | FI / ours | rel err | pages floor us |\n");
+    printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
 }
 
 static void route_label(const row_result *r, char *buf, size_t n) {
@@ -545,7 +547,7 @@ static void route_label(const row_result *r, char *buf, size_t n) {
 }
 
 static void print_row(const row_result *r) {
-    char rl[32], fi[32] = "-", ratio[32] = "-", ceil_s[32] = "-", floor_s[32] = "-", eff[32] = "-";
+    char rl[32], fi[32] = "-", ratio[32] = "-", ceil_s[32] = "-", floor_s[32] = "-", eff[32] = "-", gather[32] = "-";
     route_label(r, rl, sizeof rl);
     if (r->flashinfer_us > 0) {
         snprintf(fi, sizeof fi, "%.1f", r->flashinfer_us);
@@ -554,9 +556,11 @@ static void print_row(const row_result *r) {
     if (!isnan(r->frac_ceiling)) snprintf(ceil_s, sizeof ceil_s, "%.2f", r->frac_ceiling);
     if (r->floor_us > 0) snprintf(floor_s, sizeof floor_s, "%.1f", r->floor_us);
     if (!isnan(r->step_eff)) snprintf(eff, sizeof eff, "%.2f", r->step_eff);
-    printf("| %s | %d | %.1f | %s | %.1f | %.1f | %lld | %lld | %.1f | %.0f | %s | %s | %s | %s | %s | %.1e |\n", r->step,
-           r->batch, r->c.kv_bytes / 1e6, rl, r->kernel_us, r->wall_us, (long long)r->c.launches, (long long)r->c.tasks,
-           r->c.merge_state_bytes / 1e3, r->gbps, ceil_s, floor_s, eff, fi, ratio, r->rel_err);
+    if (r->gather_us > 0) snprintf(gather, sizeof gather, "%.1f", r->gather_us);
+    printf("| %s | %d | %.1f | %s | %.1f | %.1f | %lld | %lld | %.1f | %.0f | %s | %s | %s | %s | %s | %.1e | %s |\n",
+           r->step, r->batch, r->c.kv_bytes / 1e6, rl, r->kernel_us, r->wall_us, (long long)r->c.launches,
+           (long long)r->c.tasks, r->c.merge_state_bytes / 1e3, r->gbps, ceil_s, floor_s, eff, fi, ratio, r->rel_err,
+           gather);
 }
 
 static void json_str(FILE *f, const char *s) {
@@ -654,6 +658,8 @@ static void write_json(const char *path, const bench_opts *o, const ceilings *ce
         json_num(f, r->frac_ceiling);
         fprintf(f, ", \"floor_us\": ");
         json_num(f, r->floor_us > 0 ? r->floor_us : NAN);
+        fprintf(f, ", \"pages_floor_us\": ");
+        json_num(f, r->gather_us > 0 ? r->gather_us : NAN);
         fprintf(f, ", \"step_efficiency\": ");
         json_num(f, r->step_eff);
         fprintf(f, ", \"tokens_per_s\": ");
@@ -1021,9 +1027,18 @@ int cmd_bench(int argc, char **argv) {
             size_t fb = (size_t)kvb < ce.read_buf_bytes ? (size_t)kvb : ce.read_buf_bytes;
             TRY(o.ctx, pkv_dev_time_read(o.ctx, ce.read_buf, ce.read_buf_bytes, fb, o.reps, &floor_us), "floor");
         }
+        /* isolated steps: the floor of their own pages too (a pure read of every K and V page of the
+         * step, whole, through its page table): what the scattered pages cost before any compute */
+        double gather_us = 0;
+        const int32_t npages = s->indptr[s->batch];
+        if (o.cuda && !trace_mode && npages > 0) {
+            const size_t page_bytes = (size_t)o.prob.page_size * (size_t)o.prob.num_kv_heads * (size_t)o.prob.head_dim * 2;
+            TRY(o.ctx, pkv_dev_time_gather(o.ctx, b.k, b.v, page_bytes, (const int32_t *const *)b.page_sets, b.nsets,
+                                           npages, o.reps, &gather_us), "pages floor");
+        }
         for (int k = 0; k < o.nroutes; k++) {
             row_result r;
-            measure(&o, &b, s, o.routes[k], &ce, &ref, floor_us, plan, &r);
+            measure(&o, &b, s, o.routes[k], &ce, &ref, floor_us, gather_us, plan, &r);
             results_push(&res, &r);
             if (!trace_mode || o.per_step) print_row(&r);
             fflush(stdout);

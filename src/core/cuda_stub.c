@@ -56,6 +56,12 @@ pkv_status pkv_dev_time_read(pkv_context *ctx, const void *buf, size_t buf_bytes
     (void)buf, (void)buf_bytes, (void)bytes, (void)reps, (void)median_us;
     return PKV_NO_CUDA(ctx);
 }
+pkv_status pkv_dev_time_gather(pkv_context *ctx, const void *k, const void *v, size_t page_bytes,
+                               const int32_t *const *page_sets, int32_t nsets, int32_t npages, int32_t reps,
+                               double *median_us) {
+    (void)k, (void)v, (void)page_bytes, (void)page_sets, (void)nsets, (void)npages, (void)reps, (void)median_us;
+    return PKV_NO_CUDA(ctx);
+}
 pkv_status pkv_dev_launch_latency(pkv_context *ctx, double *empty_us, double *graph_us) {
     (void)empty_us, (void)graph_us;
     return PKV_NO_CUDA(ctx);

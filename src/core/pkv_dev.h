@@ -35,6 +35,12 @@ pkv_status pkv_dev_time_plan(pkv_context *ctx, const pkv_plan *plan, void *ws, s
  * buf_bytes so L2 does not help.  Best of a few grid sizes; median over reps. */
 pkv_status pkv_dev_time_read(pkv_context *ctx, const void *buf, size_t buf_bytes, size_t bytes, int32_t reps,
                              double *median_us);
+/* The floor of a step's access pattern: a pure read of its pages (npages ids per set, device
+ * pointers; run r uses set r % nsets), each page of K and of V read whole (page_bytes, contiguous in
+ * both layouts), a warp per page; timed like a step, best of a few grid sizes, median over reps. */
+pkv_status pkv_dev_time_gather(pkv_context *ctx, const void *k, const void *v, size_t page_bytes,
+                               const int32_t *const *page_sets, int32_t nsets, int32_t npages, int32_t reps,
+                               double *median_us);
 /* Launch costs: back-to-back empty launches (us per launch), and the replay of a CUDA graph of one
  * empty kernel (us per replay). */
 pkv_status pkv_dev_launch_latency(pkv_context *ctx, double *empty_us, double *graph_us);

@@ -45,6 +45,8 @@ struct decode_params {
     float *state_lse;         // [slots, G]
     const pkv_task *tasks;    // this phase's tasks (workqueue)
     const pkv_row_sched *rows;// this phase's rows (rectangular routes)
+    pkv_row_sched row0;       // a one-row phase's schedule by value (one_row): no dependent read first
+    int32_t one_row;
     int64_t stride_page, stride_head, stride_tok;
     float scale_log2;         // sm_scale * log2(e)
     int32_t num_qo_heads, group, page_size, page_shift; // page_shift < 0: page_size not a power of 2
@@ -211,8 +213,9 @@ __device__ __forceinline__ void merge_one(const pkv_merge &m, const float *state
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) merge_kernel_row(const merge_params p) {
     PKV_TL_SCOPE(1);
+    const pkv_merge m = p.merges[blockIdx.x]; // the plan's (uploaded before): read before the wait
     pdl_wait(); // the partial states come from the previous launch
-    merge_one<T, D>(p.merges[blockIdx.x], p.state_o, p.state_lse, p.o, p.lse, p.num_qo_heads, p.group);
+    merge_one<T, D>(m, p.state_o, p.state_lse, p.o, p.lse, p.num_qo_heads, p.group);
 }
 
 // The merge kernel: one CTA per (merge, query head), so a step's merges spread over merges x G CTAs
@@ -256,15 +259,25 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const merge_params p) {
     __shared__ float4 part_sm[NG][D / 4];
     using tr = dtype_traits<T>;
     PKV_TL_SCOPE(1);
-    pdl_wait(); // the partial states come from the previous launch
     const int G = p.group;
-    const pkv_merge m = p.merges[blockIdx.x / G];
+    const pkv_merge m = p.merges[blockIdx.x / G]; // the plan's (uploaded before): read before the wait
     const int j = blockIdx.x % G;
     const int64_t first = m.first_slot;
     const float *state_lse = p.state_lse;
     const int n = m.count;
     const bool cached = n <= kMaxCached;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int grp = threadIdx.x / (D / 4), col = threadIdx.x % (D / 4);
+    pdl_wait(); // the partial states come from the previous launch
+    // this thread's first batch of states, loaded with the lse values below (one round trip for
+    // both; a merge of up to 16 x NG states needs no other)
+    float4 o0[kMergeBatch];
+#pragma unroll
+    for (int k = 0; k < kMergeBatch; k++) {
+        const int s = min(grp + k * NG, max(n - 1, 0));
+        o0[k] = n > 0 ? __ldcg(reinterpret_cast<const float4 *>(p.state_o + ((first + s) * G + j) * D) + col)
+                      : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
     // lse of every state of head j: up to 8 unconditional (clamped) loads per thread, then max and sum
     float M = -INFINITY;
     if (n > 0) {
@@ -305,10 +318,28 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const merge_params p) {
     for (int w = 0; w < kWarps; w++) L += red_sm[1][w];
     const float lse = n > 0 ? M + logf(L) : -INFINITY;
     const float inv = n > 0 ? 1.f / L : 0.f;
-    // weighted sum of the states: weight exp(lse_s - M) / L = exp(lse_s - lse)
-    const int grp = threadIdx.x / (D / 4), col = threadIdx.x % (D / 4);
-    float4 a = cached ? merge_head_sum<T, D, true>(m, p.state_o, p.state_lse, w_sm, lse, G, j, grp, col)
-                      : merge_head_sum<T, D, false>(m, p.state_o, p.state_lse, w_sm, lse, G, j, grp, col);
+    // weighted sum of the states: weight exp(lse_s - M) / L = exp(lse_s - lse); the first batch from
+    // registers, the rest (states past 16 x NG) by merge_head_sum
+    float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int k = 0; k < kMergeBatch; k++) {
+        const int s = grp + k * NG;
+        const float wk = s < n ? (cached ? w_sm[s] : __expf(__ldcg(state_lse + (first + s) * G + j) - lse)) : 0.f;
+        a.x += wk * o0[k].x;
+        a.y += wk * o0[k].y;
+        a.z += wk * o0[k].z;
+        a.w += wk * o0[k].w;
+    }
+    if (n > NG * kMergeBatch) {
+        const float4 b = cached ? merge_head_sum<T, D, true>(m, p.state_o, p.state_lse, w_sm, lse, G, j,
+                                                             grp + NG * kMergeBatch, col)
+                                : merge_head_sum<T, D, false>(m, p.state_o, p.state_lse, w_sm, lse, G, j,
+                                                              grp + NG * kMergeBatch, col);
+        a.x += b.x;
+        a.y += b.y;
+        a.z += b.z;
+        a.w += b.w;
+    }
     if (cached) a = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
     part_sm[grp][col] = a;
     __syncthreads();
@@ -350,7 +381,8 @@ template <typename T, int D>
 __device__ __forceinline__ bool load_task(const decode_params &p, task_info &ti) {
     ti.merge_idx = -1;
     if (p.rect) {
-        const pkv_row_sched rs = p.rows[blockIdx.x];
+        // d = 256 reads the schedule (its heads-in-N kernel sits at 255 registers; the select spills)
+        const pkv_row_sched rs = D <= 128 && p.one_row ? p.row0 : p.rows[blockIdx.x];
         const int32_t s = blockIdx.z;
         if (s >= rs.num_splits) return false;
         ti.row = rs.row;
@@ -958,6 +990,10 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
             } else {
                 p.rect = 1;
                 p.rows = reinterpret_cast<const pkv_row_sched *>(ws_dev + plan->off_rows) + ph.row_begin;
+                // one row (single requests, a bucket of one): its schedule travels in the parameters,
+                // so a CTA's first reads are its page ids and q instead of a read of the schedule
+                p.one_row = ph.row_end - ph.row_begin == 1;
+                if (p.one_row) p.row0 = plan->rows[ph.row_begin];
                 grid = dim3((unsigned)(ph.row_end - ph.row_begin), (unsigned)plan->problem.num_kv_heads,
                             (unsigned)ph.grid_splits);
             }
