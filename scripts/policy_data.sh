@@ -17,11 +17,11 @@ if [ ! -x "$build/pkv" ]; then
 fi
 export PKV_COMMIT=${PKV_COMMIT:-$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 status=0
-echo "== live calibration (seed 20260622; shapes ${PKV_CALIB_SHAPES:-paper d64 d256 g7})"
+echo "== live calibration (seed 20260622; shapes ${PKV_CALIB_SHAPES:-paper g8 g7 mha d256 d64})"
 # every route on the calibration traces of each shape (one head dim and group size per shape, so
 # the fit sees how the merge and the tiles scale), then one fit over all of them
 cal=""
-for sh in ${PKV_CALIB_SHAPES:-paper d64 d256 g7}; do
+for sh in ${PKV_CALIB_SHAPES:-paper g8 g7 mha d256 d64}; do
   "$build/pkv" bench --backend cuda --calibration-set --shape "$sh" --reps 30 --no-check --quiet \
     --json "$out/calibration_$sh.json" >"$out/calibration_$sh.md" 2>>"$out/bench.log" || status=1
   cal="$cal${cal:+,}$out/calibration_$sh.json"

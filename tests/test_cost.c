@@ -361,7 +361,7 @@ int main(void) {
         CHECK_MSG(pkv_plan_num_tasks(plan) <= 132 * 4, "24 ragged pairs: %d tasks", pkv_plan_num_tasks(plan));
         ctx->resident[1][0] = 0;
     }
-    /* auto's wave: with fewer (row, KV head) pairs than resident slots, the split routes are also
+    /* auto's wave: with fewer (row, KV head) pairs than resident slots and >= 2 rows, the split routes are also
      * weighed at one wave of k = 2 .. resident tasks per unit; the pick's prediction is at most
      * every route's at every such wave (forced by ctas_per_unit), and on ragged B <= 16 steps the
      * device defaults pick a wave other than the planner's in some step (else the search is off) */
@@ -403,6 +403,20 @@ int main(void) {
             }
         }
         CHECK_MSG(other_wave > 0, "auto never left the planner's wave on 30 ragged B <= 16 steps");
+        /* a single row keeps the planner's wave (its route planned alone gives the same tasks) */
+        for (int k = 0; k < 10; k++) {
+            lens[0] = (int32_t)pkv_rng_uniform_int(&r, 4096, 131072);
+            table_for(lens, 1, 16, indptr, &t);
+            pkv_plan_options a;
+            pkv_plan_options_default(&a);
+            a.parallelism = 132;
+            CHECK_OK(pkv_plan_step(ctx, &p, &t, &a, plan));
+            const int32_t auto_tasks = pkv_plan_num_tasks(plan);
+            a.route = pkv_plan_route(plan);
+            CHECK_OK(pkv_plan_step(ctx, &p, &t, &a, plan));
+            CHECK_MSG(pkv_plan_num_tasks(plan) == auto_tasks, "B1 of %d tokens: auto planned %d tasks, its route %d",
+                      lens[0], auto_tasks, pkv_plan_num_tasks(plan));
+        }
         ctx->resident[1][0] = 0;
     }
     /* decision cost of auto with a model, B = 128 (reported, not asserted: timings are not tests):

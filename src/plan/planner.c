@@ -602,15 +602,18 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
         /* the policy: each candidate's predicted time from its terms (O(B) each, no plan built),
          * the lowest wins; ties keep the earlier candidate.  Candidates: the four routes at the
          * planner's wave P, and, when the step has fewer (row, KV head) pairs than resident task
-         * slots (splitting decides its length) and nothing is forced, the split routes at one wave
-         * of k tasks per unit, k = 2 .. the resident CTAs per unit.  The model's critical-path and
+         * slots (splitting decides its length), at least two non-empty rows and nothing forced, the
+         * split routes at one wave of k tasks per unit, k = 2 .. the resident CTAs per unit.  A
+         * single row keeps the planner's 2 per unit: 3 per unit measured 2-9% slower on the H200's
+         * held-out B1 rows (more states per merge, a cost the model does not see).  The model's critical-path and
          * idle-slot terms rank those waves as the H200 does (dev/wave_model.c against the measured
          * sweep in bench/results/probes/h200_sweep_wave.txt: 9 of 9 rows within 1% of the best). */
         int64_t waves[PKV_MAX_WAVE_CANDIDATES];
         int nwaves = 0;
         waves[nwaves++] = pp.P;
         const int64_t units = pp.nonempty * hkv;
-        if (opts.ctas_per_unit <= 0 && pp.forced_splits <= 0 && pp.forced_chunk <= 0 && units < pp.slots) {
+        if (opts.ctas_per_unit <= 0 && pp.forced_splits <= 0 && pp.forced_chunk <= 0 && units < pp.slots &&
+            pp.nonempty >= 2) {
             const int64_t kmax = pp.slots / parallelism;
             for (int64_t k = 2; k <= kmax && nwaves < PKV_MAX_WAVE_CANDIDATES; k++)
                 if ((int64_t)parallelism * k != pp.P) waves[nwaves++] = (int64_t)parallelism * k;
