@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # policy_data.sh OUT_DIR - the adaptive policy's measurements on a GPU, in one run: the live
 # calibration (every route on the seed-20260622 traces of the shapes in PKV_CALIB_SHAPES, default
-# paper d64 d256 g7, then `pkv calibrate --from-json` over all: OUT_DIR/policy), then
+# every shape of workloads.md, then `pkv calibrate --from-json` over all: OUT_DIR/policy), then
 # every route on the held-out traces (seeds 20260623..27, five families, B 1..128, paper shape;
 # the other shapes of workloads.md on seed 20260623, B 1, 4, 16, 64) with auto following the live
 # policy (as PKV_POLICY=OUT_DIR/policy would), JSON per set; then the offline replay of that policy
