@@ -493,7 +493,11 @@ class Gpu:
             b.record()
         torch.cuda.synchronize()
         k_est = min(a.elapsed_time(b) for a, b in ev) * 1e3
-        spin_us = min(50000.0, max(20.0, 1.25 * batch * host_us - (batch - 1) * k_est))
+        # the spin must outlast the host's enqueue of a whole batch: sized without crediting the
+        # device time of the calls (k_est), since a short spin lets the queue drain and puts host
+        # time between the events (auto, timed first, read 1.4x slow on B1-B2 rows at 3a84848 while
+        # its CUDA-graph replay was as fast as the best route)
+        spin_us = min(50000.0, max(20.0, 2.0 * batch * host_us))
         ev = [(E(), E()) for _ in range(reps)]
         for i, (a, b) in enumerate(ev):
             if i % batch == 0:
@@ -504,7 +508,7 @@ class Gpu:
         torch.cuda.synchronize()
         s = sorted(a.elapsed_time(b) * 1e3 for a, b in ev)
         return {"us": statistics.median(s), "p10_us": _pct(s, 0.1), "p90_us": _pct(s, 0.9), "min_us": s[0],
-                "reps": reps, "host_us": host_us, "spin_us": spin_us}
+                "reps": reps, "host_us": host_us, "spin_us": spin_us, "queued_estimate_us": k_est}
 
     def host_times(self, fn, reps, sync_inside=True):
         """Median host-clock time of fn() bracketed by device syncs."""
@@ -702,8 +706,7 @@ def measure_step(gpu, st, args):
             row["fi_cudacore_vs_tensorcore_rel_err"] = rel_err(fi_out["cudacore"], fi_out["tensorcore"])[0]
 
     # ---- PersistentKV ----
-    # Every route is planned, run and checked first, then all are timed: a route timed right after
-    # its first run read 2x slow on short steps (auto, timed first, on B1-B2 trace rows).
+    # Every route is planned, run and checked first, then all are timed.
     pk, pk_out, wrappers = {}, {}, {}
     for route in args.routes:
         try:
@@ -725,7 +728,10 @@ def measure_step(gpu, st, args):
             pk[route] = {"error": f"{type(e).__name__}: {e}"}
             problems.append(f"PersistentKV {route}: {type(e).__name__}: {e}")
             safe_sync(torch)
-    for route, (w, pplan, out) in wrappers.items():
+    # auto is timed last (after the fixed routes), so no measurement-order effect lands on it alone
+    order = [r for r in wrappers if r != "auto"] + [r for r in wrappers if r == "auto"]
+    for route in order:
+        w, pplan, out = wrappers[route]
         try:
             t = gpu.time_calls(lambda r, w=w, out=out: w.run(q, Ks[r], Vs[r], out=out), R, reps)
             t["route_used"] = w.route
