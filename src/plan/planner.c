@@ -465,7 +465,7 @@ static void resolve_params(const pkv_plan_options *opts, int32_t parallelism, in
  * is exact for n, c < 2^31, since n / c's fractional part is a multiple of 1 / c > the rounding
  * error.  tests/test_plan checks the terms against pkv_cost_terms of the built plans. */
 enum { TC_SINGLE, TC_SPLIT, TC_WORKQUEUE, TC_FUSED, TC_COUNT };
-#define PKV_MAX_WAVE_CANDIDATES 8 /* the planner's wave and one wave of 2..8 tasks per unit */
+#define PKV_MAX_WAVE_CANDIDATES 2 /* the planner's wave and one wave of the resident slots */
 static const pkv_route term_routes[TC_COUNT] = {PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_WORKQUEUE, PKV_ROUTE_FUSED};
 
 PKV_VECTOR_CLONES
@@ -603,7 +603,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
          * the lowest wins; ties keep the earlier candidate.  Candidates: the four routes at the
          * planner's wave P, and, when the step has fewer (row, KV head) pairs than resident task
          * slots (splitting decides its length), at least two non-empty rows and nothing forced, the
-         * split routes at one wave of k tasks per unit, k = 2 .. the resident CTAs per unit.  A
+         * split routes at one wave of all resident slots (k tasks per unit, k = resident).  A
          * single row keeps the planner's 2 per unit: 3 per unit measured 2-9% slower on the H200's
          * held-out B1 rows (more states per merge, a cost the model does not see).  The model's critical-path and
          * idle-slot terms rank those waves as the H200 does (dev/wave_model.c against the measured
@@ -614,9 +614,10 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
         const int64_t units = pp.nonempty * hkv;
         if (opts.ctas_per_unit <= 0 && pp.forced_splits <= 0 && pp.forced_chunk <= 0 && units < pp.slots &&
             pp.nonempty >= 2) {
-            const int64_t kmax = pp.slots / parallelism;
-            for (int64_t k = 2; k <= kmax && nwaves < PKV_MAX_WAVE_CANDIDATES; k++)
-                if ((int64_t)parallelism * k != pp.P) waves[nwaves++] = (int64_t)parallelism * k;
+            /* one wave of every resident slot: the sweep's best or within 1% of it on every row
+             * (2 per unit, the other one-wave size, is the planner's default below 128 pairs) */
+            const int64_t full = (int64_t)parallelism * resident_x; /* the kernel's exact residency */
+            if (full != pp.P && full > 0) waves[nwaves++] = full;
         }
         static const int pref[TC_COUNT] = {TC_SINGLE, TC_FUSED, TC_SPLIT, TC_WORKQUEUE}; /* ties: the simpler */
         double best_us = INFINITY;
