@@ -2,6 +2,7 @@
  * held-out trace steps (seed 20260623, every 4th step): in a one-wave plan the longest chunk sets
  * the step.  Host plans (2 resident CTAs per SM).
  *   cc -O2 -I include dev/plan_imbalance.c -o plan_imbalance -L build -lpersistentkv -Wl,-rpath,build */
+#include "dev_plan.h"
 #include "persistentkv.h"
 
 #include <stdio.h>
@@ -29,19 +30,9 @@ int main(void) {
             double sum_ratio = 0;
             int n = 0;
             for (int s = 0; s < pkv_trace_num_steps(t); s += 4) {
-                const int32_t *ids, *lens;
-                const int32_t B = pkv_trace_step(t, s, &ids, &lens);
-                if (B <= 0) continue;
-                int32_t *indptr = (int32_t *)malloc((size_t)(B + 1) * sizeof(int32_t));
-                if (!indptr) return 1;
-                indptr[0] = 0;
-                for (int i = 0; i < B; i++) indptr[i + 1] = indptr[i] + (lens[i] + p.page_size - 1) / p.page_size;
-                pkv_page_table tab = {B, indptr, NULL, lens};
-                pkv_plan_options o;
-                pkv_plan_options_default(&o);
-                o.parallelism = 132;
-                o.route = PKV_ROUTE_WORKQUEUE;
-                if (pkv_plan_step_host(&p, &tab, &o, plan) != PKV_OK) return 2;
+                const int got = dev_plan_trace_step(&p, t, s, PKV_ROUTE_WORKQUEUE, 0, plan);
+                if (got < 0) return 2;
+                if (got == 0) continue;
                 const pkv_task *tk = pkv_plan_tasks(plan);
                 const int nt = pkv_plan_num_tasks(plan);
                 double mx = 0, tot = 0;
@@ -51,7 +42,6 @@ int main(void) {
                     mx = l > mx ? l : mx;
                 }
                 if (nt > 0) sum_ratio += mx / (tot / nt), n++;
-                free(indptr);
             }
             printf("%-8s B%-3d work-queue tasks: longest / mean %.2f (mean over %d steps)\n", fams[fi], Bs[bi],
                    n ? sum_ratio / n : 0.0, n);

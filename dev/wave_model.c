@@ -5,6 +5,7 @@
  * slots term, seed 20260623, steps 0..15.
  *   cc -O2 -I include dev/wave_model.c -o wave_model -L build -lpersistentkv -lm -Wl,-rpath,build
  *   ./wave_model bench/results/h200.policy */
+#include "dev_plan.h"
 #include "persistentkv.h"
 
 #include <stdio.h>
@@ -53,24 +54,13 @@ int main(int argc, char **argv) {
             double sum = 0;
             int n = 0;
             for (int s = 0; s < 16 && s < pkv_trace_num_steps(t); s++) {
-                const int32_t *ids, *lens;
-                const int32_t B = pkv_trace_step(t, s, &ids, &lens);
-                if (B <= 0) continue;
-                int32_t *indptr = (int32_t *)malloc((size_t)(B + 1) * sizeof(int32_t));
-                if (!indptr) return 1;
-                indptr[0] = 0;
-                for (int i = 0; i < B; i++) indptr[i + 1] = indptr[i] + (lens[i] + p.page_size - 1) / p.page_size;
-                pkv_page_table tab = {B, indptr, NULL, lens};
-                pkv_plan_options o;
-                pkv_plan_options_default(&o);
-                o.parallelism = 132;
-                o.ctas_per_unit = cpu;
-                o.route = PKV_ROUTE_WORKQUEUE;
+                const int got = dev_plan_trace_step(&p, t, s, PKV_ROUTE_WORKQUEUE, cpu, plan);
+                if (got < 0) return 2;
+                if (got == 0) continue;
                 double terms[PKV_COST_TERMS];
-                if (pkv_plan_step_host(&p, &tab, &o, plan) != PKV_OK || pkv_cost_terms(plan, terms) != PKV_OK) return 2;
+                if (pkv_cost_terms(plan, terms) != PKV_OK) return 2;
                 terms[PKV_TERM_SLOTS] = 132.0 * sp->resident; /* the device's residency, not the host plan's 2 */
                 sum += pkv_cost_predict(&m, terms), n++;
-                free(indptr);
             }
             printf("  cpu=%d %7.1f", cpu, n ? sum / n : 0.0);
         }
