@@ -353,8 +353,10 @@ typedef struct pkv_tensors {
  * ignored, workspace is host memory.  CUDA backend: device pointers, stream is a cudaStream_t
  * (NULL: default stream), workspace is device memory; the plan is uploaded into the workspace when
  * it changed (one async copy) and nothing is allocated, so a run can be captured in a CUDA graph
- * once its plan is uploaded (see pkv_plan_upload).  A workspace serves one stream at a time: the
- * partial states (and the fused route's arrival counters) live in it. */
+ * once its plan is uploaded (see pkv_plan_upload).  A captured graph replays the plan it was
+ * captured with (its grid sizes, and for a one-row phase the row's schedule, are launch
+ * parameters): capture again after planning a new step.  A workspace serves one stream at a time:
+ * the partial states (and the fused route's arrival counters) live in it. */
 pkv_status pkv_run(pkv_context *ctx, const pkv_plan *plan, void *workspace, size_t workspace_bytes,
                    const pkv_tensors *tensors, void *stream);
 

@@ -35,18 +35,22 @@ static int cmp_double(const void *a, const void *b) {
 /* Plan time of auto and of the route auto chose (at auto's wave); the difference is the
  * decision's cost. */
 static pkv_route time_decision(pkv_context *ctx, const pkv_problem *p, const pkv_page_table *t, pkv_plan *plan,
-                               double *auto_us, double *fixed_us) {
+                               int32_t alt_wave, double *auto_us, double *fixed_us) {
     pkv_plan_options a;
     pkv_plan_options_default(&a);
     a.parallelism = 132; /* an H200's SMs, as the GPU backend would plan */
     for (int k = 0; k < 50; k++) pkv_plan_step(ctx, p, t, &a, plan);
     const pkv_route chosen = pkv_plan_route(plan);
     const int32_t tasks = pkv_plan_num_tasks(plan);
-    {   /* the fixed route at auto's wave (a plan's cost grows with its tasks): 1 wave of k per SM */
+    {   /* the fixed route at auto's wave (a plan's cost grows with its tasks): the planner's, or
+         * the other one auto weighs, one wave of the resident CTAs (alt_wave per unit) */
         pkv_plan_options f = a;
         f.route = chosen;
-        if (pkv_plan_step(ctx, p, t, &f, plan) == PKV_OK && pkv_plan_num_tasks(plan) != tasks)
-            a.ctas_per_unit = (tasks + 131) / 132;
+        if (pkv_plan_step(ctx, p, t, &f, plan) == PKV_OK && pkv_plan_num_tasks(plan) != tasks) {
+            a.ctas_per_unit = alt_wave;
+            f.ctas_per_unit = alt_wave;
+            CHECK(pkv_plan_step(ctx, p, t, &f, plan) == PKV_OK && pkv_plan_num_tasks(plan) == tasks);
+        }
     }
     /* each plan timed alone, the two kinds alternating; the 10th percentile of 2000 each (on a noisy
      * 2-core machine a mean over a batch of plans moved by +-1 us between runs) */
@@ -380,14 +384,19 @@ int main(void) {
         CHECK_MSG(pkv_plan_num_tasks(plan) <= 132 * 4, "24 ragged pairs: %d tasks", pkv_plan_num_tasks(plan));
         ctx->resident[1][0] = 0;
     }
-    /* auto's wave: with fewer (row, KV head) pairs than resident slots and >= 2 rows, the split routes are also
-     * weighed at one wave of k = 2 .. resident tasks per unit; the pick's prediction is at most
-     * every route's at every such wave (forced by ctas_per_unit), and on ragged B <= 16 steps the
-     * device defaults pick a wave other than the planner's in some step (else the search is off) */
+    /* auto's wave: with fewer (row, KV head) pairs than resident slots and >= 2 rows, the split,
+     * work-queue and fused routes are also weighed at one wave of the resident tasks per unit; the
+     * pick's prediction is at most every route's at either wave (forced by ctas_per_unit), and on
+     * ragged B <= 16 steps the device defaults pick a wave other than the planner's in some step
+     * (else the search is off) */
     {
         pkv_cost_model dev;
         pkv_cost_model_default(&dev, 132, 4600, 3);
         CHECK_OK(pkv_context_set_cost_model(ctx, &dev));
+        /* the H200's d = 128 numbers: the planner's wave 2 per unit, the light kernel holds 3 */
+        const int32_t saved_cpu = ctx->ctas_per_unit, saved_light = ctx->ctas_per_unit_light;
+        ctx->ctas_per_unit = 2;
+        ctx->ctas_per_unit_light = 3;
         ctx->resident[1][0] = 3;
         int other_wave = 0;
         for (int k = 0; k < 30; k++) {
@@ -435,32 +444,36 @@ int main(void) {
             CHECK_MSG(pkv_plan_num_tasks(plan) == auto_tasks, "B1 of %d tokens: auto planned %d tasks, its route %d",
                       lens[0], auto_tasks, pkv_plan_num_tasks(plan));
         }
+        ctx->ctas_per_unit = saved_cpu;
+        ctx->ctas_per_unit_light = saved_light;
         ctx->resident[1][0] = 0;
     }
-    /* decision cost of auto with a model, B = 128 (reported, not asserted: timings are not tests):
-     * auto's plan time minus the plan time of the route it chose */
+    /* decision cost of auto with a model (reported, not asserted: timings are not tests): auto's
+     * plan time minus the plan time of the route it chose, with the H200's d = 128 numbers (the
+     * planner's 2 per unit, the light kernel's 3 resident) */
+    ctx->ctas_per_unit = 2;
+    ctx->ctas_per_unit_light = 3;
+    ctx->resident[1][0] = 3;
     CHECK_OK(pkv_context_set_cost_model(ctx, &models[2]));
     for (int i = 0; i < 128; i++) lens[i] = (int32_t)pkv_rng_uniform_int(&r, 1, 32768);
     table_for(lens, 128, 16, indptr, &t);
     double with_model, fixed;
-    pkv_route chosen = time_decision(ctx, &p, &t, plan, &with_model, &fixed);
+    pkv_route chosen = time_decision(ctx, &p, &t, plan, 3, &with_model, &fixed);
     printf("plan, B = 128 for 132 SMs: auto with the cost model %.2f us, the chosen route (%s) alone %.2f us: "
            "decision %.2f us\n", with_model, pkv_route_name(chosen), fixed, with_model - fixed);
     { /* B = 16 ragged: fewer pairs than slots, so the split routes are also weighed at 3 per SM */
-        ctx->resident[1][0] = 3;
         for (int i = 0; i < 16; i++) lens[i] = (int32_t)(i % 4 == 0 ? pkv_rng_uniform_int(&r, 16384, 65536) : pkv_rng_uniform_int(&r, 256, 8192));
         table_for(lens, 16, 16, indptr, &t);
         double m16, f16;
-        const pkv_route c16 = time_decision(ctx, &p, &t, plan, &m16, &f16);
+        const pkv_route c16 = time_decision(ctx, &p, &t, plan, 3, &m16, &f16);
         printf("plan, B = 16 ragged for 132 SMs (two waves weighed): auto with the cost model %.2f us, the chosen route (%s) "
                "alone %.2f us: decision %.2f us\n", m16, pkv_route_name(c16), f16, m16 - f16);
-        ctx->resident[1][0] = 0;
         for (int i = 0; i < 128; i++) lens[i] = (int32_t)pkv_rng_uniform_int(&r, 1, 32768);
         table_for(lens, 128, 16, indptr, &t);
     }
     CHECK_OK(pkv_context_set_cost_model(ctx, NULL)); /* the rule: one comparison after the O(B) pass */
     double with_rule;
-    chosen = time_decision(ctx, &p, &t, plan, &with_rule, &fixed);
+    chosen = time_decision(ctx, &p, &t, plan, 3, &with_rule, &fixed);
     printf("plan, B = 128 for 132 SMs: auto with the rule %.2f us, the chosen route (%s) alone %.2f us: decision %.2f us\n",
            with_rule, pkv_route_name(chosen), fixed, with_rule - fixed);
     pkv_context_free(ctx);

@@ -49,7 +49,7 @@ pkv_status pkv_cost_terms(const pkv_plan *plan, double t[PKV_COST_TERMS]) {
 /* The model's two nonlinear quantities for given rho and p: the streaming term
  * (X^p + Y^p)^(1/p) and the idle MB of the last wave. */
 /* Cube root of u in [1, 2]: the chord through (1, 1) and (2, 2^(1/3)) (error < 0.016), then three
- * Newton steps (relative error < 1e-15; libm's cbrt took ~30 ns with its range reduction). */
+ * Newton steps (relative error <= 1.4e-15; libm's cbrt took ~30 ns with its range reduction). */
 static double cbrt_1_2(double u) {
     double y = 0.7400789501051268 + 0.2599210498948732 * u;
     for (int k = 0; k < 3; k++) y = (2.0 * y + u / (y * y)) * (1.0 / 3.0);
@@ -75,7 +75,9 @@ static void roofline_parts(const double t[PKV_COST_TERMS], double rho, double p,
     /* the fit's exponents without pow() or cbrt() (the policy's decision runs this up to seven
      * times per step): M x (1 + r^p)^(1/p) with r = min / max in [0, 1] */
     const double X2 = X * X, Y2 = Y * Y, M = X > Y ? X : Y, r = M > 0 ? (X > Y ? Y : X) / M : 0.0;
-    if (p <= 0)
+    if (isnan(X) || isnan(Y) || !(M > 0) || isinf(M))
+        *stream = X + Y; /* NaN, 0 or inf kept as such (a NaN prediction never wins) */
+    else if (p <= 0)
         *stream = M;
     else if (p == 2.0)
         *stream = sqrt(X2 + Y2);
