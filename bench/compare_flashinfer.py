@@ -168,7 +168,7 @@ def anchor_lens(batch, kind, fixed_len):
     return lens
 
 
-# A few rows of /work/shared/anchor-steps.txt, embedded so the rule is checked on any machine.
+# A few rows of the shared anchor-steps.txt, embedded so the rule is checked on any machine.
 _ANCHOR_CHECKS = {
     "B4_uniform": [27620, 18860, 22224, 23985],
     "B4_bimodal": [28833, 460, 27530, 418],
