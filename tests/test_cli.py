@@ -53,8 +53,9 @@ with tempfile.TemporaryDirectory() as tmp:
     check(len(rows) == 6, f"6 routes, got {len(rows)}")
     for r in rows:
         for k in ("kernel_us", "wall_us", "kv_bytes", "launches", "tasks", "merge_state_bytes", "achieved_gbps",
-                  "rel_err", "repro"):
+                  "rel_err", "repro", "floor_us", "pages_floor_us"):
             check(k in r, f"row has {k}")
+        check(r["pages_floor_us"] is None, "no pages floor on the CPU backend")
         check(r["rel_err"] is not None and r["rel_err"] < 2e-3, f"{r['route']} rel_err {r['rel_err']}")
         check(r["unwritten_outputs"] == 0, "outputs written")
         check(r["kv_bytes"] == 2301 * 8 * 128 * 2 * 2, "kv bytes")
