@@ -1036,7 +1036,7 @@ int cmd_bench(int argc, char **argv) {
         double gather_us = 0;
         const int32_t npages = s->indptr[s->batch];
         if (o.cuda && !trace_mode && npages > 0) {
-            const size_t page_bytes = (size_t)o.prob.page_size * (size_t)o.prob.num_kv_heads * (size_t)o.prob.head_dim * 2;
+            const size_t page_bytes = (size_t)o.prob.page_size * (size_t)kv_bytes_per_token(&o.prob) / 2; /* K or V */
             TRY(o.ctx, pkv_dev_time_gather(o.ctx, b.k, b.v, page_bytes, (const int32_t *const *)b.page_sets, b.nsets,
                                            npages, o.reps, &gather_us), "pages floor");
         }

@@ -46,8 +46,6 @@ pkv_status pkv_cost_terms(const pkv_plan *plan, double t[PKV_COST_TERMS]) {
     return PKV_OK;
 }
 
-/* The model's two nonlinear quantities for given rho and p: the streaming term
- * (X^p + Y^p)^(1/p) and the idle MB of the last wave. */
 /* Cube root of u in [1, 2]: the chord through (1, 1) and (2, 2^(1/3)) (error < 0.016), then three
  * Newton steps (relative error <= 1.4e-15; libm's cbrt took ~30 ns with its range reduction). */
 static double cbrt_1_2(double u) {
@@ -56,6 +54,8 @@ static double cbrt_1_2(double u) {
     return y;
 }
 
+/* The model's two nonlinear quantities for given rho and p: the streaming term
+ * (X^p + Y^p)^(1/p) and the idle MB of the last wave. */
 static void roofline_parts(const double t[PKV_COST_TERMS], double rho, double p, double *stream, double *idle) {
     const double b = t[PKV_TERM_TOKEN_MB], mb = t[PKV_TERM_MB];
     const double N = t[PKV_TERM_TASKS] > 1 ? t[PKV_TERM_TASKS] : 1.0, R = t[PKV_TERM_SLOTS] > 1 ? t[PKV_TERM_SLOTS] : 1.0;

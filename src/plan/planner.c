@@ -604,11 +604,11 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
          * planner's wave P, and, when the step has fewer (row, KV head) pairs than resident task
          * slots (splitting decides its length), at least two non-empty rows and nothing forced, the
          * split, work-queue and fused routes at one wave of all resident slots (k tasks per unit,
-         * k = the kernel's resident CTAs).  A
-         * single row keeps the planner's 2 per unit: 3 per unit measured 2-9% slower on the H200's
-         * held-out B1 rows (more states per merge, a cost the model does not see).  The model's critical-path and
-         * idle-slot terms rank those waves as the H200 does (dev/wave_model.c against the measured
-         * sweep in bench/results/probes/h200_sweep_wave.txt: 9 of 9 rows within 1% of the best). */
+         * k = the kernel's resident CTAs).  A single row keeps the planner's 2 per unit: 3 per unit
+         * measured 2-9% slower on the H200's held-out B1 rows (more states per merge, a cost the
+         * model does not see).  The model's critical-path and idle-slot terms rank those waves as
+         * the H200 does (dev/wave_model.c against the measured sweep in
+         * bench/results/probes/h200_sweep_wave.txt: 9 of 9 rows within 1% of the best). */
         int64_t waves[PKV_MAX_WAVE_CANDIDATES];
         int nwaves = 0;
         waves[nwaves++] = pp.P;
