@@ -76,11 +76,15 @@ if [ -n "${PKV_COMPARE_M:-}" ]; then
 fi
 
 if [ -n "${PKV_COMPARE_VARIANT:-}" ]; then
-  say "kernel variant $PKV_COMPARE_VARIANT (anchors, fused route)"
+  vroutes=${PKV_COMPARE_ROUTES:-fused}
+  say "kernel variant $PKV_COMPARE_VARIANT (anchors, routes $vroutes)"
   cmake -S "$root" -B "$root/build-variant" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DCMAKE_CUDA_ARCHITECTURES="$arch" \
     -DPKV_DECODE_SOURCE="$PKV_COMPARE_VARIANT" >/dev/null && cmake --build "$root/build-variant" -j "$jobs" >/dev/null 2>&1 &&
-  "$root/build-variant/pkv" bench --backend cuda --anchor all --route fused --reps $reps --quiet --no-check \
-    >"$out/variant.md" 2>>"$log/bench.log" || status=1
+  for vr in $vroutes; do
+    "$root/build-variant/pkv" bench --backend cuda --anchor all --route $vr --reps $reps --quiet --no-check \
+      --json "$log/variant_$vr.json" >>"$out/variant.md" 2>>"$log/bench.log" || status=1
+  done
+  tar -czf "$out/variant_json.tgz" -C "$log" $(cd "$log" && ls variant_*.json) 2>/dev/null
 fi
 
 say "summary"

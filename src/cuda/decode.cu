@@ -118,95 +118,59 @@ __device__ __forceinline__ int64_t page_offset(const decode_params &p, int32_t p
 }
 
 // Combines the states of one merge in slot order and writes o (dtype) and lse; count 0 writes the
-// empty row (o = 0, lse = -inf).  L1-bypassing loads: in the fused route the states were written by
-// other CTAs of the same launch.  Every load sits in a fixed-size batch with clamped addresses (no
-// branch between the loads of a batch), so a batch of 16 states is one round trip: with a branch
-// per state the loads of a 32-way merge ran one after another (18 us on the H200).
+// empty row (o = 0, lse = -inf).  A thread per (head, float4 of the head dim) column; the states
+// come in batches of KB, each state's lse loaded with its o, and the batches combine online (running
+// max and sum, as the decode's softmax): one dependent round trip per batch, none for the lse values
+// first.  L1-bypassing loads: in the fused route the states were written by other CTAs of the same
+// launch.  Every load of a batch has a clamped address (no branch between the loads), so a batch is
+// one round trip: with a branch per state the loads of a 32-way merge ran one after another (18 us
+// on the H200).
 constexpr int kMergeBatch = 16;
-constexpr int kMaxCached = 1024; // lse values of a merge kept in shared memory (count x G)
+constexpr int kMaxCached = 1024; // lse values of a merge kept in shared memory (per-head merge kernel)
 
-template <bool kCached>
-__device__ __forceinline__ float merge_lse_at(const float *w_sm, const float *state_lse, int64_t first, int s, int G,
-                                              int j) {
-    return kCached ? w_sm[s * G + j] : __ldcg(state_lse + (first + s) * G + j);
-}
-
-template <typename T, int D, bool kCached>
-__device__ __forceinline__ void merge_states(const pkv_merge &m, const float *state_o, const float *state_lse,
-                                             const float *w_sm, const float *lse_sm, void *o_out, float *lse_out,
-                                             int32_t num_qo_heads, int G) {
+template <typename T, int D, int KB>
+__device__ __forceinline__ void merge_one(int32_t row, int32_t kv_head, int64_t first, int32_t count,
+                                          const float *state_o, const float *state_lse, void *o_out, float *lse_out,
+                                          int32_t num_qo_heads, int G) {
     using tr = dtype_traits<T>;
-    const int64_t first = m.first_slot;
     for (int idx = threadIdx.x; idx < G * (D / 4); idx += kThreads) {
         const int j = idx / (D / 4), d = (idx % (D / 4)) * 4;
-        const float lse = lse_sm[j];
         float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int s0 = 0; s0 < m.count; s0 += kMergeBatch) {
-            float4 o[kMergeBatch];
-            float w[kMergeBatch];
+        float M = -INFINITY, L = 0.f;
+        for (int s0 = 0; s0 < count; s0 += KB) {
+            float4 o[KB];
+            float w[KB];
 #pragma unroll
-            for (int k = 0; k < kMergeBatch; k++) {
-                const int s = min(s0 + k, m.count - 1);
-                o[k] = __ldcg(reinterpret_cast<const float4 *>(state_o + ((first + s) * G + j) * D + d));
-                w[k] = merge_lse_at<kCached>(w_sm, state_lse, first, s, G, j);
+            for (int k = 0; k < KB; k++) {
+                const int64_t s = first + min(s0 + k, count - 1);
+                o[k] = __ldcg(reinterpret_cast<const float4 *>(state_o + (s * G + j) * D + d));
+                w[k] = __ldcg(state_lse + s * G + j);
             }
+            float mb = M;
 #pragma unroll
-            for (int k = 0; k < kMergeBatch; k++) {
-                const float wk = s0 + k < m.count ? __expf(w[k] - lse) : 0.f;
+            for (int k = 0; k < KB; k++) mb = fmaxf(mb, w[k]); // clamped duplicates do not change the max
+            const float r = __expf(M - mb);                     // 0 on the first batch (M = -inf, mb finite)
+            a = make_float4(a.x * r, a.y * r, a.z * r, a.w * r);
+            L *= r;
+#pragma unroll
+            for (int k = 0; k < KB; k++) {
+                const float wk = s0 + k < count ? __expf(w[k] - mb) : 0.f;
+                L += wk;
                 a.x += wk * o[k].x;
                 a.y += wk * o[k].y;
                 a.z += wk * o[k].z;
                 a.w += wk * o[k].w;
             }
+            M = mb;
         }
-        const int64_t qh = (int64_t)m.row * num_qo_heads + (int64_t)m.kv_head * G + j;
+        const float inv = count > 0 ? 1.f / L : 0.f;
+        const int64_t qh = (int64_t)row * num_qo_heads + (int64_t)kv_head * G + j;
         uint2 pk;
-        pk.x = tr::pack(a.x, a.y);
-        pk.y = tr::pack(a.z, a.w);
+        pk.x = tr::pack(a.x * inv, a.y * inv);
+        pk.y = tr::pack(a.z * inv, a.w * inv);
         *reinterpret_cast<uint2 *>(static_cast<T *>(o_out) + qh * D + d) = pk;
-        if (lse_out && d == 0) lse_out[qh] = lse;
+        if (lse_out && d == 0) lse_out[qh] = count > 0 ? M + logf(L) : -INFINITY;
     }
-}
-
-template <typename T, int D>
-__device__ __forceinline__ void merge_one(const pkv_merge &m, const float *state_o, const float *state_lse, void *o_out,
-                                          float *lse_out, int32_t num_qo_heads, int G) {
-    __shared__ float w_sm[kMaxCached];
-    __shared__ float lse_sm[PKV_MAX_GROUP];
-    const int n = m.count * G;
-    const bool cached = n <= kMaxCached;
-    const int64_t first = m.first_slot;
-    if (cached && n > 0) {
-        // all lse values at once: up to 8 loads per thread, unconditional (clamped) addresses
-        float v[kMaxCached / kThreads];
-#pragma unroll
-        for (int k = 0; k < kMaxCached / kThreads; k++)
-            v[k] = __ldcg(state_lse + first * G + min((int)threadIdx.x + k * kThreads, n - 1));
-#pragma unroll
-        for (int k = 0; k < kMaxCached / kThreads; k++)
-            if ((int)threadIdx.x + k * kThreads < n) w_sm[threadIdx.x + k * kThreads] = v[k];
-    }
-    __syncthreads();
-    // per head: max and sum of exp over the slots, a warp per head, lanes over the slots
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int j = warp; j < G; j += kWarps) {
-        float M = -INFINITY;
-        for (int s = lane; s < m.count; s += 32)
-            M = fmaxf(M, cached ? w_sm[s * G + j] : __ldcg(state_lse + (first + s) * G + j));
-#pragma unroll
-        for (int sh = 16; sh > 0; sh >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, sh));
-        float L = 0.f;
-        for (int s = lane; s < m.count; s += 32)
-            L += __expf((cached ? w_sm[s * G + j] : __ldcg(state_lse + (first + s) * G + j)) - M);
-#pragma unroll
-        for (int sh = 16; sh > 0; sh >>= 1) L += __shfl_xor_sync(0xffffffffu, L, sh);
-        if (lane == 0) lse_sm[j] = m.count > 0 ? M + logf(L) : -INFINITY;
-    }
-    __syncthreads();
-    if (cached)
-        merge_states<T, D, true>(m, state_o, state_lse, w_sm, lse_sm, o_out, lse_out, num_qo_heads, G);
-    else
-        merge_states<T, D, false>(m, state_o, state_lse, w_sm, lse_sm, o_out, lse_out, num_qo_heads, G);
 }
 
 // The earlier merge kernel, one CTA per merge (PKV_MERGE_KERNEL=row, for A/B runs).
@@ -215,7 +179,8 @@ __global__ void __launch_bounds__(kThreads) merge_kernel_row(const merge_params 
     PKV_TL_SCOPE(1);
     const pkv_merge m = p.merges[blockIdx.x]; // the plan's (uploaded before): read before the wait
     pdl_wait(); // the partial states come from the previous launch
-    merge_one<T, D>(m, p.state_o, p.state_lse, p.o, p.lse, p.num_qo_heads, p.group);
+    merge_one<T, D, kMergeBatch>(m.row, m.kv_head, m.first_slot, m.count, p.state_o, p.state_lse, p.o, p.lse,
+                                 p.num_qo_heads, p.group);
 }
 
 // The merge kernel: one CTA per (merge, query head), so a step's merges spread over merges x G CTAs
@@ -394,8 +359,9 @@ __device__ __forceinline__ bool load_task(const decode_params &p, task_info &ti)
     } else {
         if (p.fused && (int32_t)blockIdx.x >= p.num_tasks) {
             pdl_launch_dependents();
-            merge_one<T, D>(p.merges[p.num_split_merges + (blockIdx.x - p.num_tasks)], p.state_o, p.state_lse, p.o,
-                            p.lse, p.num_qo_heads, p.group);
+            const pkv_merge m = p.merges[p.num_split_merges + (blockIdx.x - p.num_tasks)]; // count 0: o = 0, lse = -inf
+            merge_one<T, D, 1>(m.row, m.kv_head, m.first_slot, m.count, p.state_o, p.state_lse, p.o, p.lse,
+                               p.num_qo_heads, p.group);
             return false;
         }
         const pkv_task t = p.tasks[blockIdx.x];
@@ -464,13 +430,18 @@ __device__ __forceinline__ void load_v(const decode_params &p, const T *vbase, i
 
 // After every warp wrote its output (sm_o [warp][GP][D + 4], unnormalised), m and l (log2 domain):
 // combines the warps, writes o/lse (unsplit row) or the partial state, and in the fused route the
-// last task of a split (row, KV head) merges it (slot order: deterministic) and resets the counter.
-template <typename T, int D, int GP>
+// last task of a split (row, KV head) merges it (slot order: deterministic) and resets the counter,
+// loading the states in batches of KB (32 where the kernel's register cap leaves room: one round
+// trip after the arrival for merges of up to 32 states).
+template <typename T, int D, int GP, int KB>
 __device__ __forceinline__ void finish_task(const decode_params &p, const float *smem, const task_info &ti, int G) {
     using tr = dtype_traits<T>;
     const float *sm_o = smem;
     const float *sm_m = smem + kWarps * GP * (D + 4);
     const float *sm_l = sm_m + kWarps * GP;
+    // the fused route's merge entry, read while the warps combine (not after the arrival)
+    const bool fused_split = p.fused && ti.slot >= 0;
+    const pkv_merge fm = fused_split ? p.merges[ti.merge_idx] : pkv_merge{};
     __syncthreads();
     const int groups = G * (D / 8); // 8 outputs per thread step
     for (int idx = threadIdx.x; idx < groups; idx += kThreads) {
@@ -510,20 +481,20 @@ __device__ __forceinline__ void finish_task(const decode_params &p, const float 
             if (d == 0) p.state_lse[(int64_t)ti.slot * G + j] = lse_nat;
         }
     }
-    if (p.fused && ti.slot >= 0) {
+    if (fused_split) {
         __shared__ int last;
         __threadfence(); // this thread's state writes, visible device-wide before the arrival
         __syncthreads();
         if (threadIdx.x == 0) {
-            const pkv_merge m = p.merges[ti.merge_idx];
             const int prev = atomicAdd(p.counters + ti.merge_idx, 1);
-            last = prev == m.count - 1;
+            last = prev == fm.count - 1;
             if (last) p.counters[ti.merge_idx] = 0;
         }
         __syncthreads();
         if (last) {
             __threadfence();
-            merge_one<T, D>(p.merges[ti.merge_idx], p.state_o, p.state_lse, p.o, p.lse, p.num_qo_heads, G);
+            merge_one<T, D, KB>(fm.row, fm.kv_head, fm.first_slot, fm.count, p.state_o, p.state_lse, p.o, p.lse,
+                                p.num_qo_heads, G);
         }
     }
 }
@@ -694,7 +665,7 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const decode_params
             }
         }
     }
-    finish_task<T, D, GP>(p, smem, ti, G);
+    finish_task<T, D, GP, D == 128 ? 32 : 16>(p, smem, ti, G); // 16: no more registers at d = 64, none left at 256
 }
 
 // ---- heads in N: G <= 8, every head dim ----------------------------------------------------------------
@@ -871,7 +842,7 @@ __global__ void __launch_bounds__(kThreads, NB == 1 && D <= 128 ? 3 : 2) decode_
             sm_l[warp * GP + 2 * c + 1] = lb;
         }
     }
-    finish_task<T, D, GP>(p, smem, ti, G);
+    finish_task<T, D, GP, NB == 2 ? 32 : 16>(p, smem, ti, G); // 16: the 3-CTA register cap, no spills at d = 256
 }
 
 // ---- host side ------------------------------------------------------------------------------------
