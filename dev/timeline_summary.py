@@ -37,5 +37,35 @@ def main():
               f"{len(mer)} | {ms} |")
 
 
+def tail():
+    """Where the time after the decode goes (builds with the PKV_TL_MARK points): per file, relative to
+    the last decode CTA's tile loop end (us): that CTA's arrival (fused) and end, and the merge CTAs'
+    dependency-wait return, states combined and end (first..last)."""
+    print()
+    print("| timeline | last loop end | its arrival / end | latest decode end | merge wait return | merge combined | merge end |")
+    print("| --- | ---: | --- | ---: | --- | --- | --- |")
+    for path in sys.argv[1:]:
+        rows = list(csv.DictReader(open(path)))
+        if not rows or "mark0_ns" not in rows[0]:
+            continue
+        dec = [r for r in rows if r["kind"] == "decode" and int(r["mark0_ns"]) > 0]
+        mer = [r for r in rows if r["kind"] == "merge"]
+        if not dec:
+            continue
+        t0 = min(int(r["start_ns"]) for r in dec)
+        last = max(dec, key=lambda r: int(r["mark0_ns"]))
+        L = int(last["mark0_ns"])
+        rel = lambda v: (int(v) - L) / 1e3
+        arr = f"{rel(last['mark1_ns']):+.2f}" if int(last["mark1_ns"]) else "-"
+        dec_end = max(int(r["end_ns"]) for r in dec)
+
+        def span(key):
+            v = [int(r[key]) for r in mer if int(r[key]) > 0]
+            return f"{(min(v) - L) / 1e3:+.2f}..{(max(v) - L) / 1e3:+.2f}" if v else "-"
+        print(f"| {os.path.basename(path)} | {(L - t0) / 1e3:.1f} | {arr} / {rel(last['end_ns']):+.2f} | "
+              f"{(dec_end - L) / 1e3:+.2f} | {span('mark0_ns')} | {span('mark1_ns')} | {span('end_ns')} |")
+
+
 if __name__ == "__main__":
     main()
+    tail()

@@ -21,7 +21,9 @@
 // issued right after S, and V loads right after O, so a tile is always in flight while a warp
 // computes.
 //
-// The merge kernel combines the partial states of a (row, KV head) in slot order (deterministic).
+// The merge kernels combine the partial states of a (row, KV head) online (running max and sum, as
+// the decode's softmax) in a fixed order (deterministic): a CTA per merge, or a CTA per (merge, query
+// head) whose thread groups combine interleaved subsets of the states and then each other.
 //
 // Last measured: see docs/kernel-notes.md (H200).
 #include "cuda_common.cuh"
@@ -71,6 +73,7 @@ struct merge_params {
 #ifdef PKV_TIMELINE
 constexpr int kTimelineCap = 32768;
 __device__ unsigned long long tl_rec[2][kTimelineCap][3];
+__device__ unsigned long long tl_mark[2][kTimelineCap][2]; // two points inside a CTA (0: unset)
 __device__ unsigned int tl_count[2];
 __device__ __forceinline__ unsigned long long tl_now() {
     unsigned long long t;
@@ -96,7 +99,17 @@ struct tl_scope {
     }
 };
 #define PKV_TL_SCOPE(kind) tl_scope tl_scope_(kind)
+// thread 0 records %globaltimer as point k of its CTA (decode: the tile loop done, the arrival;
+// merge: the dependency wait returned, the states combined)
+#define PKV_TL_MARK(kind, k)                                                                                  \
+    do {                                                                                                      \
+        const unsigned int c_ = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);               \
+        if (threadIdx.x == 0 && c_ < (unsigned)kTimelineCap) tl_mark[kind][c_][k] = tl_now();                 \
+    } while (0)
 #else
+#define PKV_TL_MARK(kind, k) \
+    do {                     \
+    } while (0)
 #define PKV_TL_SCOPE(kind) \
     do {                   \
     } while (0)
@@ -117,59 +130,75 @@ __device__ __forceinline__ int64_t page_offset(const decode_params &p, int32_t p
     return (int64_t)page * p.stride_page + (int64_t)head * p.stride_head + (int64_t)off * p.stride_tok;
 }
 
-// Combines the states of one merge in slot order and writes o (dtype) and lse; count 0 writes the
-// empty row (o = 0, lse = -inf).  A thread per (head, float4 of the head dim) column; the states
-// come in batches of KB, each state's lse loaded with its o, and the batches combine online (running
-// max and sum, as the decode's softmax): one dependent round trip per batch, none for the lse values
-// first.  L1-bypassing loads: in the fused route the states were written by other CTAs of the same
-// launch.  Every load of a batch has a clamped address (no branch between the loads), so a batch is
-// one round trip: with a branch per state the loads of a 32-way merge ran one after another (18 us
-// on the H200).
+// Merging partial states.  A thread owns one float4 column of one head's output and combines a
+// subset of the merge's states (slots first + s0, s0 + stride, ...) online, as the decode's softmax:
+// each batch of KB states is loaded with its lse values (clamped addresses, no branch between the
+// loads, so a batch is one round trip: with a branch per state the loads of a 32-way merge ran one
+// after another, 18 us on the H200), then the running max, sum and weighted sum are rescaled.
+// L1-bypassing loads: in the fused route the states were written by other CTAs of the same launch.
 constexpr int kMergeBatch = 16;
-constexpr int kMaxCached = 1024; // lse values of a merge kept in shared memory (per-head merge kernel)
 
+struct merge_acc {
+    float4 a; // sum of exp(lse_s - M) * o_s
+    float M;  // running max of lse_s (-inf: no state yet)
+    float L;  // sum of exp(lse_s - M)
+};
+
+template <int D, int KB>
+__device__ __forceinline__ merge_acc merge_accumulate(const float *state_o, const float *state_lse, int64_t first,
+                                                      int count, int s0, int stride, int G, int j, int col) {
+    merge_acc r = {make_float4(0.f, 0.f, 0.f, 0.f), -INFINITY, 0.f};
+    for (; s0 < count; s0 += KB * stride) {
+        float4 o[KB];
+        float w[KB];
+#pragma unroll
+        for (int k = 0; k < KB; k++) {
+            const int64_t s = first + min(s0 + k * stride, count - 1);
+            o[k] = __ldcg(reinterpret_cast<const float4 *>(state_o + (s * G + j) * D) + col);
+            w[k] = __ldcg(state_lse + s * G + j);
+        }
+        float mb = r.M;
+#pragma unroll
+        for (int k = 0; k < KB; k++) mb = fmaxf(mb, w[k]); // clamped duplicates do not change the max
+        const float f = __expf(r.M - mb);                   // 0 on the first batch (M = -inf, mb finite)
+        r.a = make_float4(r.a.x * f, r.a.y * f, r.a.z * f, r.a.w * f);
+        r.L *= f;
+#pragma unroll
+        for (int k = 0; k < KB; k++) {
+            const float wk = s0 + k * stride < count ? __expf(w[k] - mb) : 0.f;
+            r.L += wk;
+            r.a.x += wk * o[k].x;
+            r.a.y += wk * o[k].y;
+            r.a.z += wk * o[k].z;
+            r.a.w += wk * o[k].w;
+        }
+        r.M = mb;
+    }
+    return r;
+}
+
+// Writes one float4 column of a merged head: o = a / L, lse = M + ln L (no state: o = 0, lse = -inf).
+template <typename T, int D>
+__device__ __forceinline__ void merge_write(const merge_acc &r, int64_t qh, int col, void *o_out, float *lse_out) {
+    using tr = dtype_traits<T>;
+    const float inv = r.L > 0.f ? 1.f / r.L : 0.f;
+    uint2 pk;
+    pk.x = tr::pack(r.a.x * inv, r.a.y * inv);
+    pk.y = tr::pack(r.a.z * inv, r.a.w * inv);
+    *reinterpret_cast<uint2 *>(static_cast<T *>(o_out) + qh * D + col * 4) = pk;
+    if (lse_out && col == 0) lse_out[qh] = r.L > 0.f ? r.M + logf(r.L) : -INFINITY;
+}
+
+// Combines the states of one merge in slot order with the whole CTA, a thread per (head, float4
+// column), and writes o and lse; count 0 writes the empty row (o = 0, lse = -inf).
 template <typename T, int D, int KB>
 __device__ __forceinline__ void merge_one(int32_t row, int32_t kv_head, int64_t first, int32_t count,
                                           const float *state_o, const float *state_lse, void *o_out, float *lse_out,
                                           int32_t num_qo_heads, int G) {
-    using tr = dtype_traits<T>;
     for (int idx = threadIdx.x; idx < G * (D / 4); idx += kThreads) {
-        const int j = idx / (D / 4), d = (idx % (D / 4)) * 4;
-        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-        float M = -INFINITY, L = 0.f;
-        for (int s0 = 0; s0 < count; s0 += KB) {
-            float4 o[KB];
-            float w[KB];
-#pragma unroll
-            for (int k = 0; k < KB; k++) {
-                const int64_t s = first + min(s0 + k, count - 1);
-                o[k] = __ldcg(reinterpret_cast<const float4 *>(state_o + (s * G + j) * D + d));
-                w[k] = __ldcg(state_lse + s * G + j);
-            }
-            float mb = M;
-#pragma unroll
-            for (int k = 0; k < KB; k++) mb = fmaxf(mb, w[k]); // clamped duplicates do not change the max
-            const float r = __expf(M - mb);                     // 0 on the first batch (M = -inf, mb finite)
-            a = make_float4(a.x * r, a.y * r, a.z * r, a.w * r);
-            L *= r;
-#pragma unroll
-            for (int k = 0; k < KB; k++) {
-                const float wk = s0 + k < count ? __expf(w[k] - mb) : 0.f;
-                L += wk;
-                a.x += wk * o[k].x;
-                a.y += wk * o[k].y;
-                a.z += wk * o[k].z;
-                a.w += wk * o[k].w;
-            }
-            M = mb;
-        }
-        const float inv = count > 0 ? 1.f / L : 0.f;
-        const int64_t qh = (int64_t)row * num_qo_heads + (int64_t)kv_head * G + j;
-        uint2 pk;
-        pk.x = tr::pack(a.x * inv, a.y * inv);
-        pk.y = tr::pack(a.z * inv, a.w * inv);
-        *reinterpret_cast<uint2 *>(static_cast<T *>(o_out) + qh * D + d) = pk;
-        if (lse_out && d == 0) lse_out[qh] = count > 0 ? M + logf(L) : -INFINITY;
+        const int j = idx / (D / 4), col = idx % (D / 4);
+        const merge_acc r = merge_accumulate<D, KB>(state_o, state_lse, first, count, 0, 1, G, j, col);
+        merge_write<T, D>(r, (int64_t)row * num_qo_heads + (int64_t)kv_head * G + j, col, o_out, lse_out);
     }
 }
 
@@ -179,6 +208,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel_row(const merge_params 
     PKV_TL_SCOPE(1);
     const pkv_merge m = p.merges[blockIdx.x]; // the plan's (uploaded before): read before the wait
     pdl_wait(); // the partial states come from the previous launch
+    PKV_TL_MARK(1, 0);
     merge_one<T, D, kMergeBatch>(m.row, m.kv_head, m.first_slot, m.count, p.state_o, p.state_lse, p.o, p.lse,
                                  p.num_qo_heads, p.group);
 }
@@ -186,143 +216,46 @@ __global__ void __launch_bounds__(kThreads) merge_kernel_row(const merge_params 
 // The merge kernel: one CTA per (merge, query head), so a step's merges spread over merges x G CTAs
 // instead of one CTA per (row, KV head) walking G heads (a 33-way merge of 4 heads took 6.5 us on
 // 8 CTAs).  Threads (grp, col): col = a float4 of the head dim, grp = one of kThreads / (D / 4)
-// interleaved subsets of the states; the subsets' sums combine through shared memory in a fixed
-// order (deterministic).
-template <typename T, int D, bool kCached>
-__device__ __forceinline__ float4 merge_head_sum(const pkv_merge &m, const float *state_o, const float *state_lse,
-                                                 const float *w_sm, float lse, int G, int j, int grp, int col) {
-    constexpr int NG = kThreads / (D / 4);
-    const int64_t first = m.first_slot;
-    float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s0 = grp; s0 < m.count; s0 += NG * kMergeBatch) {
-        float4 o[kMergeBatch];
-        float w[kMergeBatch];
-#pragma unroll
-        for (int k = 0; k < kMergeBatch; k++) {
-            const int s = min(s0 + k * NG, m.count - 1);
-            o[k] = __ldcg(reinterpret_cast<const float4 *>(state_o + ((first + s) * G + j) * D) + col);
-            w[k] = kCached ? w_sm[s] : __ldcg(state_lse + (first + s) * G + j);
-        }
-#pragma unroll
-        for (int k = 0; k < kMergeBatch; k++) {
-            const float wk = s0 + k * NG < m.count ? (kCached ? w[k] : __expf(w[k] - lse)) : 0.f;
-            a.x += wk * o[k].x;
-            a.y += wk * o[k].y;
-            a.z += wk * o[k].z;
-            a.w += wk * o[k].w;
-        }
-    }
-    return a;
-}
-
+// interleaved subsets of the states, each combined online (one round trip for up to 16 states per
+// subset: 64 at d = 128); the subsets combine through shared memory in a fixed order
+// (deterministic).
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) merge_kernel(const merge_params p) {
     static_assert(kThreads % (D / 4) == 0, "state groups");
     constexpr int NG = kThreads / (D / 4);
-    __shared__ float w_sm[kMaxCached];
-    __shared__ float red_sm[2][kWarps];
     __shared__ float4 part_sm[NG][D / 4];
-    using tr = dtype_traits<T>;
+    __shared__ float m_sm[NG], l_sm[NG];
     PKV_TL_SCOPE(1);
     const int G = p.group;
     const pkv_merge m = p.merges[blockIdx.x / G]; // the plan's (uploaded before): read before the wait
     const int j = blockIdx.x % G;
-    const int64_t first = m.first_slot;
-    const float *state_lse = p.state_lse;
-    const int n = m.count;
-    const bool cached = n <= kMaxCached;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int grp = threadIdx.x / (D / 4), col = threadIdx.x % (D / 4);
     pdl_wait(); // the partial states come from the previous launch
-    // this thread's first batch of states, loaded with the lse values below (one round trip for
-    // both; a merge of up to 16 x NG states needs no other)
-    float4 o0[kMergeBatch];
-#pragma unroll
-    for (int k = 0; k < kMergeBatch; k++) {
-        const int s = min(grp + k * NG, max(n - 1, 0));
-        o0[k] = n > 0 ? __ldcg(reinterpret_cast<const float4 *>(p.state_o + ((first + s) * G + j) * D) + col)
-                      : make_float4(0.f, 0.f, 0.f, 0.f);
+    PKV_TL_MARK(1, 0);
+    merge_acc r = merge_accumulate<D, kMergeBatch>(p.state_o, p.state_lse, m.first_slot, m.count, grp, NG, G, j, col);
+    part_sm[grp][col] = r.a;
+    if (col == 0) {
+        m_sm[grp] = r.M;
+        l_sm[grp] = r.L;
     }
-    // lse of every state of head j: up to 8 unconditional (clamped) loads per thread, then max and sum
-    float M = -INFINITY;
-    if (n > 0) {
-        float v[kMaxCached / kThreads];
-#pragma unroll
-        for (int k = 0; k < kMaxCached / kThreads; k++)
-            v[k] = __ldcg(state_lse + (first + min((int)threadIdx.x + k * kThreads, n - 1)) * G + j);
-#pragma unroll
-        for (int k = 0; k < kMaxCached / kThreads; k++) {
-            const int s = threadIdx.x + k * kThreads;
-            if (s < n) {
-                M = fmaxf(M, v[k]);
-                if (cached) w_sm[s] = v[k];
-            }
-        }
-        for (int s = threadIdx.x + kMaxCached; s < n; s += kThreads)
-            M = fmaxf(M, __ldcg(state_lse + (first + s) * G + j));
-    }
-#pragma unroll
-    for (int sh = 16; sh > 0; sh >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, sh));
-    if (lane == 0) red_sm[0][warp] = M;
     __syncthreads();
-    M = red_sm[0][0];
-#pragma unroll
-    for (int w = 1; w < kWarps; w++) M = fmaxf(M, red_sm[0][w]);
-    float L = 0.f;
-    for (int s = threadIdx.x; s < n; s += kThreads) {
-        const float e = __expf((cached ? w_sm[s] : __ldcg(state_lse + (first + s) * G + j)) - M);
-        if (cached) w_sm[s] = e; // the state's weight before normalisation
-        L += e;
-    }
-#pragma unroll
-    for (int sh = 16; sh > 0; sh >>= 1) L += __shfl_xor_sync(0xffffffffu, L, sh);
-    if (lane == 0) red_sm[1][warp] = L;
-    __syncthreads();
-    L = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; w++) L += red_sm[1][w];
-    const float lse = n > 0 ? M + logf(L) : -INFINITY;
-    const float inv = n > 0 ? 1.f / L : 0.f;
-    // weighted sum of the states: weight exp(lse_s - M) / L = exp(lse_s - lse); the first batch from
-    // registers, the rest (states past 16 x NG) by merge_head_sum
-    float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int k = 0; k < kMergeBatch; k++) {
-        const int s = grp + k * NG;
-        const float wk = s < n ? (cached ? w_sm[s] : __expf(__ldcg(state_lse + (first + s) * G + j) - lse)) : 0.f;
-        a.x += wk * o0[k].x;
-        a.y += wk * o0[k].y;
-        a.z += wk * o0[k].z;
-        a.w += wk * o0[k].w;
-    }
-    if (n > NG * kMergeBatch) {
-        const float4 b = cached ? merge_head_sum<T, D, true>(m, p.state_o, p.state_lse, w_sm, lse, G, j,
-                                                             grp + NG * kMergeBatch, col)
-                                : merge_head_sum<T, D, false>(m, p.state_o, p.state_lse, w_sm, lse, G, j,
-                                                              grp + NG * kMergeBatch, col);
-        a.x += b.x;
-        a.y += b.y;
-        a.z += b.z;
-        a.w += b.w;
-    }
-    if (cached) a = make_float4(a.x * inv, a.y * inv, a.z * inv, a.w * inv);
-    part_sm[grp][col] = a;
-    __syncthreads();
+    PKV_TL_MARK(1, 1);
     if (grp == 0) {
+        float M = m_sm[0];
 #pragma unroll
-        for (int g2 = 1; g2 < NG; g2++) {
+        for (int g2 = 1; g2 < NG; g2++) M = fmaxf(M, m_sm[g2]);
+        r = {make_float4(0.f, 0.f, 0.f, 0.f), M, 0.f};
+#pragma unroll
+        for (int g2 = 0; g2 < NG; g2++) {
+            const float f = l_sm[g2] > 0.f ? __expf(m_sm[g2] - M) : 0.f; // a subset without states adds nothing
             const float4 b = part_sm[g2][col];
-            a.x += b.x;
-            a.y += b.y;
-            a.z += b.z;
-            a.w += b.w;
+            r.L += f * l_sm[g2];
+            r.a.x += f * b.x;
+            r.a.y += f * b.y;
+            r.a.z += f * b.z;
+            r.a.w += f * b.w;
         }
-        const int64_t qh = (int64_t)m.row * p.num_qo_heads + (int64_t)m.kv_head * G + j;
-        uint2 pk;
-        pk.x = tr::pack(a.x, a.y);
-        pk.y = tr::pack(a.z, a.w);
-        *reinterpret_cast<uint2 *>(static_cast<T *>(p.o) + qh * D + col * 4) = pk;
-        if (p.lse && col == 0) p.lse[qh] = lse;
+        merge_write<T, D>(r, (int64_t)m.row * p.num_qo_heads + (int64_t)m.kv_head * G + j, col, p.o, p.lse);
     }
 }
 
@@ -441,6 +374,7 @@ __device__ __forceinline__ void finish_task(const decode_params &p, const float 
     const float *sm_l = sm_m + kWarps * GP;
     // the fused route's merge entry, read while the warps combine (not after the arrival)
     const bool fused_split = p.fused && ti.slot >= 0;
+    PKV_TL_MARK(0, 0);
     const pkv_merge fm = fused_split ? p.merges[ti.merge_idx] : pkv_merge{};
     __syncthreads();
     const int groups = G * (D / 8); // 8 outputs per thread step
@@ -491,6 +425,7 @@ __device__ __forceinline__ void finish_task(const decode_params &p, const float 
             if (last) p.counters[ti.merge_idx] = 0;
         }
         __syncthreads();
+        PKV_TL_MARK(0, 1);
         if (last) {
             __threadfence();
             merge_one<T, D, KB>(fm.row, fm.kv_head, fm.first_slot, fm.count, p.state_o, p.state_lse, p.o, p.lse,
@@ -922,8 +857,8 @@ static cudaError_t launch_merge(const merge_params &p, int32_t n, cudaStream_t s
 
 // The merge kernel of a plan: a CTA per (merge, query head) when a CTA per merge would take 3 or more
 // dependent batches of state loads per thread (ceil(G x D / 4 / threads) columns x ceil(count / 16));
-// for narrower merges the per-merge kernel is ~1 us shorter (H200: B1_N2048 12.8 vs 13.9 us, while
-// d64 B1_N32768 went 22.0 -> 15.7 us and g7 34.5 -> 28.6 us with a CTA per head).
+// for narrower merges the per-merge kernel is shorter (H200, kernel v7, split route: B1_N2048 11.6 vs
+// 12.1 us, B4_homo8K 43.6 vs 45.5; with a CTA per head B1_N8192 18.8 vs 19.2, B1_N65536 74.4 vs 75.4).
 template <int D> static bool merge_per_head(const pkv_plan *plan, int mode) {
     if (mode != 0) return mode == 1;
     const int64_t cols = ((int64_t)plan->group * (D / 4) + kThreads - 1) / kThreads;
@@ -1051,19 +986,21 @@ extern "C" cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace
 
 #ifdef PKV_TIMELINE
 // Writes the recorded CTAs of the last decode and merge launches as CSV (kind, cta, sm, start_ns,
-// end_ns); 0 on success.
+// end_ns, mark0_ns, mark1_ns: the PKV_TL_MARK points, 0 where none was recorded); 0 on success.
 extern "C" int pkv_cuda_timeline_dump(const char *path) {
-    static unsigned long long rec[2][pkv::kTimelineCap][3];
+    static unsigned long long rec[2][pkv::kTimelineCap][3], mark[2][pkv::kTimelineCap][2];
     unsigned int count[2];
     if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(rec, pkv::tl_rec, sizeof rec) != cudaSuccess ||
+        cudaMemcpyFromSymbol(mark, pkv::tl_mark, sizeof mark) != cudaSuccess ||
         cudaMemcpyFromSymbol(count, pkv::tl_count, sizeof count) != cudaSuccess)
         return -1;
     FILE *f = fopen(path, "w");
     if (!f) return -1;
-    fprintf(f, "kind,cta,sm,start_ns,end_ns\n");
+    fprintf(f, "kind,cta,sm,start_ns,end_ns,mark0_ns,mark1_ns\n");
     for (int k = 0; k < 2; k++)
         for (unsigned int i = 0; i < count[k] && i < (unsigned)pkv::kTimelineCap; i++)
-            fprintf(f, "%s,%u,%llu,%llu,%llu\n", k ? "merge" : "decode", i, rec[k][i][2], rec[k][i][0], rec[k][i][1]);
+            fprintf(f, "%s,%u,%llu,%llu,%llu,%llu,%llu\n", k ? "merge" : "decode", i, rec[k][i][2], rec[k][i][0],
+                    rec[k][i][1], mark[k][i][0], mark[k][i][1]);
     return fclose(f) == 0 ? 0 : -1;
 }
 #endif
