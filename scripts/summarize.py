@@ -26,6 +26,7 @@ def anchors_table(path):
            "| ---: |"]
     wins = 0
     effs = []
+    long_rows = []  # (step, fraction of the read ceiling) of anchors whose every row has >= 32K tokens
     for s in steps:
         rs = [r for r in rows if r["step"] == s]
         fixed = [r for r in rs if r["route"] != "auto"]
@@ -36,17 +37,24 @@ def anchors_table(path):
         if ratio and ratio >= 1 / 1.10:
             wins += 1
         effs.append(best["step_efficiency"] or 0)
+        if best.get("lens") and min(best["lens"]) >= 32768:
+            long_rows.append((s, best["frac_read_ceiling"]))
         cell = lambda k: f"{by[k]['kernel_us']:.1f}" if k in by else "-"
         worst_err = max((r["rel_err"] or 0) for r in rs)
         pf = best.get("pages_floor_us")
         pf_s = f"{pf:.1f} | {best['kv_bytes'] / (pf * 1e3) / ceil:.2f}" if pf else "- | -"
         out.append(f"| {s} | {best['kv_bytes'] / 1e6:.1f} | {best['route']} | {best['kernel_us']:.1f} | "
-                   f"{fi if fi else '-'} | {ratio:.2f} | {best['frac_read_ceiling']:.2f} | {best['floor_us']:.1f} | {pf_s} | "
+                   f"{fi if fi else '-'} | {ratio:.2f} | {best['frac_read_ceiling']:.3f} | {best['floor_us']:.1f} | {pf_s} | "
                    f"{best['step_efficiency']:.2f} | {cell('single')} | {cell('split')} | {cell('bucketed')} | "
                    f"{cell('workqueue')} | {cell('fused')} | {cell('auto')} | {worst_err:.1e} |")
     out.append("")
     out.append(f"steps within 10% of FlashInfer or faster: {wins}/{len(steps)}; step efficiency of the best route: "
                f"min {min(effs):.2f}, median {sorted(effs)[len(effs) // 2]:.2f}, max {max(effs):.2f}")
+    if long_rows:
+        met = [f"{s} {f:.3f}" for s, f in long_rows if f >= 0.80]
+        short = [f"{s} {f:.3f}" for s, f in long_rows if f < 0.80]
+        out.append(f"anchors of >= 32K tokens per row at >= 0.80 of the read ceiling (best route): {len(met)}/{len(long_rows)}"
+                   + (f" ({', '.join(met)})" if met else "") + (f"; below: {', '.join(short)}" if short else ""))
     return out
 
 
