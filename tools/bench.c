@@ -587,6 +587,16 @@ static void json_num(FILE *f, double x) {
         fprintf(f, "%.6g", x);
 }
 
+/* ', "key": value' (null for NaN / inf) and ', "key": "text"' */
+static void json_field_num(FILE *f, const char *key, double x) {
+    fprintf(f, ", \"%s\": ", key);
+    json_num(f, x);
+}
+static void json_field_str(FILE *f, const char *key, const char *text) {
+    fprintf(f, ", \"%s\": ", key);
+    json_str(f, text);
+}
+
 static void write_json(const char *path, const bench_opts *o, const ceilings *ce, const results *res, const char *workload) {
     FILE *f = fopen(path, "w");
     if (!f) {
@@ -609,21 +619,16 @@ static void write_json(const char *path, const bench_opts *o, const ceilings *ce
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
     fprintf(f, "{\n  \"meta\": {\"tool\": \"pkv bench\", \"commit\": ");
     json_str(f, commit);
-    fprintf(f, ", \"date\": ");
-    json_str(f, date);
-    fprintf(f, ", \"backend\": ");
-    json_str(f, o->cuda ? "cuda" : "cpu");
-    fprintf(f, ", \"device\": ");
-    json_str(f, pkv_context_device_name(o->ctx));
+    json_field_str(f, "date", date);
+    json_field_str(f, "backend", o->cuda ? "cuda" : "cpu");
+    json_field_str(f, "device", pkv_context_device_name(o->ctx));
     pkv_dev_info info;
     if (o->cuda && pkv_dev_get_info(o->ctx, &info) == PKV_OK)
         fprintf(f, ", \"gpu\": {\"name\": \"%s\", \"sms\": %d, \"cc\": \"%d.%d\", \"l2_bytes\": %lld, \"cuda_runtime\": %d, \"cuda_driver\": %d}",
                 info.name, info.sms, info.cc_major, info.cc_minor, (long long)info.l2_bytes, info.runtime_version,
                 info.driver_version);
-    fprintf(f, ", \"command\": ");
-    json_str(f, o->cmdline);
-    fprintf(f, ", \"workload\": ");
-    json_str(f, workload);
+    json_field_str(f, "command", o->cmdline);
+    json_field_str(f, "workload", workload);
     fprintf(f, ",\n    \"shape\": {\"name\": \"%s\", \"num_qo_heads\": %d, \"num_kv_heads\": %d, \"head_dim\": %d, \"page_size\": %d, "
                "\"layout\": \"%s\", \"dtype\": \"%s\"}, \"reps\": %d, \"wall_reps\": %d, \"terms_version\": 2},\n",
             o->shape->name, o->prob.num_qo_heads, o->prob.num_kv_heads, o->prob.head_dim, o->prob.page_size,
@@ -631,53 +636,36 @@ static void write_json(const char *path, const bench_opts *o, const ceilings *ce
             o->wall_reps);
     fprintf(f, "  \"ceilings\": {\"read_gbps\": ");
     json_num(f, ce->read_gbps);
-    fprintf(f, ", \"empty_launch_us\": ");
-    json_num(f, ce->launch_us);
-    fprintf(f, ", \"graph_launch_us\": ");
-    json_num(f, ce->graph_us);
+    json_field_num(f, "empty_launch_us", ce->launch_us);
+    json_field_num(f, "graph_launch_us", ce->graph_us);
     fprintf(f, "},\n  \"rows\": [\n");
     for (int i = 0; i < res->n; i++) {
         const row_result *r = &res->rows[i];
         char rl[32];
         route_label(r, rl, sizeof rl);
-        fprintf(f, "    {\"step\": \"%s\", \"batch\": %d, \"total_tokens\": %lld, \"route\": \"%s\", \"route_used\": \"%s\", ",
+        fprintf(f, "    {\"step\": \"%s\", \"batch\": %d, \"total_tokens\": %lld, \"route\": \"%s\", \"route_used\": \"%s\"",
                 r->step, r->batch, (long long)r->total_tokens, pkv_route_name(r->route_asked), pkv_route_name(r->route_used));
-        fprintf(f, "\"kernel_us\": ");
-        json_num(f, r->kernel_us);
-        fprintf(f, ", \"kernel_p10_us\": ");
-        json_num(f, r->kernel_p10);
-        fprintf(f, ", \"kernel_p90_us\": ");
-        json_num(f, r->kernel_p90);
-        fprintf(f, ", \"wall_us\": ");
-        json_num(f, r->wall_us);
-        fprintf(f, ", \"plan_us\": ");
-        json_num(f, r->plan_us);
+        json_field_num(f, "kernel_us", r->kernel_us);
+        json_field_num(f, "kernel_p10_us", r->kernel_p10);
+        json_field_num(f, "kernel_p90_us", r->kernel_p90);
+        json_field_num(f, "wall_us", r->wall_us);
+        json_field_num(f, "plan_us", r->plan_us);
         fprintf(f, ", \"kv_bytes\": %lld, \"qo_bytes\": %lld, \"merge_state_bytes\": %lld, \"launches\": %lld, \"tasks\": %lld, "
-                   "\"grid_ctas\": %lld, \"merges\": %lld, ",
+                   "\"grid_ctas\": %lld, \"merges\": %lld",
                 (long long)r->c.kv_bytes, (long long)r->c.qo_bytes, (long long)r->c.merge_state_bytes,
                 (long long)r->c.launches, (long long)r->c.tasks, (long long)r->c.grid_ctas, (long long)r->c.merges);
-        fprintf(f, "\"achieved_gbps\": ");
-        json_num(f, r->gbps);
-        fprintf(f, ", \"frac_read_ceiling\": ");
-        json_num(f, r->frac_ceiling);
-        fprintf(f, ", \"floor_us\": ");
-        json_num(f, r->floor_us > 0 ? r->floor_us : NAN);
-        fprintf(f, ", \"pages_floor_us\": ");
-        json_num(f, r->gather_us > 0 ? r->gather_us : NAN);
-        fprintf(f, ", \"step_efficiency\": ");
-        json_num(f, r->step_eff);
-        fprintf(f, ", \"tokens_per_s\": ");
-        json_num(f, r->tokens_per_s);
-        fprintf(f, ", \"rel_err\": ");
-        json_num(f, r->rel_err);
-        fprintf(f, ", \"max_err\": ");
-        json_num(f, r->max_err);
-        fprintf(f, ", \"unwritten_outputs\": %d, \"flashinfer_best_us\": ", r->nan_outputs);
-        json_num(f, r->flashinfer_us > 0 ? r->flashinfer_us : NAN);
-        fprintf(f, ", \"repro\": ");
-        json_str(f, r->repro);
-        fprintf(f, ", \"args\": ");
-        json_str(f, r->trace);
+        json_field_num(f, "achieved_gbps", r->gbps);
+        json_field_num(f, "frac_read_ceiling", r->frac_ceiling);
+        json_field_num(f, "floor_us", r->floor_us > 0 ? r->floor_us : NAN);
+        json_field_num(f, "pages_floor_us", r->gather_us > 0 ? r->gather_us : NAN);
+        json_field_num(f, "step_efficiency", r->step_eff);
+        json_field_num(f, "tokens_per_s", r->tokens_per_s);
+        json_field_num(f, "rel_err", r->rel_err);
+        json_field_num(f, "max_err", r->max_err);
+        fprintf(f, ", \"unwritten_outputs\": %d", r->nan_outputs);
+        json_field_num(f, "flashinfer_best_us", r->flashinfer_us > 0 ? r->flashinfer_us : NAN);
+        json_field_str(f, "repro", r->repro);
+        json_field_str(f, "args", r->trace);
         fprintf(f, ", \"terms\": [");
         for (int k = 0; k < PKV_COST_TERMS; k++) fprintf(f, "%s%.9g", k ? "," : "", r->terms[k]);
         fprintf(f, "], \"lens\": [");
