@@ -91,6 +91,46 @@ double median(std::vector<double> v) {
 
 constexpr int64_t kSpinNs = 30000;
 
+// Times one kernel like a step (CUDA events around each run, the runs queued in batches of 16
+// behind a spin) at three grid sizes - 2, 4 and 8 CTAs per SM, each capped at max_grid - and writes
+// the best of the three medians over reps.  launch(grid, r) enqueues run r; what names it in errors.
+template <typename Launch>
+pkv_status best_median_over_grids(pkv_context *ctx, int32_t reps, int64_t max_grid, const char *what, Launch launch,
+                                  double *median_us) {
+    int dev = 0, sms = 0;
+    cudaGetDevice(&dev);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+    const int grids[3] = {sms * 2, sms * 4, sms * 8};
+    double best = 1e30;
+    std::vector<cudaEvent_t> ev(2 * (size_t)reps);
+    for (auto &e : ev) PKV_CUDA_TRY(ctx, cudaEventCreate(&e));
+    pkv_status result = PKV_OK;
+    for (int gi = 0; gi < 3 && result == PKV_OK; gi++) {
+        const int grid = (int)std::min<int64_t>(grids[gi], max_grid);
+        for (int32_t r = 0; r < reps; r++) {
+            if (r % 16 == 0) spin_kernel<<<1, 1>>>(kSpinNs * 4);
+            cudaEventRecord(ev[2 * r], nullptr);
+            launch(grid, r);
+            cudaEventRecord(ev[2 * r + 1], nullptr);
+        }
+        cudaError_t e = cudaDeviceSynchronize();
+        if (e != cudaSuccess) {
+            result = pkv_fail(ctx, PKV_ERR_CUDA, "%s kernel failed: %s", what, cudaGetErrorString(e));
+            break;
+        }
+        std::vector<double> t(reps);
+        for (int32_t r = 0; r < reps; r++) {
+            float ms = 0;
+            cudaEventElapsedTime(&ms, ev[2 * r], ev[2 * r + 1]);
+            t[r] = ms * 1000.0;
+        }
+        best = std::min(best, median(t));
+    }
+    for (auto &x : ev) cudaEventDestroy(x);
+    *median_us = best;
+    return result;
+}
+
 } // namespace
 
 extern "C" {
@@ -197,42 +237,17 @@ pkv_status pkv_dev_time_read(pkv_context *ctx, const void *buf, size_t buf_bytes
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "read of %zu bytes from a %zu-byte buffer", bytes, buf_bytes);
     uint32_t *sink = nullptr;
     PKV_CUDA_TRY(ctx, cudaMalloc(&sink, sizeof(uint32_t)));
-    int dev = 0, sms = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     const size_t windows = std::max<size_t>(1, buf_bytes / bytes);
-    const int grids[3] = {sms * 2, sms * 4, sms * 8};
-    double best = 1e30;
-    std::vector<cudaEvent_t> ev(2 * (size_t)reps);
-    for (auto &e : ev) PKV_CUDA_TRY(ctx, cudaEventCreate(&e));
-    pkv_status result = PKV_OK;
-    for (int gi = 0; gi < 3 && result == PKV_OK; gi++) {
-        int64_t n16 = (int64_t)(bytes / 16);
-        int grid = (int)std::min<int64_t>(grids[gi], (n16 + 255) / 256);
-        for (int32_t r = 0; r < reps; r++) {
-            if (r % 16 == 0) spin_kernel<<<1, 1>>>(kSpinNs * 4);
+    const int64_t n16 = (int64_t)(bytes / 16);
+    const pkv_status st = best_median_over_grids(
+        ctx, reps, (n16 + 255) / 256, "read",
+        [&](int grid, int32_t r) {
             const char *src = static_cast<const char *>(buf) + ((size_t)r % windows) * bytes;
-            cudaEventRecord(ev[2 * r], nullptr);
             read_kernel<<<grid, 256>>>(reinterpret_cast<const uint4 *>(src), n16, sink);
-            cudaEventRecord(ev[2 * r + 1], nullptr);
-        }
-        cudaError_t e = cudaDeviceSynchronize();
-        if (e != cudaSuccess) {
-            result = pkv_fail(ctx, PKV_ERR_CUDA, "read kernel failed: %s", cudaGetErrorString(e));
-            break;
-        }
-        std::vector<double> t(reps);
-        for (int32_t r = 0; r < reps; r++) {
-            float ms = 0;
-            cudaEventElapsedTime(&ms, ev[2 * r], ev[2 * r + 1]);
-            t[r] = ms * 1000.0;
-        }
-        best = std::min(best, median(t));
-    }
-    for (auto &x : ev) cudaEventDestroy(x);
+        },
+        median_us);
     cudaFree(sink);
-    *median_us = best;
-    return result;
+    return st;
 }
 
 pkv_status pkv_dev_time_gather(pkv_context *ctx, const void *k, const void *v, size_t page_bytes,
@@ -244,40 +259,15 @@ pkv_status pkv_dev_time_gather(pkv_context *ctx, const void *k, const void *v, s
                         page_bytes, nsets, reps);
     uint32_t *sink = nullptr;
     PKV_CUDA_TRY(ctx, cudaMalloc(&sink, sizeof(uint32_t)));
-    int dev = 0, sms = 0;
-    cudaGetDevice(&dev);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    const int grids[3] = {sms * 2, sms * 4, sms * 8};
-    double best = 1e30;
-    std::vector<cudaEvent_t> ev(2 * (size_t)reps);
-    for (auto &e : ev) PKV_CUDA_TRY(ctx, cudaEventCreate(&e));
-    pkv_status result = PKV_OK;
-    for (int gi = 0; gi < 3 && result == PKV_OK; gi++) {
-        const int grid = (int)std::min<int64_t>(grids[gi], (2 * (int64_t)npages + 7) / 8); // 8 warps per CTA
-        for (int32_t r = 0; r < reps; r++) {
-            if (r % 16 == 0) spin_kernel<<<1, 1>>>(kSpinNs * 4);
-            cudaEventRecord(ev[2 * r], nullptr);
+    const pkv_status st = best_median_over_grids(
+        ctx, reps, (2 * (int64_t)npages + 7) / 8 /* 8 warps per CTA, a warp per page */, "gather",
+        [&](int grid, int32_t r) {
             gather_kernel<<<grid, 256>>>(page_sets[r % nsets], npages, static_cast<const uint4 *>(k),
                                          static_cast<const uint4 *>(v), (int64_t)(page_bytes / 16), sink);
-            cudaEventRecord(ev[2 * r + 1], nullptr);
-        }
-        cudaError_t e = cudaDeviceSynchronize();
-        if (e != cudaSuccess) {
-            result = pkv_fail(ctx, PKV_ERR_CUDA, "gather kernel failed: %s", cudaGetErrorString(e));
-            break;
-        }
-        std::vector<double> t(reps);
-        for (int32_t r = 0; r < reps; r++) {
-            float ms = 0;
-            cudaEventElapsedTime(&ms, ev[2 * r], ev[2 * r + 1]);
-            t[r] = ms * 1000.0;
-        }
-        best = std::min(best, median(t));
-    }
-    for (auto &x : ev) cudaEventDestroy(x);
+        },
+        median_us);
     cudaFree(sink);
-    *median_us = best;
-    return result;
+    return st;
 }
 
 pkv_status pkv_dev_launch_latency(pkv_context *ctx, double *empty_us, double *graph_us) {
