@@ -394,9 +394,8 @@ int main(void) {
         pkv_cost_model_default(&dev, 132, 4600, 3);
         CHECK_OK(pkv_context_set_cost_model(ctx, &dev));
         /* the H200's d = 128 numbers: the planner's wave 2 per unit, the light kernel holds 3 */
-        const int32_t saved_cpu = ctx->ctas_per_unit, saved_light = ctx->ctas_per_unit_light;
+        const int32_t saved_cpu = ctx->ctas_per_unit;
         ctx->ctas_per_unit = 2;
-        ctx->ctas_per_unit_light = 3;
         ctx->resident[1][0] = 3;
         int other_wave = 0;
         for (int k = 0; k < 30; k++) {
@@ -445,14 +444,12 @@ int main(void) {
                       lens[0], auto_tasks, pkv_plan_num_tasks(plan));
         }
         ctx->ctas_per_unit = saved_cpu;
-        ctx->ctas_per_unit_light = saved_light;
         ctx->resident[1][0] = 0;
     }
     /* decision cost of auto with a model (reported, not asserted: timings are not tests): auto's
      * plan time minus the plan time of the route it chose, with the H200's d = 128 numbers (the
      * planner's 2 per unit, the light kernel's 3 resident) */
     ctx->ctas_per_unit = 2;
-    ctx->ctas_per_unit_light = 3;
     ctx->resident[1][0] = 3;
     CHECK_OK(pkv_context_set_cost_model(ctx, &models[2]));
     for (int i = 0; i < 128; i++) lens[i] = (int32_t)pkv_rng_uniform_int(&r, 1, 32768);

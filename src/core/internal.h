@@ -35,7 +35,6 @@ struct pkv_context {
     void *backend_state;
     int32_t parallelism;     /* SMs or threads */
     int32_t ctas_per_unit;   /* planner default for this backend */
-    int32_t ctas_per_unit_light; /* the default for G <= 8, d <= 128 (a lighter kernel on CUDA); 0: the same */
     int32_t resident[3][2];  /* CUDA: CTAs per SM of the kernel that runs [d 64, 128, 256][G <= 8, G > 8]; 0: unknown */
     int32_t device;
     uint64_t id;             /* unique per context */

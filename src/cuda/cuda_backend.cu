@@ -118,10 +118,10 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device) {
     ctx->device = device;
     ctx->parallelism = prop.multiProcessorCount;
     /* resident CTAs per SM of the kernels, as the planner's default tasks per SM */
-    int m8 = pkv_cuda_decode_resident_ctas(8, 128, 0), n8 = pkv_cuda_decode_resident_ctas(8, 128, s->launch.allow_n8);
+    const int m8 = pkv_cuda_decode_resident_ctas(8, 128, 0);
     ctx->ctas_per_unit = m8 > 0 ? m8 : 2;
-    ctx->ctas_per_unit_light = n8 > 0 ? n8 : ctx->ctas_per_unit;
-    /* and per head dim: the d = 64 kernels hold more CTAs than the d = 128 ones */
+    /* and of the kernel that runs each head dim and group size (the d = 64 kernels hold more CTAs
+     * than the d = 128 ones; heads in N, for G <= 8, more than heads in M) */
     static const int32_t dims[3] = {64, 128, 256};
     for (int k = 0; k < 3; k++) {
         ctx->resident[k][0] = pkv_cuda_decode_resident_ctas(8, dims[k], s->launch.allow_n8);

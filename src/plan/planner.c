@@ -383,14 +383,14 @@ static void compute_counters(pkv_plan *plan) {
  * tasks let the hardware scheduler even out the load; even batches keep one wave unless they
  * overflow it, as measured on the H200, docs/kernel-notes.md), chunk bounds and forced values. */
 /* Tasks per parallel unit: the wave the planner fills (the backend's default) and the tasks the
- * device holds resident (CUDA: CTAs per SM of the kernel that runs this problem; the lighter
- * heads-in-N kernel for G <= 8, d <= 128 holds 3 where the other holds 2). */
+ * device holds resident (CUDA: CTAs per SM of the kernel that runs this problem, taken at d = 128
+ * for d <= 128; the lighter heads-in-N kernel for G <= 8 holds 3 where the other holds 2). */
 static int32_t default_ctas(const pkv_context *ctx) { return ctx ? ctx->ctas_per_unit : 2; }
 static int32_t resident_ctas(const pkv_context *ctx, const pkv_problem *p) {
     if (!ctx) return 2;
     if (!p) return ctx->ctas_per_unit; /* plan_impl reports the NULL problem */
-    if (ctx->ctas_per_unit_light > 0 && p->num_qo_heads <= 8 * p->num_kv_heads && p->head_dim <= 128)
-        return ctx->ctas_per_unit_light;
+    const int32_t light = ctx->resident[1][0]; /* d = 128, G <= 8 */
+    if (light > 0 && p->num_qo_heads <= 8 * p->num_kv_heads && p->head_dim <= 128) return light;
     return ctx->ctas_per_unit;
 }
 /* The exact residency of the kernel that runs the problem at its head dim (CUDA: the occupancy
