@@ -199,6 +199,7 @@ pkv_status pkv_cost_model_fit(int32_t n, const double *terms, const double *us, 
     }
     /* rho over 0.01..0.2 MB per token (161 log-spaced points) x p; per pair the linear part by
      * relative least squares made non-negative by elimination (drop the most negative, refit) */
+    for (int32_t i = 0; i < n; i++) wy[i] = 1.0; /* relative error: each row divided by its time */
     static const double ps[] = {2.0, 3.0, 4.0, 6.0, 0.0};
     double best_err = INFINITY, best_coef[NCOL] = {0}, best_rho = 0, best_p = 3.0;
     for (int pi = 0; pi < (int)(sizeof ps / sizeof ps[0]); pi++)
@@ -207,7 +208,6 @@ pkv_status pkv_cost_model_fit(int32_t n, const double *terms, const double *us, 
             for (int32_t i = 0; i < n; i++) {
                 design_row(terms + (size_t)i * PKV_COST_TERMS, rho, ps[pi], X + (size_t)i * NCOL);
                 for (int k = 0; k < NCOL; k++) wx[(size_t)i * NCOL + k] = X[(size_t)i * NCOL + k] / us[i];
-                wy[i] = 1.0;
             }
             int active[NCOL];
             double coef[NCOL];
