@@ -1094,11 +1094,9 @@ int cmd_bench(int argc, char **argv) {
                    r->terms[PKV_TERM_LAUNCHES], r->terms[PKV_TERM_MB], r->terms[PKV_TERM_LONGEST_MB],
                    r->terms[PKV_TERM_MERGE_MB], r->terms[PKV_TERM_TASKS], r->terms[PKV_TERM_SLOTS]);
         }
-        const double *c = o.model.coef;
-        printf("model (%s): %.3g us + %.3g us/launch + %.3g (fused) / %.3g (merge kernel) us/MB merged + %.3g us/MB "
-               "x soft-max(p %.3g) of the streamed MB and rho %.4g MB/token x the longest task + %.3g us/MB idle\n",
-               o.model.device, c[PKV_COEF_CONST_US], c[PKV_COEF_LAUNCH_US], c[PKV_COEF_FUSED_MERGE], c[PKV_COEF_MERGE],
-               c[PKV_COEF_US_PER_MB], c[PKV_COEF_P], c[PKV_COEF_RHO], c[PKV_COEF_IDLE_US_PER_MB]);
+        printf("model (%s): ", o.model.device);
+        cli_print_model(stdout, &o.model);
+        printf("\n");
     }
     const char *json = cli_opt(argc, argv, "--json");
     if (json) {

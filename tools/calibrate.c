@@ -432,13 +432,9 @@ int cmd_calibrate(int argc, char **argv) {
             fprintf(stderr, "pkv calibrate: %s\n", pkv_last_error());
             return 1;
         }
-        const double *c = m.coef;
-        printf("fit on %d measurements: rms %.2f us; %.3g us + %.3g us/launch + %.3g (fused) / %.3g (merge kernel) us/MB "
-               "merged + %.4g us/MB (%.0f GB/s) x soft-max(p %.3g) of the streamed MB and rho %.4g MB/token x the longest "
-               "task + %.3g us/MB idle\n",
-               nfit, m.rms_us, c[PKV_COEF_CONST_US], c[PKV_COEF_LAUNCH_US], c[PKV_COEF_FUSED_MERGE], c[PKV_COEF_MERGE],
-               c[PKV_COEF_US_PER_MB], c[PKV_COEF_US_PER_MB] > 0 ? 1e3 / c[PKV_COEF_US_PER_MB] : 0.0, c[PKV_COEF_P],
-               c[PKV_COEF_RHO], c[PKV_COEF_IDLE_US_PER_MB]);
+        printf("fit on %d measurements: rms %.2f us; ", nfit, m.rms_us);
+        cli_print_model(stdout, &m);
+        printf("\n");
         evaluate(&m, &set, "fit set: ");
         free(T);
         free(y);

@@ -50,6 +50,9 @@ int cli_cmp_double(const void *a, const void *b);
 double cli_median(double *v, int n); /* sorts v */
 double cli_percentile(double *v, int n, double q); /* v sorted */
 
+/* Prints a cost model's formula with its coefficients (no newline): what auto predicts from. */
+void cli_print_model(FILE *f, const pkv_cost_model *m);
+
 /* Fills buf with random fp16/bf16 values in [-1, 1] (host). */
 void cli_fill_random(uint16_t *buf, int64_t n, pkv_dtype dtype, uint64_t seed);
 

@@ -213,3 +213,12 @@ bool cli_trace_config(int argc, char **argv, const char *family_option, const ch
     c->page_size = (int32_t)cli_opt_int(argc, argv, "--page-size", c->page_size);
     return true;
 }
+
+void cli_print_model(FILE *f, const pkv_cost_model *m) {
+    const double *c = m->coef;
+    fprintf(f, "%.3g us + %.3g us/launch + %.3g (fused) / %.3g (merge kernel) us/MB merged + %.4g us/MB (%.0f GB/s) x "
+               "soft-max(p %.3g) of the streamed MB and rho %.4g MB/token x the longest task + %.3g us/MB idle",
+            c[PKV_COEF_CONST_US], c[PKV_COEF_LAUNCH_US], c[PKV_COEF_FUSED_MERGE], c[PKV_COEF_MERGE], c[PKV_COEF_US_PER_MB],
+            c[PKV_COEF_US_PER_MB] > 0 ? 1e3 / c[PKV_COEF_US_PER_MB] : 0.0, c[PKV_COEF_P], c[PKV_COEF_RHO],
+            c[PKV_COEF_IDLE_US_PER_MB]);
+}
