@@ -1,0 +1,394 @@
+// probe_read_patterns.cu - how fast can the KV bytes of a decode step be read off scattered NHD pages,
+// by access pattern, with no attention math?  A standalone probe for the next kernel version:
+//
+//   stream      a contiguous read of the same bytes (and of 4 GiB: the read ceiling)
+//   page        a warp per whole 32 KiB page, 8 16-byte loads in flight per lane (pkv's pages floor)
+//   head-ldg    the decode kernel's mapping: a CTA of 4 warps per (row, KV head, split), a warp per
+//               16-token tile (a page's 256-byte head vectors of K and V: 8 KiB), page ids one tile
+//               group ahead; 'window': as ptxas schedules it (about 4 loads per thread in flight),
+//               'U=1/2 fenced': all loads of U tiles issued before any is consumed (the decode
+//               kernel's 8 KiB per warp, and twice that)
+//   head-cp S   the same mapping with cp.async (16 bytes per instruction) into S stages of 8 KiB per warp
+//   head-bulk S the same mapping with cp.async.bulk (one 256-byte bulk copy per lane and tile, the
+//               completion counted on an mbarrier) into S shared-memory stages per warp
+//
+// Shape: the paper shape (Hkv 8, d 128, fp16, page 16 tokens, NHD: a K page is 32 KiB), pages drawn
+// without repetition from a 16 GiB K pool and a 16 GiB V pool (anchors.md: a 32 GiB pool), rows of
+// 2048 pages (32K tokens): 16 rows = 2.15 GB (B16_homo32K), 1 row = 134 MB (B1_N32768).  Time: CUDA
+// events around each run, median of 30.  Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
+//   dev/probe_read_patterns.cu -o probe_read_patterns
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#define CK(x)                                                                                    \
+    do {                                                                                         \
+        cudaError_t e_ = (x);                                                                    \
+        if (e_ != cudaSuccess) {                                                                 \
+            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
+            exit(1);                                                                             \
+        }                                                                                        \
+    } while (0)
+
+constexpr int kHeads = 8;
+constexpr int kTokBytes = 256;                  // one head vector: d 128 x 2 bytes
+constexpr int kPageBytes = 16 * kHeads * kTokBytes; // 32 KiB
+constexpr int kPageVec = kPageBytes / 16;
+constexpr int kWarps = 4;
+
+__device__ __forceinline__ uint4 ldg_nc(const uint4 *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+__global__ void stream_kernel(const uint4 *src, int64_t n, uint32_t *sink) {
+    uint32_t x = 0;
+    const int64_t stride = (int64_t)gridDim.x * blockDim.x;
+    int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
+    for (; i + 7 * stride < n; i += 8 * stride) {
+        uint4 r[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) r[u] = ldg_nc(src + i + u * stride);
+#pragma unroll
+        for (int u = 0; u < 8; u++) x ^= r[u].x ^ r[u].y ^ r[u].z ^ r[u].w;
+    }
+    for (; i < n; i += stride) {
+        const uint4 a = ldg_nc(src + i);
+        x ^= a.x ^ a.y ^ a.z ^ a.w;
+    }
+    if (x == 0x9e3779b9u) *sink = x;
+}
+
+// a warp per whole page (K or V), 8 loads in flight per lane
+__global__ void page_kernel(const int32_t *ids, int64_t npages, const uint4 *k, const uint4 *v, uint32_t *sink) {
+    uint32_t x = 0;
+    const int lane = threadIdx.x & 31;
+    const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
+    for (int64_t it = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; it < 2 * npages; it += warps) {
+        const uint4 *src = ((it & 1) ? v : k) + (int64_t)__ldg(ids + (it >> 1)) * kPageVec;
+        for (int i = lane; i < kPageVec; i += 8 * 32) {
+            uint4 r[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) r[u] = ldg_nc(src + i + u * 32);
+#pragma unroll
+            for (int u = 0; u < 8; u++) x ^= r[u].x ^ r[u].y ^ r[u].z ^ r[u].w;
+        }
+    }
+    if (x == 0x9e3779b9u) *sink = x;
+}
+
+// CTA (row, head, split) of 4 warps; warp w reads pages w, w + 4, ... of its split for its head:
+// K and V of 16 tokens x 256 bytes = 16 x 16 vectors each; lane l takes token l / 2 (8 tokens per
+// half warp... ) - concretely vector j = l + 32 u (u < 8) of the K tile and of the V tile.
+template <int U, bool FENCE>
+__global__ void __launch_bounds__(128) head_ldg_kernel(const int32_t *ids, int pages_per_row, int splits,
+                                                      const uint4 *k, const uint4 *v, uint32_t *sink) {
+    const int row = blockIdx.x / (kHeads * splits), head = (blockIdx.x / splits) % kHeads, sp = blockIdx.x % splits;
+    const int per = (pages_per_row + splits - 1) / splits;
+    const int p0 = sp * per, p1 = min(p0 + per, pages_per_row);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int32_t *rid = ids + (int64_t)row * pages_per_row;
+    uint32_t x = 0;
+    // vector j of a tile: token j / 16, 16-byte piece j % 16 of the head vector
+    int64_t off[8];
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        const int j = lane + 32 * u;
+        off[u] = (int64_t)(j >> 4) * (kHeads * kTokBytes / 16) + head * (kTokBytes / 16) + (j & 15);
+    }
+    int32_t nid[U];
+#pragma unroll
+    for (int t = 0; t < U; t++) {
+        const int pg = p0 + warp + t * kWarps;
+        nid[t] = pg < p1 ? __ldg(rid + pg) : -1;
+    }
+    for (int base = p0 + warp; base < p1; base += U * kWarps) {
+        int32_t id[U];
+#pragma unroll
+        for (int t = 0; t < U; t++) id[t] = nid[t];
+#pragma unroll
+        for (int t = 0; t < U; t++) { // the next group's ids, in flight with this group's data
+            const int pg = base + (U + t) * kWarps;
+            nid[t] = pg < p1 ? __ldg(rid + pg) : -1;
+        }
+        uint4 r[U][16];
+#pragma unroll
+        for (int t = 0; t < U; t++)
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                const int64_t pbase = (int64_t)(id[t] < 0 ? 0 : id[t]) * kPageVec;
+                r[t][u] = id[t] >= 0 ? ldg_nc(k + pbase + off[u]) : make_uint4(0, 0, 0, 0);
+                r[t][8 + u] = id[t] >= 0 ? ldg_nc(v + pbase + off[u]) : make_uint4(0, 0, 0, 0);
+            }
+        // FENCE: every load of the group is issued before any is consumed (without it ptxas keeps a
+        // rolling window of about 4 loads per thread in flight, as in the stream kernel)
+        if constexpr (FENCE) __threadfence_block();
+#pragma unroll
+        for (int t = 0; t < U; t++)
+#pragma unroll
+            for (int u = 0; u < 16; u++) x ^= r[t][u].x ^ r[t][u].y ^ r[t][u].z ^ r[t][u].w;
+    }
+    if (x == 0x9e3779b9u) *sink = x;
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// The same mapping with cp.async (16 bytes per instruction, L2 only) into S shared-memory stages of
+// 8 KiB per warp: lane l copies vectors l + 32 u of the tile's K and V (as head-ldg); one commit group
+// per tile; the warp waits for the oldest group, then refills its stage.  Nothing reads the stages.
+template <int S>
+__global__ void __launch_bounds__(128) head_cp_kernel(const int32_t *ids, int pages_per_row, int splits,
+                                                     const uint4 *k, const uint4 *v, uint32_t *sink) {
+    extern __shared__ __align__(128) unsigned char sm[];
+    const int row = blockIdx.x / (kHeads * splits), head = (blockIdx.x / splits) % kHeads, sp = blockIdx.x % splits;
+    const int per = (pages_per_row + splits - 1) / splits;
+    const int p0 = sp * per, p1 = min(p0 + per, pages_per_row);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int32_t *rid = ids + (int64_t)row * pages_per_row;
+    unsigned char *wsm = sm + (size_t)warp * S * 8192;
+    int64_t off[8];
+#pragma unroll
+    for (int u = 0; u < 8; u++) {
+        const int j = lane + 32 * u;
+        off[u] = (int64_t)(j >> 4) * (kHeads * kTokBytes / 16) + head * (kTokBytes / 16) + (j & 15);
+    }
+    auto issue = [&](int s, int32_t id) {
+        const int64_t pbase = (int64_t)id * kPageVec;
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            const uint32_t dk = smem_addr(wsm + s * 8192 + (lane + 32 * u) * 16);
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dk), "l"(k + pbase + off[u]) : "memory");
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dk + 4096), "l"(v + pbase + off[u]) : "memory");
+        }
+    };
+    const int ntiles = p1 - p0 > warp ? (p1 - p0 - warp + kWarps - 1) / kWarps : 0;
+    for (int t = 0; t < S; t++) {
+        if (t < ntiles) issue(t, __ldg(rid + p0 + warp + t * kWarps));
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    int32_t next_id = ntiles > S ? __ldg(rid + p0 + warp + S * kWarps) : 0;
+    for (int t = 0; t < ntiles; t++) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(S - 1) : "memory"); // tile t has landed
+        if (t + S < ntiles) {
+            const int32_t id = next_id;
+            if (t + S + 1 < ntiles) next_id = __ldg(rid + p0 + warp + (t + S + 1) * kWarps);
+            issue(t % S, id);
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    if (ntiles < 0) *sink = 1;
+}
+
+// The same mapping with bulk copies: lane l copies the 256-byte head vector of token l (K, l < 16)
+// or l - 16 (V) of the tile into stage s; lane 0 arms the stage's mbarrier with 8 KiB.  S stages per
+// warp; a stage is re-armed as soon as its previous contents have landed (nothing reads them: this
+// measures the copy rate alone).
+template <int S>
+__global__ void __launch_bounds__(128) head_bulk_kernel(const int32_t *ids, int pages_per_row, int splits,
+                                                       const char *k, const char *v, uint32_t *sink) {
+    extern __shared__ __align__(128) unsigned char sm[];
+    __shared__ __align__(8) uint64_t bars[kWarps][S];
+    const int row = blockIdx.x / (kHeads * splits), head = (blockIdx.x / splits) % kHeads, sp = blockIdx.x % splits;
+    const int per = (pages_per_row + splits - 1) / splits;
+    const int p0 = sp * per, p1 = min(p0 + per, pages_per_row);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int32_t *rid = ids + (int64_t)row * pages_per_row;
+    unsigned char *wsm = sm + (size_t)warp * S * 8192;
+    if (lane == 0)
+        for (int s = 0; s < S; s++)
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[warp][s])));
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    __syncwarp();
+    const int64_t tok_off = (int64_t)(lane & 15) * (kHeads * kTokBytes) + head * kTokBytes;
+    const char *pool = lane < 16 ? k : v;
+    auto issue = [&](int s, int32_t id) {
+        const uint32_t bar = smem_addr(&bars[warp][s]);
+        if (lane == 0)
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], 8192;" ::"r"(bar) : "memory");
+        __syncwarp();
+        const char *src = pool + (int64_t)id * kPageBytes + tok_off;
+        const uint32_t dst = smem_addr(wsm + s * 8192 + lane * 256);
+        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], 256, [%2];" ::"r"(dst),
+                     "l"(src), "r"(bar)
+                     : "memory");
+    };
+    auto wait = [&](int s, uint32_t parity) {
+        const uint32_t bar = smem_addr(&bars[warp][s]);
+        uint32_t done = 0;
+        while (!done)
+            asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                         : "=r"(done)
+                         : "r"(bar), "r"(parity)
+                         : "memory");
+    };
+    const int ntiles = p1 - p0 > warp ? (p1 - p0 - warp + kWarps - 1) / kWarps : 0; // this warp's tiles
+    int32_t next_id = ntiles > S ? __ldg(rid + p0 + warp + S * kWarps) : 0;
+    for (int t = 0; t < S && t < ntiles; t++) issue(t, __ldg(rid + p0 + warp + t * kWarps));
+    uint32_t phase = 0; // bit s: the parity stage s waits for
+    for (int t = 0; t < ntiles; t++) {
+        const int s = t % S;
+        wait(s, (phase >> s) & 1);
+        phase ^= 1u << s;
+        if (t + S < ntiles) {
+            const int32_t id = next_id;
+            if (t + S + 1 < ntiles) next_id = __ldg(rid + p0 + warp + (t + S + 1) * kWarps);
+            issue(s, id);
+        }
+    }
+    if (ntiles < 0) *sink = 1;
+}
+
+struct timer {
+    cudaEvent_t a, b;
+    timer() {
+        CK(cudaEventCreate(&a));
+        CK(cudaEventCreate(&b));
+    }
+    template <typename F> double median_us(F launch, int reps = 30) {
+        for (int i = 0; i < 3; i++) launch();
+        CK(cudaGetLastError());
+        CK(cudaDeviceSynchronize());
+        std::vector<double> v;
+        for (int i = 0; i < reps; i++) {
+            CK(cudaEventRecord(a));
+            launch();
+            CK(cudaEventRecord(b));
+            CK(cudaEventSynchronize(b));
+            float ms = 0;
+            CK(cudaEventElapsedTime(&ms, a, b));
+            v.push_back(ms * 1e3);
+        }
+        CK(cudaGetLastError());
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+    }
+};
+
+int main() {
+    int sms = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    const int64_t pool_pages = (int64_t)1 << 19; // 16 GiB per pool
+    char *k = nullptr, *v = nullptr, *buf = nullptr;
+    const size_t pool_bytes = (size_t)pool_pages * kPageBytes;
+    CK(cudaMalloc(&k, pool_bytes));
+    CK(cudaMalloc(&v, pool_bytes));
+    CK(cudaMemset(k, 0x3c, pool_bytes));
+    CK(cudaMemset(v, 0x5a, pool_bytes));
+    const size_t stream_bytes = (size_t)4 << 30;
+    CK(cudaMalloc(&buf, stream_bytes));
+    CK(cudaMemset(buf, 0x11, stream_bytes));
+    uint32_t *sink = nullptr;
+    CK(cudaMalloc(&sink, 4));
+    const int pages_per_row = 2048;
+    std::mt19937_64 rng(20261129);
+    std::vector<int32_t> perm(pool_pages);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    int32_t *ids = nullptr;
+    CK(cudaMalloc(&ids, 64 * pages_per_row * sizeof(int32_t)));
+    CK(cudaMemcpy(ids, perm.data(), 64 * pages_per_row * sizeof(int32_t), cudaMemcpyHostToDevice));
+    timer tm;
+    printf("# dev/probe_read_patterns.cu on %s (%d SMs), pools 2 x %.0f GiB, pages of 32 KiB (NHD, Hkv 8, d 128)\n",
+           prop.name, sms, pool_bytes / 1073741824.0);
+    double best_stream = 0;
+    for (int g = 2; g <= 8; g *= 2) {
+        const int64_t n = stream_bytes / 16;
+        const double us = tm.median_us([&] { stream_kernel<<<sms * g, 512>>>((const uint4 *)buf, n, sink); });
+        best_stream = std::max(best_stream, stream_bytes / (us * 1e3));
+    }
+    printf("read ceiling (4 GiB streaming, best of 3 grids): %.0f GB/s\n", best_stream);
+    printf("| rows | MB | pattern | grid | us | GB/s | of ceiling |\n| ---: | ---: | --- | ---: | ---: | ---: | ---: |\n");
+    for (int rows : {16, 1}) {
+        const int64_t npages = (int64_t)rows * pages_per_row;
+        const double bytes = 2.0 * npages * kPageBytes;
+        auto row = [&](const char *pat, int grid, double us) {
+            printf("| %d | %.1f | %s | %d | %.1f | %.0f | %.3f |\n", rows, bytes / 1e6, pat, grid, us, bytes / (us * 1e3),
+                   bytes / (us * 1e3) / best_stream);
+            fflush(stdout);
+        };
+        for (int g = 2; g <= 8; g *= 2) {
+            const int64_t n = (int64_t)(bytes / 16);
+            row("stream (same bytes)", sms * g,
+                tm.median_us([&] { stream_kernel<<<sms * g, 512>>>((const uint4 *)buf, n, sink); }));
+        }
+        for (int g = 2; g <= 8; g *= 2)
+            row("page (warp per 32 KiB page)", sms * g, tm.median_us([&] {
+                    page_kernel<<<sms * g, 256>>>(ids, npages, (const uint4 *)k, (const uint4 *)v, sink);
+                }));
+        const int pairs = rows * kHeads;
+        for (int per_sm : {2, 3, 4, 6}) {
+            const int splits = std::max(1, sms * per_sm / pairs);
+            const int grid = pairs * splits;
+            char name[64];
+            snprintf(name, sizeof name, "head-ldg window (%d/SM)", per_sm);
+            row(name, grid, tm.median_us([&] {
+                    head_ldg_kernel<1, false><<<grid, 128>>>(ids, pages_per_row, splits, (const uint4 *)k,
+                                                             (const uint4 *)v, sink);
+                }));
+            snprintf(name, sizeof name, "head-ldg U=1 fenced (%d/SM)", per_sm);
+            row(name, grid, tm.median_us([&] {
+                    head_ldg_kernel<1, true><<<grid, 128>>>(ids, pages_per_row, splits, (const uint4 *)k,
+                                                            (const uint4 *)v, sink);
+                }));
+            snprintf(name, sizeof name, "head-ldg U=2 fenced (%d/SM)", per_sm);
+            row(name, grid, tm.median_us([&] {
+                    head_ldg_kernel<2, true><<<grid, 128>>>(ids, pages_per_row, splits, (const uint4 *)k,
+                                                            (const uint4 *)v, sink);
+                }));
+        }
+        for (int per_sm : {1, 2, 3}) {
+            const int splits = std::max(1, sms * per_sm / pairs);
+            const int grid = pairs * splits;
+            char name[64];
+            for (int S : {2, 4}) {
+                const int smem = S * 8192 * kWarps;
+                if (smem * per_sm > 220 * 1024) continue;
+                snprintf(name, sizeof name, "head-cp.async S=%d (%d/SM)", S, per_sm);
+                if (S == 2) {
+                    CK(cudaFuncSetAttribute(head_cp_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+                    row(name, grid, tm.median_us([&] {
+                            head_cp_kernel<2><<<grid, 128, smem>>>(ids, pages_per_row, splits, (const uint4 *)k,
+                                                                   (const uint4 *)v, sink);
+                        }));
+                } else {
+                    CK(cudaFuncSetAttribute(head_cp_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+                    row(name, grid, tm.median_us([&] {
+                            head_cp_kernel<4><<<grid, 128, smem>>>(ids, pages_per_row, splits, (const uint4 *)k,
+                                                                   (const uint4 *)v, sink);
+                        }));
+                }
+            }
+            for (int S : {2, 4}) {
+                const int smem = S * 8192 * kWarps;
+                if (smem * per_sm > 220 * 1024) continue;
+                snprintf(name, sizeof name, "head-bulk S=%d (%d/SM)", S, per_sm);
+                if (S == 2) {
+                    CK(cudaFuncSetAttribute(head_bulk_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+                    row(name, grid, tm.median_us([&] {
+                            head_bulk_kernel<2><<<grid, 128, smem>>>(ids, pages_per_row, splits, k, v, sink);
+                        }));
+                } else {
+                    CK(cudaFuncSetAttribute(head_bulk_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+                    row(name, grid, tm.median_us([&] {
+                            head_bulk_kernel<4><<<grid, 128, smem>>>(ids, pages_per_row, splits, k, v, sink);
+                        }));
+                }
+            }
+        }
+    }
+    return 0;
+}
