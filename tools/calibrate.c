@@ -162,7 +162,11 @@ static int load_rows(const char *path, meas_set *set, int32_t parallelism_opt) {
     }
     prob.num_pages = INT32_MAX;
     pkv_plan *plan = NULL;
-    pkv_plan_create(&plan);
+    if (pkv_plan_create(&plan) != PKV_OK) {
+        fprintf(stderr, "pkv calibrate: %s\n", pkv_last_error());
+        free(s);
+        return 0;
+    }
     int32_t par = parallelism_opt;
     const char *sm = strstr(s, "\"sms\": ");
     if (par <= 0 && sm) par = atoi(sm + 7);

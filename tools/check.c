@@ -53,7 +53,11 @@ int cmd_check(int argc, char **argv) {
     ch.long_len = ch.max_len * 8;
     ch.long_prob = 0.05;
     pkv_plan *plan = NULL;
-    pkv_plan_create(&plan);
+    if (pkv_plan_create(&plan) != PKV_OK) {
+        fprintf(stderr, "pkv check: %s\n", pkv_last_error());
+        pkv_context_free(ctx);
+        return 1;
+    }
     const pkv_route routes[] = {PKV_ROUTE_AUTO, PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_BUCKETED, PKV_ROUTE_WORKQUEUE, PKV_ROUTE_FUSED};
     int passed = 0, failed = 0;
     double worst = 0;
