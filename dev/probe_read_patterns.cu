@@ -10,7 +10,9 @@
 //               kernel's 8 KiB per warp, and twice that)
 //   head-cp S   the same mapping with cp.async (16 bytes per instruction) into S stages of 8 KiB per warp
 //   head-bulk S the same mapping with cp.async.bulk (one 256-byte bulk copy per lane and tile, the
-//               completion counted on an mbarrier) into S shared-memory stages per warp
+//               completion counted on an mbarrier) into S shared-memory stages per warp; the copy's
+//               addresses are uniform-register operands, so ptxas issues the 32 lanes' copies one
+//               after another in a loop (harmless here, where nothing else is issued; not in a kernel)
 //
 // Shape: the paper shape (Hkv 8, d 128, fp16, page 16 tokens, NHD: a K page is 32 KiB), pages drawn
 // without repetition from a 16 GiB K pool and a 16 GiB V pool (anchors.md: a 32 GiB pool), rows of
