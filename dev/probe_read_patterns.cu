@@ -18,8 +18,10 @@
 // without repetition from a 16 GiB K pool and a 16 GiB V pool (anchors.md: a 32 GiB pool), rows of
 // 2048 pages (32K tokens): 16 rows = 2.15 GB (B16_homo32K), 1 row = 134 MB (B1_N32768).  Time: CUDA
 // events around each run, median of 30.  Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
-//   dev/probe_read_patterns.cu -o probe_read_patterns
+//   -Iinclude -Isrc/core -Isrc/cuda dev/probe_read_patterns.cu -o probe_read_patterns
 #include <cuda_runtime.h>
+
+#include "cuda_common.cuh"
 
 #include <algorithm>
 #include <cstdint>
@@ -44,13 +46,7 @@ constexpr int kPageBytes = 16 * kHeads * kTokBytes; // 32 KiB
 constexpr int kPageVec = kPageBytes / 16;
 constexpr int kWarps = 4;
 
-__device__ __forceinline__ uint4 ldg_nc(const uint4 *p) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
+using pkv::ldg_nc_v4; // the library's 16-byte load (L1 bypassed), the one the decode kernels issue
 
 __global__ void stream_kernel(const uint4 *src, int64_t n, uint32_t *sink) {
     uint32_t x = 0;
@@ -59,12 +55,12 @@ __global__ void stream_kernel(const uint4 *src, int64_t n, uint32_t *sink) {
     for (; i + 7 * stride < n; i += 8 * stride) {
         uint4 r[8];
 #pragma unroll
-        for (int u = 0; u < 8; u++) r[u] = ldg_nc(src + i + u * stride);
+        for (int u = 0; u < 8; u++) r[u] = ldg_nc_v4(src + i + u * stride);
 #pragma unroll
         for (int u = 0; u < 8; u++) x ^= r[u].x ^ r[u].y ^ r[u].z ^ r[u].w;
     }
     for (; i < n; i += stride) {
-        const uint4 a = ldg_nc(src + i);
+        const uint4 a = ldg_nc_v4(src + i);
         x ^= a.x ^ a.y ^ a.z ^ a.w;
     }
     if (x == 0x9e3779b9u) *sink = x;
@@ -80,7 +76,7 @@ __global__ void page_kernel(const int32_t *ids, int64_t npages, const uint4 *k, 
         for (int i = lane; i < kPageVec; i += 8 * 32) {
             uint4 r[8];
 #pragma unroll
-            for (int u = 0; u < 8; u++) r[u] = ldg_nc(src + i + u * 32);
+            for (int u = 0; u < 8; u++) r[u] = ldg_nc_v4(src + i + u * 32);
 #pragma unroll
             for (int u = 0; u < 8; u++) x ^= r[u].x ^ r[u].y ^ r[u].z ^ r[u].w;
         }
@@ -128,8 +124,8 @@ __global__ void __launch_bounds__(128) head_ldg_kernel(const int32_t *ids, int p
 #pragma unroll
             for (int u = 0; u < 8; u++) {
                 const int64_t pbase = (int64_t)(id[t] < 0 ? 0 : id[t]) * kPageVec;
-                r[t][u] = id[t] >= 0 ? ldg_nc(k + pbase + off[u]) : make_uint4(0, 0, 0, 0);
-                r[t][8 + u] = id[t] >= 0 ? ldg_nc(v + pbase + off[u]) : make_uint4(0, 0, 0, 0);
+                r[t][u] = id[t] >= 0 ? ldg_nc_v4(k + pbase + off[u]) : make_uint4(0, 0, 0, 0);
+                r[t][8 + u] = id[t] >= 0 ? ldg_nc_v4(v + pbase + off[u]) : make_uint4(0, 0, 0, 0);
             }
         // FENCE: every load of the group is issued before any is consumed (without it ptxas keeps a
         // rolling window of about 4 loads per thread in flight, as in the stream kernel)
@@ -352,44 +348,22 @@ int main() {
                                                             (const uint4 *)v, sink);
                 }));
         }
+        // the shared-memory kernels at S = 2 and 4 stages of 8 KiB per warp, where per_sm CTAs fit
+        auto staged = [&](const char *pat, int per_sm, auto kernel2, auto kernel4, auto... args) {
+            const int splits = std::max(1, sms * per_sm / pairs), grid = pairs * splits;
+            for (int S : {2, 4}) {
+                const int smem = S * 8192 * kWarps;
+                if (smem * per_sm > 220 * 1024) continue;
+                const auto kernel = S == 2 ? kernel2 : kernel4;
+                CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+                char name[64];
+                snprintf(name, sizeof name, "%s S=%d (%d/SM)", pat, S, per_sm);
+                row(name, grid, tm.median_us([&] { kernel<<<grid, 128, smem>>>(ids, pages_per_row, splits, args..., sink); }));
+            }
+        };
         for (int per_sm : {1, 2, 3}) {
-            const int splits = std::max(1, sms * per_sm / pairs);
-            const int grid = pairs * splits;
-            char name[64];
-            for (int S : {2, 4}) {
-                const int smem = S * 8192 * kWarps;
-                if (smem * per_sm > 220 * 1024) continue;
-                snprintf(name, sizeof name, "head-cp.async S=%d (%d/SM)", S, per_sm);
-                if (S == 2) {
-                    CK(cudaFuncSetAttribute(head_cp_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-                    row(name, grid, tm.median_us([&] {
-                            head_cp_kernel<2><<<grid, 128, smem>>>(ids, pages_per_row, splits, (const uint4 *)k,
-                                                                   (const uint4 *)v, sink);
-                        }));
-                } else {
-                    CK(cudaFuncSetAttribute(head_cp_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-                    row(name, grid, tm.median_us([&] {
-                            head_cp_kernel<4><<<grid, 128, smem>>>(ids, pages_per_row, splits, (const uint4 *)k,
-                                                                   (const uint4 *)v, sink);
-                        }));
-                }
-            }
-            for (int S : {2, 4}) {
-                const int smem = S * 8192 * kWarps;
-                if (smem * per_sm > 220 * 1024) continue;
-                snprintf(name, sizeof name, "head-bulk S=%d (%d/SM)", S, per_sm);
-                if (S == 2) {
-                    CK(cudaFuncSetAttribute(head_bulk_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-                    row(name, grid, tm.median_us([&] {
-                            head_bulk_kernel<2><<<grid, 128, smem>>>(ids, pages_per_row, splits, k, v, sink);
-                        }));
-                } else {
-                    CK(cudaFuncSetAttribute(head_bulk_kernel<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-                    row(name, grid, tm.median_us([&] {
-                            head_bulk_kernel<4><<<grid, 128, smem>>>(ids, pages_per_row, splits, k, v, sink);
-                        }));
-                }
-            }
+            staged("head-cp.async", per_sm, head_cp_kernel<2>, head_cp_kernel<4>, (const uint4 *)k, (const uint4 *)v);
+            staged("head-bulk", per_sm, head_bulk_kernel<2>, head_bulk_kernel<4>, (const char *)k, (const char *)v);
         }
     }
     return 0;
