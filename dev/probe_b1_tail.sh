@@ -7,11 +7,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?usage: dev/probe_b1_tail.sh OUT}
 r=$(mktemp -d)
 b=$root/build-gpu; tl=$root/build-tl
-jobs=$(nproc 2>/dev/null || echo 8)
-{ cmake -S "$root" -B "$b" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DCMAKE_CUDA_ARCHITECTURES=90a-real &&
-  cmake --build "$b" -j "$jobs" --target pkv; } >"$r/build.log" 2>&1 &
-{ cmake -S "$root" -B "$tl" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DCMAKE_CUDA_ARCHITECTURES=90a-real -DPKV_TIMELINE=ON &&
-  cmake --build "$tl" -j "$jobs" --target pkv; } >"$r/build_tl.log" 2>&1 &
+. "$root/dev/build.sh"
+dev_build "$b" "$r/build.log" pkv -DBUILD_TESTING=OFF &
+dev_build "$tl" "$r/build_tl.log" pkv -DBUILD_TESTING=OFF -DPKV_TIMELINE=ON &
 wait
 [ -x "$b/pkv" ] && [ -x "$tl/pkv" ] || { tail -n 40 "$r/build.log" "$r/build_tl.log"; exit 1; }
 S="$r/summary.txt"

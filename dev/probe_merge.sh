@@ -7,9 +7,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?usage: dev/probe_merge.sh OUT}
 r=$(mktemp -d)
 b=$root/build-gpu
-jobs=$(nproc 2>/dev/null || echo 8)
-{ cmake -S "$root" -B "$b" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real &&
-  cmake --build "$b" -j "$jobs" --target pkv test_cuda; } >"$r/build.log" 2>&1 &
+. "$root/dev/build.sh"
+dev_build "$b" "$r/build.log" "pkv test_cuda" &
 bash "$root/dev/probe_tail.sh" "$r" >"$r/tail.log" 2>&1 &
 wait
 [ -x "$b/pkv" ] || { tail -n 40 "$r/build.log"; exit 1; }

@@ -8,8 +8,8 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?usage: dev/probe_tail.sh OUT}
 r=$(mktemp -d)
 tl=$root/build-tl
-{ cmake -S "$root" -B "$tl" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DCMAKE_CUDA_ARCHITECTURES=90a-real -DPKV_TIMELINE=ON &&
-  cmake --build "$tl" -j "$(nproc 2>/dev/null || echo 8)" --target pkv; } >"$r/build_tl.log" 2>&1
+. "$root/dev/build.sh"
+dev_build "$tl" "$r/build_tl.log" pkv -DBUILD_TESTING=OFF -DPKV_TIMELINE=ON
 [ -x "$tl/pkv" ] || { tail -n 40 "$r/build_tl.log"; exit 1; }
 for a in B1_N2048 B1_N8192 B1_N32768 B1_N65536; do
   for rt in split fused workqueue; do

@@ -11,12 +11,10 @@ out=${1:?usage: dev/probe_variant_ab.sh OUT VARIANT_SOURCE [ROUNDS]}
 variant=${2:?variant decode source, relative to the repository root}
 rounds=${3:-2}
 r=$(mktemp -d)
-jobs=$(nproc 2>/dev/null || echo 8)
 a=$root/build-gpu; b=$root/build-variant
-{ cmake -S "$root" -B "$a" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real &&
-  cmake --build "$a" -j "$jobs" --target pkv test_cuda; } >"$r/build.log" 2>&1 &
-{ cmake -S "$root" -B "$b" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DCMAKE_CUDA_ARCHITECTURES=90a-real \
-    -DPKV_DECODE_SOURCE="$variant" && cmake --build "$b" -j "$jobs" --target pkv; } >"$r/build_variant.log" 2>&1 &
+. "$root/dev/build.sh"
+dev_build "$a" "$r/build.log" "pkv test_cuda" &
+dev_build "$b" "$r/build_variant.log" pkv -DBUILD_TESTING=OFF -DPKV_DECODE_SOURCE="$variant" &
 wait
 [ -x "$a/pkv" ] && [ -x "$a/tests/test_cuda" ] || { tail -n 40 "$r/build.log"; exit 1; }
 [ -x "$b/pkv" ] || { tail -n 40 "$r/build_variant.log"; exit 1; }
