@@ -84,25 +84,43 @@ __global__ void page_kernel(const int32_t *ids, int64_t npages, const uint4 *k, 
     if (x == 0x9e3779b9u) *sink = x;
 }
 
-// CTA (row, head, split) of 4 warps; warp w reads pages w, w + 4, ... of its split for its head:
-// K and V of 16 tokens x 256 bytes = 16 x 16 vectors each; lane l takes token l / 2 (8 tokens per
-// half warp... ) - concretely vector j = l + 32 u (u < 8) of the K tile and of the V tile.
-template <int U, bool FENCE>
-__global__ void __launch_bounds__(128) head_ldg_kernel(const int32_t *ids, int pages_per_row, int splits,
-                                                      const uint4 *k, const uint4 *v, uint32_t *sink) {
-    const int row = blockIdx.x / (kHeads * splits), head = (blockIdx.x / splits) % kHeads, sp = blockIdx.x % splits;
-    const int per = (pages_per_row + splits - 1) / splits;
-    const int p0 = sp * per, p1 = min(p0 + per, pages_per_row);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int32_t *rid = ids + (int64_t)row * pages_per_row;
-    uint32_t x = 0;
-    // vector j of a tile: token j / 16, 16-byte piece j % 16 of the head vector
-    int64_t off[8];
+// CTA (row, KV head, split) of a head kernel: the head, the split's pages [p0, p1) of the row, and the
+// row's page ids.
+struct cta_pages {
+    int head, p0, p1;
+    const int32_t *rid;
+    __device__ cta_pages(const int32_t *ids, int pages_per_row, int splits) {
+        const int row = blockIdx.x / (kHeads * splits), sp = blockIdx.x % splits;
+        const int per = (pages_per_row + splits - 1) / splits;
+        head = (blockIdx.x / splits) % kHeads;
+        p0 = sp * per;
+        p1 = min(p0 + per, pages_per_row);
+        rid = ids + (int64_t)row * pages_per_row;
+    }
+};
+
+// A lane's 16-byte vectors j = lane + 32 u (u < 8) of a tile's K (or V) for one head: token j / 16,
+// piece j % 16 of the head vector, as offsets in 16-byte units from the page.
+__device__ __forceinline__ void tile_vectors(int lane, int head, int64_t (&off)[8]) {
 #pragma unroll
     for (int u = 0; u < 8; u++) {
         const int j = lane + 32 * u;
         off[u] = (int64_t)(j >> 4) * (kHeads * kTokBytes / 16) + head * (kTokBytes / 16) + (j & 15);
     }
+}
+
+// CTA (row, head, split) of 4 warps; warp w reads pages w, w + 4, ... of its split for its head:
+// K and V of 16 tokens x 256 bytes = 16 x 16 vectors each, a lane the vectors of tile_vectors.
+template <int U, bool FENCE>
+__global__ void __launch_bounds__(128) head_ldg_kernel(const int32_t *ids, int pages_per_row, int splits,
+                                                      const uint4 *k, const uint4 *v, uint32_t *sink) {
+    const cta_pages cp(ids, pages_per_row, splits);
+    const int head = cp.head, p0 = cp.p0, p1 = cp.p1;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int32_t *rid = cp.rid;
+    uint32_t x = 0;
+    int64_t off[8];
+    tile_vectors(lane, head, off);
     int32_t nid[U];
 #pragma unroll
     for (int t = 0; t < U; t++) {
@@ -149,18 +167,13 @@ template <int S>
 __global__ void __launch_bounds__(128) head_cp_kernel(const int32_t *ids, int pages_per_row, int splits,
                                                      const uint4 *k, const uint4 *v, uint32_t *sink) {
     extern __shared__ __align__(128) unsigned char sm[];
-    const int row = blockIdx.x / (kHeads * splits), head = (blockIdx.x / splits) % kHeads, sp = blockIdx.x % splits;
-    const int per = (pages_per_row + splits - 1) / splits;
-    const int p0 = sp * per, p1 = min(p0 + per, pages_per_row);
+    const cta_pages cp(ids, pages_per_row, splits);
+    const int head = cp.head, p0 = cp.p0, p1 = cp.p1;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int32_t *rid = ids + (int64_t)row * pages_per_row;
+    const int32_t *rid = cp.rid;
     unsigned char *wsm = sm + (size_t)warp * S * 8192;
     int64_t off[8];
-#pragma unroll
-    for (int u = 0; u < 8; u++) {
-        const int j = lane + 32 * u;
-        off[u] = (int64_t)(j >> 4) * (kHeads * kTokBytes / 16) + head * (kTokBytes / 16) + (j & 15);
-    }
+    tile_vectors(lane, head, off);
     auto issue = [&](int s, int32_t id) {
         const int64_t pbase = (int64_t)id * kPageVec;
 #pragma unroll
@@ -198,11 +211,10 @@ __global__ void __launch_bounds__(128) head_bulk_kernel(const int32_t *ids, int 
                                                        const char *k, const char *v, uint32_t *sink) {
     extern __shared__ __align__(128) unsigned char sm[];
     __shared__ __align__(8) uint64_t bars[kWarps][S];
-    const int row = blockIdx.x / (kHeads * splits), head = (blockIdx.x / splits) % kHeads, sp = blockIdx.x % splits;
-    const int per = (pages_per_row + splits - 1) / splits;
-    const int p0 = sp * per, p1 = min(p0 + per, pages_per_row);
+    const cta_pages cp(ids, pages_per_row, splits);
+    const int head = cp.head, p0 = cp.p0, p1 = cp.p1;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int32_t *rid = ids + (int64_t)row * pages_per_row;
+    const int32_t *rid = cp.rid;
     unsigned char *wsm = sm + (size_t)warp * S * 8192;
     if (lane == 0)
         for (int s = 0; s < S; s++)
