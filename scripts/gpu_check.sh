@@ -30,10 +30,11 @@ cases=60; [ $quick = 1 ] && cases=20
 if ! PKV_TEST_CASES=$cases ctest --test-dir "$build" --output-on-failure >"$log/tests.log" 2>&1; then status=1; fi
 grep -E "tests passed|Passed|Failed|SKIP|passed, " "$log/tests.log" | tail -n 20
 "$build/pkv" check --backend cuda --count $((cases / 2)) 2>/dev/null | tail -n 5 | tee -a "$log/tests.log" || status=1
-# the opt-in two-tiles-in-flight variant (off by default) and both merge kernels (the default picks
-# one per plan by the merges' width) stay checked
-for setting in PKV_DECODE_DEEP=1 PKV_MERGE_KERNEL=head PKV_MERGE_KERNEL=row; do
-  echo "$setting: $(env "$setting" PKV_TEST_CASES=$((cases / 3)) "$build/tests/test_cuda" 2>&1 | tail -n 1)" |
+# the register kernels where sm_90 runs the tensor-copy kernel (PKV_DECODE_TMA=0), the opt-in
+# two-tiles-in-flight variant (off by default) and both merge kernels (the default picks one per plan
+# by the merges' width) stay checked
+for setting in PKV_DECODE_TMA=0 PKV_DECODE_TMA=0,PKV_DECODE_DEEP=1 PKV_MERGE_KERNEL=head PKV_MERGE_KERNEL=row; do
+  echo "$setting: $(env ${setting//,/ } PKV_TEST_CASES=$((cases / 3)) "$build/tests/test_cuda" 2>&1 | tail -n 1)" |
     tee -a "$log/tests.log"
   grep -q "$setting: test_cuda: .* 0 failed" "$log/tests.log" || status=1
 done

@@ -52,6 +52,10 @@ static void fixed_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
         {32, 8, 128, 1, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 2, {300, 17}},
         {32, 8, 128, 16, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 1, {70000}},
         {64, 8, 128, 16, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 2, {20000, 3}},
+        /* page sizes that are multiples of 16 but not powers of two (the tensor-copy kernel's
+         * in-page token offsets by division), short last tiles */
+        {24, 4, 64, 48, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 3, {1000, 47, 49}},
+        {16, 2, 128, 80, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 2, {3001, 15}},
     };
     const bool small = getenv("PKV_TEST_SMALL") != NULL; /* sanitizer runs: short rows only */
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -113,6 +113,12 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device) {
      * slower on the H200 (B1 steps +2-9%, docs/kernel-notes.md v4), so off unless PKV_DECODE_DEEP=1 */
     const char *deep = getenv("PKV_DECODE_DEEP");
     s->launch.deep_max_ctas = deep && strcmp(deep, "1") == 0 ? 2 * prop.multiProcessorCount : 0;
+    /* sm_90: K and V through shared memory by TMA tensor copies where the shape allows
+     * (PKV_DECODE_TMA=0: the register kernel everywhere; PKV_TMA_STAGES=N forces the ring depth) */
+    const char *tma = getenv("PKV_DECODE_TMA");
+    s->launch.tma = prop.major >= 9 && !(tma && strcmp(tma, "0") == 0);
+    const char *stages = getenv("PKV_TMA_STAGES");
+    s->launch.tma_stages = stages ? atoi(stages) : 0;
     ctx->backend_state = s;
     ctx->ops = &cuda_ops;
     ctx->device = device;

@@ -21,6 +21,11 @@
 // issued right after S, and V loads right after O, so a tile is always in flight while a warp
 // computes.
 //
+// On sm_90, for G <= 8, d = 64/128 and page sizes that are multiples of 16, a third kernel
+// (decode_kernel_tma) runs the heads-in-N math with K and V brought into shared memory by TMA tensor
+// copies (one per tensor and 16-token tile, issued by one lane into a per-warp ring) and read with
+// ldmatrix, so the warps issue only the math (v8; PKV_DECODE_TMA=0 runs the register kernels).
+//
 // The merge kernels combine the partial states of a (row, KV head) online (running max and sum, as
 // the decode's softmax) in a fixed order (deterministic): a CTA per merge, or a CTA per (merge, query
 // head) whose thread groups combine interleaved subsets of the states and then each other.
@@ -28,6 +33,8 @@
 // Last measured: see docs/kernel-notes.md (H200).
 #include "cuda_common.cuh"
 #include "pkv_cuda.h"
+
+#include <cuda.h> // CUtensorMap (the tensor-copy kernel); the encoder comes from the runtime entry point
 
 #include <math.h>
 #ifdef PKV_TIMELINE
@@ -53,6 +60,7 @@ struct decode_params {
     float scale_log2;         // sm_scale * log2(e)
     int32_t num_qo_heads, group, page_size, page_shift; // page_shift < 0: page_size not a power of 2
     int32_t rect;
+    int32_t stages;           // the tensor-copy kernel: stages of each warp's ring (2..kMaxStages)
     // fused route: the last task of a split (row, KV head) merges it; CTAs past num_tasks fill empty rows
     int32_t fused, num_tasks, num_split_merges;
     const pkv_merge *merges;
@@ -780,6 +788,254 @@ __global__ void __launch_bounds__(kThreads, NB == 1 && D <= 128 ? 3 : 2) decode_
     finish_task<T, D, GP, NB == 2 ? 32 : 16>(p, smem, ti, G); // 16: the 3-CTA register cap, no spills at d = 256
 }
 
+// ---- heads in N, K and V through shared memory by tensor copies (sm_90) --------------------------------
+// For G <= 8, d = 64 and 128 and page sizes that are multiples of 16 (every task then starts on a page
+// boundary, so a 16-token tile never crosses a page).  The math is the heads-in-N kernel's (S^T = K Q^T,
+// O^T = V^T P^T, tokens and head dims in M, the G heads in N), but no warp loads K or V itself: each warp
+// keeps a ring of S stages in shared memory (a 16-token tile of K and of V per stage) with one mbarrier
+// per stage, and its lane 0 fills a stage with 2 x d/64 TMA tensor copies (a box of 16 tokens x 64 dims
+// each, 128-byte swizzle) from tensor maps over the K and V page pools ({dim, token in page, KV head,
+// page}: NHD and HND differ only in the strides).  The fragments come from ldmatrix (K as the A operand
+// of S^T; V by ldmatrix.trans as the A operand of O^T), so a tile costs the warp a handful of issue
+// slots for its loads instead of 16 global loads, their addresses and the byte permutes (v7: ~600
+// instructions per tile per warp, the warps issue-bound on single requests).
+struct tma_maps {
+    CUtensorMap k, v;
+};
+constexpr int kMaxStages = 6;
+constexpr uint32_t kBoxBytes = 16 * 64 * 2; // one box: 16 token rows of 128 bytes
+
+__device__ __forceinline__ uint32_t smem_addr(const void *ptr) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+// One box of a tensor map at {0, c1 = token in page, 0, c3 = KV head, c4 = page} (every dim of the head
+// vector, 16 tokens) into shared memory (1024-byte aligned for the swizzle); its bytes complete the
+// transaction count of bar.
+__device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap *map, int tok, int head, int page,
+                                              uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+                 "%3, %4, %5, %6}], [%7];\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(tok), "r"(0), "r"(head), "r"(page), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
+// Shared memory of the kernel: 1024 bytes of alignment slack and S stages of 2 x d/64 boxes per warp;
+// after the tile loops the same bytes hold the warps' outputs for finish_task.
+template <int D> constexpr int tma_smem_bytes(int stages) { return 1024 + kWarps * stages * 2 * (D / 64) * (int)kBoxBytes; }
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 3)
+    decode_kernel_tma(const decode_params p, const __grid_constant__ tma_maps maps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int H = D / 64;  // boxes per tensor per tile
+    constexpr int KS = D / 16; // k-steps of S^T, m-tiles of O^T
+    constexpr int GP = 8;
+    constexpr uint32_t kTileBytes = 2 * H * kBoxBytes;
+    static_assert(smem_out_floats<D, false>() * 4 <= kWarps * 2 * (int)kTileBytes, "outputs fit in two stages");
+    using tr = dtype_traits<T>;
+    extern __shared__ float smem[];
+    __shared__ __align__(8) uint64_t bars[kWarps][kMaxStages];
+    PKV_TL_SCOPE(0);
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, c = lane & 3;
+
+    task_info ti;
+    if (!load_task<T, D>(p, ti)) return;
+    const int32_t head = ti.head, tb = ti.tb, te = ti.te;
+    const int G = p.group;
+    const int S = p.stages;
+    unsigned char *sbase = reinterpret_cast<unsigned char *>(smem);
+    sbase += (1024u - (smem_addr(sbase) & 1023u)) & 1023u;
+    const uint32_t ring = smem_addr(sbase) + (uint32_t)(warp * S) * kTileBytes;
+    const uint32_t bar0 = smem_addr(&bars[warp][0]);
+    const int ntiles = (te - tb + 15) >> 4;
+    const int nmine = ntiles > warp ? (ntiles - warp + kWarps - 1) / kWarps : 0; // tiles warp, warp + 4, ...
+
+    // lane 0: the page and in-page token of the warp's it-th tile, and a stage's copies
+    auto tile_at = [&](int it, int32_t &page, int32_t &off) {
+        const int32_t tok = tb + (warp + it * kWarps) * 16;
+        page = token_page(p, ti.page_base, tok);
+        off = p.page_shift >= 0 ? (tok & (p.page_size - 1)) : tok % p.page_size;
+    };
+    auto issue = [&](int stage, int32_t page, int32_t off) {
+        const uint32_t dst = ring + (uint32_t)stage * kTileBytes, bar = bar0 + 8u * (uint32_t)stage;
+        mbar_expect_tx(bar, kTileBytes);
+        tma_load_tile(dst, &maps.k, off, head, page, bar);
+        tma_load_tile(dst + H * kBoxBytes, &maps.v, off, head, page, bar);
+    };
+    int32_t npage = 0, noff = 0; // lane 0: the next tile to issue (it + S)
+    if (lane == 0 && nmine > 0) {
+        for (int s = 0; s < S; s++) mbar_init(bar0 + 8u * s, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        int32_t pg[kMaxStages], of[kMaxStages]; // the first S page ids in flight together
+#pragma unroll
+        for (int s = 0; s < kMaxStages; s++)
+            if (s < S && s < nmine) tile_at(s, pg[s], of[s]);
+#pragma unroll
+        for (int s = 0; s < kMaxStages; s++)
+            if (s < S && s < nmine) issue(s, pg[s], of[s]);
+        if (S < nmine) tile_at(S, npage, noff);
+    }
+    __syncwarp();
+
+    // q of the G heads as the B operand of S^T: b0 = q[g][16 ks + 2c, +1], b1 = q[g][16 ks + 8 + 2c, +1]
+    const T *qrow = static_cast<const T *>(p.q) + ((int64_t)ti.row * p.num_qo_heads + (int64_t)head * G + g) * D;
+    uint32_t qb[KS][2];
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        qb[ks][0] = g < G ? *reinterpret_cast<const uint32_t *>(qrow + 16 * ks + 2 * c) : 0u;
+        qb[ks][1] = g < G ? *reinterpret_cast<const uint32_t *>(qrow + 16 * ks + 8 + 2 * c) : 0u;
+    }
+    // ldmatrix row addresses inside a box (row = token, 128 bytes; 16-byte chunk j stored at j ^ (row & 7)).
+    // Matrix mi = lane / 8, row r = lane % 8.  K (A of S^T, tokens x dims): matrices (t0-7, d0-7),
+    // (t8-15, d0-7), (t0-7, d8-15), (t8-15, d8-15) of a k-step.  V (.trans, A of O^T, dims x tokens):
+    // (t0-7, d0-7), (t0-7, d8-15), (t8-15, d0-7), (t8-15, d8-15) of an m-tile.
+    // A tensor's tile is H boxes of 16 rows (dims 64h..64h+63 of token t in row 16h + t).
+    uint32_t koff[4], voff[4];
+    {
+        const int mi = lane >> 3, r = lane & 7;
+        const int krow = r + (mi & 1) * 8, vrow = r + (mi >> 1) * 8;
+#pragma unroll
+        for (int q4 = 0; q4 < 4; q4++) {
+            koff[q4] = (uint32_t)(krow * 128 + (((2 * q4 + (mi >> 1)) ^ r) << 4));
+            voff[q4] = (uint32_t)(vrow * 128 + (((2 * q4 + (mi & 1)) ^ r) << 4));
+        }
+    }
+
+    float acc[KS][4];
+#pragma unroll
+    for (int mt = 0; mt < KS; mt++) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
+    float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f; // heads 2c and 2c + 1
+
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int it = 0; it < nmine; it++) {
+        const int base = tb + (warp + it * kWarps) * 16;
+        const uint32_t sk = ring + (uint32_t)stage * kTileBytes, sv = sk + H * kBoxBytes;
+        mbar_wait(bar0 + 8u * (uint32_t)stage, phase);
+        if (base + 16 > te) {
+            // the row's last tile: V rows past te hold other tokens (or garbage) and would reach O
+            // through 0 x NaN; zero them (K's are masked out of the softmax)
+            const int nz = base + 16 - te;
+            unsigned char *v = sbase + (size_t)(warp * S + stage) * kTileBytes + H * kBoxBytes;
+            for (int i = lane; i < H * nz * 8; i += 32) {
+                const int h = i / (nz * 8), rr = 16 - nz + (i / 8) % nz, ch = i & 7;
+                *reinterpret_cast<uint4 *>(v + h * kBoxBytes + rr * 128 + ch * 16) = make_uint4(0, 0, 0, 0);
+            }
+            __syncwarp();
+        }
+        // ---- S^T = K Q^T (two accumulators for a shorter chain)
+        float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            uint32_t a[4];
+            ldsm_x4(a, sk + (ks >> 2) * kBoxBytes + koff[ks & 3]);
+            mma_16816<T>((ks & 1) ? s2 : s, a, qb[ks][0], qb[ks][1]);
+        }
+        // ---- online softmax (log2 domain) per head column; rows are tokens g and g + 8
+        const bool v0 = base + g < te, v1 = base + 8 + g < te;
+        const float x0 = v0 ? (s[0] + s2[0]) * p.scale_log2 : -INFINITY;
+        const float x1 = v0 ? (s[1] + s2[1]) * p.scale_log2 : -INFINITY;
+        const float x2 = v1 ? (s[2] + s2[2]) * p.scale_log2 : -INFINITY;
+        const float x3 = v1 ? (s[3] + s2[3]) * p.scale_log2 : -INFINITY;
+        float mxa = fmaxf(x0, x2), mxb = fmaxf(x1, x3);
+#pragma unroll
+        for (int sh = 4; sh < 32; sh <<= 1) {
+            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, sh));
+            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, sh));
+        }
+        const float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb); // finite: token base is valid
+        const float ala = exp2f(ma - na), alb = exp2f(mb - nb);
+        ma = na;
+        mb = nb;
+        const float p0 = exp2f(x0 - na), p1 = exp2f(x1 - nb), p2 = exp2f(x2 - na), p3 = exp2f(x3 - nb);
+        la = la * ala + (p0 + p2);
+        lb = lb * alb + (p1 + p3);
+        const uint32_t b0 = movmatrix_trans(tr::pack(p0, p1)), b1 = movmatrix_trans(tr::pack(p2, p3));
+        // ---- O^T = O^T * alpha + V^T P^T
+#pragma unroll
+        for (int mt = 0; mt < KS; mt++) {
+            uint32_t a[4];
+            ldsm_x4_trans(a, sv + (mt >> 2) * kBoxBytes + voff[mt & 3]);
+            acc[mt][0] *= ala;
+            acc[mt][1] *= alb;
+            acc[mt][2] *= ala;
+            acc[mt][3] *= alb;
+            mma_16816<T>(acc[mt], a, b0, b1);
+        }
+        // ---- refill this stage with tile it + S (every lane is done reading it)
+        __syncwarp();
+        if (lane == 0 && it + S < nmine) {
+            issue(stage, npage, noff);
+            if (it + S + 1 < nmine) tile_at(it + S + 1, npage, noff);
+        }
+        if (++stage == S) {
+            stage = 0;
+            phase ^= 1u;
+        }
+    }
+#pragma unroll
+    for (int sh = 4; sh < 32; sh <<= 1) {
+        la += __shfl_xor_sync(0xffffffffu, la, sh);
+        lb += __shfl_xor_sync(0xffffffffu, lb, sh);
+    }
+    // ---- this warp's output over the rings (every warp is done with them):
+    // acc[mt] = O[head 2c | 2c + 1][dim 16 mt + g | + 8]
+    __syncthreads();
+    float *out = reinterpret_cast<float *>(sbase);
+    {
+        float *sm_m = out + kWarps * GP * (D + 4);
+        float *sm_l = sm_m + kWarps * GP;
+        float *wo = out + warp * GP * (D + 4);
+#pragma unroll
+        for (int mt = 0; mt < KS; mt++) {
+            const int d0 = 16 * mt + g;
+            wo[(2 * c) * (D + 4) + d0] = acc[mt][0];
+            wo[(2 * c + 1) * (D + 4) + d0] = acc[mt][1];
+            wo[(2 * c) * (D + 4) + d0 + 8] = acc[mt][2];
+            wo[(2 * c + 1) * (D + 4) + d0 + 8] = acc[mt][3];
+        }
+        if (g == 0) {
+            sm_m[warp * GP + 2 * c] = ma;
+            sm_m[warp * GP + 2 * c + 1] = mb;
+            sm_l[warp * GP + 2 * c] = la;
+            sm_l[warp * GP + 2 * c + 1] = lb;
+        }
+    }
+    finish_task<T, D, GP, 16>(p, out, ti, G);
+#endif
+}
+
 // ---- host side ------------------------------------------------------------------------------------
 // Which decode kernel runs a problem: heads in N for G <= 8 (unless the heads-in-M kernel is forced,
 // to compare the two), else heads in M with 16 rows; the heads-in-N kernel's two-tiles-in-flight
@@ -837,6 +1093,88 @@ template <typename T, int D> static int resident_ctas_d(kernel_kind kind) {
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, kThreads, smem) == cudaSuccess ? n : 0;
 }
 
+// ---- the tensor-copy kernel's host side ----
+// cuTensorMapEncodeTiled from the driver, through the runtime's entry point (no link against libcuda).
+using encode_tiled_fn = CUresult (*)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                     const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                     CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static encode_tiled_fn g_encode_tiled = nullptr;
+// Stages per warp of the tensor-copy kernel [d = 64, d = 128]: the most that keep as many CTAs resident
+// as the register kernel (the planner's waves assume that count); 0: that head dim runs the register
+// kernel.  More stages where a grid leaves room for them (single requests, 3 instead of 2 at d = 128)
+// measured 1-2% slower on the long ones and 3% faster on B1_N8192 only (docs/kernel-notes.md v8).
+static int g_tma_stages[2];
+
+template <typename T, int D> static int tma_resident(int stages) {
+    int n = 0;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel_tma<T, D>, kThreads,
+                                                         tma_smem_bytes<D>(stages)) == cudaSuccess
+               ? n
+               : 0;
+}
+
+template <int D> static cudaError_t tma_setup(int idx) {
+    cudaError_t e = cudaFuncSetAttribute(decode_kernel_tma<__half, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         tma_smem_bytes<D>(kMaxStages));
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(decode_kernel_tma<__nv_bfloat16, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 tma_smem_bytes<D>(kMaxStages));
+    if (e != cudaSuccess) return e;
+    const int want = resident_ctas_d<__half, D>(kHeadsInN);
+    g_tma_stages[idx] = 0;
+    for (int s = 2; s <= kMaxStages; s++)
+        if (tma_resident<__half, D>(s) >= want) g_tma_stages[idx] = s;
+    return cudaSuccess;
+}
+
+// A tensor map over a page pool: {dim, token in page, KV head, page}, boxes of 64 dims x 16 tokens.
+// A tensor map over a page pool: {dim % 64, token in page, dim / 64, KV head, page} (NHD and HND differ
+// in the strides only), one box of 64 x 16 x d/64 per tile: a tile's K (or V) is one copy, laid out as
+// d/64 boxes of 16 rows of 128 bytes.  L2 promotion of 128 bytes: with 256 the two 128-byte halves of a
+// token's head vector were promoted each, 17% more L2 sectors read and 2-5% longer long steps (H200).
+static bool encode_pool(CUtensorMap *map, const void *pool, const pkv_problem &pr, const pkv_kv_strides &st) {
+    const cuuint64_t dims[5] = {64, (cuuint64_t)pr.page_size, (cuuint64_t)pr.head_dim / 64,
+                                (cuuint64_t)pr.num_kv_heads, (cuuint64_t)pr.num_pages};
+    const cuuint64_t strides[4] = {(cuuint64_t)st.token * 2, 128, (cuuint64_t)st.head * 2, (cuuint64_t)st.page * 2};
+    const cuuint32_t box[5] = {64, 16, (cuuint32_t)pr.head_dim / 64, 1, 1}, elem[5] = {1, 1, 1, 1, 1};
+    return g_encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 5, const_cast<void *>(pool), dims, strides, box, elem,
+                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The tensor maps of a step when its shape runs the tensor-copy kernel (sm_90, G <= 8 with heads in N,
+// d = 64/128, page size a multiple of 16); false: the register kernel runs.  The last maps are kept per
+// thread (same pools and shape: no re-encoding per step).
+static bool tma_maps_for(const pkv_plan *plan, const pkv_tensors *t, const pkv_cuda_launch_opts &o, tma_maps *maps) {
+    const pkv_problem &pr = plan->problem;
+    const int idx = pr.head_dim == 64 ? 0 : pr.head_dim == 128 ? 1 : -1;
+    if (!o.tma || !o.allow_n8 || !g_encode_tiled || idx < 0 || plan->group > 8 || pr.page_size % 16 != 0 ||
+        pr.num_pages <= 0 || pr.num_pages > INT32_MAX || g_tma_stages[idx] == 0)
+        return false;
+    struct cache_entry {
+        const void *k, *v;
+        int32_t d, page_size, hkv, layout;
+        int64_t num_pages;
+        bool ok;
+        tma_maps maps;
+    };
+    static thread_local cache_entry last = {};
+    if (last.k != t->k_cache || last.v != t->v_cache || last.d != pr.head_dim || last.page_size != pr.page_size ||
+        last.hkv != pr.num_kv_heads || last.layout != (int32_t)pr.layout || last.num_pages != pr.num_pages) {
+        const pkv_kv_strides st = pkv_kv_strides_of(&pr);
+        last.k = t->k_cache;
+        last.v = t->v_cache;
+        last.d = pr.head_dim;
+        last.page_size = pr.page_size;
+        last.hkv = pr.num_kv_heads;
+        last.layout = (int32_t)pr.layout;
+        last.num_pages = pr.num_pages;
+        last.ok = encode_pool(&last.maps.k, t->k_cache, pr, st) && encode_pool(&last.maps.v, t->v_cache, pr, st);
+    }
+    if (last.ok) *maps = last.maps;
+    return last.ok;
+}
+
 template <typename T, int D>
 static cudaError_t launch_merge(const merge_params &p, int32_t n, cudaStream_t stream, bool pdl, bool per_head) {
     cudaLaunchConfig_t cfg = {};
@@ -868,7 +1206,8 @@ template <int D> static bool merge_per_head(const pkv_plan *plan, int mode) {
 
 template <typename T, int D>
 static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, const merge_params &mbase,
-                              const char *ws_dev, cudaStream_t stream, const pkv_cuda_launch_opts &o) {
+                              const char *ws_dev, cudaStream_t stream, const pkv_cuda_launch_opts &o,
+                              const tma_maps *maps) {
     const kernel_kind base_kind = kernel_for(plan->group, o.allow_n8 != 0);
     for (int32_t k = 0; k < plan->num_phases; k++) {
         const pkv_phase &ph = plan->phases[k];
@@ -903,11 +1242,24 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
                 grid = dim3((unsigned)(ph.row_end - ph.row_begin), (unsigned)plan->problem.num_kv_heads,
                             (unsigned)ph.grid_splits);
             }
-            // a grid that leaves the third resident slot of every SM empty runs the two-tiles-in-flight kernel
             const int64_t ctas = (int64_t)grid.x * grid.y * grid.z;
-            const kernel_kind kind = base_kind == kHeadsInN && ctas <= o.deep_max_ctas ? kHeadsInNDeep : base_kind;
-            cudaError_t e = launch_decode<T, D>(kind, p, grid, stream);
-            if (e != cudaSuccess) return e;
+            cudaError_t e;
+            if constexpr (D <= 128) {
+                if (maps) { // the tensor-copy kernel
+                    const int idx = D == 64 ? 0 : 1;
+                    p.stages = o.tma_stages > 0 ? min(max(o.tma_stages, 2), kMaxStages) : g_tma_stages[idx];
+                    decode_kernel_tma<T, D><<<grid, kThreads, tma_smem_bytes<D>(p.stages), stream>>>(p, *maps);
+                    e = cudaGetLastError();
+                    if (e != cudaSuccess) return e;
+                }
+            }
+            if (!maps) {
+                // a grid that leaves the third resident slot of every SM empty runs the two-tiles-in-flight kernel
+                const kernel_kind kind =
+                    base_kind == kHeadsInN && ctas <= o.deep_max_ctas ? kHeadsInNDeep : base_kind;
+                e = launch_decode<T, D>(kind, p, grid, stream);
+                if (e != cudaSuccess) return e;
+            }
         }
         if (!fused && ph.merge_end > ph.merge_begin) {
             merge_params m = mbase;
@@ -923,11 +1275,11 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
 
 template <typename T>
 static cudaError_t run_t(const pkv_plan *plan, const decode_params &p, const merge_params &m, const char *ws,
-                         cudaStream_t stream, const pkv_cuda_launch_opts &o) {
+                         cudaStream_t stream, const pkv_cuda_launch_opts &o, const tma_maps *maps) {
     switch (plan->problem.head_dim) {
-    case 64: return run_phases<T, 64>(plan, p, m, ws, stream, o);
-    case 128: return run_phases<T, 128>(plan, p, m, ws, stream, o);
-    case 256: return run_phases<T, 256>(plan, p, m, ws, stream, o);
+    case 64: return run_phases<T, 64>(plan, p, m, ws, stream, o, maps);
+    case 128: return run_phases<T, 128>(plan, p, m, ws, stream, o, maps);
+    case 256: return run_phases<T, 256>(plan, p, m, ws, stream, o, nullptr);
     }
     return cudaErrorInvalidValue;
 }
@@ -937,6 +1289,18 @@ static cudaError_t run_t(const pkv_plan *plan, const decode_params &p, const mer
 extern "C" cudaError_t pkv_cuda_decode_init_attributes(void) {
     cudaError_t e = pkv::set_attrs_t<__half>();
     if (e == cudaSuccess) e = pkv::set_attrs_t<__nv_bfloat16>();
+    if (e == cudaSuccess) e = pkv::tma_setup<64>(0);
+    if (e == cudaSuccess) e = pkv::tma_setup<128>(1);
+    if (e == cudaSuccess && !pkv::g_encode_tiled) {
+        void *fn = nullptr;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            pkv::g_encode_tiled = reinterpret_cast<pkv::encode_tiled_fn>(fn);
+        else
+            cudaGetLastError(); // no encoder: every shape runs the register kernel
+    }
     return e;
 }
 
@@ -979,9 +1343,11 @@ extern "C" cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace
     m.lse = t->lse;
     m.num_qo_heads = pr.num_qo_heads;
     m.group = plan->group;
+    pkv::tma_maps maps;
+    const pkv::tma_maps *mp = pkv::tma_maps_for(plan, t, *opts, &maps) ? &maps : nullptr;
     if (pr.dtype == PKV_DTYPE_FP16)
-        return pkv::run_t<__half>(plan, p, m, ws, stream, *opts);
-    return pkv::run_t<__nv_bfloat16>(plan, p, m, ws, stream, *opts);
+        return pkv::run_t<__half>(plan, p, m, ws, stream, *opts, mp);
+    return pkv::run_t<__nv_bfloat16>(plan, p, m, ws, stream, *opts, mp);
 }
 
 #ifdef PKV_TIMELINE

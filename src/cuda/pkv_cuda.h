@@ -18,6 +18,8 @@ typedef struct pkv_cuda_launch_opts {
     int allow_n8;          /* the heads-in-N kernel for G <= 8 (else heads in M everywhere) */
     int merge_kernel;      /* 0: by the merges' width; 1: a CTA per (merge, query head); 2: a CTA per merge */
     int32_t deep_max_ctas; /* heads-in-N grids of at most this many CTAs run the two-tiles-in-flight variant */
+    int tma;               /* sm_90: K/V through shared memory by tensor copies where the shape allows (decode.cu) */
+    int32_t tma_stages;    /* the tensor-copy kernel's stages per warp; 0: the default (PKV_TMA_STAGES) */
 } pkv_cuda_launch_opts;
 /* Launches every phase of an uploaded plan on the stream (attention, then merge). */
 cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace, const pkv_tensors *t, cudaStream_t stream,
