@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # probe_tma.sh OUT OLD_SOURCE [ROUNDS] - the tensor-copy (TMA) decode kernel's settings against the register
-# kernel in one device call: builds the working tree (build-gpu) and OLD_SOURCE (build-variant), runs
-# test_cuda under each copy layout (PKV_TMA_BOX=0/1/2), times every anchor (route auto) under each setting
-# below and the old build, alternating for ROUNDS rounds (stops starting rounds after ~7 minutes), and
-# profiles the decode kernel of B16_homo8K and B1_N65536 with Nsight Compute in both builds.
+# kernel in one device call: builds the working tree (build-gpu) and OLD_SOURCE (build-variant, e.g.
+# dev/decode_v7.cu), runs test_cuda with the tensor-copy kernel (default), 3 stages and the register
+# kernels (PKV_DECODE_TMA=0), times every anchor (route auto) under each setting below and the old build,
+# alternating for ROUNDS rounds (stops starting rounds after ~7 minutes), and profiles the decode kernel
+# of B16_homo8K and B1_N65536 with Nsight Compute in both builds.  (The committed results of this probe,
+# bench/results/probes/h200_probe_tma_*.txt, also compared copy layouts and L2 promotions that were
+# environment settings of the draft kernel; v8 keeps one of each.)
 # OUT/summary.txt, OUT/probe.tgz (JSON, logs, ncu reports as text).
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,15 +24,14 @@ wait
 [ -x "$b/pkv" ] || { tail -n 40 "$r/build_variant.log"; exit 1; }
 # name:binary:ctas-per-unit (0: default):environment; TMA_CONFIGS replaces the list (@A: the new build's
 # directory, @B: the old one's); TMA_NCU=0 skips the profiles
-configs=${TMA_CONFIGS:-"old:$b/pkv:0: new:$a/pkv:0: box1:$a/pkv:0:PKV_TMA_BOX=1 box2:$a/pkv:0:PKV_TMA_BOX=2
-promo0:$a/pkv:0:PKV_TMA_L2_PROMO=0 promo2:$a/pkv:0:PKV_TMA_L2_PROMO=2 s3cpu2:$a/pkv:2:PKV_TMA_STAGES=3
-oldcpu2:$b/pkv:2:"}
+configs=${TMA_CONFIGS:-"old:$b/pkv:0: new:$a/pkv:0: s3cpu2:$a/pkv:2:PKV_TMA_STAGES=3 newcpu2:$a/pkv:2:
+oldcpu2:$b/pkv:2: reg:$a/pkv:0:PKV_DECODE_TMA=0"}
 configs=${configs//@A/$a}; configs=${configs//@B/$b}
 S="$r/summary.txt"
 {
   echo "# dev/probe_tma.sh: working tree vs $variant; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
-  for bx in 0 1 2; do
-    echo "test_cuda PKV_TMA_BOX=$bx: $(PKV_TMA_BOX=$bx PKV_TEST_CASES=24 timeout 200 "$a/tests/test_cuda" 2>&1 | tail -n 1)"
+  for setting in PKV_DECODE_TMA=1 PKV_TMA_STAGES=3 PKV_DECODE_TMA=0; do
+    echo "test_cuda $setting: $(env $setting PKV_TEST_CASES=24 timeout 200 "$a/tests/test_cuda" 2>&1 | tail -n 1)"
   done
   if [ -n "${TMA_SANITIZE:-}" ]; then
     PKV_TEST_SMALL=1 PKV_TEST_CASES=4 timeout 200 compute-sanitizer --tool memcheck "$a/tests/test_cuda" >"$r/memcheck.log" 2>&1
