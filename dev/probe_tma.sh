@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # probe_tma.sh OUT OLD_SOURCE [ROUNDS] - the tensor-copy (TMA) decode kernel's settings against the register
 # kernel in one device call: builds the working tree (build-gpu) and OLD_SOURCE (build-variant, e.g.
-# dev/decode_v7.cu from `git show 6976e0f:src/cuda/decode.cu`), runs test_cuda with the tensor-copy kernel (default), 3 stages and the register
-# kernels (PKV_DECODE_TMA=0), times every anchor (route auto) under each setting below and the old build,
+# dev/decode_v7.cu from `git show 6976e0f:src/cuda/decode.cu`), runs test_cuda with the tensor-copy
+# kernel (default), 3 stages and the register kernels (PKV_DECODE_TMA=0), times every anchor (route
+# auto) under each setting below and the old build,
 # alternating for ROUNDS rounds (stops starting rounds after ~7 minutes), and profiles the decode kernel
 # of B16_homo8K and B1_N65536 with Nsight Compute in both builds.  (The committed results of this probe,
 # bench/results/probes/h200_probe_tma_*.txt, also compared copy layouts and L2 promotions that were
