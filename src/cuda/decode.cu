@@ -1103,6 +1103,8 @@ static encode_tiled_fn g_encode_tiled = nullptr;
 // as the register kernel (the planner's waves assume that count); 0: that head dim runs the register
 // kernel.  More stages where a grid leaves room for them (single requests, 3 instead of 2 at d = 128)
 // measured 1-2% slower on the long ones and 3% faster on B1_N8192 only (docs/kernel-notes.md v8).
+// Written whole by each context's initialisation (the same value for the same GPU model; one model per
+// process is assumed) and read once per step, so a step never sees a half-computed value.
 static int g_tma_stages[2];
 
 template <typename T, int D> static int tma_resident(int stages) {
@@ -1121,13 +1123,13 @@ template <int D> static cudaError_t tma_setup(int idx) {
                                  tma_smem_bytes<D>(kMaxStages));
     if (e != cudaSuccess) return e;
     const int want = resident_ctas_d<__half, D>(kHeadsInN);
-    g_tma_stages[idx] = 0;
+    int stages = 0;
     for (int s = 2; s <= kMaxStages; s++)
-        if (tma_resident<__half, D>(s) >= want) g_tma_stages[idx] = s;
+        if (tma_resident<__half, D>(s) >= want) stages = s;
+    g_tma_stages[idx] = stages;
     return cudaSuccess;
 }
 
-// A tensor map over a page pool: {dim, token in page, KV head, page}, boxes of 64 dims x 16 tokens.
 // A tensor map over a page pool: {dim % 64, token in page, dim / 64, KV head, page} (NHD and HND differ
 // in the strides only), one box of 64 x 16 x d/64 per tile: a tile's K (or V) is one copy, laid out as
 // d/64 boxes of 16 rows of 128 bytes.  L2 promotion of 128 bytes: with 256 the two 128-byte halves of a
@@ -1143,14 +1145,18 @@ static bool encode_pool(CUtensorMap *map, const void *pool, const pkv_problem &p
 }
 
 // The tensor maps of a step when its shape runs the tensor-copy kernel (sm_90, G <= 8 with heads in N,
-// d = 64/128, page size a multiple of 16); false: the register kernel runs.  The last maps are kept per
-// thread (same pools and shape: no re-encoding per step).
-static bool tma_maps_for(const pkv_plan *plan, const pkv_tensors *t, const pkv_cuda_launch_opts &o, tma_maps *maps) {
+// d = 64/128, page size a multiple of 16) and the ring's stages per warp; false: the register kernel
+// runs.  The last maps are kept per thread (same pools and shape: no re-encoding per step).
+static bool tma_maps_for(const pkv_plan *plan, const pkv_tensors *t, const pkv_cuda_launch_opts &o, tma_maps *maps,
+                         int32_t *stages) {
     const pkv_problem &pr = plan->problem;
     const int idx = pr.head_dim == 64 ? 0 : pr.head_dim == 128 ? 1 : -1;
     if (!o.tma || !o.allow_n8 || !g_encode_tiled || idx < 0 || plan->group > 8 || pr.page_size % 16 != 0 ||
-        pr.num_pages <= 0 || pr.num_pages > INT32_MAX || g_tma_stages[idx] == 0)
+        pr.num_pages <= 0 || pr.num_pages > INT32_MAX)
         return false;
+    const int32_t dflt = g_tma_stages[idx]; // one read: see g_tma_stages
+    if (dflt < 2) return false;
+    *stages = o.tma_stages > 0 ? min(max(o.tma_stages, 2), kMaxStages) : dflt;
     struct cache_entry {
         const void *k, *v;
         int32_t d, page_size, hkv, layout;
@@ -1245,9 +1251,7 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
             const int64_t ctas = (int64_t)grid.x * grid.y * grid.z;
             cudaError_t e;
             if constexpr (D <= 128) {
-                if (maps) { // the tensor-copy kernel
-                    const int idx = D == 64 ? 0 : 1;
-                    p.stages = o.tma_stages > 0 ? min(max(o.tma_stages, 2), kMaxStages) : g_tma_stages[idx];
+                if (maps) { // the tensor-copy kernel (p.stages set with the maps)
                     decode_kernel_tma<T, D><<<grid, kThreads, tma_smem_bytes<D>(p.stages), stream>>>(p, *maps);
                     e = cudaGetLastError();
                     if (e != cudaSuccess) return e;
@@ -1344,7 +1348,7 @@ extern "C" cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace
     m.num_qo_heads = pr.num_qo_heads;
     m.group = plan->group;
     pkv::tma_maps maps;
-    const pkv::tma_maps *mp = pkv::tma_maps_for(plan, t, *opts, &maps) ? &maps : nullptr;
+    const pkv::tma_maps *mp = pkv::tma_maps_for(plan, t, *opts, &maps, &p.stages) ? &maps : nullptr;
     if (pr.dtype == PKV_DTYPE_FP16)
         return pkv::run_t<__half>(plan, p, m, ws, stream, *opts, mp);
     return pkv::run_t<__nv_bfloat16>(plan, p, m, ws, stream, *opts, mp);
