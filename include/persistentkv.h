@@ -274,8 +274,9 @@ pkv_status pkv_workspace_size(pkv_context *ctx, const pkv_problem *problem, int3
  *   us = const + launch x LAUNCHES + (FUSED ? fused_merge : merge) x MERGE_MB
  *        + us_per_mb x (X^p + Y^p)^(1/p) + idle_us_per_mb x idle.
  * pkv_cost_model_fit finds rho and p by a grid search and the rest by non-negative least squares
- * on relative error from measured runs (`pkv calibrate`); pkv_cost_model_default derives them from
- * device properties.
+ * on relative error from measured runs; pkv_cost_model_fit_steps (`pkv calibrate`) picks among the
+ * near-best pairs the one that ranks each step's measured routes best; pkv_cost_model_default
+ * derives them from device properties.
  * ---------------------------------------------------------------------------------------------- */
 enum {
     PKV_TERM_LAUNCHES,
@@ -321,6 +322,12 @@ void pkv_cost_model_default(pkv_cost_model *m, int32_t parallelism, double read_
  * linear coefficients by least squares on relative error (rows weighted by 1 / us), kept
  * non-negative.  Fills coef, rms_us (absolute) and samples; keeps the identity fields. */
 pkv_status pkv_cost_model_fit(int32_t n, const double *terms, const double *us, pkv_cost_model *m);
+/* The same fit ranked by the choice it drives: step[i] in [0, n) names the step that measurement i
+ * (one route of it) belongs to; among the (rho, p) pairs whose squared relative error is within 25%
+ * of the best pair's, the one whose predicted fastest route per step has the lowest mean regret
+ * against the measured fastest is kept (ties: the lower error).  step NULL: pkv_cost_model_fit. */
+pkv_status pkv_cost_model_fit_steps(int32_t n, const double *terms, const double *us, const int32_t *step,
+                                    pkv_cost_model *m);
 /* Small versioned text file: "persistentkv-policy 2" then key = value lines. */
 pkv_status pkv_cost_model_save(const pkv_cost_model *m, const char *path);
 pkv_status pkv_cost_model_load(const char *path, pkv_cost_model *m);

@@ -157,6 +157,7 @@ int main(void) {
     truth.coef[PKV_COEF_RHO] = 0.01 * pow(20.0, 112 / 160.0);
     enum { N = 160 };
     static double T[N][PKV_COST_TERMS], y[N];
+    static int32_t step_of[N];
     int n = 0;
     for (int k = 0; k < 40; k++) {
         int32_t B = 1 + (int32_t)pkv_rng_uniform_int(&r, 0, 127);
@@ -170,6 +171,7 @@ int main(void) {
             CHECK_OK(pkv_plan_step_host(&p, &t, &o, plan));
             CHECK_OK(pkv_cost_terms(plan, T[n]));
             y[n] = pkv_cost_predict(&truth, T[n]);
+            step_of[n] = k;
             n++;
         }
     }
@@ -185,6 +187,51 @@ int main(void) {
     y[0] = 0;
     CHECK_STATUS(pkv_cost_model_fit(n, &T[0][0], y, &fit), PKV_ERR_INVALID_ARGUMENT);
     y[0] = pkv_cost_predict(&truth, T[0]);
+
+    /* the fit ranked by route choice: with times that are the model's own it is the plain fit; with
+     * noisy times its choice over the steps is never worse than the plain fit's (that pair is among
+     * its candidates) and its squared relative error stays within 25% of the plain fit's */
+    {
+        pkv_cost_model ranked;
+        memset(&ranked, 0, sizeof ranked);
+        CHECK_OK(pkv_cost_model_fit_steps(n, &T[0][0], y, step_of, &ranked));
+        for (int k = 0; k < PKV_COST_COEFS; k++)
+            CHECK_MSG(fabs(ranked.coef[k] - fit.coef[k]) <= 1e-9 * (1 + fabs(fit.coef[k])), "ranked coef %d: %g vs %g",
+                      k, ranked.coef[k], fit.coef[k]);
+        static double noisy[N];
+        for (int i = 0; i < n; i++) noisy[i] = y[i] * (0.9 + 0.2 * pkv_rng_uniform01(&r));
+        pkv_cost_model plain;
+        memset(&plain, 0, sizeof plain);
+        CHECK_OK(pkv_cost_model_fit(n, &T[0][0], noisy, &plain));
+        CHECK_OK(pkv_cost_model_fit_steps(n, &T[0][0], noisy, step_of, &ranked));
+        double reg[2] = {0, 0}, err[2] = {0, 0};
+        const pkv_cost_model *ms[2] = {&plain, &ranked};
+        for (int v = 0; v < 2; v++) {
+            for (int i = 0; i < n; i++) {
+                const double e = pkv_cost_predict(ms[v], T[i]) / noisy[i] - 1.0;
+                err[v] += e * e;
+            }
+            for (int k = 0; k < 40; k++) {
+                double best = INFINITY, pred = INFINITY, pick = 0;
+                for (int i = 0; i < n; i++) {
+                    if (step_of[i] != k) continue;
+                    const double pr = pkv_cost_predict(ms[v], T[i]);
+                    if (noisy[i] < best) best = noisy[i];
+                    if (pr < pred) pred = pr, pick = noisy[i];
+                }
+                reg[v] += pick / best - 1.0;
+            }
+        }
+        CHECK_MSG(reg[1] <= reg[0] + 1e-12, "ranked fit's regret %g above the plain fit's %g", reg[1], reg[0]);
+        CHECK_MSG(err[1] <= 1.25 * err[0] * (1 + 1e-9), "ranked fit's error %g above 1.25 x %g", err[1], err[0]);
+        step_of[3] = n; /* a step id out of range */
+        CHECK_STATUS(pkv_cost_model_fit_steps(n, &T[0][0], noisy, step_of, &ranked), PKV_ERR_INVALID_ARGUMENT);
+        step_of[3] = -1;
+        CHECK_STATUS(pkv_cost_model_fit_steps(n, &T[0][0], noisy, step_of, &ranked), PKV_ERR_INVALID_ARGUMENT);
+        step_of[3] = 0;
+        printf("ranked fit on noisy times: choice regret %.3f%% (plain fit %.3f%%), squared relative error %.3f (%.3f)\n",
+               100.0 * reg[1] / 40, 100.0 * reg[0] / 40, err[1], err[0]);
+    }
 
     /* the model's physics, on the synthetic constants of a 132-SM GPU at 4500 GB/s */
     {

@@ -1061,9 +1061,16 @@ int cmd_bench(int argc, char **argv) {
         int n = 0;
         double *T = (double *)xmalloc((size_t)res.n * PKV_COST_TERMS * sizeof(double));
         double *y = (double *)xmalloc((size_t)res.n * sizeof(double));
+        int32_t *step = (int32_t *)xmalloc((size_t)res.n * sizeof(int32_t));
+        int *first = (int *)xmalloc((size_t)res.n * sizeof(int)); /* the first row of each step */
+        int nsteps = 0;
         for (int i = 0; i < res.n; i++) {
             if (res.rows[i].route_asked == PKV_ROUTE_AUTO || res.rows[i].route_asked == PKV_ROUTE_BUCKETED) continue;
             memcpy(T + (size_t)n * PKV_COST_TERMS, res.rows[i].terms, sizeof res.rows[i].terms);
+            int s = 0;
+            while (s < nsteps && strcmp(res.rows[first[s]].step, res.rows[i].step)) s++;
+            if (s == nsteps) first[nsteps++] = i;
+            step[n] = s;
             y[n++] = res.rows[i].kernel_us;
         }
         pkv_cost_model fit = o.model;
@@ -1071,7 +1078,8 @@ int cmd_bench(int argc, char **argv) {
         fit.parallelism = pkv_context_parallelism(o.ctx);
         pkv_dev_info info;
         fit.cuda_version = o.cuda && pkv_dev_get_info(o.ctx, &info) == PKV_OK ? info.runtime_version : 0;
-        if (pkv_cost_model_fit(n, T, y, &fit) != PKV_OK || pkv_cost_model_save(&fit, o.calibrate_out) != PKV_OK) {
+        /* ranked by the route choice over this run's steps, as `pkv calibrate` fits */
+        if (pkv_cost_model_fit_steps(n, T, y, step, &fit) != PKV_OK || pkv_cost_model_save(&fit, o.calibrate_out) != PKV_OK) {
             fprintf(stderr, "pkv bench: calibration failed: %s\n", pkv_last_error());
             return 1;
         }
@@ -1079,6 +1087,8 @@ int cmd_bench(int argc, char **argv) {
         o.model = fit;
         free(T);
         free(y);
+        free(step);
+        free(first);
     }
     if (o.explain) {
         printf("\n| step | route | predicted us | measured us | error | launches | MB moved | longest task MB | "

@@ -420,11 +420,28 @@ int cmd_calibrate(int argc, char **argv) {
         load_list(from, &set, par);
         double *T = (double *)malloc((size_t)(set.n ? set.n : 1) * PKV_COST_TERMS * sizeof(double));
         double *y = (double *)malloc((size_t)(set.n ? set.n : 1) * sizeof(double));
-        int nfit = 0;
+        int32_t *step = (int32_t *)malloc((size_t)(set.n ? set.n : 1) * sizeof(int32_t));
+        int *first = (int *)malloc((size_t)(set.n ? set.n : 1) * sizeof(int)); /* the first fit row of each step */
+        if (!T || !y || !step || !first) {
+            fprintf(stderr, "pkv calibrate: out of memory for %d measurements\n", set.n);
+            free(T);
+            free(y);
+            free(step);
+            free(first);
+            free(set.m);
+            return 1;
+        }
+        int nfit = 0, nsteps = 0;
         for (int i = 0; i < set.n; i++) {
             if (!candidate(set.m[i].route)) continue; /* the fit is over the routes the model chooses among */
             memcpy(T + (size_t)nfit * PKV_COST_TERMS, set.m[i].terms, sizeof set.m[i].terms);
-            y[nfit++] = set.m[i].us;
+            y[nfit] = set.m[i].us;
+            int s = 0; /* the step's id: the order of its first fit row */
+            while (s < nsteps && (strcmp(set.m[first[s]].step, set.m[i].step) ||
+                                  strcmp(set.m[first[s]].workload, set.m[i].workload)))
+                s++;
+            if (s == nsteps) first[nsteps++] = i;
+            step[nfit++] = s;
         }
         pkv_cost_model_default(&m, set.parallelism, 0, 0);
         if (set.gpu[0])
@@ -432,11 +449,14 @@ int cmd_calibrate(int argc, char **argv) {
         else
             snprintf(m.device, sizeof m.device, "fit from %.100s", from);
         m.cuda_version = set.cuda_version;
-        if (pkv_cost_model_fit(nfit, T, y, &m) != PKV_OK) {
+        /* ranked by the route choice over the measured steps (pkv_cost_model_fit_steps) */
+        if (pkv_cost_model_fit_steps(nfit, T, y, step, &m) != PKV_OK) {
             fprintf(stderr, "pkv calibrate: %s\n", pkv_last_error());
             return 1;
         }
-        printf("fit on %d measurements: rms %.2f us; ", nfit, m.rms_us);
+        free(step);
+        free(first);
+        printf("fit on %d measurements of %d steps, ranked by route choice: rms %.2f us; ", nfit, nsteps, m.rms_us);
         cli_print_model(stdout, &m);
         printf("\n");
         evaluate(&m, &set, "fit set: ");
