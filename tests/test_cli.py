@@ -94,6 +94,15 @@ with tempfile.TemporaryDirectory() as tmp:
     out = run("bench", "--backend", "cpu", "--lens", "500,3000", "--route", "auto", "--policy", pol2, "--reps", "1",
               "--wall-reps", "1").stdout
     check("auto:" in out, "auto with a policy file")
+    # --replay-auto re-plans each step with auto as the run did: with the policy that ran (a ragged step
+    # planned for 132 SMs on the CPU) the re-planned step is the plan the measured auto ran
+    js3 = os.path.join(tmp, "e.json")
+    run("bench", "--backend", "cpu", "--lens", "3000,200,9000,50,700,1200", "--reps", "1", "--wall-reps", "1",
+        "--no-check", "--parallelism", "132", "--policy", pol2, "--json", js3)
+    check(json.load(open(js3))["meta"]["parallelism"] == 132, "bench JSON: the parallelism the plans were made for")
+    out = run("calibrate", "--policy", pol2, "--evaluate", js3, "--replay-auto").stdout
+    check("its plan was measured on 1 of 1 steps" in out and "a plan other than the measured auto's on 0" in out,
+          "calibrate --replay-auto reproduces auto's plans: " + out[-400:])
     run("bench", "--backend", "cpu", "--lens", "5", "--policy", os.path.join(tmp, "missing.policy"), rc=2)
 
 print(f"test_cli: {passed} passed, {failed} failed")

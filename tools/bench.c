@@ -629,6 +629,9 @@ static void write_json(const char *path, const bench_opts *o, const ceilings *ce
                 info.driver_version);
     json_field_str(f, "command", o->cmdline);
     json_field_str(f, "workload", workload);
+    /* what the plans were made for (pkv calibrate --replay-auto re-plans with it) */
+    fprintf(f, ", \"parallelism\": %d, \"ctas_per_unit\": %d",
+            o->parallelism > 0 ? o->parallelism : pkv_context_parallelism(o->ctx), o->ctas_per_unit > 0 ? o->ctas_per_unit : 0);
     fprintf(f, ",\n    \"shape\": {\"name\": \"%s\", \"num_qo_heads\": %d, \"num_kv_heads\": %d, \"head_dim\": %d, \"page_size\": %d, "
                "\"layout\": \"%s\", \"dtype\": \"%s\"}, \"reps\": %d, \"wall_reps\": %d, \"terms_version\": 2},\n",
             o->shape->name, o->prob.num_qo_heads, o->prob.num_kv_heads, o->prob.head_dim, o->prob.page_size,

@@ -17,14 +17,20 @@ typedef struct meas {
     char workload[160];
     char row[160]; /* the workload row: the step's arguments without seed and step (or the anchor) */
     pkv_route route;
+    pkv_route used;           /* the route that ran (auto: the one it picked) */
+    int64_t tasks, grid_ctas; /* of the plan that ran (0: not in the JSON) */
     double us;
     double terms[PKV_COST_TERMS];
+    pkv_problem problem;      /* the step, for re-planning auto (--replay-auto) */
+    int32_t batch;
+    int32_t *lens;            /* owned by the set */
 } meas;
 
 typedef struct meas_set {
     meas *m;
     int n, cap;
     int32_t parallelism;
+    int32_t ctas_per_unit; /* the tasks per unit the bench run forced (0: the backend's default) */
     char gpu[128];        /* the GPU of the first file that names one */
     int32_t cuda_version; /* its CUDA runtime */
 } meas_set;
@@ -39,6 +45,8 @@ static void usage(void) {
            "  --from-json F1[,F2..]   fit from the measured rows of these files\n"
            "  --evaluate F1[,F2..]    replay the model's route choice on these measured steps\n"
            "  --policy FILE           evaluate this policy instead of fitting one\n"
+           "  --replay-auto           also re-plan each evaluated step with auto (route and wave) as the\n"
+           "                          measuring GPU would and look its plan up among the measured ones\n"
            "  --parallelism N         SMs of the measuring GPU (default: from the JSON, else 132)\n");
 }
 
@@ -168,10 +176,13 @@ static int load_rows(const char *path, meas_set *set, int32_t parallelism_opt) {
         return 0;
     }
     int32_t par = parallelism_opt;
-    const char *sm = strstr(s, "\"sms\": ");
+    const char *pl = strstr(s, "\"parallelism\": "), *sm = strstr(s, "\"sms\": ");
+    if (par <= 0 && pl) par = atoi(pl + 15); /* what the plans were made for (bench JSON since 6e27cff) */
     if (par <= 0 && sm) par = atoi(sm + 7);
     if (par <= 0) par = 132;
     set->parallelism = par;
+    const char *cu = strstr(s, "\"ctas_per_unit\": ");
+    if (cu) set->ctas_per_unit = atoi(cu + 17);
     const char *gpu = strstr(s, "\"gpu\": {");
     if (gpu && !set->gpu[0]) {
         json_str_after(gpu, "name", set->gpu, sizeof set->gpu);
@@ -207,6 +218,14 @@ static int load_rows(const char *path, meas_set *set, int32_t parallelism_opt) {
         p = q;
         if (!q2 || !ku || pkv_route_parse(route, &m.route) != PKV_OK) continue;
         m.us = strtod(ku + 13, NULL);
+        char used[32];
+        const char *ru = strstr(q, "\"route_used\": \"");
+        m.used = m.route;
+        if (ru && (!row_end || ru < row_end) && json_str_after(ru, "route_used", used, sizeof used))
+            pkv_route_parse(used, &m.used);
+        const char *tk = strstr(q, "\"tasks\": "), *gc = strstr(q, "\"grid_ctas\": ");
+        if (tk && (!row_end || tk < row_end)) m.tasks = strtoll(tk + 9, NULL, 10);
+        if (gc && (!row_end || gc < row_end)) m.grid_ctas = strtoll(gc + 13, NULL, 10);
         snprintf(m.workload, sizeof m.workload, "%s", workload);
         char args[192] = "";
         const char *ar = strstr(q, "\"args\": \"");
@@ -265,9 +284,19 @@ static int load_rows(const char *path, meas_set *set, int32_t parallelism_opt) {
             if (pkv_plan_step_host(&prob, &t, &o, plan) != PKV_OK) continue;
             pkv_cost_terms(plan, m.terms);
         }
+        m.problem = prob;
+        m.batch = B;
+        m.lens = (int32_t *)malloc((size_t)(B > 0 ? B : 1) * sizeof(int32_t));
+        if (!m.lens) continue;
+        if (B > 0) memcpy(m.lens, lens, (size_t)B * sizeof(int32_t));
         if (set->n == set->cap) {
+            meas *grown = (meas *)realloc(set->m, (size_t)(set->cap ? 2 * set->cap : 256) * sizeof *set->m);
+            if (!grown) {
+                free(m.lens);
+                break;
+            }
+            set->m = grown;
             set->cap = set->cap ? 2 * set->cap : 256;
-            set->m = (meas *)realloc(set->m, (size_t)set->cap * sizeof *set->m);
         }
         set->m[set->n++] = m;
         added++;
@@ -287,6 +316,13 @@ static void load_list(const char *list, meas_set *set, int32_t par) {
     }
 }
 
+static void set_free(meas_set *set) {
+    for (int i = 0; i < set->n; i++) free(set->m[i].lens);
+    free(set->m);
+    set->m = NULL;
+    set->n = set->cap = 0;
+}
+
 /* A route the model chooses among (as pkv_plan_step's auto does). */
 static bool candidate(pkv_route r) {
     return r == PKV_ROUTE_SINGLE || r == PKV_ROUTE_SPLIT || r == PKV_ROUTE_WORKQUEUE || r == PKV_ROUTE_FUSED;
@@ -300,12 +336,88 @@ typedef struct row_stat {
     char worst_step[48];
 } row_stat;
 
+/* `auto` as the measuring GPU planned it, for --replay-auto: a host context with the set's SMs, the
+ * backend's default wave (CUDA: 2 tasks per SM; CPU: the CPU backend's), the residency that the measured rows' slots term
+ * shows (SMs x the CTAs per SM of the kernel that runs the shape; `light`: that of d = 128, G <= 8)
+ * and the model.  Its plan for the step at row i is looked up among the step's measured plans (a
+ * fixed route's with the same route, tasks and grid, else the measured auto's when it ran that
+ * plan): the measured time, 0 when no measured plan matches, -1 when planning failed; *as_auto: 1
+ * when the measured auto ran that same plan. */
+static double replay_auto(pkv_context *ctx, pkv_plan *plan, const meas_set *set, int i, int32_t light, int *as_auto) {
+    *as_auto = 0;
+    const meas *m0 = &set->m[i];
+    double slots = 0;
+    for (int j = i; j < set->n; j++)
+        if (!strcmp(set->m[j].step, m0->step) && !strcmp(set->m[j].workload, m0->workload) &&
+            set->m[j].terms[PKV_TERM_SLOTS] > 0) {
+            slots = set->m[j].terms[PKV_TERM_SLOTS];
+            break;
+        }
+    const pkv_problem *p = &m0->problem;
+    const int di = p->head_dim == 64 ? 0 : p->head_dim == 128 ? 1 : 2, g16 = p->num_qo_heads > 8 * p->num_kv_heads;
+    memset(ctx->resident, 0, sizeof ctx->resident);
+    ctx->resident[1][0] = light;
+    if (slots > 0) ctx->resident[di][g16] = (int32_t)(slots / set->parallelism + 0.5);
+    static int32_t indptr[4097];
+    if (m0->batch > 4096) return -1;
+    indptr[0] = 0;
+    for (int b = 0; b < m0->batch; b++) indptr[b + 1] = indptr[b] + (m0->lens[b] + p->page_size - 1) / p->page_size;
+    pkv_page_table t = {m0->batch, indptr, NULL, m0->lens};
+    pkv_plan_options o;
+    pkv_plan_options_default(&o);
+    o.route = PKV_ROUTE_AUTO;
+    o.ctas_per_unit = set->ctas_per_unit; /* forced in the bench run, else 0 */
+    if (pkv_plan_step(ctx, p, &t, &o, plan) != PKV_OK) return -1;
+    const pkv_route r = plan->route;
+    const int64_t tasks = plan->counters.tasks, grid = plan->counters.grid_ctas;
+    double fixed = 0, own = 0;
+    for (int j = i; j < set->n; j++) {
+        const meas *x = &set->m[j];
+        if (strcmp(x->step, m0->step) || strcmp(x->workload, m0->workload)) continue;
+        if (x->used != r || x->tasks != tasks || x->grid_ctas != grid) continue;
+        if (x->route == PKV_ROUTE_AUTO)
+            own = x->us, *as_auto = 1;
+        else if (fixed == 0)
+            fixed = x->us;
+    }
+    return fixed > 0 ? fixed : own;
+}
+
 /* For each measured step: the oracle (the fastest measured fixed route, bucketed included), the
  * route the model picks among its candidates, and the measured `auto` row when there is one; the
  * regrets pooled per workload row (seeds and steps of one trace family and B together). */
-static void evaluate(const pkv_cost_model *m, const meas_set *set, const char *label) {
+static void evaluate(const pkv_cost_model *m, const meas_set *set, const char *label, bool replay) {
     double sum = 0, worst = 0, asum = 0;
     int steps = 0, hits = 0, asteps = 0;
+    /* --replay-auto: the host context that plans as the measuring GPU did */
+    pkv_context *ctx = NULL;
+    pkv_plan *rplan = NULL;
+    int32_t light = 2;
+    double rsum = 0, rasum = 0;
+    int rsteps = 0, rmissing = 0, rdiffer = 0;
+    if (replay) {
+        pkv_context_config cfg;
+        pkv_context_config_default(&cfg);
+        cfg.backend = PKV_BACKEND_CPU;
+        cfg.num_threads = 1;
+        if (pkv_context_create(&cfg, &ctx) != PKV_OK || pkv_plan_create(&rplan) != PKV_OK) {
+            fprintf(stderr, "pkv calibrate: --replay-auto: %s\n", pkv_last_error());
+            pkv_context_free(ctx);
+            ctx = NULL;
+        } else {
+            ctx->parallelism = set->parallelism;
+            if (set->cuda_version > 0) ctx->ctas_per_unit = 2; /* the CUDA backend's wave (H200: 2 per SM) */
+            ctx->has_cost_model = true;
+            ctx->cost_model = *m;
+            for (int i = 0; i < set->n; i++) {
+                const pkv_problem *p = &set->m[i].problem;
+                if (p->head_dim == 128 && p->num_qo_heads <= 8 * p->num_kv_heads && set->m[i].terms[PKV_TERM_SLOTS] > 0) {
+                    light = (int32_t)(set->m[i].terms[PKV_TERM_SLOTS] / set->parallelism + 0.5);
+                    break;
+                }
+            }
+        }
+    }
     char worst_step[220] = "";
     row_stat *rows = (row_stat *)calloc((size_t)(set->n ? set->n : 1), sizeof *rows);
     int nrows = 0;
@@ -356,6 +468,20 @@ static void evaluate(const pkv_cost_model *m, const meas_set *set, const char *l
             asum += auto_us / best - 1.0;
             asteps++;
         }
+        if (ctx) {
+            int as_auto = 0;
+            const double rus = replay_auto(ctx, rplan, set, i, light, &as_auto);
+            if (rus > 0) {
+                rsum += rus / best - 1.0;
+                rsteps++;
+                if (auto_us > 0) {
+                    rasum += auto_us / best - 1.0;
+                    rdiffer += !as_auto;
+                }
+            } else {
+                rmissing++;
+            }
+        }
     }
     printf("\n| workload row | steps | model picks the fastest | model mean regret | model worst step | measured auto mean regret |\n");
     printf("| --- | ---: | ---: | ---: | --- | ---: |\n");
@@ -376,12 +502,23 @@ static void evaluate(const pkv_cost_model *m, const meas_set *set, const char *l
            label, steps, nrows, hits, steps ? 100.0 * sum / steps : 0.0, 100.0 * worst, worst_step, over);
     if (asteps) printf("; measured auto: mean regret %.2f%% over %d steps", 100.0 * asum / asteps, asteps);
     printf("\n");
+    if (ctx) {
+        printf("%sauto re-planned with this model (route and wave): its plan was measured on %d of %d steps; mean "
+               "regret %.2f%% over them",
+               label, rsteps, rsteps + rmissing, rsteps ? 100.0 * rsum / rsteps : 0.0);
+        if (rsteps)
+            printf(" (the measured auto on the same steps: %.2f%%; a plan other than the measured auto's on %d)",
+                   100.0 * rasum / rsteps, rdiffer);
+        printf("\n");
+    }
+    pkv_plan_free(rplan);
+    pkv_context_free(ctx);
     free(rows);
 }
 
 int cmd_calibrate(int argc, char **argv) {
     static const char *const known[] = {"--out", "--backend", "--reps", "--from-json", "--evaluate", "--policy",
-                                        "--parallelism", "--json", "--help!", NULL};
+                                        "--parallelism", "--json", "--replay-auto!", "--help!", NULL};
     if (cli_flag(argc, argv, "--help")) {
         usage();
         return 0;
@@ -390,6 +527,7 @@ int cmd_calibrate(int argc, char **argv) {
     const char *out = cli_opt(argc, argv, "--out");
     const char *from = cli_opt(argc, argv, "--from-json");
     const char *eval = cli_opt(argc, argv, "--evaluate");
+    const bool replay = cli_flag(argc, argv, "--replay-auto");
     const char *policy = cli_opt(argc, argv, "--policy");
     int32_t par = (int32_t)cli_opt_int(argc, argv, "--parallelism", 0);
     if (!from && !eval && !policy) { /* live */
@@ -428,7 +566,7 @@ int cmd_calibrate(int argc, char **argv) {
             free(y);
             free(step);
             free(first);
-            free(set.m);
+            set_free(&set);
             return 1;
         }
         int nfit = 0, nsteps = 0;
@@ -459,10 +597,10 @@ int cmd_calibrate(int argc, char **argv) {
         printf("fit on %d measurements of %d steps, ranked by route choice: rms %.2f us; ", nfit, nsteps, m.rms_us);
         cli_print_model(stdout, &m);
         printf("\n");
-        evaluate(&m, &set, "fit set: ");
+        evaluate(&m, &set, "fit set: ", replay);
         free(T);
         free(y);
-        free(set.m);
+        set_free(&set);
         const char *dst = out ? out : "persistentkv.policy";
         if (pkv_cost_model_save(&m, dst) != PKV_OK) {
             fprintf(stderr, "pkv calibrate: %s\n", pkv_last_error());
@@ -477,8 +615,8 @@ int cmd_calibrate(int argc, char **argv) {
         }
         meas_set set = {0};
         load_list(eval, &set, par);
-        evaluate(&m, &set, "held-out: ");
-        free(set.m);
+        evaluate(&m, &set, "held-out: ", replay);
+        set_free(&set);
     }
     return 0;
 }
