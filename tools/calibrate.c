@@ -334,6 +334,8 @@ typedef struct row_stat {
     double model_reg, auto_reg, worst;
     int auto_steps;
     char worst_step[48];
+    double replay_reg; /* --replay-auto: over the steps whose re-planned plan was measured */
+    int replay_steps, replay_missing;
 } row_stat;
 
 /* `auto` as the measuring GPU planned it, for --replay-auto: a host context with the set's SMs, the
@@ -474,17 +476,21 @@ static void evaluate(const pkv_cost_model *m, const meas_set *set, const char *l
             if (rus > 0) {
                 rsum += rus / best - 1.0;
                 rsteps++;
+                rs->replay_reg += rus / best - 1.0;
+                rs->replay_steps++;
                 if (auto_us > 0) {
                     rasum += auto_us / best - 1.0;
                     rdiffer += !as_auto;
                 }
             } else {
                 rmissing++;
+                rs->replay_missing++;
             }
         }
     }
-    printf("\n| workload row | steps | model picks the fastest | model mean regret | model worst step | measured auto mean regret |\n");
-    printf("| --- | ---: | ---: | ---: | --- | ---: |\n");
+    printf("\n| workload row | steps | model picks the fastest | model mean regret | model worst step | measured auto mean regret |%s\n",
+           ctx ? " re-planned auto mean regret (steps whose plan was measured) |" : "");
+    printf("| --- | ---: | ---: | ---: | --- | ---: |%s\n", ctx ? " ---: |" : "");
     int over = 0;
     for (int k = 0; k < nrows; k++) {
         const row_stat *rs = &rows[k];
@@ -493,9 +499,15 @@ static void evaluate(const pkv_cost_model *m, const meas_set *set, const char *l
         printf("| %s | %d | %d | %.2f%% | %s %.1f%% | ", rs->row, rs->steps, rs->model_best, 100.0 * mr, rs->worst_step,
                100.0 * rs->worst);
         if (rs->auto_steps)
-            printf("%.2f%% |\n", 100.0 * rs->auto_reg / rs->auto_steps);
+            printf("%.2f%% |", 100.0 * rs->auto_reg / rs->auto_steps);
         else
-            printf("- |\n");
+            printf("- |");
+        if (ctx && rs->replay_steps)
+            printf(" %.2f%% (%d of %d) |", 100.0 * rs->replay_reg / rs->replay_steps, rs->replay_steps,
+                   rs->replay_steps + rs->replay_missing);
+        else if (ctx)
+            printf(" - (0 of %d) |", rs->replay_missing);
+        printf("\n");
     }
     printf("\n%sevaluation on %d measured steps in %d workload rows: the model's route is the fastest on %d; mean regret "
            "%.2f%%, worst %.2f%% (%s); rows with a mean regret over 3%%: %d",
