@@ -5,7 +5,7 @@
 # every route on the held-out traces (seeds 20260623..27, five families, B 1..128, paper shape;
 # the other shapes of workloads.md on seed 20260623, B 1, 4, 16, 64) with auto following the live
 # policy (as PKV_POLICY=OUT_DIR/policy would), JSON per set; then the offline replay of that policy
-# (pkv calibrate --policy P --evaluate F1,F2,...).  PKV_USE_POLICY=file skips the calibration and
+# (pkv calibrate --policy P --evaluate F1,F2,... --replay-auto).  PKV_USE_POLICY=file skips the calibration and
 # evaluates that policy.
 set -u -o pipefail
 out=${1:?usage: scripts/policy_data.sh OUT_DIR}
@@ -45,6 +45,8 @@ for sh in ${PKV_POLICY_SHAPES:-g8 g7 mha d256 d64}; do
 done
 echo "== offline evaluation of the live policy on the held-out sets"
 files=$(ls "$out"/heldout_*.json | paste -sd, -)
-"$build/pkv" calibrate --policy "$out/policy" --evaluate "$files" | tee "$out/evaluation.md" | tail -n 3
+# --replay-auto: the policy's auto re-planned and looked up among the measured plans (a check that the
+# replay reproduces the live auto: "a plan other than the measured auto's on 0")
+"$build/pkv" calibrate --policy "$out/policy" --evaluate "$files" --replay-auto | tee "$out/evaluation.md" | tail -n 4
 echo "== decision cost on this host (B = 128)"; "$build/tests/test_cost" | grep decision | tee "$out/decision.txt"
 exit $status
