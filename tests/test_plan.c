@@ -138,6 +138,34 @@ static void test_even_batch_waves(void) {
     batch_free(&b);
 }
 
+/* The split route fills at most one wave when the rows have one page count (rows of 32K + 1 tokens:
+ * 16 chunks per (row, KV head), not 17), and keeps ceil(P / pairs) splits for ragged rows. */
+static void test_split_wave(void) {
+    pkv_problem pb;
+    pkv_problem_default(&pb); /* Hkv 8, page 16 */
+    pkv_plan *plan = NULL;
+    CHECK_OK(pkv_plan_create(&plan));
+    pkv_plan_options opts;
+    pkv_plan_options_default(&opts);
+    opts.parallelism = 132; /* P = 264 */
+    opts.route = PKV_ROUTE_SPLIT;
+    const int32_t even[2] = {32769, 32769}, ragged[2] = {32769, 20000}, one[1] = {32769};
+    const struct {
+        const int32_t *lens;
+        int32_t B;
+        int64_t tasks;
+    } cases[] = {{even, 2, 2 * 8 * 16}, {ragged, 2, 2 * 8 * 17}, {one, 1, 8 * 33}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        batch b;
+        batch_make(&b, cases[k].lens, cases[k].B, &pb, NULL, false);
+        CHECK_OK(pkv_plan_step_host(&pb, &b.table, &opts, plan));
+        CHECK_MSG(pkv_plan_counters(plan)->tasks == cases[k].tasks, "split case %zu: %lld tasks, expected %lld", k,
+                  (long long)pkv_plan_counters(plan)->tasks, (long long)cases[k].tasks);
+        batch_free(&b);
+    }
+    pkv_plan_free(plan);
+}
+
 static bool check_rules(int case_id, const pkv_problem *pb, const batch *b, const pkv_plan_options *opts,
                         const pkv_plan *plan) {
     bool ok = true;
@@ -828,6 +856,7 @@ int main(void) {
     test_block_table();
     test_anchor_b8_bimodal();
     test_even_batch_waves();
+    test_split_wave();
     test_plan_reuse();
     test_mutations();
     test_coverage();

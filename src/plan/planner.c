@@ -5,7 +5,8 @@
  * Split rules (P = parallelism x ctas_per_unit, the number of tasks the device runs in one wave;
  * chunks are whole pages, at least min_chunk_tokens long, at most max_splits per (row, KV head)):
  *   single     S = 1 for every row.
- *   split      S = ceil(P / (nonempty_rows x Hkv)), capped so the longest row's chunks stay at least
+ *   split      S = ceil(P / (nonempty_rows x Hkv)) (floor when every non-empty row has the same page
+ *              count: one wave), capped so the longest row's chunks stay at least
  *              min_chunk_tokens long; row i uses chunk_i = max(ceil(pages_i / S), min_chunk) pages
  *              and ceil(pages_i / chunk_i) <= S splits (the rest of its grid column exits early).
  *   bucketed   rows grouped by floor(log2(N)); each bucket is planned as `split` on its own and
@@ -92,6 +93,7 @@ typedef struct plan_params {
     int32_t forced_splits; /* > 0: S given */
     int32_t forced_chunk;  /* > 0: workqueue chunk given (pages) */
     int64_t nonempty, total, max_len; /* the step's rows: non-empty ones, tokens, longest */
+    int64_t min_len;       /* the shortest non-empty row */
     bool ragged;           /* longest row > 1.25 x the mean of the non-empty ones */
     int64_t slots;         /* resident task slots: parallelism x resident CTAs per unit */
     int64_t P_bucketed;    /* > 0: the wave of the bucketed route where it differs from P */
@@ -107,20 +109,28 @@ static int32_t choose_splits(const plan_params *pp, const pkv_problem *p, const 
                              const int32_t *rows, int32_t nrows) {
     if (pp->forced_splits > 0) return pp->forced_splits < pp->max_splits ? pp->forced_splits : pp->max_splits;
     int64_t nonempty = 0;
-    int32_t max_pages = 0;
+    int32_t max_pages = 0, min_pages = INT32_MAX;
     if (!rows) { /* all rows of the step: their tallies are in pp */
         nonempty = pp->nonempty;
         max_pages = row_pages(p, (int32_t)pp->max_len);
+        min_pages = row_pages(p, (int32_t)pp->min_len);
     } else {
         for (int32_t k = 0; k < nrows; k++) {
             int32_t n = lens[rows[k]];
             if (n > 0) nonempty++;
             int32_t pg = row_pages(p, n);
             if (pg > max_pages) max_pages = pg;
+            if (n > 0 && pg < min_pages) min_pages = pg;
         }
     }
     if (nonempty == 0) return 1;
-    int64_t s = ceil_div(pp->P, nonempty * p->num_kv_heads);
+    /* Rows of one page count split into at most one wave (floor): ceil put up to pairs - 1 tasks
+     * past it, e.g. rows of 32K + 1 tokens got 17 chunks where 16 fill the wave (H200, kernel v8:
+     * 4.4% slower on single rows whose pairs do not divide the wave, where the work queue's
+     * one-wave plan - the same chunks - ran at the split route's speed on the rest).  Ragged rows
+     * keep ceil: one more split shortens the longest row's chunks. */
+    const int64_t pairs = nonempty * p->num_kv_heads;
+    int64_t s = min_pages == max_pages ? pp->P / pairs : ceil_div(pp->P, pairs);
     int64_t by_len = ceil_div(max_pages, pp->min_chunk_pages);
     if (s > by_len) s = by_len;
     if (s > pp->max_splits) s = pp->max_splits;
@@ -416,16 +426,18 @@ static void resolve_params(const pkv_plan_options *opts, int32_t parallelism, in
     pp->max_splits = opts->max_splits > 0 ? opts->max_splits : 256;
     pp->forced_splits = opts->num_splits;
     pp->forced_chunk = opts->chunk_pages;
-    int64_t nonempty = 0, total = 0, max_len = 0;
+    int64_t nonempty = 0, total = 0, max_len = 0, min_len = INT64_MAX;
     for (int32_t i = 0; i < table->batch_size; i++) {
         int32_t n = table->seq_lens[i];
         nonempty += n > 0;
         total += n;
         if (n > max_len) max_len = n;
+        if (n > 0 && n < min_len) min_len = n;
     }
     pp->nonempty = nonempty;
     pp->total = total;
     pp->max_len = max_len;
+    pp->min_len = nonempty ? min_len : 0;
     pp->ragged = nonempty > 0 && 4 * max_len * nonempty > 5 * total;
     const int64_t units = nonempty * problem->num_kv_heads;
     if (opts->ctas_per_unit <= 0 && pp->ragged) {
