@@ -185,8 +185,14 @@ pkv_status pkv_cost_model_fit(int32_t n, const double *terms, const double *us, 
     return pkv_cost_model_fit_steps(n, terms, us, NULL, m);
 }
 
-/* The model's coefficients for one grid pair (rho, p) and its linear part. */
-static void set_coefs(pkv_cost_model *m, const double lin[NCOL], double rho, double p) {
+/* The fit's grid: rho over 0.01..0.2 MB per token (161 log-spaced points) x p; point gi is
+ * (fit_rho(gi % FIT_NR), fit_ps[gi / FIT_NR]). */
+static const double fit_ps[] = {2.0, 3.0, 4.0, 6.0, 0.0};
+enum { FIT_NP = sizeof fit_ps / sizeof fit_ps[0], FIT_NR = 161 };
+static double fit_rho(int ri) { return 0.01 * pow(20.0, ri / 160.0); }
+
+/* The model of grid point gi with its linear part. */
+static void set_coefs(pkv_cost_model *m, const double lin[NCOL], int gi) {
     double *c = m->coef;
     c[PKV_COEF_CONST_US] = lin[0];
     c[PKV_COEF_LAUNCH_US] = lin[1];
@@ -194,8 +200,8 @@ static void set_coefs(pkv_cost_model *m, const double lin[NCOL], double rho, dou
     c[PKV_COEF_MERGE] = lin[3];
     c[PKV_COEF_US_PER_MB] = lin[4];
     c[PKV_COEF_IDLE_US_PER_MB] = lin[5];
-    c[PKV_COEF_RHO] = rho;
-    c[PKV_COEF_P] = p;
+    c[PKV_COEF_RHO] = fit_rho(gi % FIT_NR);
+    c[PKV_COEF_P] = fit_ps[gi / FIT_NR];
 }
 
 /* Mean regret of the model's choice over the steps: per step (ids in [0, nsteps)) the measurement
@@ -238,13 +244,11 @@ pkv_status pkv_cost_model_fit_steps(int32_t n, const double *terms, const double
                 return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, "measurement %d has step %d, outside [0, %d)", i, step[i], n);
             if (step[i] >= nsteps) nsteps = step[i] + 1;
         }
-    static const double ps[] = {2.0, 3.0, 4.0, 6.0, 0.0};
-    enum { NP = sizeof ps / sizeof ps[0], NR = 161 };
     double *X = (double *)malloc((size_t)n * NCOL * sizeof(double));
     double *wx = (double *)malloc((size_t)n * NCOL * sizeof(double));
     double *wy = (double *)malloc((size_t)n * sizeof(double));
-    double *grid_err = (double *)malloc((size_t)NP * NR * sizeof(double));
-    double *grid_coef = (double *)malloc((size_t)NP * NR * NCOL * sizeof(double));
+    double *grid_err = (double *)malloc((size_t)FIT_NP * FIT_NR * sizeof(double));
+    double *grid_coef = (double *)malloc((size_t)FIT_NP * FIT_NR * NCOL * sizeof(double));
     double *scratch = (double *)malloc((size_t)(nsteps > 0 ? nsteps : 1) * 3 * sizeof(double));
     if (!X || !wx || !wy || !grid_err || !grid_coef || !scratch) {
         free(X);
@@ -255,18 +259,18 @@ pkv_status pkv_cost_model_fit_steps(int32_t n, const double *terms, const double
         free(scratch);
         return pkv_fail(NULL, PKV_ERR_OUT_OF_MEMORY, "cannot allocate the fit");
     }
-    /* rho over 0.01..0.2 MB per token (161 log-spaced points) x p; per pair the linear part by
-     * relative least squares made non-negative by elimination (drop the most negative, refit) */
+    /* per grid pair the linear part by relative least squares made non-negative by elimination
+     * (drop the most negative, refit) */
     for (int32_t i = 0; i < n; i++) wy[i] = 1.0; /* relative error: each row divided by its time */
     double best_err = INFINITY;
     int best_g = -1;
-    for (int pi = 0; pi < NP; pi++)
-        for (int ri = 0; ri < NR; ri++) {
-            const int gi = pi * NR + ri;
+    for (int pi = 0; pi < FIT_NP; pi++)
+        for (int ri = 0; ri < FIT_NR; ri++) {
+            const int gi = pi * FIT_NR + ri;
             grid_err[gi] = INFINITY;
-            const double rho = 0.01 * pow(20.0, ri / 160.0);
+            const double rho = fit_rho(ri);
             for (int32_t i = 0; i < n; i++) {
-                design_row(terms + (size_t)i * PKV_COST_TERMS, rho, ps[pi], X + (size_t)i * NCOL);
+                design_row(terms + (size_t)i * PKV_COST_TERMS, rho, fit_ps[pi], X + (size_t)i * NCOL);
                 for (int k = 0; k < NCOL; k++) wx[(size_t)i * NCOL + k] = X[(size_t)i * NCOL + k] / us[i];
             }
             int active[NCOL];
@@ -309,15 +313,15 @@ pkv_status pkv_cost_model_fit_steps(int32_t n, const double *terms, const double
          * better wins as long as its times stay close to the best fit (H200 calibration sets of kernels
          * v7 and v8: held-out regret 0.37 -> 0.30% and 0.47 -> 0.27%, squared relative error +22% and +8%) */
         double pick_reg = INFINITY;
-        for (int gi = 0; gi < NP * NR; gi++) {
+        for (int gi = 0; gi < FIT_NP * FIT_NR; gi++) {
             if (!(grid_err[gi] <= PKV_FIT_RANK_SLACK * best_err)) continue;
-            set_coefs(m, grid_coef + (size_t)gi * NCOL, 0.01 * pow(20.0, (gi % NR) / 160.0), ps[gi / NR]);
+            set_coefs(m, grid_coef + (size_t)gi * NCOL, gi);
             const double reg = choice_regret(m, n, terms, us, step, nsteps, scratch, scratch + nsteps, scratch + 2 * nsteps);
             if (reg < pick_reg - 1e-12 || (reg <= pick_reg + 1e-12 && grid_err[gi] < grid_err[pick_g]))
                 pick_reg = reg, pick_g = gi;
         }
     }
-    set_coefs(m, grid_coef + (size_t)pick_g * NCOL, 0.01 * pow(20.0, (pick_g % NR) / 160.0), ps[pick_g / NR]);
+    set_coefs(m, grid_coef + (size_t)pick_g * NCOL, pick_g);
     free(grid_err);
     free(grid_coef);
     free(scratch);
