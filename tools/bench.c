@@ -1065,15 +1065,12 @@ int cmd_bench(int argc, char **argv) {
         double *T = (double *)xmalloc((size_t)res.n * PKV_COST_TERMS * sizeof(double));
         double *y = (double *)xmalloc((size_t)res.n * sizeof(double));
         int32_t *step = (int32_t *)xmalloc((size_t)res.n * sizeof(int32_t));
-        int *first = (int *)xmalloc((size_t)res.n * sizeof(int)); /* the first row of each step */
-        int nsteps = 0;
+        const char **keys = (const char **)xmalloc((size_t)res.n * 2 * sizeof(char *));
+        int32_t nsteps = 0;
         for (int i = 0; i < res.n; i++) {
             if (res.rows[i].route_asked == PKV_ROUTE_AUTO || res.rows[i].route_asked == PKV_ROUTE_BUCKETED) continue;
             memcpy(T + (size_t)n * PKV_COST_TERMS, res.rows[i].terms, sizeof res.rows[i].terms);
-            int s = 0;
-            while (s < nsteps && strcmp(res.rows[first[s]].step, res.rows[i].step)) s++;
-            if (s == nsteps) first[nsteps++] = i;
-            step[n] = s;
+            step[n] = cli_step_id(keys, &nsteps, res.rows[i].step, "");
             y[n++] = res.rows[i].kernel_us;
         }
         pkv_cost_model fit = o.model;
@@ -1091,7 +1088,7 @@ int cmd_bench(int argc, char **argv) {
         free(T);
         free(y);
         free(step);
-        free(first);
+        free(keys);
     }
     if (o.explain) {
         printf("\n| step | route | predicted us | measured us | error | launches | MB moved | longest task MB | "

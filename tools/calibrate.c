@@ -571,27 +571,23 @@ int cmd_calibrate(int argc, char **argv) {
         double *T = (double *)malloc((size_t)(set.n ? set.n : 1) * PKV_COST_TERMS * sizeof(double));
         double *y = (double *)malloc((size_t)(set.n ? set.n : 1) * sizeof(double));
         int32_t *step = (int32_t *)malloc((size_t)(set.n ? set.n : 1) * sizeof(int32_t));
-        int *first = (int *)malloc((size_t)(set.n ? set.n : 1) * sizeof(int)); /* the first fit row of each step */
-        if (!T || !y || !step || !first) {
+        const char **keys = (const char **)malloc((size_t)(set.n ? set.n : 1) * 2 * sizeof(char *));
+        if (!T || !y || !step || !keys) {
             fprintf(stderr, "pkv calibrate: out of memory for %d measurements\n", set.n);
             free(T);
             free(y);
             free(step);
-            free(first);
+            free(keys);
             set_free(&set);
             return 1;
         }
-        int nfit = 0, nsteps = 0;
+        int nfit = 0;
+        int32_t nsteps = 0;
         for (int i = 0; i < set.n; i++) {
             if (!candidate(set.m[i].route)) continue; /* the fit is over the routes the model chooses among */
             memcpy(T + (size_t)nfit * PKV_COST_TERMS, set.m[i].terms, sizeof set.m[i].terms);
             y[nfit] = set.m[i].us;
-            int s = 0; /* the step's id: the order of its first fit row */
-            while (s < nsteps && (strcmp(set.m[first[s]].step, set.m[i].step) ||
-                                  strcmp(set.m[first[s]].workload, set.m[i].workload)))
-                s++;
-            if (s == nsteps) first[nsteps++] = i;
-            step[nfit++] = s;
+            step[nfit++] = cli_step_id(keys, &nsteps, set.m[i].step, set.m[i].workload);
         }
         pkv_cost_model_default(&m, set.parallelism, 0, 0);
         if (set.gpu[0])
@@ -600,12 +596,16 @@ int cmd_calibrate(int argc, char **argv) {
             snprintf(m.device, sizeof m.device, "fit from %.100s", from);
         m.cuda_version = set.cuda_version;
         /* ranked by the route choice over the measured steps (pkv_cost_model_fit_steps) */
-        if (pkv_cost_model_fit_steps(nfit, T, y, step, &m) != PKV_OK) {
+        const pkv_status fit_st = pkv_cost_model_fit_steps(nfit, T, y, step, &m);
+        free(step);
+        free(keys);
+        if (fit_st != PKV_OK) {
             fprintf(stderr, "pkv calibrate: %s\n", pkv_last_error());
+            free(T);
+            free(y);
+            set_free(&set);
             return 1;
         }
-        free(step);
-        free(first);
         printf("fit on %d measurements of %d steps, ranked by route choice: rms %.2f us; ", nfit, nsteps, m.rms_us);
         cli_print_model(stdout, &m);
         printf("\n");

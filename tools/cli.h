@@ -50,6 +50,10 @@ int cli_cmp_double(const void *a, const void *b);
 double cli_median(double *v, int n); /* sorts v */
 double cli_percentile(double *v, int n, double q); /* v sorted */
 
+/* The id of the step keyed (a, b) in the order steps were first met: keys holds the (a, b) pointer
+ * pairs of the *n steps met so far (room for 2 x the rows) and grows by one pair for a new step. */
+int32_t cli_step_id(const char **keys, int32_t *n, const char *a, const char *b);
+
 /* Prints a cost model's formula with its coefficients (no newline): what auto predicts from. */
 void cli_print_model(FILE *f, const pkv_cost_model *m);
 

@@ -214,6 +214,17 @@ bool cli_trace_config(int argc, char **argv, const char *family_option, const ch
     return true;
 }
 
+int32_t cli_step_id(const char **keys, int32_t *n, const char *a, const char *b) {
+    int32_t s = 0;
+    while (s < *n && (strcmp(keys[2 * s], a) || strcmp(keys[2 * s + 1], b))) s++;
+    if (s == *n) {
+        keys[2 * s] = a;
+        keys[2 * s + 1] = b;
+        (*n)++;
+    }
+    return s;
+}
+
 void cli_print_model(FILE *f, const pkv_cost_model *m) {
     const double *c = m->coef;
     fprintf(f, "%.3g us + %.3g us/launch + %.3g (fused) / %.3g (merge kernel) us/MB merged + %.4g us/MB (%.0f GB/s) x "
