@@ -793,9 +793,9 @@ __global__ void __launch_bounds__(kThreads, NB == 1 && D <= 128 ? 3 : 2) decode_
 // boundary, so a 16-token tile never crosses a page).  The math is the heads-in-N kernel's (S^T = K Q^T,
 // O^T = V^T P^T, tokens and head dims in M, the G heads in N), but no warp loads K or V itself: each warp
 // keeps a ring of S stages in shared memory (a 16-token tile of K and of V per stage) with one mbarrier
-// per stage, and its lane 0 fills a stage with 2 x d/64 TMA tensor copies (a box of 16 tokens x 64 dims
-// each, 128-byte swizzle) from tensor maps over the K and V page pools ({dim, token in page, KV head,
-// page}: NHD and HND differ only in the strides).  The fragments come from ldmatrix (K as the A operand
+// per stage, and its lane 0 fills a stage with one TMA tensor copy per tensor (16 tokens x d, landing as
+// d/64 boxes of 16 rows of 128 bytes, 128-byte swizzle) from tensor maps over the K and V page pools
+// (encode_pool: NHD and HND differ only in the strides).  The fragments come from ldmatrix (K as the A operand
 // of S^T; V by ldmatrix.trans as the A operand of O^T), so a tile costs the warp a handful of issue
 // slots for its loads instead of 16 global loads, their addresses and the byte permutes (v7: ~600
 // instructions per tile per warp, the warps issue-bound on single requests).
@@ -849,7 +849,9 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
 
 // Shared memory of the kernel: 1024 bytes of alignment slack and S stages of 2 x d/64 boxes per warp;
 // after the tile loops the same bytes hold the warps' outputs for finish_task.
-template <int D> constexpr int tma_smem_bytes(int stages) { return 1024 + kWarps * stages * 2 * (D / 64) * (int)kBoxBytes; }
+template <int D> constexpr int tma_smem_bytes(int stages) {
+    return 1024 + kWarps * stages * 2 * (D / 64) * (int)kBoxBytes;
+}
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 3)
@@ -1087,6 +1089,16 @@ static cudaError_t launch_decode(kernel_kind kind, const decode_params &p, dim3 
     return cudaGetLastError();
 }
 
+// The tensor-copy kernel on a grid (d = 64/128; tma_maps_for never hands d = 256 its maps).
+template <typename T, int D>
+static cudaError_t launch_decode_tma(const decode_params &p, const tma_maps &maps, dim3 grid, cudaStream_t stream) {
+    if constexpr (D <= 128) {
+        decode_kernel_tma<T, D><<<grid, kThreads, tma_smem_bytes<D>(p.stages), stream>>>(p, maps);
+        return cudaGetLastError();
+    }
+    return cudaErrorInvalidValue;
+}
+
 template <typename T, int D> static int resident_ctas_d(kernel_kind kind) {
     int n = 0, smem = 0;
     const decode_fn f = kernel_of<T, D>(kind, &smem);
@@ -1248,22 +1260,17 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
                 grid = dim3((unsigned)(ph.row_end - ph.row_begin), (unsigned)plan->problem.num_kv_heads,
                             (unsigned)ph.grid_splits);
             }
-            const int64_t ctas = (int64_t)grid.x * grid.y * grid.z;
             cudaError_t e;
-            if constexpr (D <= 128) {
-                if (maps) { // the tensor-copy kernel (p.stages set with the maps)
-                    decode_kernel_tma<T, D><<<grid, kThreads, tma_smem_bytes<D>(p.stages), stream>>>(p, *maps);
-                    e = cudaGetLastError();
-                    if (e != cudaSuccess) return e;
-                }
-            }
-            if (!maps) {
+            if (maps) {
+                e = launch_decode_tma<T, D>(p, *maps, grid, stream); // p.stages set with the maps
+            } else {
                 // a grid that leaves the third resident slot of every SM empty runs the two-tiles-in-flight kernel
+                const int64_t ctas = (int64_t)grid.x * grid.y * grid.z;
                 const kernel_kind kind =
                     base_kind == kHeadsInN && ctas <= o.deep_max_ctas ? kHeadsInNDeep : base_kind;
                 e = launch_decode<T, D>(kind, p, grid, stream);
-                if (e != cudaSuccess) return e;
             }
+            if (e != cudaSuccess) return e;
         }
         if (!fused && ph.merge_end > ph.merge_begin) {
             merge_params m = mbase;
