@@ -1,4 +1,4 @@
-# dev/build.sh - sourced by the dev probes: the GPU build they all start with.
+# dev/build.sh - sourced by the dev probes: the GPU builds they start with.
 # dev_build DIR LOG TARGETS [CMAKE OPTIONS...]: a Release build for sm_90a of TARGETS ("" for all) in DIR,
 # with the extra cmake options (e.g. -DBUILD_TESTING=OFF -DPKV_TIMELINE=ON); its output goes to LOG.
 dev_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -7,4 +7,15 @@ dev_build() {
   shift 3
   { cmake -S "$dev_root" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real "$@" &&
     cmake --build "$dir" -j "$(nproc 2>/dev/null || echo 8)" ${targets:+--target $targets}; } >"$log" 2>&1
+}
+# dev_build_ab NEW_DIR OLD_DIR VARIANT_SOURCE LOGDIR: the A/B pair of the kernel probes, built side by side -
+# the working tree in NEW_DIR (pkv, test_cuda) and the decode source VARIANT_SOURCE in OLD_DIR (pkv); logs
+# LOGDIR/build.log and LOGDIR/build_variant.log.  Fails (with the failing log's tail) when a binary is missing.
+dev_build_ab() {
+  local new=$1 old=$2 variant=$3 logs=$4
+  dev_build "$new" "$logs/build.log" "pkv test_cuda" &
+  dev_build "$old" "$logs/build_variant.log" pkv -DBUILD_TESTING=OFF -DPKV_DECODE_SOURCE="$variant" &
+  wait
+  [ -x "$new/pkv" ] && [ -x "$new/tests/test_cuda" ] || { tail -n 40 "$logs/build.log"; return 1; }
+  [ -x "$old/pkv" ] || { tail -n 40 "$logs/build_variant.log"; return 1; }
 }

@@ -18,11 +18,7 @@ r=$(mktemp -d)
 a=$root/build-gpu; b=$root/build-variant
 . "$root/dev/build.sh"
 t0=$(date +%s)
-dev_build "$a" "$r/build.log" "pkv test_cuda" &
-dev_build "$b" "$r/build_variant.log" pkv -DBUILD_TESTING=OFF -DPKV_DECODE_SOURCE="$variant" &
-wait
-[ -x "$a/pkv" ] && [ -x "$a/tests/test_cuda" ] || { tail -n 40 "$r/build.log"; exit 1; }
-[ -x "$b/pkv" ] || { tail -n 40 "$r/build_variant.log"; exit 1; }
+dev_build_ab "$a" "$b" "$variant" "$r" || exit 1
 # name:binary:ctas-per-unit (0: default):environment; TMA_CONFIGS replaces the list (@A: the new build's
 # directory, @B: the old one's); TMA_NCU=0 skips the profiles
 configs=${TMA_CONFIGS:-"old:$b/pkv:0: new:$a/pkv:0: s3cpu2:$a/pkv:2:PKV_TMA_STAGES=3 newcpu2:$a/pkv:2:

@@ -16,11 +16,7 @@ rounds=${3:-2}
 r=$(mktemp -d)
 a=$root/build-gpu; b=$root/build-variant
 . "$root/dev/build.sh"
-dev_build "$a" "$r/build.log" "pkv test_cuda" &
-dev_build "$b" "$r/build_variant.log" pkv -DBUILD_TESTING=OFF -DPKV_DECODE_SOURCE="$variant" &
-wait
-[ -x "$a/pkv" ] && [ -x "$a/tests/test_cuda" ] || { tail -n 40 "$r/build.log"; exit 1; }
-[ -x "$b/pkv" ] || { tail -n 40 "$r/build_variant.log"; exit 1; }
+dev_build_ab "$a" "$b" "$variant" "$r" || exit 1
 S="$r/summary.txt"
 {
   echo "# dev/probe_variant_ab.sh: working tree (new) vs $variant (old); every anchor and route; $rounds rounds"
