@@ -5,8 +5,8 @@
 # every route on the held-out traces (seeds 20260623..27, five families, B 1..128, paper shape;
 # the other shapes of workloads.md on seed 20260623, B 1, 4, 16, 64) with auto following the live
 # policy (as PKV_POLICY=OUT_DIR/policy would), JSON per set; then the offline replay of that policy
-# (pkv calibrate --policy P --evaluate F1,F2,... --replay-auto).  PKV_USE_POLICY=file skips the calibration and
-# evaluates that policy.
+# (pkv calibrate --policy P --evaluate F1,F2,... --replay-auto).  PKV_USE_POLICY=file skips the
+# calibration and evaluates that policy.
 set -u -o pipefail
 out=${1:?usage: scripts/policy_data.sh OUT_DIR}
 mkdir -p "$out"
