@@ -5,8 +5,9 @@
 # pkv check, memcheck on a reduced set), then times both builds on every anchor and route, alternating
 # the builds for ROUNDS rounds (each a median of 100 CUDA-event runs).  OUT/summary.txt (per anchor and
 # route: each round's time for both builds, the medians, the ratio), OUT/probe.tgz (the JSON and logs).
-# AB_EXTRA="name:VAR=value ..." also times the new build under each environment setting (e.g.
-# "s2:PKV_TMA_STAGES=2"), as columns beside new.  A new kernel that fails or hangs its first test stops
+# AB_EXTRA="name:SETTING,SETTING ..." also times the new build under each set of settings, as columns
+# beside new: an environment variable (e.g. "s2:PKV_TMA_STAGES=2") or a pkv bench option with "=" for its
+# space (e.g. "pack3:--pack=1,--ctas-per-unit=3").  A new kernel that fails or hangs its first test stops
 # the probe before the timings (every test run has a time limit).
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -42,11 +43,16 @@ S="$r/summary.txt"
   [ $rc -eq 0 ] || rounds=0
   for k in $(seq 1 "$rounds"); do
     for v in $variants; do
-      bin=$a/pkv; envs=""
+      bin=$a/pkv; envs=""; args=""
       [ $v = old ] && bin=$b/pkv
-      for x in ${AB_EXTRA:-}; do [ "${x%%:*}" = $v ] && envs=${x#*:}; done
+      for x in ${AB_EXTRA:-}; do
+        [ "${x%%:*}" = $v ] || continue
+        for s in $(echo "${x#*:}" | tr , ' '); do
+          case $s in --*) args="$args ${s/=/ }" ;; *) envs="$envs $s" ;; esac
+        done
+      done
       env $envs timeout 300 "$bin" bench --backend cuda --anchor all --route all --reps 100 --wall-reps 3 --no-check --quiet \
-        --json "$r/${v}_${k}.json" >/dev/null 2>>"$r/bench.log"
+        $args --json "$r/${v}_${k}.json" >/dev/null 2>>"$r/bench.log"
     done
   done
   [ "$rounds" -gt 0 ] || exit 0

@@ -1,0 +1,1386 @@
+// decode.cu - the GQA decode attention kernel over native page tables, and the merge kernel.
+//
+// One CTA (4 warps) per task: a (row, KV head, token range).  Each warp walks 16-token tiles of the
+// range (tile w, w+4, ...), reads K and V straight from their pages with 16-byte loads (no shared
+// memory staging), and runs both products on tensor cores (mma.sync m16n8k16, fp32 accumulators)
+// with the G query heads of the KV head in the M dimension (G <= 8: rows 0-7; G <= 16: all rows),
+// so each K,V byte is loaded once for all G heads.  The reduction dimensions are permuted so that
+// every fragment comes from a thread's own 16-byte loads:
+//   S = Q K^T:  thread (g = lane/4, c = lane%4) loads token g's chunks i*4+c (8 halves each); the
+//              same permutation applied to Q makes them the B fragments directly.
+//   O = P V:    thread g loads the 8-half chunks g, g+8, ... of tokens 2c, 2c+1, 8+2c, 9+2c; the
+//              output column n of n-block (u, e) is head-dim (n + 8u) * 8 + e.
+// Online softmax in the log2 domain per warp; warps combine through shared memory at the end; the
+// CTA writes o/lse directly (unsplit row) or a partial state (o_s normalised, lse_s natural log).
+//
+// For G <= 8 (every head dim) a second kernel (decode_kernel_n8) swaps the operands: S^T = K Q^T and
+// O^T = V^T P^T, tokens and head dims in M, the G heads in N (8 columns).  The accumulator is then
+// 16 x 8 per 16 head dims (32 registers at d = 128 instead of 64, q 16 instead of 32) and each
+// 16-token tile takes 8 + 8 mma instead of 16 + 16, which leaves room for 3 CTAs per SM; P^T
+// reaches the B fragment by one movmatrix.trans per 8 tokens.  Its K loads for the next tile are
+// issued right after S, and V loads right after O, so a tile is always in flight while a warp
+// computes.
+//
+// On sm_90, for G <= 8, d = 64/128 and page sizes that are multiples of 16, a third kernel
+// (decode_kernel_tma) runs the heads-in-N math with K and V brought into shared memory by TMA tensor
+// copies (one per tensor and 16-token tile, issued by one lane into a per-warp ring) and read with
+// ldmatrix, so the warps issue only the math (v8; PKV_DECODE_TMA=0 runs the register kernels).
+//
+// The merge kernels combine the partial states of a (row, KV head) online (running max and sum, as
+// the decode's softmax) in a fixed order (deterministic): a CTA per merge, or a CTA per (merge, query
+// head) whose thread groups combine interleaved subsets of the states and then each other.
+//
+// Last measured: see docs/kernel-notes.md (H200).
+#include "cuda_common.cuh"
+#include "pkv_cuda.h"
+
+#include <cuda.h> // CUtensorMap (the tensor-copy kernel); the encoder comes from the runtime entry point
+
+#include <math.h>
+#ifdef PKV_TIMELINE
+#include <stdio.h>
+#endif
+
+namespace pkv {
+
+struct decode_params {
+    const void *q;            // [B, Hq, D]
+    const void *k;            // pages, NHD or HND
+    const void *v;
+    const int32_t *page_indices;
+    void *o;                  // [B, Hq, D]
+    float *lse;               // [B, Hq] or NULL
+    float *state_o;           // [slots, G, D]
+    float *state_lse;         // [slots, G]
+    const pkv_task *tasks;    // this phase's tasks (workqueue)
+    const pkv_row_sched *rows;// this phase's rows (rectangular routes)
+    pkv_row_sched row0;       // a one-row phase's schedule by value (one_row): no dependent read first
+    int32_t one_row;
+    int64_t stride_page, stride_head, stride_tok;
+    float scale_log2;         // sm_scale * log2(e)
+    int32_t num_qo_heads, group, page_size, page_shift; // page_shift < 0: page_size not a power of 2
+    int32_t rect;
+    int32_t stages;           // the tensor-copy kernel: stages of each warp's ring (2..kMaxStages)
+    // fused route: the last task of a split (row, KV head) merges it; CTAs past num_tasks fill empty rows
+    int32_t fused, num_tasks, num_split_merges;
+    const pkv_merge *merges;
+    int32_t *counters;
+};
+
+struct merge_params {
+    const pkv_merge *merges;  // this phase's merges
+    const float *state_o;
+    const float *state_lse;
+    void *o;
+    float *lse;
+    int32_t num_qo_heads, group;
+};
+
+// Dev builds only (cmake -DPKV_TIMELINE=ON; dev/probe_timeline.sh): thread 0 of every CTA records
+// its SM and %globaltimer at entry and exit, per kernel kind (0 decode, 1 merge), last launch wins.
+#ifdef PKV_TIMELINE
+constexpr int kTimelineCap = 32768;
+__device__ unsigned long long tl_rec[2][kTimelineCap][3];
+__device__ unsigned long long tl_mark[2][kTimelineCap][2]; // two points inside a CTA (0: unset)
+__device__ unsigned int tl_count[2];
+__device__ __forceinline__ unsigned long long tl_now() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+struct tl_scope {
+    int kind;
+    unsigned int cta;
+    unsigned long long t0;
+    __device__ explicit tl_scope(int k) : kind(k) {
+        cta = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+        t0 = threadIdx.x == 0 ? tl_now() : 0;
+    }
+    __device__ ~tl_scope() {
+        if (threadIdx.x != 0 || cta >= (unsigned)kTimelineCap) return;
+        unsigned int smid;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+        tl_rec[kind][cta][0] = t0;
+        tl_rec[kind][cta][1] = tl_now();
+        tl_rec[kind][cta][2] = smid;
+        if (cta == 0) tl_count[kind] = gridDim.x * gridDim.y * gridDim.z;
+    }
+};
+#define PKV_TL_SCOPE(kind) tl_scope tl_scope_(kind)
+// thread 0 records %globaltimer as point k of its CTA (decode: the tile loop done, the arrival;
+// merge: the dependency wait returned, the states combined)
+#define PKV_TL_MARK(kind, k)                                                                                  \
+    do {                                                                                                      \
+        const unsigned int c_ = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);               \
+        if (threadIdx.x == 0 && c_ < (unsigned)kTimelineCap) tl_mark[kind][c_][k] = tl_now();                 \
+    } while (0)
+#else
+#define PKV_TL_MARK(kind, k) \
+    do {                     \
+    } while (0)
+#define PKV_TL_SCOPE(kind) \
+    do {                   \
+    } while (0)
+#endif
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr float kLn2 = 0.6931471805599453f;
+
+// Page id of a row's token (one read of the page table) and the element offset of that token's
+// head vector inside the K or V pool.
+__device__ __forceinline__ int32_t token_page(const decode_params &p, int32_t page_base, int32_t tok) {
+    const int32_t page_slot = p.page_shift >= 0 ? tok >> p.page_shift : tok / p.page_size;
+    return __ldg(p.page_indices + page_base + page_slot);
+}
+__device__ __forceinline__ int64_t page_offset(const decode_params &p, int32_t page, int32_t tok, int32_t head) {
+    const int32_t off = p.page_shift >= 0 ? (tok & (p.page_size - 1)) : tok % p.page_size;
+    return (int64_t)page * p.stride_page + (int64_t)head * p.stride_head + (int64_t)off * p.stride_tok;
+}
+
+// Merging partial states.  A thread owns one float4 column of one head's output and combines a
+// subset of the merge's states (slots first + s0, s0 + stride, ...) online, as the decode's softmax:
+// each batch of KB states is loaded with its lse values (clamped addresses, no branch between the
+// loads, so a batch is one round trip: with a branch per state the loads of a 32-way merge ran one
+// after another, 18 us on the H200), then the running max, sum and weighted sum are rescaled.
+// L1-bypassing loads: in the fused route the states were written by other CTAs of the same launch.
+constexpr int kMergeBatch = 16;
+
+struct merge_acc {
+    float4 a; // sum of exp(lse_s - M) * o_s
+    float M;  // running max of lse_s (-inf: no state yet)
+    float L;  // sum of exp(lse_s - M)
+};
+
+template <int D, int KB>
+__device__ __forceinline__ merge_acc merge_accumulate(const float *state_o, const float *state_lse, int64_t first,
+                                                      int count, int s0, int stride, int G, int j, int col) {
+    merge_acc r = {make_float4(0.f, 0.f, 0.f, 0.f), -INFINITY, 0.f};
+    for (; s0 < count; s0 += KB * stride) {
+        float4 o[KB];
+        float w[KB];
+#pragma unroll
+        for (int k = 0; k < KB; k++) {
+            const int64_t s = first + min(s0 + k * stride, count - 1);
+            o[k] = __ldcg(reinterpret_cast<const float4 *>(state_o + (s * G + j) * D) + col);
+            w[k] = __ldcg(state_lse + s * G + j);
+        }
+        float mb = r.M;
+#pragma unroll
+        for (int k = 0; k < KB; k++) mb = fmaxf(mb, w[k]); // clamped duplicates do not change the max
+        const float f = __expf(r.M - mb);                   // 0 on the first batch (M = -inf, mb finite)
+        r.a = make_float4(r.a.x * f, r.a.y * f, r.a.z * f, r.a.w * f);
+        r.L *= f;
+#pragma unroll
+        for (int k = 0; k < KB; k++) {
+            const float wk = s0 + k * stride < count ? __expf(w[k] - mb) : 0.f;
+            r.L += wk;
+            r.a.x += wk * o[k].x;
+            r.a.y += wk * o[k].y;
+            r.a.z += wk * o[k].z;
+            r.a.w += wk * o[k].w;
+        }
+        r.M = mb;
+    }
+    return r;
+}
+
+// Writes one float4 column of a merged head: o = a / L, lse = M + ln L (no state: o = 0, lse = -inf).
+template <typename T, int D>
+__device__ __forceinline__ void merge_write(const merge_acc &r, int64_t qh, int col, void *o_out, float *lse_out) {
+    using tr = dtype_traits<T>;
+    const float inv = r.L > 0.f ? 1.f / r.L : 0.f;
+    uint2 pk;
+    pk.x = tr::pack(r.a.x * inv, r.a.y * inv);
+    pk.y = tr::pack(r.a.z * inv, r.a.w * inv);
+    *reinterpret_cast<uint2 *>(static_cast<T *>(o_out) + qh * D + col * 4) = pk;
+    if (lse_out && col == 0) lse_out[qh] = r.L > 0.f ? r.M + logf(r.L) : -INFINITY;
+}
+
+// Combines the states of one merge in slot order with the whole CTA, a thread per (head, float4
+// column), and writes o and lse; count 0 writes the empty row (o = 0, lse = -inf).
+template <typename T, int D, int KB>
+__device__ __forceinline__ void merge_one(int32_t row, int32_t kv_head, int64_t first, int32_t count,
+                                          const float *state_o, const float *state_lse, void *o_out, float *lse_out,
+                                          int32_t num_qo_heads, int G) {
+    for (int idx = threadIdx.x; idx < G * (D / 4); idx += kThreads) {
+        const int j = idx / (D / 4), col = idx % (D / 4);
+        const merge_acc r = merge_accumulate<D, KB>(state_o, state_lse, first, count, 0, 1, G, j, col);
+        merge_write<T, D>(r, (int64_t)row * num_qo_heads + (int64_t)kv_head * G + j, col, o_out, lse_out);
+    }
+}
+
+// The earlier merge kernel, one CTA per merge (PKV_MERGE_KERNEL=row, for A/B runs).
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) merge_kernel_row(const merge_params p) {
+    PKV_TL_SCOPE(1);
+    const pkv_merge m = p.merges[blockIdx.x]; // the plan's (uploaded before): read before the wait
+    pdl_wait(); // the partial states come from the previous launch
+    PKV_TL_MARK(1, 0);
+    merge_one<T, D, kMergeBatch>(m.row, m.kv_head, m.first_slot, m.count, p.state_o, p.state_lse, p.o, p.lse,
+                                 p.num_qo_heads, p.group);
+}
+
+// The merge kernel: one CTA per (merge, query head), so a step's merges spread over merges x G CTAs
+// instead of one CTA per (row, KV head) walking G heads (a 33-way merge of 4 heads took 6.5 us on
+// 8 CTAs).  Threads (grp, col): col = a float4 of the head dim, grp = one of kThreads / (D / 4)
+// interleaved subsets of the states, each combined online (one round trip for up to 16 states per
+// subset: 64 at d = 128); the subsets combine through shared memory in a fixed order
+// (deterministic).
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) merge_kernel(const merge_params p) {
+    static_assert(kThreads % (D / 4) == 0, "state groups");
+    constexpr int NG = kThreads / (D / 4);
+    __shared__ float4 part_sm[NG][D / 4];
+    __shared__ float m_sm[NG], l_sm[NG];
+    PKV_TL_SCOPE(1);
+    const int G = p.group;
+    const pkv_merge m = p.merges[blockIdx.x / G]; // the plan's (uploaded before): read before the wait
+    const int j = blockIdx.x % G;
+    const int grp = threadIdx.x / (D / 4), col = threadIdx.x % (D / 4);
+    pdl_wait(); // the partial states come from the previous launch
+    PKV_TL_MARK(1, 0);
+    merge_acc r = merge_accumulate<D, kMergeBatch>(p.state_o, p.state_lse, m.first_slot, m.count, grp, NG, G, j, col);
+    part_sm[grp][col] = r.a;
+    if (col == 0) {
+        m_sm[grp] = r.M;
+        l_sm[grp] = r.L;
+    }
+    __syncthreads();
+    PKV_TL_MARK(1, 1);
+    if (grp == 0) {
+        float M = m_sm[0];
+#pragma unroll
+        for (int g2 = 1; g2 < NG; g2++) M = fmaxf(M, m_sm[g2]);
+        r = {make_float4(0.f, 0.f, 0.f, 0.f), M, 0.f};
+#pragma unroll
+        for (int g2 = 0; g2 < NG; g2++) {
+            const float f = l_sm[g2] > 0.f ? __expf(m_sm[g2] - M) : 0.f; // a subset without states adds nothing
+            const float4 b = part_sm[g2][col];
+            r.L += f * l_sm[g2];
+            r.a.x += f * b.x;
+            r.a.y += f * b.y;
+            r.a.z += f * b.z;
+            r.a.w += f * b.w;
+        }
+        merge_write<T, D>(r, (int64_t)m.row * p.num_qo_heads + (int64_t)m.kv_head * G + j, col, p.o, p.lse);
+    }
+}
+
+// Shared memory: the warps' outputs for the final combine (fp32 [warp][GP][D + 4], m and l
+// [warp][GP]), then q (halves [GP][D + 32]) for the d = 256 instance of the M kernel.
+template <int D, bool G16> constexpr int smem_out_floats() {
+    return kWarps * (G16 ? 16 : 8) * (D + 4) + 2 * kWarps * (G16 ? 16 : 8);
+}
+template <int D, bool G16> constexpr int smem_floats() {
+    return smem_out_floats<D, G16>() + (D > 128 ? (G16 ? 16 : 8) * (D + 32) / 2 : 0);
+}
+
+// One CTA's work item.  slot >= 0: a split of a row (partial state); merge_idx: the fused route's merge.
+struct task_info {
+    int32_t row, head, tb, te, slot, page_base, merge_idx;
+};
+
+// Reads the CTA's task.  false: nothing to compute (an empty split, which exits before reading any
+// KV, or an empty row of the fused route, which this call writes).
+template <typename T, int D>
+__device__ __forceinline__ bool load_task(const decode_params &p, task_info &ti) {
+    ti.merge_idx = -1;
+    if (p.rect) {
+        // d = 256 reads the schedule (its heads-in-N kernel sits at 255 registers; the select spills)
+        const pkv_row_sched rs = D <= 128 && p.one_row ? p.row0 : p.rows[blockIdx.x];
+        const int32_t s = blockIdx.z;
+        if (s >= rs.num_splits) return false;
+        ti.row = rs.row;
+        ti.head = blockIdx.y;
+        ti.tb = s * rs.chunk_tokens;
+        ti.te = min(ti.tb + rs.chunk_tokens, rs.seq_len);
+        ti.slot = rs.num_splits > 1 ? rs.slot_base + ti.head * rs.num_splits + s : -1;
+        ti.page_base = rs.page_base;
+    } else {
+        if (p.fused && (int32_t)blockIdx.x >= p.num_tasks) {
+            pdl_launch_dependents();
+            const pkv_merge m = p.merges[p.num_split_merges + (blockIdx.x - p.num_tasks)]; // count 0: o = 0, lse = -inf
+            merge_one<T, D, 1>(m.row, m.kv_head, m.first_slot, m.count, p.state_o, p.state_lse, p.o, p.lse,
+                               p.num_qo_heads, p.group);
+            return false;
+        }
+        const pkv_task t = p.tasks[blockIdx.x];
+        ti.row = t.row;
+        ti.head = t.kv_head;
+        ti.tb = t.tok_begin;
+        ti.te = t.tok_end;
+        ti.slot = t.state_slot;
+        ti.page_base = t.page_base;
+        ti.merge_idx = t.merge;
+    }
+    pdl_launch_dependents();
+    pdl_wait();
+    return true;
+}
+
+// Page ids of a tile's tokens (K: base + 8j + g; V: base + {2c, 2c+1, 8+2c, 9+2c}); -1 past the
+// range, so those K/V slots are never read.
+__device__ __forceinline__ void tile_pages(const decode_params &p, const task_info &ti, int ntiles, int tile, int g,
+                                           int c, int32_t (&kp)[2], int32_t (&vp)[4]) {
+    const int base = ti.tb + tile * 16;
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        const int tok = base + 8 * j + g;
+        kp[j] = (tile < ntiles && tok < ti.te) ? token_page(p, ti.page_base, tok) : -1;
+    }
+#pragma unroll
+    for (int qv = 0; qv < 4; qv++) {
+        const int tok = base + (qv >> 1) * 8 + 2 * c + (qv & 1);
+        vp[qv] = (tile < ntiles && tok < ti.te) ? token_page(p, ti.page_base, tok) : -1;
+    }
+}
+
+// K of tokens base + 8j + g: the 16-byte chunks i*4 + c.  V of tokens base + {2c, 2c+1, 8+2c, 9+2c}:
+// the chunks g + 8u.  Zeros where the page id is -1.
+template <typename T, int D>
+__device__ __forceinline__ void load_k(const decode_params &p, const T *kbase, int base, int head, int g, int c,
+                                       const int32_t (&kp)[2], uint4 (&kr)[2][D / 32]) {
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        if (kp[j] >= 0) {
+            const T *src = kbase + page_offset(p, kp[j], base + 8 * j + g, head);
+#pragma unroll
+            for (int i = 0; i < D / 32; i++) kr[j][i] = ldg_nc_v4(src + (i * 4 + c) * 8);
+        } else {
+#pragma unroll
+            for (int i = 0; i < D / 32; i++) kr[j][i] = make_uint4(0, 0, 0, 0);
+        }
+    }
+}
+template <typename T, int D>
+__device__ __forceinline__ void load_v(const decode_params &p, const T *vbase, int base, int head, int g, int c,
+                                       const int32_t (&vp)[4], uint4 (&vr)[4][D / 64]) {
+#pragma unroll
+    for (int qv = 0; qv < 4; qv++) {
+        if (vp[qv] >= 0) {
+            const T *src = vbase + page_offset(p, vp[qv], base + (qv >> 1) * 8 + 2 * c + (qv & 1), head);
+#pragma unroll
+            for (int u = 0; u < D / 64; u++) vr[qv][u] = ldg_nc_v4(src + (g + 8 * u) * 8);
+        } else {
+#pragma unroll
+            for (int u = 0; u < D / 64; u++) vr[qv][u] = make_uint4(0, 0, 0, 0);
+        }
+    }
+}
+
+// After every warp wrote its output (sm_o [warp][GP][D + 4], unnormalised), m and l (log2 domain):
+// combines the warps, writes o/lse (unsplit row) or the partial state, and in the fused route the
+// last task of a split (row, KV head) merges it (slot order: deterministic) and resets the counter,
+// loading the states in batches of KB (32 where the kernel's register cap leaves room: one round
+// trip after the arrival for merges of up to 32 states).
+template <typename T, int D, int GP, int KB>
+__device__ __forceinline__ void finish_task(const decode_params &p, const float *smem, const task_info &ti, int G) {
+    using tr = dtype_traits<T>;
+    const float *sm_o = smem;
+    const float *sm_m = smem + kWarps * GP * (D + 4);
+    const float *sm_l = sm_m + kWarps * GP;
+    // the fused route's merge entry, read while the warps combine (not after the arrival)
+    const bool fused_split = p.fused && ti.slot >= 0;
+    PKV_TL_MARK(0, 0);
+    const pkv_merge fm = fused_split ? p.merges[ti.merge_idx] : pkv_merge{};
+    __syncthreads();
+    const int groups = G * (D / 8); // 8 outputs per thread step
+    for (int idx = threadIdx.x; idx < groups; idx += kThreads) {
+        const int j = idx / (D / 8), d = (idx % (D / 8)) * 8;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kWarps; w++) M = fmaxf(M, sm_m[w * GP + j]);
+        float wgt[kWarps], L = 0.f;
+#pragma unroll
+        for (int w = 0; w < kWarps; w++) {
+            wgt[w] = sm_l[w * GP + j] > 0.f ? exp2f(sm_m[w * GP + j] - M) : 0.f;
+            L += wgt[w] * sm_l[w * GP + j];
+        }
+        const float inv = 1.f / L;
+        float out[8];
+#pragma unroll
+        for (int x = 0; x < 8; x++) {
+            float v = 0.f;
+#pragma unroll
+            for (int w = 0; w < kWarps; w++) v += wgt[w] * sm_o[(w * GP + j) * (D + 4) + d + x];
+            out[x] = v * inv;
+        }
+        const float lse_nat = (M + log2f(L)) * kLn2;
+        const int64_t qh = (int64_t)ti.row * p.num_qo_heads + (int64_t)ti.head * G + j;
+        if (ti.slot < 0) {
+            uint4 pk;
+            pk.x = tr::pack(out[0], out[1]);
+            pk.y = tr::pack(out[2], out[3]);
+            pk.z = tr::pack(out[4], out[5]);
+            pk.w = tr::pack(out[6], out[7]);
+            *reinterpret_cast<uint4 *>(static_cast<T *>(p.o) + qh * D + d) = pk;
+            if (p.lse && d == 0) p.lse[qh] = lse_nat;
+        } else {
+            float *dst = p.state_o + ((int64_t)ti.slot * G + j) * D + d;
+            *reinterpret_cast<float4 *>(dst) = make_float4(out[0], out[1], out[2], out[3]);
+            *reinterpret_cast<float4 *>(dst + 4) = make_float4(out[4], out[5], out[6], out[7]);
+            if (d == 0) p.state_lse[(int64_t)ti.slot * G + j] = lse_nat;
+        }
+    }
+    if (fused_split) {
+        __shared__ int last;
+        __threadfence(); // this thread's state writes, visible device-wide before the arrival
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            const int prev = atomicAdd(p.counters + ti.merge_idx, 1);
+            last = prev == fm.count - 1;
+            if (last) p.counters[ti.merge_idx] = 0;
+        }
+        __syncthreads();
+        PKV_TL_MARK(0, 1);
+        if (last) {
+            __threadfence();
+            merge_one<T, D, KB>(fm.row, fm.kv_head, fm.first_slot, fm.count, p.state_o, p.state_lse, p.o, p.lse,
+                                p.num_qo_heads, G);
+        }
+    }
+}
+
+// ---- heads in M: any G up to 16, every head dim ---------------------------------------------------
+template <typename T, int D, bool G16>
+__global__ void __launch_bounds__(kThreads, 2) decode_kernel(const decode_params p) {
+    constexpr int KC = D / 32; // K chunks of 8 halves per thread per token
+    constexpr int VC = D / 64; // V chunks per thread per token
+    constexpr int NB = D / 8;  // n-blocks of the output
+    constexpr int GP = G16 ? 16 : 8;
+    using tr = dtype_traits<T>;
+    extern __shared__ float smem[];
+    PKV_TL_SCOPE(0);
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, c = lane & 3;
+
+    task_info ti;
+    if (!load_task<T, D>(p, ti)) return;
+    const int32_t head = ti.head, tb = ti.tb, te = ti.te;
+
+    // ---- q of the G heads: registers for d <= 128 (loads in flight with the first tile's), shared
+    // memory for d = 256 (registers go to the 16 x 256 accumulator); smem rows padded by 64 bytes
+    // against bank conflicts: sm_q [GP][D + 32] halves.
+    constexpr bool kQInRegs = D <= 128;
+    const int G = p.group;
+    const T *qbase = static_cast<const T *>(p.q) + ((int64_t)ti.row * p.num_qo_heads + (int64_t)head * G) * D;
+    uint4 qra[kQInRegs ? KC : 1], qrb[kQInRegs ? KC : 1];
+    T *sm_q = reinterpret_cast<T *>(smem + smem_out_floats<D, G16>());
+    if constexpr (kQInRegs) {
+#pragma unroll
+        for (int i = 0; i < KC; i++) {
+            qra[i] = g < G ? *reinterpret_cast<const uint4 *>(qbase + g * D + (i * 4 + c) * 8) : make_uint4(0, 0, 0, 0);
+            qrb[i] = (G16 && g + 8 < G) ? *reinterpret_cast<const uint4 *>(qbase + (g + 8) * D + (i * 4 + c) * 8)
+                                        : make_uint4(0, 0, 0, 0);
+        }
+    } else {
+        for (int idx = threadIdx.x; idx < GP * (D / 8); idx += kThreads) {
+            const int j = idx / (D / 8), d = (idx % (D / 8)) * 8;
+            *reinterpret_cast<uint4 *>(sm_q + j * (D + 32) + d) =
+                j < G ? *reinterpret_cast<const uint4 *>(qbase + j * D + d) : make_uint4(0, 0, 0, 0);
+        }
+        __syncthreads();
+    }
+    const T *qa_row = sm_q + g * (D + 32), *qb_row = sm_q + (g + 8) * (D + 32);
+
+    const T *kbase = static_cast<const T *>(p.k);
+    const T *vbase = static_cast<const T *>(p.v);
+    float acc[NB][4];
+#pragma unroll
+    for (int nb = 0; nb < NB; nb++) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+
+    const int ntiles = (te - tb + 15) >> 4;
+    // Page ids loaded one tile ahead, so the K/V loads of a tile never wait on a page-table read.
+    int32_t kpage[2], vpage[4];
+    tile_pages(p, ti, ntiles, warp, g, c, kpage, vpage);
+    for (int tile = warp; tile < ntiles; tile += kWarps) {
+        const int base = tb + tile * 16;
+        uint4 kr[2][KC], vr[4][VC];
+        load_k<T, D>(p, kbase, base, head, g, c, kpage, kr);
+        load_v<T, D>(p, vbase, base, head, g, c, vpage, vr);
+        tile_pages(p, ti, ntiles, tile + kWarps, g, c, kpage, vpage); // in flight with this tile
+        // ---- S = Q K^T for the two 8-token halves of the tile
+        float s[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+        for (int i = 0; i < KC; i++) {
+            uint4 qa, qb;
+            if constexpr (kQInRegs) {
+                qa = qra[i];
+                qb = qrb[i];
+            } else {
+                qa = *reinterpret_cast<const uint4 *>(qa_row + (i * 4 + c) * 8);
+                qb = G16 ? *reinterpret_cast<const uint4 *>(qb_row + (i * 4 + c) * 8) : make_uint4(0, 0, 0, 0);
+            }
+            const uint32_t a0[4] = {qa.x, qb.x, qa.y, qb.y}, a1[4] = {qa.z, qb.z, qa.w, qb.w};
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                mma_16816<T>(s[j], a0, kr[j][i].x, kr[j][i].y);
+                mma_16816<T>(s[j], a1, kr[j][i].z, kr[j][i].w);
+            }
+        }
+        // ---- online softmax (log2 domain); rows g (s[.][0..1]) and g+8 (s[.][2..3])
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int x = 0; x < 2; x++) {
+                const bool valid = base + 8 * j + 2 * c + x < te;
+                s[j][x] = valid ? s[j][x] * p.scale_log2 : -INFINITY;
+                s[j][2 + x] = valid ? s[j][2 + x] * p.scale_log2 : -INFINITY;
+                mx0 = fmaxf(mx0, s[j][x]);
+                mx1 = fmaxf(mx1, s[j][2 + x]);
+            }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1); // finite: the tile has a valid token
+        const float al0 = exp2f(m0 - n0), al1 = exp2f(m1 - n1);
+        m0 = n0;
+        m1 = n1;
+        float pr[2][4];
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            pr[j][0] = exp2f(s[j][0] - n0);
+            pr[j][1] = exp2f(s[j][1] - n0);
+            pr[j][2] = exp2f(s[j][2] - n1);
+            pr[j][3] = exp2f(s[j][3] - n1);
+        }
+        l0 = l0 * al0 + (pr[0][0] + pr[0][1] + pr[1][0] + pr[1][1]);
+        l1 = l1 * al1 + (pr[0][2] + pr[0][3] + pr[1][2] + pr[1][3]);
+        // ---- O = O * alpha + P V
+        const uint32_t a[4] = {tr::pack(pr[0][0], pr[0][1]), tr::pack(pr[0][2], pr[0][3]), tr::pack(pr[1][0], pr[1][1]),
+                               tr::pack(pr[1][2], pr[1][3])};
+#pragma unroll
+        for (int u = 0; u < VC; u++) {
+            const uint32_t *v0 = reinterpret_cast<const uint32_t *>(&vr[0][u]);
+            const uint32_t *v1 = reinterpret_cast<const uint32_t *>(&vr[1][u]);
+            const uint32_t *v2 = reinterpret_cast<const uint32_t *>(&vr[2][u]);
+            const uint32_t *v3 = reinterpret_cast<const uint32_t *>(&vr[3][u]);
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const int nb = u * 8 + e;
+                const unsigned sel = (e & 1) ? 0x7632u : 0x5410u;
+                const uint32_t b0 = __byte_perm(v0[e >> 1], v1[e >> 1], sel);
+                const uint32_t b1 = __byte_perm(v2[e >> 1], v3[e >> 1], sel);
+                acc[nb][0] *= al0;
+                acc[nb][1] *= al0;
+                acc[nb][2] *= al1;
+                acc[nb][3] *= al1;
+                mma_16816<T>(acc[nb], a, b0, b1);
+            }
+        }
+    }
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+
+    // ---- this warp's output: sm_o [warp][GP][D + 4], sm_m / sm_l [warp][GP]
+    {
+        float *sm_m = smem + kWarps * GP * (D + 4);
+        float *sm_l = sm_m + kWarps * GP;
+        float *wo = smem + warp * GP * (D + 4);
+#pragma unroll
+        for (int u = 0; u < VC; u++)
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                const int nb = u * 8 + e;
+                const int d0 = (2 * c + 8 * u) * 8 + e, d1 = (2 * c + 1 + 8 * u) * 8 + e;
+                wo[g * (D + 4) + d0] = acc[nb][0];
+                wo[g * (D + 4) + d1] = acc[nb][1];
+                if (G16) {
+                    wo[(g + 8) * (D + 4) + d0] = acc[nb][2];
+                    wo[(g + 8) * (D + 4) + d1] = acc[nb][3];
+                }
+            }
+        if (c == 0) {
+            sm_m[warp * GP + g] = m0;
+            sm_l[warp * GP + g] = l0;
+            if (G16) {
+                sm_m[warp * GP + g + 8] = m1;
+                sm_l[warp * GP + g + 8] = l1;
+            }
+        }
+    }
+    finish_task<T, D, GP, D == 128 ? 32 : 16>(p, smem, ti, G); // 16: no more registers at d = 64, none left at 256
+}
+
+// ---- heads in N: G <= 8, every head dim ----------------------------------------------------------------
+// Thread (g, c) loads the same K and V chunks as above.  S^T (tokens x heads): A = K with
+// a = {K[g].x, K[g+8].x, K[g].y, K[g+8].y} per k-step, B = q of head g, so the C fragment holds
+// tokens g, g+8 x heads 2c, 2c+1.  P^T is packed per 8 tokens and transposed by movmatrix into the
+// B fragment (tokens 2c, 2c+1 | 8+2c, 9+2c x head g), which matches the V tokens of the thread.
+// O^T (head dims x heads): A = V^T from byte permutes; m-tile (u, mp) row g is head dim
+// (g + 8u) * 8 + 2mp, row g + 8 the dim after it.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+    uint32_t y;
+    asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+    return y;
+}
+
+// One 16-token tile of the heads-in-N kernel: S^T from kr, the online softmax, O^T from vr.  The
+// buffers are refilled with the tile at next_base (pages kpage/vpage; -1 pages load zeros, no
+// memory): K right after S, V right after O, so a tile is in flight while the warp computes.
+template <typename T, int D>
+__device__ __forceinline__ void n8_tile(const decode_params &p, const T *kbase, const T *vbase, int head, int g, int c,
+                                        int base, int te, int next_base, const uint4 (&qr)[D / 32],
+                                        uint4 (&kr)[2][D / 32], uint4 (&vr)[4][D / 64], const int32_t (&kpage)[2],
+                                        const int32_t (&vpage)[4], float (&acc)[D / 16][4], float &ma, float &mb,
+                                        float &la, float &lb) {
+    constexpr int KC = D / 32;
+    constexpr int VC = D / 64;
+    using tr = dtype_traits<T>;
+    // ---- S^T = K Q^T: two accumulators (x/y and z/w halves of each chunk) for a shorter chain
+    float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < KC; i++) {
+        const uint32_t a0[4] = {kr[0][i].x, kr[1][i].x, kr[0][i].y, kr[1][i].y};
+        const uint32_t a1[4] = {kr[0][i].z, kr[1][i].z, kr[0][i].w, kr[1][i].w};
+        mma_16816<T>(s, a0, qr[i].x, qr[i].y);
+        mma_16816<T>(s2, a1, qr[i].z, qr[i].w);
+    }
+    load_k<T, D>(p, kbase, next_base, head, g, c, kpage, kr);
+    // ---- online softmax (log2 domain) per head column; rows are tokens g and g + 8
+    const bool v0 = base + g < te, v1 = base + 8 + g < te;
+    const float x0 = v0 ? (s[0] + s2[0]) * p.scale_log2 : -INFINITY;
+    const float x1 = v0 ? (s[1] + s2[1]) * p.scale_log2 : -INFINITY;
+    const float x2 = v1 ? (s[2] + s2[2]) * p.scale_log2 : -INFINITY;
+    const float x3 = v1 ? (s[3] + s2[3]) * p.scale_log2 : -INFINITY;
+    float mxa = fmaxf(x0, x2), mxb = fmaxf(x1, x3);
+#pragma unroll
+    for (int sh = 4; sh < 32; sh <<= 1) {
+        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, sh));
+        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, sh));
+    }
+    const float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb); // finite: token base is valid
+    const float ala = exp2f(ma - na), alb = exp2f(mb - nb);
+    ma = na;
+    mb = nb;
+    const float p0 = exp2f(x0 - na), p1 = exp2f(x1 - nb), p2 = exp2f(x2 - na), p3 = exp2f(x3 - nb);
+    la = la * ala + (p0 + p2);
+    lb = lb * alb + (p1 + p3);
+    const uint32_t b0 = movmatrix_trans(tr::pack(p0, p1)), b1 = movmatrix_trans(tr::pack(p2, p3));
+    // ---- O^T = O^T * alpha + V^T P^T
+#pragma unroll
+    for (int u = 0; u < VC; u++) {
+        const uint32_t *w0 = reinterpret_cast<const uint32_t *>(&vr[0][u]);
+        const uint32_t *w1 = reinterpret_cast<const uint32_t *>(&vr[1][u]);
+        const uint32_t *w2 = reinterpret_cast<const uint32_t *>(&vr[2][u]);
+        const uint32_t *w3 = reinterpret_cast<const uint32_t *>(&vr[3][u]);
+#pragma unroll
+        for (int mp = 0; mp < 4; mp++) {
+            const int mt = u * 4 + mp;
+            const uint32_t a[4] = {__byte_perm(w0[mp], w1[mp], 0x5410u), __byte_perm(w0[mp], w1[mp], 0x7632u),
+                                   __byte_perm(w2[mp], w3[mp], 0x5410u), __byte_perm(w2[mp], w3[mp], 0x7632u)};
+            acc[mt][0] *= ala;
+            acc[mt][1] *= alb;
+            acc[mt][2] *= ala;
+            acc[mt][3] *= alb;
+            mma_16816<T>(acc[mt], a, b0, b1);
+        }
+    }
+    load_v<T, D>(p, vbase, next_base, head, g, c, vpage, vr);
+}
+
+// NB = 1: one tile in flight per warp, 3 CTAs per SM (every grid larger than two CTAs per SM).
+// NB = 2: two tiles in flight per warp in two register buffers (tiles w, w + 4 | w + 8, w + 12 ...),
+// page ids two tiles ahead per buffer; ~2 CTAs per SM, for grids that leave the third slot empty
+// anyway (single requests and small batches), where a warp's round trips are the step's length.
+template <typename T, int D, int NB>
+__global__ void __launch_bounds__(kThreads, NB == 1 && D <= 128 ? 3 : 2) decode_kernel_n8(const decode_params p) {
+    static_assert(NB == 1 || (NB == 2 && D <= 128), "one tile in flight per warp, or two at d <= 128");
+    constexpr int KC = D / 32;
+    constexpr int VC = D / 64;
+    constexpr int MT = VC * 4; // m-tiles of O^T
+    constexpr int GP = 8;
+    constexpr int STEP = NB * kWarps; // tiles between a buffer's uses
+    extern __shared__ float smem[];
+    PKV_TL_SCOPE(0);
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, c = lane & 3;
+
+    task_info ti;
+    if (!load_task<T, D>(p, ti)) return;
+    const int32_t head = ti.head, tb = ti.tb, te = ti.te;
+    const int G = p.group;
+    const T *qbase = static_cast<const T *>(p.q) + ((int64_t)ti.row * p.num_qo_heads + (int64_t)head * G) * D;
+    uint4 qr[KC];
+#pragma unroll
+    for (int i = 0; i < KC; i++)
+        qr[i] = g < G ? *reinterpret_cast<const uint4 *>(qbase + g * D + (i * 4 + c) * 8) : make_uint4(0, 0, 0, 0);
+
+    const T *kbase = static_cast<const T *>(p.k);
+    const T *vbase = static_cast<const T *>(p.v);
+    float acc[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
+    float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f; // heads 2c and 2c + 1
+
+    const int ntiles = (te - tb + 15) >> 4;
+    int32_t kpa[2], vpa[4];
+    uint4 kra[2][KC], vra[4][VC];
+    tile_pages(p, ti, ntiles, warp, g, c, kpa, vpa);
+    load_k<T, D>(p, kbase, tb + warp * 16, head, g, c, kpa, kra);
+    load_v<T, D>(p, vbase, tb + warp * 16, head, g, c, vpa, vra);
+    if constexpr (NB == 1) {
+        tile_pages(p, ti, ntiles, warp + kWarps, g, c, kpa, vpa);
+        for (int tile = warp; tile < ntiles; tile += kWarps) {
+            const int base = tb + tile * 16;
+            n8_tile<T, D>(p, kbase, vbase, head, g, c, base, te, base + kWarps * 16, qr, kra, vra, kpa, vpa, acc, ma,
+                          mb, la, lb);
+            tile_pages(p, ti, ntiles, tile + 2 * kWarps, g, c, kpa, vpa);
+        }
+    } else {
+        int32_t kpb[2], vpb[4];
+        uint4 krb[2][KC], vrb[4][VC];
+        tile_pages(p, ti, ntiles, warp + kWarps, g, c, kpb, vpb);
+        load_k<T, D>(p, kbase, tb + (warp + kWarps) * 16, head, g, c, kpb, krb);
+        load_v<T, D>(p, vbase, tb + (warp + kWarps) * 16, head, g, c, vpb, vrb);
+        tile_pages(p, ti, ntiles, warp + STEP, g, c, kpa, vpa);
+        tile_pages(p, ti, ntiles, warp + STEP + kWarps, g, c, kpb, vpb);
+        for (int tile = warp; tile < ntiles; tile += STEP) {
+            const int base = tb + tile * 16;
+            n8_tile<T, D>(p, kbase, vbase, head, g, c, base, te, base + STEP * 16, qr, kra, vra, kpa, vpa, acc, ma,
+                          mb, la, lb);
+            tile_pages(p, ti, ntiles, tile + 2 * STEP, g, c, kpa, vpa);
+            if (tile + kWarps < ntiles) { // warp-uniform
+                const int bb = base + kWarps * 16;
+                n8_tile<T, D>(p, kbase, vbase, head, g, c, bb, te, bb + STEP * 16, qr, krb, vrb, kpb, vpb, acc, ma,
+                              mb, la, lb);
+                tile_pages(p, ti, ntiles, tile + kWarps + 2 * STEP, g, c, kpb, vpb);
+            }
+        }
+    }
+#pragma unroll
+    for (int sh = 4; sh < 32; sh <<= 1) {
+        la += __shfl_xor_sync(0xffffffffu, la, sh);
+        lb += __shfl_xor_sync(0xffffffffu, lb, sh);
+    }
+    // ---- this warp's output: O[head][dim] = acc (see the m-tile layout above)
+    {
+        float *sm_m = smem + kWarps * GP * (D + 4);
+        float *sm_l = sm_m + kWarps * GP;
+        float *wo = smem + warp * GP * (D + 4);
+#pragma unroll
+        for (int u = 0; u < VC; u++)
+#pragma unroll
+            for (int mp = 0; mp < 4; mp++) {
+                const int mt = u * 4 + mp, d0 = (g + 8 * u) * 8 + 2 * mp;
+                wo[(2 * c) * (D + 4) + d0] = acc[mt][0];
+                wo[(2 * c + 1) * (D + 4) + d0] = acc[mt][1];
+                wo[(2 * c) * (D + 4) + d0 + 1] = acc[mt][2];
+                wo[(2 * c + 1) * (D + 4) + d0 + 1] = acc[mt][3];
+            }
+        if (g == 0) {
+            sm_m[warp * GP + 2 * c] = ma;
+            sm_m[warp * GP + 2 * c + 1] = mb;
+            sm_l[warp * GP + 2 * c] = la;
+            sm_l[warp * GP + 2 * c + 1] = lb;
+        }
+    }
+    finish_task<T, D, GP, NB == 2 ? 32 : 16>(p, smem, ti, G); // 16: the 3-CTA register cap, no spills at d = 256
+}
+
+// ---- heads in N, K and V through shared memory by tensor copies (sm_90) --------------------------------
+// For G <= 8, d = 64 and 128 and page sizes that are multiples of 16 (every task then starts on a page
+// boundary, so a 16-token tile never crosses a page).  The math is the heads-in-N kernel's (S^T = K Q^T,
+// O^T = V^T P^T, tokens and head dims in M, the G heads in N), but no warp loads K or V itself: each warp
+// keeps a ring of S stages in shared memory (a 16-token tile of K and of V per stage) with one mbarrier
+// per stage, and its lane 0 fills a stage with one TMA tensor copy per tensor (16 tokens x d, landing as
+// d/64 boxes of 16 rows of 128 bytes, 128-byte swizzle) from tensor maps over the K and V page pools
+// (encode_pool: NHD and HND differ only in the strides).  The fragments come from ldmatrix (K as the A operand
+// of S^T; V by ldmatrix.trans as the A operand of O^T), so a tile costs the warp a handful of issue
+// slots for its loads instead of 16 global loads, their addresses and the byte permutes (v7: ~600
+// instructions per tile per warp, the warps issue-bound on single requests).
+struct tma_maps {
+    CUtensorMap k, v;
+};
+constexpr int kMaxStages = 6;
+constexpr uint32_t kBoxBytes = 16 * 64 * 2; // one box: 16 token rows of 128 bytes
+
+__device__ __forceinline__ uint32_t smem_addr(const void *ptr) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
+}
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+    uint32_t done;
+    do {
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     " selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+// One box of a tensor map at {0, c1 = token in page, 0, c3 = KV head, c4 = page} (every dim of the head
+// vector, 16 tokens) into shared memory (1024-byte aligned for the swizzle); its bytes complete the
+// transaction count of bar.
+__device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap *map, int tok, int head, int page,
+                                              uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+                 "%3, %4, %5, %6}], [%7];\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(tok), "r"(0), "r"(head), "r"(page), "r"(bar)
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr)
+                 : "memory");
+}
+
+// Shared memory of the kernel: 1024 bytes of alignment slack and S stages of 2 x d/64 boxes per warp;
+// after the tile loops the same bytes hold the warps' outputs for finish_task.
+template <int D> constexpr int tma_smem_bytes(int stages) {
+    return 1024 + kWarps * stages * 2 * (D / 64) * (int)kBoxBytes;
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 3)
+    decode_kernel_tma(const decode_params p, const __grid_constant__ tma_maps maps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int H = D / 64;  // boxes per tensor per tile
+    constexpr int KS = D / 16; // k-steps of S^T, m-tiles of O^T
+    constexpr int GP = 8;
+    constexpr uint32_t kTileBytes = 2 * H * kBoxBytes;
+    static_assert(smem_out_floats<D, false>() * 4 <= kWarps * 2 * (int)kTileBytes, "outputs fit in two stages");
+    using tr = dtype_traits<T>;
+    extern __shared__ float smem[];
+    __shared__ __align__(8) uint64_t bars[kWarps][kMaxStages];
+    PKV_TL_SCOPE(0);
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, c = lane & 3;
+
+    task_info ti;
+    if (!load_task<T, D>(p, ti)) return;
+    const int32_t head = ti.head, tb = ti.tb, te = ti.te;
+    const int G = p.group;
+    const int S = p.stages;
+    unsigned char *sbase = reinterpret_cast<unsigned char *>(smem);
+    sbase += (1024u - (smem_addr(sbase) & 1023u)) & 1023u;
+    const uint32_t ring = smem_addr(sbase) + (uint32_t)(warp * S) * kTileBytes;
+    const uint32_t bar0 = smem_addr(&bars[warp][0]);
+    const int ntiles = (te - tb + 15) >> 4;
+    const int nmine = ntiles > warp ? (ntiles - warp + kWarps - 1) / kWarps : 0; // tiles warp, warp + 4, ...
+
+    // lane 0: the page and in-page token of the warp's it-th tile, and a stage's copies
+    auto tile_at = [&](int it, int32_t &page, int32_t &off) {
+        const int32_t tok = tb + (warp + it * kWarps) * 16;
+        page = token_page(p, ti.page_base, tok);
+        off = p.page_shift >= 0 ? (tok & (p.page_size - 1)) : tok % p.page_size;
+    };
+    auto issue = [&](int stage, int32_t page, int32_t off) {
+        const uint32_t dst = ring + (uint32_t)stage * kTileBytes, bar = bar0 + 8u * (uint32_t)stage;
+        mbar_expect_tx(bar, kTileBytes);
+        tma_load_tile(dst, &maps.k, off, head, page, bar);
+        tma_load_tile(dst + H * kBoxBytes, &maps.v, off, head, page, bar);
+    };
+    int32_t npage = 0, noff = 0; // lane 0: the next tile to issue (it + S)
+    if (lane == 0 && nmine > 0) {
+        for (int s = 0; s < S; s++) mbar_init(bar0 + 8u * s, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        int32_t pg[kMaxStages], of[kMaxStages]; // the first S page ids in flight together
+#pragma unroll
+        for (int s = 0; s < kMaxStages; s++)
+            if (s < S && s < nmine) tile_at(s, pg[s], of[s]);
+#pragma unroll
+        for (int s = 0; s < kMaxStages; s++)
+            if (s < S && s < nmine) issue(s, pg[s], of[s]);
+        if (S < nmine) tile_at(S, npage, noff);
+    }
+    __syncwarp();
+
+    // q of the G heads as the B operand of S^T: b0 = q[g][16 ks + 2c, +1], b1 = q[g][16 ks + 8 + 2c, +1]
+    const T *qrow = static_cast<const T *>(p.q) + ((int64_t)ti.row * p.num_qo_heads + (int64_t)head * G + g) * D;
+    uint32_t qb[KS][2];
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        qb[ks][0] = g < G ? *reinterpret_cast<const uint32_t *>(qrow + 16 * ks + 2 * c) : 0u;
+        qb[ks][1] = g < G ? *reinterpret_cast<const uint32_t *>(qrow + 16 * ks + 8 + 2 * c) : 0u;
+    }
+    // ldmatrix row addresses inside a box (row = token, 128 bytes; 16-byte chunk j stored at j ^ (row & 7)).
+    // Matrix mi = lane / 8, row r = lane % 8.  K (A of S^T, tokens x dims): matrices (t0-7, d0-7),
+    // (t8-15, d0-7), (t0-7, d8-15), (t8-15, d8-15) of a k-step.  V (.trans, A of O^T, dims x tokens):
+    // (t0-7, d0-7), (t0-7, d8-15), (t8-15, d0-7), (t8-15, d8-15) of an m-tile.
+    // A tensor's tile is H boxes of 16 rows (dims 64h..64h+63 of token t in row 16h + t).
+    uint32_t koff[4], voff[4];
+    {
+        const int mi = lane >> 3, r = lane & 7;
+        const int krow = r + (mi & 1) * 8, vrow = r + (mi >> 1) * 8;
+#pragma unroll
+        for (int q4 = 0; q4 < 4; q4++) {
+            koff[q4] = (uint32_t)(krow * 128 + (((2 * q4 + (mi >> 1)) ^ r) << 4));
+            voff[q4] = (uint32_t)(vrow * 128 + (((2 * q4 + (mi & 1)) ^ r) << 4));
+        }
+    }
+
+    float acc[KS][4];
+#pragma unroll
+    for (int mt = 0; mt < KS; mt++) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
+    float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f; // heads 2c and 2c + 1
+
+    int stage = 0;
+    uint32_t phase = 0;
+    for (int it = 0; it < nmine; it++) {
+        const int base = tb + (warp + it * kWarps) * 16;
+        const uint32_t sk = ring + (uint32_t)stage * kTileBytes, sv = sk + H * kBoxBytes;
+        mbar_wait(bar0 + 8u * (uint32_t)stage, phase);
+        if (base + 16 > te) {
+            // the row's last tile: V rows past te hold other tokens (or garbage) and would reach O
+            // through 0 x NaN; zero them (K's are masked out of the softmax)
+            const int nz = base + 16 - te;
+            unsigned char *v = sbase + (size_t)(warp * S + stage) * kTileBytes + H * kBoxBytes;
+            for (int i = lane; i < H * nz * 8; i += 32) {
+                const int h = i / (nz * 8), rr = 16 - nz + (i / 8) % nz, ch = i & 7;
+                *reinterpret_cast<uint4 *>(v + h * kBoxBytes + rr * 128 + ch * 16) = make_uint4(0, 0, 0, 0);
+            }
+            __syncwarp();
+        }
+        // ---- S^T = K Q^T (two accumulators for a shorter chain)
+        float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            uint32_t a[4];
+            ldsm_x4(a, sk + (ks >> 2) * kBoxBytes + koff[ks & 3]);
+            mma_16816<T>((ks & 1) ? s2 : s, a, qb[ks][0], qb[ks][1]);
+        }
+        // ---- online softmax (log2 domain) per head column; rows are tokens g and g + 8
+        const bool v0 = base + g < te, v1 = base + 8 + g < te;
+        const float x0 = v0 ? (s[0] + s2[0]) * p.scale_log2 : -INFINITY;
+        const float x1 = v0 ? (s[1] + s2[1]) * p.scale_log2 : -INFINITY;
+        const float x2 = v1 ? (s[2] + s2[2]) * p.scale_log2 : -INFINITY;
+        const float x3 = v1 ? (s[3] + s2[3]) * p.scale_log2 : -INFINITY;
+        float mxa = fmaxf(x0, x2), mxb = fmaxf(x1, x3);
+#pragma unroll
+        for (int sh = 4; sh < 32; sh <<= 1) {
+            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, sh));
+            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, sh));
+        }
+        const float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb); // finite: token base is valid
+        const float ala = exp2f(ma - na), alb = exp2f(mb - nb);
+        ma = na;
+        mb = nb;
+        const float p0 = exp2f(x0 - na), p1 = exp2f(x1 - nb), p2 = exp2f(x2 - na), p3 = exp2f(x3 - nb);
+        la = la * ala + (p0 + p2);
+        lb = lb * alb + (p1 + p3);
+        const uint32_t b0 = movmatrix_trans(tr::pack(p0, p1)), b1 = movmatrix_trans(tr::pack(p2, p3));
+        // ---- O^T = O^T * alpha + V^T P^T
+#pragma unroll
+        for (int mt = 0; mt < KS; mt++) {
+            uint32_t a[4];
+            ldsm_x4_trans(a, sv + (mt >> 2) * kBoxBytes + voff[mt & 3]);
+            acc[mt][0] *= ala;
+            acc[mt][1] *= alb;
+            acc[mt][2] *= ala;
+            acc[mt][3] *= alb;
+            mma_16816<T>(acc[mt], a, b0, b1);
+        }
+        // ---- refill this stage with tile it + S (every lane is done reading it)
+        __syncwarp();
+        if (lane == 0 && it + S < nmine) {
+            issue(stage, npage, noff);
+            if (it + S + 1 < nmine) tile_at(it + S + 1, npage, noff);
+        }
+        if (++stage == S) {
+            stage = 0;
+            phase ^= 1u;
+        }
+    }
+#pragma unroll
+    for (int sh = 4; sh < 32; sh <<= 1) {
+        la += __shfl_xor_sync(0xffffffffu, la, sh);
+        lb += __shfl_xor_sync(0xffffffffu, lb, sh);
+    }
+    // ---- this warp's output over the rings (every warp is done with them):
+    // acc[mt] = O[head 2c | 2c + 1][dim 16 mt + g | + 8]
+    __syncthreads();
+    float *out = reinterpret_cast<float *>(sbase);
+    {
+        float *sm_m = out + kWarps * GP * (D + 4);
+        float *sm_l = sm_m + kWarps * GP;
+        float *wo = out + warp * GP * (D + 4);
+#pragma unroll
+        for (int mt = 0; mt < KS; mt++) {
+            const int d0 = 16 * mt + g;
+            wo[(2 * c) * (D + 4) + d0] = acc[mt][0];
+            wo[(2 * c + 1) * (D + 4) + d0] = acc[mt][1];
+            wo[(2 * c) * (D + 4) + d0 + 8] = acc[mt][2];
+            wo[(2 * c + 1) * (D + 4) + d0 + 8] = acc[mt][3];
+        }
+        if (g == 0) {
+            sm_m[warp * GP + 2 * c] = ma;
+            sm_m[warp * GP + 2 * c + 1] = mb;
+            sm_l[warp * GP + 2 * c] = la;
+            sm_l[warp * GP + 2 * c + 1] = lb;
+        }
+    }
+    finish_task<T, D, GP, 16>(p, out, ti, G);
+#endif
+}
+
+// ---- host side ------------------------------------------------------------------------------------
+// Which decode kernel runs a problem: heads in N for G <= 8 (unless the heads-in-M kernel is forced,
+// to compare the two), else heads in M with 16 rows; the heads-in-N kernel's two-tiles-in-flight
+// variant (d <= 128, off unless PKV_DECODE_DEEP=1) is picked per launch from the grid size (run_phases).
+enum kernel_kind { kHeadsInN, kHeadsInNDeep, kHeadsInM8, kHeadsInM16 };
+static kernel_kind kernel_for(int32_t group, bool allow_n8) {
+    if (group > 8) return kHeadsInM16;
+    return allow_n8 ? kHeadsInN : kHeadsInM8;
+}
+
+using decode_fn = void (*)(decode_params);
+
+// The kernel instance of a kind and its dynamic shared memory (bytes).
+template <typename T, int D> static decode_fn kernel_of(kernel_kind kind, int *smem_bytes) {
+    *smem_bytes = (int)((kind == kHeadsInM16 ? smem_floats<D, true>() : smem_floats<D, false>()) * sizeof(float));
+    switch (kind) {
+    case kHeadsInN: return decode_kernel_n8<T, D, 1>;
+    case kHeadsInNDeep:
+        if constexpr (D <= 128) return decode_kernel_n8<T, D, 2>;
+        return decode_kernel_n8<T, D, 1>;
+    case kHeadsInM16: return decode_kernel<T, D, true>;
+    default: return decode_kernel<T, D, false>;
+    }
+}
+
+template <typename T, int D> static cudaError_t set_attrs_d() {
+    const kernel_kind kinds[] = {kHeadsInN, kHeadsInNDeep, kHeadsInM8, kHeadsInM16};
+    for (kernel_kind k : kinds) {
+        int smem = 0;
+        const decode_fn f = kernel_of<T, D>(k, &smem);
+        cudaError_t e = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}
+
+template <typename T> static cudaError_t set_attrs_t() {
+    cudaError_t e = set_attrs_d<T, 64>();
+    if (e == cudaSuccess) e = set_attrs_d<T, 128>();
+    if (e == cudaSuccess) e = set_attrs_d<T, 256>();
+    return e;
+}
+
+template <typename T, int D>
+static cudaError_t launch_decode(kernel_kind kind, const decode_params &p, dim3 grid, cudaStream_t stream) {
+    int smem = 0;
+    const decode_fn f = kernel_of<T, D>(kind, &smem);
+    f<<<grid, kThreads, smem, stream>>>(p);
+    return cudaGetLastError();
+}
+
+// The tensor-copy kernel on a grid (d = 64/128; tma_maps_for never hands d = 256 its maps).
+template <typename T, int D>
+static cudaError_t launch_decode_tma(const decode_params &p, const tma_maps &maps, dim3 grid, cudaStream_t stream) {
+    if constexpr (D <= 128) {
+        decode_kernel_tma<T, D><<<grid, kThreads, tma_smem_bytes<D>(p.stages), stream>>>(p, maps);
+        return cudaGetLastError();
+    }
+    return cudaErrorInvalidValue;
+}
+
+template <typename T, int D> static int resident_ctas_d(kernel_kind kind) {
+    int n = 0, smem = 0;
+    const decode_fn f = kernel_of<T, D>(kind, &smem);
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, f, kThreads, smem) == cudaSuccess ? n : 0;
+}
+
+// ---- the tensor-copy kernel's host side ----
+// cuTensorMapEncodeTiled from the driver, through the runtime's entry point (no link against libcuda).
+using encode_tiled_fn = CUresult (*)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *, const cuuint64_t *,
+                                     const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
+                                     CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static encode_tiled_fn g_encode_tiled = nullptr;
+// Stages per warp of the tensor-copy kernel [d = 64, d = 128]: the most that keep as many CTAs resident
+// as the register kernel (the planner's waves assume that count); 0: that head dim runs the register
+// kernel.  More stages where a grid leaves room for them (single requests, 3 instead of 2 at d = 128)
+// measured 1-2% slower on the long ones and 3% faster on B1_N8192 only (docs/kernel-notes.md v8).
+// Written whole by each context's initialisation (the same value for the same GPU model; one model per
+// process is assumed) and read once per step, so a step never sees a half-computed value.
+static int g_tma_stages[2];
+
+template <typename T, int D> static int tma_resident(int stages) {
+    int n = 0;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel_tma<T, D>, kThreads,
+                                                         tma_smem_bytes<D>(stages)) == cudaSuccess
+               ? n
+               : 0;
+}
+
+template <int D> static cudaError_t tma_setup(int idx) {
+    cudaError_t e = cudaFuncSetAttribute(decode_kernel_tma<__half, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         tma_smem_bytes<D>(kMaxStages));
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(decode_kernel_tma<__nv_bfloat16, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 tma_smem_bytes<D>(kMaxStages));
+    if (e != cudaSuccess) return e;
+    const int want = resident_ctas_d<__half, D>(kHeadsInN);
+    int stages = 0;
+    for (int s = 2; s <= kMaxStages; s++)
+        if (tma_resident<__half, D>(s) >= want) stages = s;
+    g_tma_stages[idx] = stages;
+    return cudaSuccess;
+}
+
+// A tensor map over a page pool: {dim % 64, token in page, dim / 64, KV head, page} (NHD and HND differ
+// in the strides only), one box of 64 x 16 x d/64 per tile: a tile's K (or V) is one copy, laid out as
+// d/64 boxes of 16 rows of 128 bytes.  L2 promotion of 128 bytes: with 256 the two 128-byte halves of a
+// token's head vector were promoted each, 17% more L2 sectors read and 2-5% longer long steps (H200).
+static bool encode_pool(CUtensorMap *map, const void *pool, const pkv_problem &pr, const pkv_kv_strides &st) {
+    const cuuint64_t dims[5] = {64, (cuuint64_t)pr.page_size, (cuuint64_t)pr.head_dim / 64,
+                                (cuuint64_t)pr.num_kv_heads, (cuuint64_t)pr.num_pages};
+    const cuuint64_t strides[4] = {(cuuint64_t)st.token * 2, 128, (cuuint64_t)st.head * 2, (cuuint64_t)st.page * 2};
+    const cuuint32_t box[5] = {64, 16, (cuuint32_t)pr.head_dim / 64, 1, 1}, elem[5] = {1, 1, 1, 1, 1};
+    return g_encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 5, const_cast<void *>(pool), dims, strides, box, elem,
+                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+// The tensor maps of a step when its shape runs the tensor-copy kernel (sm_90, G <= 8 with heads in N,
+// d = 64/128, page size a multiple of 16) and the ring's stages per warp; false: the register kernel
+// runs.  The last maps are kept per thread (same pools and shape: no re-encoding per step).
+static bool tma_maps_for(const pkv_plan *plan, const pkv_tensors *t, const pkv_cuda_launch_opts &o, tma_maps *maps,
+                         int32_t *stages) {
+    const pkv_problem &pr = plan->problem;
+    const int idx = pr.head_dim == 64 ? 0 : pr.head_dim == 128 ? 1 : -1;
+    if (!o.tma || !o.allow_n8 || !g_encode_tiled || idx < 0 || plan->group > 8 || pr.page_size % 16 != 0 ||
+        pr.num_pages <= 0 || pr.num_pages > INT32_MAX)
+        return false;
+    const int32_t dflt = g_tma_stages[idx]; // one read: see g_tma_stages
+    if (dflt < 2) return false;
+    *stages = o.tma_stages > 0 ? min(max(o.tma_stages, 2), kMaxStages) : dflt;
+    struct cache_entry {
+        const void *k, *v;
+        int32_t d, page_size, hkv, layout;
+        int64_t num_pages;
+        bool ok;
+        tma_maps maps;
+    };
+    static thread_local cache_entry last = {};
+    if (last.k != t->k_cache || last.v != t->v_cache || last.d != pr.head_dim || last.page_size != pr.page_size ||
+        last.hkv != pr.num_kv_heads || last.layout != (int32_t)pr.layout || last.num_pages != pr.num_pages) {
+        const pkv_kv_strides st = pkv_kv_strides_of(&pr);
+        last.k = t->k_cache;
+        last.v = t->v_cache;
+        last.d = pr.head_dim;
+        last.page_size = pr.page_size;
+        last.hkv = pr.num_kv_heads;
+        last.layout = (int32_t)pr.layout;
+        last.num_pages = pr.num_pages;
+        last.ok = encode_pool(&last.maps.k, t->k_cache, pr, st) && encode_pool(&last.maps.v, t->v_cache, pr, st);
+    }
+    if (last.ok) *maps = last.maps;
+    return last.ok;
+}
+
+template <typename T, int D>
+static cudaError_t launch_merge(const merge_params &p, int32_t n, cudaStream_t stream, bool pdl, bool per_head) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(per_head ? (unsigned)n * (unsigned)p.group : (unsigned)n);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl ? 1 : 0;
+    cudaError_t e = per_head ? cudaLaunchKernelEx(&cfg, merge_kernel<T, D>, p)
+                             : cudaLaunchKernelEx(&cfg, merge_kernel_row<T, D>, p);
+    if (e != cudaSuccess) return e;
+    return cudaGetLastError();
+}
+
+// The merge kernel of a plan: a CTA per (merge, query head) when a CTA per merge would take 3 or more
+// dependent batches of state loads per thread (ceil(G x D / 4 / threads) columns x ceil(count / 16));
+// for narrower merges the per-merge kernel is shorter (H200, kernel v7, split route: B1_N2048 11.6 vs
+// 12.1 us, B4_homo8K 43.6 vs 45.5; with a CTA per head B1_N8192 18.8 vs 19.2, B1_N65536 74.4 vs 75.4).
+template <int D> static bool merge_per_head(const pkv_plan *plan, int mode) {
+    if (mode != 0) return mode == 1;
+    const int64_t cols = ((int64_t)plan->group * (D / 4) + kThreads - 1) / kThreads;
+    const int64_t batches = ((int64_t)plan->max_merge_count + kMergeBatch - 1) / kMergeBatch;
+    return cols * batches >= 3;
+}
+
+template <typename T, int D>
+static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, const merge_params &mbase,
+                              const char *ws_dev, cudaStream_t stream, const pkv_cuda_launch_opts &o,
+                              const tma_maps *maps) {
+    const kernel_kind base_kind = kernel_for(plan->group, o.allow_n8 != 0);
+    for (int32_t k = 0; k < plan->num_phases; k++) {
+        const pkv_phase &ph = plan->phases[k];
+        const bool fused = plan->route == PKV_ROUTE_FUSED;
+        if (ph.task_end > ph.task_begin || (fused && ph.merge_end > ph.merge_begin)) {
+            decode_params p = base;
+            dim3 grid;
+            if (plan->route == PKV_ROUTE_WORKQUEUE || plan->route == PKV_ROUTE_FUSED) {
+                p.rect = 0;
+                p.tasks = reinterpret_cast<const pkv_task *>(ws_dev + plan->off_tasks) + ph.task_begin;
+                grid = dim3((unsigned)(ph.task_end - ph.task_begin));
+                if (plan->route == PKV_ROUTE_FUSED) {
+                    int32_t split_merges = 0;
+                    while (ph.merge_begin + split_merges < ph.merge_end &&
+                           plan->merges[ph.merge_begin + split_merges].count > 0)
+                        split_merges++;
+                    p.fused = 1;
+                    p.num_tasks = ph.task_end - ph.task_begin;
+                    p.num_split_merges = split_merges;
+                    p.merges = reinterpret_cast<const pkv_merge *>(ws_dev + plan->off_merges) + ph.merge_begin;
+                    p.counters = reinterpret_cast<int32_t *>(const_cast<char *>(ws_dev) + plan->off_counters) +
+                                 ph.merge_begin;
+                    grid = dim3((unsigned)(p.num_tasks + (ph.merge_end - ph.merge_begin - split_merges)));
+                }
+            } else {
+                p.rect = 1;
+                p.rows = reinterpret_cast<const pkv_row_sched *>(ws_dev + plan->off_rows) + ph.row_begin;
+                // one row (single requests, a bucket of one): its schedule travels in the parameters,
+                // so a CTA's first reads are its page ids and q instead of a read of the schedule
+                p.one_row = ph.row_end - ph.row_begin == 1;
+                if (p.one_row) p.row0 = plan->rows[ph.row_begin];
+                grid = dim3((unsigned)(ph.row_end - ph.row_begin), (unsigned)plan->problem.num_kv_heads,
+                            (unsigned)ph.grid_splits);
+            }
+            cudaError_t e;
+            if (maps) {
+                e = launch_decode_tma<T, D>(p, *maps, grid, stream); // p.stages set with the maps
+            } else {
+                // a grid that leaves the third resident slot of every SM empty runs the two-tiles-in-flight kernel
+                const int64_t ctas = (int64_t)grid.x * grid.y * grid.z;
+                const kernel_kind kind =
+                    base_kind == kHeadsInN && ctas <= o.deep_max_ctas ? kHeadsInNDeep : base_kind;
+                e = launch_decode<T, D>(kind, p, grid, stream);
+            }
+            if (e != cudaSuccess) return e;
+        }
+        if (!fused && ph.merge_end > ph.merge_begin) {
+            merge_params m = mbase;
+            m.merges = reinterpret_cast<const pkv_merge *>(ws_dev + plan->off_merges) + ph.merge_begin;
+            cudaError_t e = launch_merge<T, D>(m, ph.merge_end - ph.merge_begin, stream,
+                                               o.use_pdl && ph.task_end > ph.task_begin,
+                                               merge_per_head<D>(plan, o.merge_kernel));
+            if (e != cudaSuccess) return e;
+        }
+    }
+    return cudaSuccess;
+}
+
+template <typename T>
+static cudaError_t run_t(const pkv_plan *plan, const decode_params &p, const merge_params &m, const char *ws,
+                         cudaStream_t stream, const pkv_cuda_launch_opts &o, const tma_maps *maps) {
+    switch (plan->problem.head_dim) {
+    case 64: return run_phases<T, 64>(plan, p, m, ws, stream, o, maps);
+    case 128: return run_phases<T, 128>(plan, p, m, ws, stream, o, maps);
+    case 256: return run_phases<T, 256>(plan, p, m, ws, stream, o, nullptr);
+    }
+    return cudaErrorInvalidValue;
+}
+
+} // namespace pkv
+
+extern "C" cudaError_t pkv_cuda_decode_init_attributes(void) {
+    cudaError_t e = pkv::set_attrs_t<__half>();
+    if (e == cudaSuccess) e = pkv::set_attrs_t<__nv_bfloat16>();
+    if (e == cudaSuccess) e = pkv::tma_setup<64>(0);
+    if (e == cudaSuccess) e = pkv::tma_setup<128>(1);
+    if (e == cudaSuccess && !pkv::g_encode_tiled) {
+        void *fn = nullptr;
+        cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            pkv::g_encode_tiled = reinterpret_cast<pkv::encode_tiled_fn>(fn);
+        else
+            cudaGetLastError(); // no encoder: every shape runs the register kernel
+    }
+    return e;
+}
+
+extern "C" int pkv_cuda_decode_resident_ctas(int32_t group, int32_t head_dim, int allow_n8) {
+    const pkv::kernel_kind kind = pkv::kernel_for(group, allow_n8 != 0);
+    switch (head_dim) {
+    case 64: return pkv::resident_ctas_d<__half, 64>(kind);
+    case 128: return pkv::resident_ctas_d<__half, 128>(kind);
+    case 256: return pkv::resident_ctas_d<__half, 256>(kind);
+    }
+    return 0;
+}
+
+extern "C" cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace, const pkv_tensors *t,
+                                           cudaStream_t stream, const pkv_cuda_launch_opts *opts) {
+    const pkv_problem &pr = plan->problem;
+    const pkv_kv_strides st = pkv_kv_strides_of(&pr);
+    char *ws = static_cast<char *>(workspace);
+    pkv::decode_params p = {};
+    p.q = t->q;
+    p.k = t->k_cache;
+    p.v = t->v_cache;
+    p.page_indices = t->kv_page_indices;
+    p.o = t->o;
+    p.lse = t->lse;
+    p.state_o = reinterpret_cast<float *>(ws + plan->off_state_o);
+    p.state_lse = reinterpret_cast<float *>(ws + plan->off_state_lse);
+    p.stride_page = st.page;
+    p.stride_head = st.head;
+    p.stride_tok = st.token;
+    p.scale_log2 = pkv_problem_scale(&pr) * 1.4426950408889634f;
+    p.num_qo_heads = pr.num_qo_heads;
+    p.group = plan->group;
+    p.page_size = pr.page_size;
+    p.page_shift = (pr.page_size & (pr.page_size - 1)) == 0 ? __builtin_ctz((unsigned)pr.page_size) : -1;
+    pkv::merge_params m = {};
+    m.state_o = p.state_o;
+    m.state_lse = p.state_lse;
+    m.o = t->o;
+    m.lse = t->lse;
+    m.num_qo_heads = pr.num_qo_heads;
+    m.group = plan->group;
+    pkv::tma_maps maps;
+    const pkv::tma_maps *mp = pkv::tma_maps_for(plan, t, *opts, &maps, &p.stages) ? &maps : nullptr;
+    if (pr.dtype == PKV_DTYPE_FP16)
+        return pkv::run_t<__half>(plan, p, m, ws, stream, *opts, mp);
+    return pkv::run_t<__nv_bfloat16>(plan, p, m, ws, stream, *opts, mp);
+}
+
+#ifdef PKV_TIMELINE
+// Writes the recorded CTAs of the last decode and merge launches as CSV (kind, cta, sm, start_ns,
+// end_ns, mark0_ns, mark1_ns: the PKV_TL_MARK points, 0 where none was recorded); 0 on success.
+extern "C" int pkv_cuda_timeline_dump(const char *path) {
+    static unsigned long long rec[2][pkv::kTimelineCap][3], mark[2][pkv::kTimelineCap][2];
+    unsigned int count[2];
+    if (cudaDeviceSynchronize() != cudaSuccess || cudaMemcpyFromSymbol(rec, pkv::tl_rec, sizeof rec) != cudaSuccess ||
+        cudaMemcpyFromSymbol(mark, pkv::tl_mark, sizeof mark) != cudaSuccess ||
+        cudaMemcpyFromSymbol(count, pkv::tl_count, sizeof count) != cudaSuccess)
+        return -1;
+    FILE *f = fopen(path, "w");
+    if (!f) return -1;
+    fprintf(f, "kind,cta,sm,start_ns,end_ns,mark0_ns,mark1_ns\n");
+    for (int k = 0; k < 2; k++)
+        for (unsigned int i = 0; i < count[k] && i < (unsigned)pkv::kTimelineCap; i++)
+            fprintf(f, "%s,%u,%llu,%llu,%llu,%llu,%llu\n", k ? "merge" : "decode", i, rec[k][i][2], rec[k][i][0],
+                    rec[k][i][1], mark[k][i][0], mark[k][i][1]);
+    return fclose(f) == 0 ? 0 : -1;
+}
+#endif
+
+// probe stub: kernel v8 runs one task per CTA, so the planner never packs for it
+extern "C" int pkv_cuda_decode_runs_packed(const pkv_problem *, const pkv_cuda_launch_opts *) { return 0; }
