@@ -166,9 +166,6 @@ typedef struct pkv_plan_options {
     int32_t chunk_pages;       /* WORKQUEUE: > 0 forces the chunk size in pages; <= 0 chooses */
     int32_t min_chunk_tokens;  /* smallest split worth making; <= 0: 128 tokens */
     int32_t max_splits;        /* cap on splits of one (row, KV head); <= 0: 256 */
-    int32_t pack;              /* WORKQUEUE/FUSED in one wave: 1 packs the tasks into CTAs of equal
-                                  work (a CTA runs several tasks in order), -1 one task per CTA,
-                                  0 the planner decides */
 } pkv_plan_options;
 
 void pkv_plan_options_default(pkv_plan_options *opts);
@@ -240,11 +237,6 @@ const pkv_row_sched *pkv_plan_rows(const pkv_plan *plan);
 int32_t pkv_plan_num_state_slots(const pkv_plan *plan);
 const pkv_problem *pkv_plan_problem(const pkv_plan *plan);
 int32_t pkv_plan_batch_size(const pkv_plan *plan);
-/* A packed plan (WORKQUEUE/FUSED, pkv_plan_options.pack): CTA c of the decode launch runs tasks
- * [cta_tasks[c], cta_tasks[c + 1]) in order; num_ctas + 1 entries.  NULL and 0 when every CTA runs
- * one task (task c). */
-int32_t pkv_plan_num_ctas(const pkv_plan *plan);
-const int32_t *pkv_plan_cta_tasks(const pkv_plan *plan);
 /* Bytes of workspace this plan needs on its backend (plan data + partial states). */
 size_t pkv_plan_workspace_size(const pkv_plan *plan);
 

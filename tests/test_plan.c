@@ -166,76 +166,6 @@ static void test_split_wave(void) {
     pkv_plan_free(plan);
 }
 
-/* Packing (pkv_plan_options.pack = 1) on one-wave ragged batches: its busiest CTA runs no more
- * tokens than the one-task-per-CTA plan's longest task (else it does not pack), on average less,
- * and no cut segment is shorter than a quarter of the smallest split (32 tokens). */
-static void test_pack(void) {
-    pkv_problem pb;
-    pkv_problem_default(&pb); /* Hkv 8, d 128, page 16 */
-    pkv_plan *packed = NULL, *plain = NULL;
-    CHECK_OK(pkv_plan_create(&packed));
-    CHECK_OK(pkv_plan_create(&plain));
-    pkv_rng rng;
-    pkv_rng_seed(&rng, 20261129);
-    double sum_ratio = 0;
-    int n = 0, worse = 0, short_cut = 0, skipped = 0;
-    for (int c = 0; c < 300; c++) {
-        int32_t lens[32];
-        const int32_t B = (int32_t)pkv_rng_uniform_int(&rng, 2, 24);
-        for (int32_t i = 0; i < B; i++) lens[i] = (int32_t)pkv_rng_uniform_int(&rng, 1, 40000);
-        batch b;
-        batch_make(&b, lens, B, &pb, &rng, false);
-        pkv_plan_options o;
-        pkv_plan_options_default(&o);
-        o.parallelism = 132;
-        o.route = c % 2 ? PKV_ROUTE_FUSED : PKV_ROUTE_WORKQUEUE;
-        o.pack = -1;
-        CHECK_OK(pkv_plan_step_host(&pb, &b.table, &o, plain));
-        o.pack = 1;
-        CHECK_OK(pkv_plan_step_host(&pb, &b.table, &o, packed));
-        const char *why = NULL;
-        CHECK_MSG(pkv_plan_validate(packed, lens, &why) == PKV_OK, "pack case %d: %s", c, why);
-        CHECK_MSG(pkv_plan_num_ctas(plain) == 0 && pkv_plan_cta_tasks(plain) == NULL, "pack = -1 packed");
-        const int32_t nctas = pkv_plan_num_ctas(packed);
-        const int32_t *first = pkv_plan_cta_tasks(packed);
-        const pkv_task *t = pkv_plan_tasks(packed), *u = pkv_plan_tasks(plain);
-        if (nctas <= 0 || !first) { /* >= 128 pairs: 4 waves; else packing did not shorten the longest chunk 3% */
-            skipped++;
-            batch_free(&b);
-            continue;
-        }
-        CHECK_MSG(nctas <= 264, "pack case %d: %d CTAs", c, nctas);
-        int64_t busiest = 0, longest = 0;
-        for (int32_t k = 0; k < nctas; k++) {
-            int64_t w = 0;
-            for (int32_t j = first[k]; j < first[k + 1]; j++) {
-                const int32_t len = t[j].tok_end - t[j].tok_begin;
-                w += (len + 15) / 16 * 16;
-                const bool whole = t[j].tok_begin == 0 && t[j].tok_end == lens[t[j].row];
-                const bool last = t[j].tok_end == lens[t[j].row];
-                if (!whole && (last ? (len + 15) / 16 * 16 : len) < 32) short_cut++;
-            }
-            busiest = w > busiest ? w : busiest;
-        }
-        for (int32_t j = 0; j < pkv_plan_num_tasks(plain); j++) {
-            const int64_t len = (u[j].tok_end - u[j].tok_begin + 15) / 16 * 16;
-            longest = len > longest ? len : longest;
-        }
-        worse += busiest > longest;
-        sum_ratio += (double)busiest / (double)longest;
-        n++;
-        batch_free(&b);
-    }
-    CHECK_MSG(n > 100, "only %d of 300 batches packed", n);
-    CHECK_MSG(worse == 0, "packing gave a busier CTA than the longest task on %d of %d batches", worse, n);
-    CHECK_MSG(short_cut == 0, "%d cut segments below the smallest split", short_cut);
-    CHECK_MSG(sum_ratio / n < 0.97, "packing: busiest CTA / longest task %.3f on average", sum_ratio / n);
-    printf("pack: %d of %d batches packed (%d not), busiest packed CTA / longest unpacked task %.3f on average\n", n,
-           n + skipped, skipped, sum_ratio / n);
-    pkv_plan_free(packed);
-    pkv_plan_free(plain);
-}
-
 static bool check_rules(int case_id, const pkv_problem *pb, const batch *b, const pkv_plan_options *opts,
                         const pkv_plan *plan) {
     bool ok = true;
@@ -350,15 +280,7 @@ static bool check_rules(int case_id, const pkv_problem *pb, const batch *b, cons
     }
     if (route == PKV_ROUTE_FUSED)
         RULE(c->launches == (nt > 0 || empty > 0), "fused launches %lld", (long long)c->launches);
-    const int32_t nctas = pkv_plan_num_ctas(plan);
-    if (nctas > 0) { /* packed: one wave of CTAs, each a run of consecutive tasks (pkv_plan_validate) */
-        RULE(route == PKV_ROUTE_WORKQUEUE || route == PKV_ROUTE_FUSED, "a %s plan is packed", pkv_route_name(route));
-        RULE(opts->pack > 0, "packed without pack = 1");
-        RULE(nctas <= P, "packed into %d CTAs for a wave of %lld", nctas, (long long)P);
-        RULE(c->grid_ctas == nctas + (route == PKV_ROUTE_FUSED ? empty * hkv : 0), "packed grid_ctas %lld for %d CTAs",
-             (long long)c->grid_ctas, nctas);
-    }
-    if ((route == PKV_ROUTE_WORKQUEUE || route == PKV_ROUTE_FUSED) && nctas == 0) { /* the same task list */
+    if (route == PKV_ROUTE_WORKQUEUE || route == PKV_ROUTE_FUSED) { /* the same task list */
         RULE(nph == 1 && phases[0].grid_splits == 0, "workqueue phases");
         if (any_split && route == PKV_ROUTE_WORKQUEUE)
             RULE(c->launches == 2, "workqueue with splits launches %lld", (long long)c->launches);
@@ -494,7 +416,6 @@ static void test_coverage(void) {
         if (pkv_rng_uniform01(&rng) < 0.2) opts.chunk_pages = (int32_t)pkv_rng_uniform_int(&rng, 1, 512);
         if (pkv_rng_uniform01(&rng) < 0.15) opts.min_chunk_tokens = (int32_t)pkv_rng_uniform_int(&rng, 1, 4096);
         if (pkv_rng_uniform01(&rng) < 0.15) opts.max_splits = (int32_t)pkv_rng_uniform_int(&rng, 1, 64);
-        opts.pack = (int32_t)pkv_rng_uniform_int(&rng, -1, 1);
         pkv_status st = pkv_plan_step_host(&pb, &b.table, &opts, plan);
         CHECK_MSG(st == PKV_OK, "case %d: pkv_plan_host: %s", case_id, pkv_last_error());
         if (st == PKV_OK) {
@@ -936,7 +857,6 @@ int main(void) {
     test_anchor_b8_bimodal();
     test_even_batch_waves();
     test_split_wave();
-    test_pack();
     test_plan_reuse();
     test_mutations();
     test_coverage();

@@ -24,7 +24,7 @@ typedef struct bench_opts {
     pkv_route routes[MAX_ROUTES];
     int nroutes;
     int reps, warmup, wall_reps;
-    int32_t ctas_per_unit, min_chunk, parallelism, pack;
+    int32_t ctas_per_unit, min_chunk, parallelism;
     bool check, per_step, quiet, explain;
     pkv_cost_model model;
     const char *calibrate_out;
@@ -454,7 +454,6 @@ static void measure(const bench_opts *o, buffers *b, const step_input *s, pkv_ro
     opts.ctas_per_unit = o->ctas_per_unit;
     opts.parallelism = o->parallelism;
     opts.min_chunk_tokens = o->min_chunk;
-    opts.pack = o->pack;
     TRY(o->ctx, pkv_plan_step(o->ctx, &prob, &tab, &opts, plan), "plan");
     ensure_workspace(o, b, pkv_plan_workspace_size(plan));
     snprintf(r->step, sizeof r->step, "%s", s->name);
@@ -631,9 +630,8 @@ static void write_json(const char *path, const bench_opts *o, const ceilings *ce
     json_field_str(f, "command", o->cmdline);
     json_field_str(f, "workload", workload);
     /* what the plans were made for (pkv calibrate --replay-auto re-plans with it) */
-    fprintf(f, ", \"parallelism\": %d, \"ctas_per_unit\": %d, \"pack\": %d",
-            o->parallelism > 0 ? o->parallelism : pkv_context_parallelism(o->ctx), o->ctas_per_unit > 0 ? o->ctas_per_unit : 0,
-            o->pack);
+    fprintf(f, ", \"parallelism\": %d, \"ctas_per_unit\": %d",
+            o->parallelism > 0 ? o->parallelism : pkv_context_parallelism(o->ctx), o->ctas_per_unit > 0 ? o->ctas_per_unit : 0);
     fprintf(f, ",\n    \"shape\": {\"name\": \"%s\", \"num_qo_heads\": %d, \"num_kv_heads\": %d, \"head_dim\": %d, \"page_size\": %d, "
                "\"layout\": \"%s\", \"dtype\": \"%s\"}, \"reps\": %d, \"wall_reps\": %d, \"terms_version\": 2},\n",
             o->shape->name, o->prob.num_qo_heads, o->prob.num_kv_heads, o->prob.head_dim, o->prob.page_size,
@@ -738,8 +736,6 @@ static void usage(void) {
            "  --rotate-gib X            KV rotated over at least X GiB (default 2)\n"
            "  --ctas-per-unit N         planner: tasks per SM in one wave (default: the backend's)\n"
            "  --min-chunk N             planner: smallest split in tokens (default 128)\n"
-           "  --pack N                  planner: 1 packs the work queue's tasks into CTAs of equal work, -1 one\n"
-           "                            task per CTA (default 0: the planner decides)\n"
            "  --parallelism N           planner: plan as for N SMs (default: the backend's SMs or threads;\n"
            "                            e.g. 132 on the CPU backend to run the plans an H200 would get)\n"
            "  --explain                 each route's predicted time (cost model) next to its measured time\n"
@@ -759,7 +755,7 @@ int cmd_bench(int argc, char **argv) {
                                         "--page-size", "--trace", "--seed", "--batch", "--requests", "--steps",
                                         "--step", "--trace-file", "--anchor", "--lens", "--reps", "--warmup",
                                         "--wall-reps", "--rotate-gib", "--no-check!", "--per-step!", "--json",
-                                        "--quiet!", "--help!", "--ctas-per-unit", "--min-chunk", "--explain!", "--policy", "--calibrate-out", "--calibration-set!", "--heldout-set!", "--set-batches", "--set-seeds", "--parallelism", "--pack", NULL};
+                                        "--quiet!", "--help!", "--ctas-per-unit", "--min-chunk", "--explain!", "--policy", "--calibrate-out", "--calibration-set!", "--heldout-set!", "--set-batches", "--set-seeds", "--parallelism", NULL};
     if (cli_flag(argc, argv, "--help")) {
         usage();
         return 0;
@@ -833,7 +829,6 @@ int cmd_bench(int argc, char **argv) {
     o.check = !cli_flag(argc, argv, "--no-check");
     o.ctas_per_unit = (int32_t)cli_opt_int(argc, argv, "--ctas-per-unit", 0);
     o.min_chunk = (int32_t)cli_opt_int(argc, argv, "--min-chunk", 0);
-    o.pack = (int32_t)cli_opt_int(argc, argv, "--pack", 0);
     o.parallelism = (int32_t)cli_opt_int(argc, argv, "--parallelism", 0);
     o.per_step = cli_flag(argc, argv, "--per-step");
     o.quiet = cli_flag(argc, argv, "--quiet");

@@ -123,14 +123,13 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
     @property
     def plan_info(self):
-        """Sizes of the current plan: batch_size, tasks, merges, phases, state_slots, packed_ctas (the CTAs
-        a packed plan runs its tasks on; 0: one task per CTA)."""
+        """Sizes of the current plan: batch_size, tasks, merges, phases, state_slots."""
         if not self._planned:
             return None
         p = self._plan
         return {"batch_size": int(lib.pkv_plan_batch_size(p)), "tasks": int(lib.pkv_plan_num_tasks(p)),
                 "merges": int(lib.pkv_plan_num_merges(p)), "phases": int(lib.pkv_plan_num_phases(p)),
-                "state_slots": int(lib.pkv_plan_num_state_slots(p)), "packed_ctas": int(lib.pkv_plan_num_ctas(p))}
+                "state_slots": int(lib.pkv_plan_num_state_slots(p))}
 
     def validate_plan(self):
         """Checks the plan's internal consistency (pkv_plan_validate); raises PkvError."""
@@ -181,15 +180,14 @@ class BatchDecodeWithPagedKVCacheWrapper:
     def plan(self, indptr, indices, seq_lens, num_qo_heads, num_kv_heads, head_dim, page_size,
              num_pages=None, q_data_type="float16", kv_data_type=None, sm_scale=None, route="auto",
              num_splits=0, chunk_pages=0, ctas_per_unit=0, min_chunk_tokens=0, max_splits=0,
-             parallelism=0, pack=0):
+             parallelism=0):
         """Plans one decode step from the page table (CSR: indptr [B+1], indices [nnz], seq_lens [B]).
 
         The table may be numpy int32 arrays, lists, or torch CPU/CUDA integer tensors (CUDA ones are
         copied to the host once, here).  num_pages is the size of the page pool (k_cache.shape[0]);
         without it the pool is taken as max(indices) + 1, so ids past the real pool cannot be caught:
         pass num_pages for full range checking.  route: 'auto', 'single', 'split', 'bucketed',
-        'workqueue', 'fused'; the other keywords are pkv_plan_options (0 = the library's choice; pack=1
-        packs the work queue's tasks into CTAs of equal work, -1 keeps one task per CTA).
+        'workqueue'; the other keywords are pkv_plan_options (0 = the library's choice).
         Grows the workspace when the plan needs more.  Raises PkvError, ValueError, TypeError.
         """
         self._planned = False
@@ -221,7 +219,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
         opts.parallelism, opts.ctas_per_unit = int(parallelism), int(ctas_per_unit)
         opts.num_splits, opts.chunk_pages = int(num_splits), int(chunk_pages)
         opts.min_chunk_tokens, opts.max_splits = int(min_chunk_tokens), int(max_splits)
-        opts.pack = int(pack)
 
         table = L.PageTable(B, h_indptr.c_ptr(), h_indices.c_ptr(), h_lens.c_ptr())
         check(lib.pkv_plan_step(self._ctx, ctypes.byref(prob), ctypes.byref(table), ctypes.byref(opts),

@@ -26,8 +26,6 @@ typedef struct pkv_backend_ops {
                          void *stream);
     /* Whether the backend supports this problem (dtype, head dim, group). */
     pkv_status (*supports)(pkv_context *ctx, const pkv_problem *p);
-    /* Whether run executes packed plans (several tasks per CTA) of this problem; NULL: no. */
-    bool (*runs_packed)(const pkv_context *ctx, const pkv_problem *p);
     void (*destroy)(pkv_context *ctx);
 } pkv_backend_ops;
 
@@ -57,8 +55,6 @@ struct pkv_plan {
 
     pkv_task *tasks;         /* points into blob */
     int32_t num_tasks;
-    int32_t *cta_tasks;      /* packed plans: CTA c runs tasks [cta_tasks[c], cta_tasks[c + 1]); NULL otherwise */
-    int32_t num_ctas;        /* packed plans: CTAs of the decode launch (0: one per task) */
     pkv_row_sched *rows;     /* points into blob */
     int32_t num_rows;
     pkv_merge *merges;       /* points into blob */
@@ -73,7 +69,7 @@ struct pkv_plan {
 
     void *blob;              /* [tasks | rows | merges], each part PKV_WS_ALIGN aligned */
     size_t blob_cap, blob_bytes;
-    size_t off_tasks, off_rows, off_merges, off_counters, off_cta_tasks;
+    size_t off_tasks, off_rows, off_merges, off_counters;
     size_t off_state_o, off_state_lse, workspace_bytes;
 
     uint64_t generation;     /* unique per successful pkv_plan call */

@@ -396,18 +396,11 @@ static void cpu_destroy(pkv_context *ctx) {
     ctx->backend_state = NULL;
 }
 
-/* The CPU runs a plan's tasks one by one, wherever the CUDA kernel would run them. */
-static bool cpu_runs_packed(const pkv_context *ctx, const pkv_problem *p) {
-    (void)ctx, (void)p;
-    return true;
-}
-
 static const pkv_backend_ops cpu_ops = {
     .name = "cpu",
     .run = cpu_run,
     .upload = NULL,
     .supports = cpu_supports,
-    .runs_packed = cpu_runs_packed,
     .destroy = cpu_destroy,
 };
 

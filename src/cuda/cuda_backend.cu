@@ -56,10 +56,6 @@ pkv_status cuda_run(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_
     if (plan->num_phases == 0 || (plan->num_tasks == 0 && plan->num_merges == 0)) return PKV_OK;
     pkv_status ps = cuda_upload(ctx, plan, ws, ws_bytes, stream);
     if (ps != PKV_OK) return ps;
-    if (plan->num_ctas > 0 && !pkv_cuda_decode_runs_packed(&plan->problem, &s->launch))
-        return pkv_fail(ctx, PKV_ERR_UNSUPPORTED,
-                        "a packed plan (several tasks per CTA) runs on the sm_90 tensor-copy kernel only (G <= 8, "
-                        "head dim 64 or 128, page size a multiple of 16); plan the step on this context");
     cudaError_t e = pkv_cuda_decode_run(plan, ws, t, static_cast<cudaStream_t>(stream), &s->launch);
     if (e != cudaSuccess)
         return pkv_fail(ctx, PKV_ERR_CUDA, "decode launch failed: %s", cudaGetErrorString(e));
@@ -75,13 +71,7 @@ void cuda_destroy(pkv_context *ctx) {
     ctx->backend_state = nullptr;
 }
 
-// Packed plans run on the tensor-copy kernel only (the register kernels take one task per CTA).
-bool cuda_runs_packed(const pkv_context *ctx, const pkv_problem *p) {
-    const cuda_state *s = static_cast<const cuda_state *>(ctx->backend_state);
-    return s && pkv_cuda_decode_runs_packed(p, &s->launch) != 0;
-}
-
-const pkv_backend_ops cuda_ops = {"cuda", cuda_run, cuda_upload, cuda_supports, cuda_runs_packed, cuda_destroy};
+const pkv_backend_ops cuda_ops = {"cuda", cuda_run, cuda_upload, cuda_supports, cuda_destroy};
 
 } // namespace
 

@@ -61,10 +61,8 @@ struct decode_params {
     int32_t num_qo_heads, group, page_size, page_shift; // page_shift < 0: page_size not a power of 2
     int32_t rect;
     int32_t stages;           // the tensor-copy kernel: stages of each warp's ring (2..kMaxStages)
-    // fused route: the last task of a split (row, KV head) merges it; CTAs past num_tasks (the CTAs
-    // that run tasks) fill empty rows
+    // fused route: the last task of a split (row, KV head) merges it; CTAs past num_tasks fill empty rows
     int32_t fused, num_tasks, num_split_merges;
-    const int32_t *cta_tasks; // a packed plan: CTA c runs tasks [cta_tasks[c], cta_tasks[c + 1]); else NULL
     const pkv_merge *merges;
     int32_t *counters;
 };
@@ -283,42 +281,10 @@ struct task_info {
     int32_t row, head, tb, te, slot, page_base, merge_idx;
 };
 
-// The CTA's tasks [task, task_end): one (the rectangular grid's cell, or task blockIdx.x), or a packed
-// plan's run in order (kPacked: the tensor-copy kernel; run_phases sends packed plans nowhere else).  false: a CTA of the fused route past the tasks, which fills an empty row.
-template <typename T, int D, bool kPacked>
-__device__ __forceinline__ bool cta_task_range(const decode_params &p, int32_t &task, int32_t &task_end) {
-    task = p.rect ? 0 : (int32_t)blockIdx.x;
-    task_end = task + 1;
-    if (p.rect) return true;
-    if (p.fused && (int32_t)blockIdx.x >= p.num_tasks) {
-        pdl_launch_dependents();
-        const pkv_merge m = p.merges[p.num_split_merges + (blockIdx.x - p.num_tasks)]; // count 0: o = 0, lse = -inf
-        merge_one<T, D, 1>(m.row, m.kv_head, m.first_slot, m.count, p.state_o, p.state_lse, p.o, p.lse,
-                           p.num_qo_heads, p.group);
-        return false;
-    }
-    if (kPacked && p.cta_tasks) {
-        task = p.cta_tasks[blockIdx.x];
-        task_end = p.cta_tasks[blockIdx.x + 1];
-    }
-    return true;
-}
-
-// Between two tasks of a packed CTA: every thread is done with the shared memory (finish_task read it,
-// the tensor-copy kernel's rings were written through the generic proxy: outputs, zeroed V rows)
-// before the next task's loads overwrite it.
-__device__ __forceinline__ void next_task_barrier(bool more) {
-    if (!more) return;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-#endif
-    __syncthreads();
-}
-
-// Reads task `task` (the rectangular routes: the CTA's grid cell).  false: nothing to compute (an
-// empty split, which exits before reading any KV).
+// Reads the CTA's task.  false: nothing to compute (an empty split, which exits before reading any
+// KV, or an empty row of the fused route, which this call writes).
 template <typename T, int D>
-__device__ __forceinline__ bool load_task(const decode_params &p, task_info &ti, int32_t task) {
+__device__ __forceinline__ bool load_task(const decode_params &p, task_info &ti) {
     ti.merge_idx = -1;
     if (p.rect) {
         // d = 256 reads the schedule (its heads-in-N kernel sits at 255 registers; the select spills)
@@ -332,7 +298,14 @@ __device__ __forceinline__ bool load_task(const decode_params &p, task_info &ti,
         ti.slot = rs.num_splits > 1 ? rs.slot_base + ti.head * rs.num_splits + s : -1;
         ti.page_base = rs.page_base;
     } else {
-        const pkv_task t = p.tasks[task];
+        if (p.fused && (int32_t)blockIdx.x >= p.num_tasks) {
+            pdl_launch_dependents();
+            const pkv_merge m = p.merges[p.num_split_merges + (blockIdx.x - p.num_tasks)]; // count 0: o = 0, lse = -inf
+            merge_one<T, D, 1>(m.row, m.kv_head, m.first_slot, m.count, p.state_o, p.state_lse, p.o, p.lse,
+                               p.num_qo_heads, p.group);
+            return false;
+        }
+        const pkv_task t = p.tasks[blockIdx.x];
         ti.row = t.row;
         ti.head = t.kv_head;
         ti.tb = t.tok_begin;
@@ -483,10 +456,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const decode_params
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3;
 
-    int32_t task, task_end; // the register kernels run one task per CTA (no packed plans)
-    if (!cta_task_range<T, D, false>(p, task, task_end)) return;
     task_info ti;
-    if (!load_task<T, D>(p, ti, task)) return;
+    if (!load_task<T, D>(p, ti)) return;
     const int32_t head = ti.head, tb = ti.tb, te = ti.te;
 
     // ---- q of the G heads: registers for d <= 128 (loads in flight with the first tile's), shared
@@ -735,10 +706,8 @@ __global__ void __launch_bounds__(kThreads, NB == 1 && D <= 128 ? 3 : 2) decode_
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3;
 
-    int32_t task, task_end; // the register kernels run one task per CTA (no packed plans)
-    if (!cta_task_range<T, D, false>(p, task, task_end)) return;
     task_info ti;
-    if (!load_task<T, D>(p, ti, task)) return;
+    if (!load_task<T, D>(p, ti)) return;
     const int32_t head = ti.head, tb = ti.tb, te = ti.te;
     const int G = p.group;
     const T *qbase = static_cast<const T *>(p.q) + ((int64_t)ti.row * p.num_qo_heads + (int64_t)head * G) * D;
@@ -901,182 +870,171 @@ __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 3)
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3;
 
-    int32_t task, task_end; // the CTA's tasks: one, or a packed plan's run in order
-    if (!cta_task_range<T, D, true>(p, task, task_end)) return;
-    // each warp's ring position and barrier phase carry over from task to task (a task waits for
-    // every copy it issues); lane 0 initialises the barriers before its first copy
+    task_info ti;
+    if (!load_task<T, D>(p, ti)) return;
+    const int32_t head = ti.head, tb = ti.tb, te = ti.te;
+    const int G = p.group;
+    const int S = p.stages;
+    unsigned char *sbase = reinterpret_cast<unsigned char *>(smem);
+    sbase += (1024u - (smem_addr(sbase) & 1023u)) & 1023u;
+    const uint32_t ring = smem_addr(sbase) + (uint32_t)(warp * S) * kTileBytes;
+    const uint32_t bar0 = smem_addr(&bars[warp][0]);
+    const int ntiles = (te - tb + 15) >> 4;
+    const int nmine = ntiles > warp ? (ntiles - warp + kWarps - 1) / kWarps : 0; // tiles warp, warp + 4, ...
+
+    // lane 0: the page and in-page token of the warp's it-th tile, and a stage's copies
+    auto tile_at = [&](int it, int32_t &page, int32_t &off) {
+        const int32_t tok = tb + (warp + it * kWarps) * 16;
+        page = token_page(p, ti.page_base, tok);
+        off = p.page_shift >= 0 ? (tok & (p.page_size - 1)) : tok % p.page_size;
+    };
+    auto issue = [&](int stage, int32_t page, int32_t off) {
+        const uint32_t dst = ring + (uint32_t)stage * kTileBytes, bar = bar0 + 8u * (uint32_t)stage;
+        mbar_expect_tx(bar, kTileBytes);
+        tma_load_tile(dst, &maps.k, off, head, page, bar);
+        tma_load_tile(dst + H * kBoxBytes, &maps.v, off, head, page, bar);
+    };
+    int32_t npage = 0, noff = 0; // lane 0: the next tile to issue (it + S)
+    if (lane == 0 && nmine > 0) {
+        for (int s = 0; s < S; s++) mbar_init(bar0 + 8u * s, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        int32_t pg[kMaxStages], of[kMaxStages]; // the first S page ids in flight together
+#pragma unroll
+        for (int s = 0; s < kMaxStages; s++)
+            if (s < S && s < nmine) tile_at(s, pg[s], of[s]);
+#pragma unroll
+        for (int s = 0; s < kMaxStages; s++)
+            if (s < S && s < nmine) issue(s, pg[s], of[s]);
+        if (S < nmine) tile_at(S, npage, noff);
+    }
+    __syncwarp();
+
+    // q of the G heads as the B operand of S^T: b0 = q[g][16 ks + 2c, +1], b1 = q[g][16 ks + 8 + 2c, +1]
+    const T *qrow = static_cast<const T *>(p.q) + ((int64_t)ti.row * p.num_qo_heads + (int64_t)head * G + g) * D;
+    uint32_t qb[KS][2];
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        qb[ks][0] = g < G ? *reinterpret_cast<const uint32_t *>(qrow + 16 * ks + 2 * c) : 0u;
+        qb[ks][1] = g < G ? *reinterpret_cast<const uint32_t *>(qrow + 16 * ks + 8 + 2 * c) : 0u;
+    }
+    // ldmatrix row addresses inside a box (row = token, 128 bytes; 16-byte chunk j stored at j ^ (row & 7)).
+    // Matrix mi = lane / 8, row r = lane % 8.  K (A of S^T, tokens x dims): matrices (t0-7, d0-7),
+    // (t8-15, d0-7), (t0-7, d8-15), (t8-15, d8-15) of a k-step.  V (.trans, A of O^T, dims x tokens):
+    // (t0-7, d0-7), (t0-7, d8-15), (t8-15, d0-7), (t8-15, d8-15) of an m-tile.
+    // A tensor's tile is H boxes of 16 rows (dims 64h..64h+63 of token t in row 16h + t).
+    uint32_t koff[4], voff[4];
+    {
+        const int mi = lane >> 3, r = lane & 7;
+        const int krow = r + (mi & 1) * 8, vrow = r + (mi >> 1) * 8;
+#pragma unroll
+        for (int q4 = 0; q4 < 4; q4++) {
+            koff[q4] = (uint32_t)(krow * 128 + (((2 * q4 + (mi >> 1)) ^ r) << 4));
+            voff[q4] = (uint32_t)(vrow * 128 + (((2 * q4 + (mi & 1)) ^ r) << 4));
+        }
+    }
+
+    float acc[KS][4];
+#pragma unroll
+    for (int mt = 0; mt < KS; mt++) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
+    float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f; // heads 2c and 2c + 1
+
     int stage = 0;
     uint32_t phase = 0;
-    bool bars_ready = false;
-    for (; task < task_end; task++) {
-        task_info ti;
-        if (!load_task<T, D>(p, ti, task)) continue;
-        const int32_t head = ti.head, tb = ti.tb, te = ti.te;
-        const int G = p.group;
-        const int S = p.stages;
-        unsigned char *sbase = reinterpret_cast<unsigned char *>(smem);
-        sbase += (1024u - (smem_addr(sbase) & 1023u)) & 1023u;
-        const uint32_t ring = smem_addr(sbase) + (uint32_t)(warp * S) * kTileBytes;
-        const uint32_t bar0 = smem_addr(&bars[warp][0]);
-        const int ntiles = (te - tb + 15) >> 4;
-        const int nmine = ntiles > warp ? (ntiles - warp + kWarps - 1) / kWarps : 0; // tiles warp, warp + 4, ...
-
-        // lane 0: the page and in-page token of the warp's it-th tile, and a stage's copies
-        auto tile_at = [&](int it, int32_t &page, int32_t &off) {
-            const int32_t tok = tb + (warp + it * kWarps) * 16;
-            page = token_page(p, ti.page_base, tok);
-            off = p.page_shift >= 0 ? (tok & (p.page_size - 1)) : tok % p.page_size;
-        };
-        auto issue = [&](int stage, int32_t page, int32_t off) {
-            const uint32_t dst = ring + (uint32_t)stage * kTileBytes, bar = bar0 + 8u * (uint32_t)stage;
-            mbar_expect_tx(bar, kTileBytes);
-            tma_load_tile(dst, &maps.k, off, head, page, bar);
-            tma_load_tile(dst + H * kBoxBytes, &maps.v, off, head, page, bar);
-        };
-        int32_t npage = 0, noff = 0; // lane 0: the next tile to issue (it + S)
-        if (lane == 0 && nmine > 0) {
-            if (!bars_ready) {
-                for (int s = 0; s < S; s++) mbar_init(bar0 + 8u * s, 1);
-                asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-                bars_ready = true;
+    for (int it = 0; it < nmine; it++) {
+        const int base = tb + (warp + it * kWarps) * 16;
+        const uint32_t sk = ring + (uint32_t)stage * kTileBytes, sv = sk + H * kBoxBytes;
+        mbar_wait(bar0 + 8u * (uint32_t)stage, phase);
+        if (base + 16 > te) {
+            // the row's last tile: V rows past te hold other tokens (or garbage) and would reach O
+            // through 0 x NaN; zero them (K's are masked out of the softmax)
+            const int nz = base + 16 - te;
+            unsigned char *v = sbase + (size_t)(warp * S + stage) * kTileBytes + H * kBoxBytes;
+            for (int i = lane; i < H * nz * 8; i += 32) {
+                const int h = i / (nz * 8), rr = 16 - nz + (i / 8) % nz, ch = i & 7;
+                *reinterpret_cast<uint4 *>(v + h * kBoxBytes + rr * 128 + ch * 16) = make_uint4(0, 0, 0, 0);
             }
-            int32_t pg[kMaxStages], of[kMaxStages]; // the first S page ids in flight together
-#pragma unroll
-            for (int s = 0; s < kMaxStages; s++)
-                if (s < S && s < nmine) tile_at(s, pg[s], of[s]);
-#pragma unroll
-            for (int s = 0; s < kMaxStages; s++)
-                if (s < S && s < nmine) issue(stage + s < S ? stage + s : stage + s - S, pg[s], of[s]);
-            if (S < nmine) tile_at(S, npage, noff);
+            __syncwarp();
         }
-        __syncwarp();
-
-        // q of the G heads as the B operand of S^T: b0 = q[g][16 ks + 2c, +1], b1 = q[g][16 ks + 8 + 2c, +1]
-        const T *qrow = static_cast<const T *>(p.q) + ((int64_t)ti.row * p.num_qo_heads + (int64_t)head * G + g) * D;
-        uint32_t qb[KS][2];
+        // ---- S^T = K Q^T (two accumulators for a shorter chain)
+        float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
-            qb[ks][0] = g < G ? *reinterpret_cast<const uint32_t *>(qrow + 16 * ks + 2 * c) : 0u;
-            qb[ks][1] = g < G ? *reinterpret_cast<const uint32_t *>(qrow + 16 * ks + 8 + 2 * c) : 0u;
+            uint32_t a[4];
+            ldsm_x4(a, sk + (ks >> 2) * kBoxBytes + koff[ks & 3]);
+            mma_16816<T>((ks & 1) ? s2 : s, a, qb[ks][0], qb[ks][1]);
         }
-        // ldmatrix row addresses inside a box (row = token, 128 bytes; 16-byte chunk j stored at j ^ (row & 7)).
-        // Matrix mi = lane / 8, row r = lane % 8.  K (A of S^T, tokens x dims): matrices (t0-7, d0-7),
-        // (t8-15, d0-7), (t0-7, d8-15), (t8-15, d8-15) of a k-step.  V (.trans, A of O^T, dims x tokens):
-        // (t0-7, d0-7), (t0-7, d8-15), (t8-15, d0-7), (t8-15, d8-15) of an m-tile.
-        // A tensor's tile is H boxes of 16 rows (dims 64h..64h+63 of token t in row 16h + t).
-        uint32_t koff[4], voff[4];
-        {
-            const int mi = lane >> 3, r = lane & 7;
-            const int krow = r + (mi & 1) * 8, vrow = r + (mi >> 1) * 8;
-#pragma unroll
-            for (int q4 = 0; q4 < 4; q4++) {
-                koff[q4] = (uint32_t)(krow * 128 + (((2 * q4 + (mi >> 1)) ^ r) << 4));
-                voff[q4] = (uint32_t)(vrow * 128 + (((2 * q4 + (mi & 1)) ^ r) << 4));
-            }
-        }
-
-        float acc[KS][4];
-#pragma unroll
-        for (int mt = 0; mt < KS; mt++) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
-        float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f; // heads 2c and 2c + 1
-
-        for (int it = 0; it < nmine; it++) {
-            const int base = tb + (warp + it * kWarps) * 16;
-            const uint32_t sk = ring + (uint32_t)stage * kTileBytes, sv = sk + H * kBoxBytes;
-            mbar_wait(bar0 + 8u * (uint32_t)stage, phase);
-            if (base + 16 > te) {
-                // the row's last tile: V rows past te hold other tokens (or garbage) and would reach O
-                // through 0 x NaN; zero them (K's are masked out of the softmax)
-                const int nz = base + 16 - te;
-                unsigned char *v = sbase + (size_t)(warp * S + stage) * kTileBytes + H * kBoxBytes;
-                for (int i = lane; i < H * nz * 8; i += 32) {
-                    const int h = i / (nz * 8), rr = 16 - nz + (i / 8) % nz, ch = i & 7;
-                    *reinterpret_cast<uint4 *>(v + h * kBoxBytes + rr * 128 + ch * 16) = make_uint4(0, 0, 0, 0);
-                }
-                __syncwarp();
-            }
-            // ---- S^T = K Q^T (two accumulators for a shorter chain)
-            float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-            for (int ks = 0; ks < KS; ks++) {
-                uint32_t a[4];
-                ldsm_x4(a, sk + (ks >> 2) * kBoxBytes + koff[ks & 3]);
-                mma_16816<T>((ks & 1) ? s2 : s, a, qb[ks][0], qb[ks][1]);
-            }
-            // ---- online softmax (log2 domain) per head column; rows are tokens g and g + 8
-            const bool v0 = base + g < te, v1 = base + 8 + g < te;
-            const float x0 = v0 ? (s[0] + s2[0]) * p.scale_log2 : -INFINITY;
-            const float x1 = v0 ? (s[1] + s2[1]) * p.scale_log2 : -INFINITY;
-            const float x2 = v1 ? (s[2] + s2[2]) * p.scale_log2 : -INFINITY;
-            const float x3 = v1 ? (s[3] + s2[3]) * p.scale_log2 : -INFINITY;
-            float mxa = fmaxf(x0, x2), mxb = fmaxf(x1, x3);
-#pragma unroll
-            for (int sh = 4; sh < 32; sh <<= 1) {
-                mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, sh));
-                mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, sh));
-            }
-            const float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb); // finite: token base is valid
-            const float ala = exp2f(ma - na), alb = exp2f(mb - nb);
-            ma = na;
-            mb = nb;
-            const float p0 = exp2f(x0 - na), p1 = exp2f(x1 - nb), p2 = exp2f(x2 - na), p3 = exp2f(x3 - nb);
-            la = la * ala + (p0 + p2);
-            lb = lb * alb + (p1 + p3);
-            const uint32_t b0 = movmatrix_trans(tr::pack(p0, p1)), b1 = movmatrix_trans(tr::pack(p2, p3));
-            // ---- O^T = O^T * alpha + V^T P^T
-#pragma unroll
-            for (int mt = 0; mt < KS; mt++) {
-                uint32_t a[4];
-                ldsm_x4_trans(a, sv + (mt >> 2) * kBoxBytes + voff[mt & 3]);
-                acc[mt][0] *= ala;
-                acc[mt][1] *= alb;
-                acc[mt][2] *= ala;
-                acc[mt][3] *= alb;
-                mma_16816<T>(acc[mt], a, b0, b1);
-            }
-            // ---- refill this stage with tile it + S (every lane is done reading it)
-            __syncwarp();
-            if (lane == 0 && it + S < nmine) {
-                issue(stage, npage, noff);
-                if (it + S + 1 < nmine) tile_at(it + S + 1, npage, noff);
-            }
-            if (++stage == S) {
-                stage = 0;
-                phase ^= 1u;
-            }
-        }
+        // ---- online softmax (log2 domain) per head column; rows are tokens g and g + 8
+        const bool v0 = base + g < te, v1 = base + 8 + g < te;
+        const float x0 = v0 ? (s[0] + s2[0]) * p.scale_log2 : -INFINITY;
+        const float x1 = v0 ? (s[1] + s2[1]) * p.scale_log2 : -INFINITY;
+        const float x2 = v1 ? (s[2] + s2[2]) * p.scale_log2 : -INFINITY;
+        const float x3 = v1 ? (s[3] + s2[3]) * p.scale_log2 : -INFINITY;
+        float mxa = fmaxf(x0, x2), mxb = fmaxf(x1, x3);
 #pragma unroll
         for (int sh = 4; sh < 32; sh <<= 1) {
-            la += __shfl_xor_sync(0xffffffffu, la, sh);
-            lb += __shfl_xor_sync(0xffffffffu, lb, sh);
+            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, sh));
+            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, sh));
         }
-        // ---- this warp's output over the rings (every warp is done with them):
-        // acc[mt] = O[head 2c | 2c + 1][dim 16 mt + g | + 8]
-        __syncthreads();
-        float *out = reinterpret_cast<float *>(sbase);
-        {
-            float *sm_m = out + kWarps * GP * (D + 4);
-            float *sm_l = sm_m + kWarps * GP;
-            float *wo = out + warp * GP * (D + 4);
+        const float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb); // finite: token base is valid
+        const float ala = exp2f(ma - na), alb = exp2f(mb - nb);
+        ma = na;
+        mb = nb;
+        const float p0 = exp2f(x0 - na), p1 = exp2f(x1 - nb), p2 = exp2f(x2 - na), p3 = exp2f(x3 - nb);
+        la = la * ala + (p0 + p2);
+        lb = lb * alb + (p1 + p3);
+        const uint32_t b0 = movmatrix_trans(tr::pack(p0, p1)), b1 = movmatrix_trans(tr::pack(p2, p3));
+        // ---- O^T = O^T * alpha + V^T P^T
 #pragma unroll
-            for (int mt = 0; mt < KS; mt++) {
-                const int d0 = 16 * mt + g;
-                wo[(2 * c) * (D + 4) + d0] = acc[mt][0];
-                wo[(2 * c + 1) * (D + 4) + d0] = acc[mt][1];
-                wo[(2 * c) * (D + 4) + d0 + 8] = acc[mt][2];
-                wo[(2 * c + 1) * (D + 4) + d0 + 8] = acc[mt][3];
-            }
-            if (g == 0) {
-                sm_m[warp * GP + 2 * c] = ma;
-                sm_m[warp * GP + 2 * c + 1] = mb;
-                sm_l[warp * GP + 2 * c] = la;
-                sm_l[warp * GP + 2 * c + 1] = lb;
-            }
+        for (int mt = 0; mt < KS; mt++) {
+            uint32_t a[4];
+            ldsm_x4_trans(a, sv + (mt >> 2) * kBoxBytes + voff[mt & 3]);
+            acc[mt][0] *= ala;
+            acc[mt][1] *= alb;
+            acc[mt][2] *= ala;
+            acc[mt][3] *= alb;
+            mma_16816<T>(acc[mt], a, b0, b1);
         }
-        finish_task<T, D, GP, 16>(p, out, ti, G);
-        next_task_barrier(task + 1 < task_end);
+        // ---- refill this stage with tile it + S (every lane is done reading it)
+        __syncwarp();
+        if (lane == 0 && it + S < nmine) {
+            issue(stage, npage, noff);
+            if (it + S + 1 < nmine) tile_at(it + S + 1, npage, noff);
+        }
+        if (++stage == S) {
+            stage = 0;
+            phase ^= 1u;
+        }
     }
+#pragma unroll
+    for (int sh = 4; sh < 32; sh <<= 1) {
+        la += __shfl_xor_sync(0xffffffffu, la, sh);
+        lb += __shfl_xor_sync(0xffffffffu, lb, sh);
+    }
+    // ---- this warp's output over the rings (every warp is done with them):
+    // acc[mt] = O[head 2c | 2c + 1][dim 16 mt + g | + 8]
+    __syncthreads();
+    float *out = reinterpret_cast<float *>(sbase);
+    {
+        float *sm_m = out + kWarps * GP * (D + 4);
+        float *sm_l = sm_m + kWarps * GP;
+        float *wo = out + warp * GP * (D + 4);
+#pragma unroll
+        for (int mt = 0; mt < KS; mt++) {
+            const int d0 = 16 * mt + g;
+            wo[(2 * c) * (D + 4) + d0] = acc[mt][0];
+            wo[(2 * c + 1) * (D + 4) + d0] = acc[mt][1];
+            wo[(2 * c) * (D + 4) + d0 + 8] = acc[mt][2];
+            wo[(2 * c + 1) * (D + 4) + d0 + 8] = acc[mt][3];
+        }
+        if (g == 0) {
+            sm_m[warp * GP + 2 * c] = ma;
+            sm_m[warp * GP + 2 * c + 1] = mb;
+            sm_l[warp * GP + 2 * c] = la;
+            sm_l[warp * GP + 2 * c + 1] = lb;
+        }
+    }
+    finish_task<T, D, GP, 16>(p, out, ti, G);
 #endif
 }
 
@@ -1161,15 +1119,6 @@ static encode_tiled_fn g_encode_tiled = nullptr;
 // process is assumed) and read once per step, so a step never sees a half-computed value.
 static int g_tma_stages[2];
 
-// The tensor-copy kernel's default stages for a problem; 0: the problem runs the register kernel.
-static int32_t tma_stages_for(const pkv_problem &pr, const pkv_cuda_launch_opts &o) {
-    const int idx = pr.head_dim == 64 ? 0 : pr.head_dim == 128 ? 1 : -1;
-    if (!o.tma || !o.allow_n8 || !g_encode_tiled || idx < 0 || pr.num_qo_heads > 8 * pr.num_kv_heads ||
-        pr.page_size % 16 != 0 || pr.num_pages <= 0 || pr.num_pages > INT32_MAX)
-        return 0;
-    return g_tma_stages[idx]; // one read: see g_tma_stages
-}
-
 template <typename T, int D> static int tma_resident(int stages) {
     int n = 0;
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel_tma<T, D>, kThreads,
@@ -1213,7 +1162,11 @@ static bool encode_pool(CUtensorMap *map, const void *pool, const pkv_problem &p
 static bool tma_maps_for(const pkv_plan *plan, const pkv_tensors *t, const pkv_cuda_launch_opts &o, tma_maps *maps,
                          int32_t *stages) {
     const pkv_problem &pr = plan->problem;
-    const int32_t dflt = tma_stages_for(pr, o);
+    const int idx = pr.head_dim == 64 ? 0 : pr.head_dim == 128 ? 1 : -1;
+    if (!o.tma || !o.allow_n8 || !g_encode_tiled || idx < 0 || plan->group > 8 || pr.page_size % 16 != 0 ||
+        pr.num_pages <= 0 || pr.num_pages > INT32_MAX)
+        return false;
+    const int32_t dflt = g_tma_stages[idx]; // one read: see g_tma_stages
     if (dflt < 2) return false;
     *stages = o.tma_stages > 0 ? min(max(o.tma_stages, 2), kMaxStages) : dflt;
     struct cache_entry {
@@ -1274,7 +1227,6 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
                               const char *ws_dev, cudaStream_t stream, const pkv_cuda_launch_opts &o,
                               const tma_maps *maps) {
     const kernel_kind base_kind = kernel_for(plan->group, o.allow_n8 != 0);
-    if (plan->num_ctas > 0 && !maps) return cudaErrorNotSupported; // packed: the tensor-copy kernel only
     for (int32_t k = 0; k < plan->num_phases; k++) {
         const pkv_phase &ph = plan->phases[k];
         const bool fused = plan->route == PKV_ROUTE_FUSED;
@@ -1284,17 +1236,14 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
             if (plan->route == PKV_ROUTE_WORKQUEUE || plan->route == PKV_ROUTE_FUSED) {
                 p.rect = 0;
                 p.tasks = reinterpret_cast<const pkv_task *>(ws_dev + plan->off_tasks) + ph.task_begin;
-                // a packed plan (one phase): CTA c runs tasks [cta_tasks[c], cta_tasks[c + 1])
-                const int32_t ctas = plan->num_ctas > 0 ? plan->num_ctas : ph.task_end - ph.task_begin;
-                p.cta_tasks = plan->num_ctas > 0 ? reinterpret_cast<const int32_t *>(ws_dev + plan->off_cta_tasks) : nullptr;
-                p.num_tasks = ctas;
-                grid = dim3((unsigned)ctas);
+                grid = dim3((unsigned)(ph.task_end - ph.task_begin));
                 if (plan->route == PKV_ROUTE_FUSED) {
                     int32_t split_merges = 0;
                     while (ph.merge_begin + split_merges < ph.merge_end &&
                            plan->merges[ph.merge_begin + split_merges].count > 0)
                         split_merges++;
                     p.fused = 1;
+                    p.num_tasks = ph.task_end - ph.task_begin;
                     p.num_split_merges = split_merges;
                     p.merges = reinterpret_cast<const pkv_merge *>(ws_dev + plan->off_merges) + ph.merge_begin;
                     p.counters = reinterpret_cast<int32_t *>(const_cast<char *>(ws_dev) + plan->off_counters) +
@@ -1374,10 +1323,6 @@ extern "C" int pkv_cuda_decode_resident_ctas(int32_t group, int32_t head_dim, in
     case 256: return pkv::resident_ctas_d<__half, 256>(kind);
     }
     return 0;
-}
-
-extern "C" int pkv_cuda_decode_runs_packed(const pkv_problem *p, const pkv_cuda_launch_opts *o) {
-    return pkv::tma_stages_for(*p, *o) >= 2;
 }
 
 extern "C" cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace, const pkv_tensors *t,

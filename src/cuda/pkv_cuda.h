@@ -26,8 +26,6 @@ cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace, const pkv
                                 const pkv_cuda_launch_opts *opts);
 /* CTAs of the kernel that runs (group, head_dim) resident per SM (fp16; 0 on error). */
 int pkv_cuda_decode_resident_ctas(int32_t group, int32_t head_dim, int allow_n8);
-/* 1 when the tensor-copy kernel runs this problem under these options (it alone runs packed plans). */
-int pkv_cuda_decode_runs_packed(const pkv_problem *p, const pkv_cuda_launch_opts *o);
 #ifdef PKV_TIMELINE
 /* Dev builds: the per-CTA times of the last decode and merge launches as CSV (see decode.cu). */
 int pkv_cuda_timeline_dump(const char *path);

@@ -195,14 +195,13 @@ static int32_t choose_workqueue_chunk(const plan_params *pp, const pkv_problem *
 
 /* ---- storage ---------------------------------------------------------------------------------- */
 static pkv_status plan_reserve(pkv_context *ctx, pkv_plan *plan, int64_t ntasks, int64_t nrows, int64_t nmerges,
-                               int64_t nphases, int64_t nctas) {
+                               int64_t nphases) {
     if (ntasks > INT32_MAX || nmerges > INT32_MAX)
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "plan would have too many tasks (%lld)", (long long)ntasks);
     size_t off_tasks = 0;
     size_t off_rows = align_up(off_tasks + (size_t)ntasks * sizeof(pkv_task), PKV_WS_ALIGN);
     size_t off_merges = align_up(off_rows + (size_t)nrows * sizeof(pkv_row_sched), PKV_WS_ALIGN);
-    size_t off_cta = align_up(off_merges + (size_t)nmerges * (sizeof(pkv_merge) + sizeof(int32_t)), PKV_WS_ALIGN);
-    size_t bytes = align_up(off_cta + (nctas > 0 ? (size_t)nctas + 1 : 0) * sizeof(int32_t), PKV_WS_ALIGN);
+    size_t bytes = align_up(off_merges + (size_t)nmerges * (sizeof(pkv_merge) + sizeof(int32_t)), PKV_WS_ALIGN);
     if (bytes > plan->blob_cap || !plan->blob) {
         size_t cap = plan->blob_cap ? plan->blob_cap : 4096;
         while (cap < bytes) cap *= 2;
@@ -227,9 +226,7 @@ static pkv_status plan_reserve(pkv_context *ctx, pkv_plan *plan, int64_t ntasks,
     plan->tasks = (pkv_task *)((char *)plan->blob + off_tasks);
     plan->rows = (pkv_row_sched *)((char *)plan->blob + off_rows);
     plan->merges = (pkv_merge *)((char *)plan->blob + off_merges);
-    plan->off_cta_tasks = off_cta;
-    plan->cta_tasks = nctas > 0 ? (int32_t *)(void *)((char *)plan->blob + off_cta) : NULL;
-    plan->num_tasks = plan->num_rows = plan->num_merges = plan->num_phases = plan->num_ctas = 0;
+    plan->num_tasks = plan->num_rows = plan->num_merges = plan->num_phases = 0;
     plan->max_merge_count = 0;
     return PKV_OK;
 }
@@ -355,178 +352,6 @@ static void sort_u64(uint64_t *v, int32_t n) {
     }
 }
 
-/* ---- packed work queue ------------------------------------------------------------------------
- * One wave of CTAs of equal work: the non-empty (row, KV head) pairs in order, cut into segments so
- * that each CTA runs W granules (16-token tiles, whole pages when a page holds 16 or more tokens),
- * its segments one after another.  One task per CTA leaves the longest chunk of a ragged batch 5-15%
- * above the mean (the work queue's chunk is the smallest c with sum ceil(pages / c) <= P); here the
- * longest CTA is the mean.  No segment is shorter than the smallest split (min_chunk) unless its pair
- * is: a CTA that cannot take that much closes early, and a pair's remainder is never left below it. */
-typedef struct pack_params {
-    int32_t gran;    /* tokens per granule */
-    int64_t W;       /* granules per CTA */
-    int64_t min_seg; /* smallest cut segment, granules (a quarter of the smallest split) */
-} pack_params;
-
-/* Walks the packing; with tasks != NULL emits the segments (slot and merge left for pack_assign)
- * and cta_tasks.  Returns the CTAs it needs; *busiest_out: the most granules one CTA runs. */
-static int64_t pack_walk(const pack_params *k, const pkv_problem *p, const pkv_page_table *t, pkv_task *tasks,
-                         int32_t *cta_tasks, int32_t *ntasks, int64_t *busiest_out) {
-    const int32_t hkv = p->num_kv_heads;
-    int64_t cta = 0, q = k->W, busiest = 0;
-    int32_t nt = 0;
-    if (cta_tasks) cta_tasks[0] = 0;
-    for (int32_t i = 0; i < t->batch_size; i++) {
-        const int32_t n = t->seq_lens[i];
-        if (n <= 0) continue;
-        const int64_t g = ((int64_t)n + k->gran - 1) / k->gran;
-        for (int32_t h = 0; h < hkv; h++) {
-            int64_t pos = 0;
-            while (pos < g) {
-                const int64_t left = g - pos;
-                int64_t seg;
-                if (left <= q) {
-                    seg = left; /* the rest of the pair */
-                } else {
-                    seg = q;
-                    if (left - seg < k->min_seg) seg = left - k->min_seg; /* leave the next CTA min_seg */
-                    if (seg < k->min_seg) {
-                        if (q < k->W) { /* too little room: the next CTA */
-                            cta++;
-                            if (cta_tasks) cta_tasks[cta] = nt;
-                            q = k->W;
-                            continue;
-                        }
-                        seg = left; /* W < 2 min_seg: a fresh CTA takes the pair's rest */
-                    }
-                }
-                if (tasks) {
-                    pkv_task *x = &tasks[nt];
-                    x->row = i;
-                    x->kv_head = h;
-                    x->tok_begin = (int32_t)(pos * k->gran);
-                    x->tok_end = (pos + seg) * k->gran < n ? (int32_t)((pos + seg) * k->gran) : n;
-                    x->page_base = t->kv_indptr[i];
-                    x->state_slot = x->merge = -1;
-                }
-                nt++;
-                pos += seg;
-                q -= seg;
-                if (k->W - q > busiest) busiest = k->W - q;
-                if (q <= 0) {
-                    cta++;
-                    if (cta_tasks) cta_tasks[cta] = nt;
-                    q = k->W;
-                }
-            }
-        }
-    }
-    if (q < k->W) {
-        cta++;
-        if (cta_tasks) cta_tasks[cta] = nt;
-    }
-    if (ntasks) *ntasks = nt;
-    if (busiest_out) *busiest_out = busiest;
-    return cta;
-}
-
-/* The packing of a step into at most P CTAs: the smallest W (binary search) whose walk fits P.
- * false when it does not apply (nothing to pack, a forced chunk, max_splits below 2, more pairs than
- * P, or P more than one wave of resident slots: there the block scheduler balances the waves) or
- * does not pay: its busiest CTA within 3% of the one-task-per-CTA plan's longest chunk (each cut
- * costs a segment start and a partial state).  Cuts are at least a quarter of the smallest split
- * (32 tokens by default): a CTA with less room left closes, which wastes at most that. */
-static bool pack_choose(const plan_params *pp, const pkv_problem *p, const pkv_page_table *t, pack_params *k) {
-    const int64_t pairs = pp->nonempty * p->num_kv_heads;
-    if (pairs == 0 || pairs >= pp->P || pp->P > pp->slots || pp->forced_chunk > 0 || pp->max_splits < 2) return false;
-    k->gran = p->page_size >= 16 ? p->page_size : p->page_size * (int32_t)ceil_div(16, p->page_size);
-    int64_t units = 0, gmax = 0;
-    for (int32_t i = 0; i < t->batch_size; i++) {
-        const int64_t g = ((int64_t)t->seq_lens[i] + k->gran - 1) / k->gran;
-        units += g;
-        if (g > gmax) gmax = g;
-    }
-    units *= p->num_kv_heads;
-    k->min_seg = ceil_div((int64_t)pp->min_chunk_pages * p->page_size / 4, k->gran);
-    if (k->min_seg < 1) k->min_seg = 1;
-    /* W: at least the smallest split (short steps prefer fewer, longer tasks); a pair gets at most
-     * ceil(g / W) + 1 segments, so W >= g / (max_splits - 1) keeps max_splits */
-    int64_t lo = ceil_div(units, pp->P);
-    const int64_t min_w = ceil_div((int64_t)pp->min_chunk_pages * p->page_size, k->gran);
-    if (lo < min_w) lo = min_w;
-    const int64_t by_cap = ceil_div(gmax, pp->max_splits - 1);
-    if (lo < by_cap) lo = by_cap;
-    int64_t hi = gmax > lo ? gmax : lo; /* W >= every pair: a CTA each at most, pairs < P */
-    k->W = lo;
-    if (pack_walk(k, p, t, NULL, NULL, NULL, NULL) > pp->P) {
-        while (lo + 1 < hi) { /* lo infeasible, hi feasible */
-            k->W = lo + (hi - lo) / 2;
-            if (pack_walk(k, p, t, NULL, NULL, NULL, NULL) <= pp->P)
-                hi = k->W;
-            else
-                lo = k->W;
-        }
-        k->W = hi;
-    }
-    int64_t busiest = 0;
-    pack_walk(k, p, t, NULL, NULL, NULL, &busiest);
-    const int64_t chunk = (int64_t)choose_workqueue_chunk(pp, p, t->seq_lens, t->batch_size) * p->page_size;
-    const int64_t longest = chunk < pp->max_len ? chunk : pp->max_len;
-    return 100 * busiest * k->gran <= 97 * longest;
-}
-
-/* Whether the work queue packs this step (pkv_plan_options.pack: 1 yes, -1 no, 0 the planner's
- * rule) on a backend that runs packed plans of this problem (the host planner: any). */
-static bool pack_wanted(const pkv_context *ctx, const pkv_problem *p, const pkv_plan_options *o, const plan_params *pp) {
-    if (ctx && !(ctx->ops && ctx->ops->runs_packed && ctx->ops->runs_packed(ctx, p))) return false;
-    if (o->pack != 0) return o->pack > 0;
-    (void)pp;
-    return false;
-}
-
-/* Slots and merges of a packed plan: a pair's segments are consecutive tasks (the walk takes the
- * pairs in order), so each pair of more than one segment gets consecutive slots in token order and
- * one merge.  Row records carry the packing's CTA share as chunk_tokens.  Returns the slots used. */
-static int32_t pack_assign(pkv_plan *plan, const pack_params *k, const pkv_page_table *t) {
-    pkv_task *tasks = plan->tasks;
-    const int32_t nt = plan->num_tasks;
-    int32_t slots = 0;
-    for (int32_t i = 0; i < t->batch_size; i++) {
-        pkv_row_sched *rs = &plan->rows[plan->num_rows++];
-        rs->row = i;
-        rs->seq_len = t->seq_lens[i];
-        rs->page_base = t->kv_indptr[i];
-        rs->chunk_tokens = (int32_t)(k->W * k->gran < INT32_MAX ? k->W * k->gran : INT32_MAX);
-        rs->num_splits = t->seq_lens[i] > 0;
-        rs->slot_base = -1;
-    }
-    for (int32_t a = 0; a < nt;) {
-        int32_t b = a + 1;
-        while (b < nt && tasks[b].row == tasks[a].row && tasks[b].kv_head == tasks[a].kv_head) b++;
-        const int32_t count = b - a;
-        if (count > 1) {
-            pkv_merge *m = &plan->merges[plan->num_merges];
-            m->row = tasks[a].row;
-            m->kv_head = tasks[a].kv_head;
-            m->first_slot = slots;
-            m->count = count;
-            for (int32_t j = a; j < b; j++) {
-                tasks[j].state_slot = slots++;
-                tasks[j].merge = plan->num_merges;
-            }
-            plan->num_merges++;
-            if (count > plan->max_merge_count) plan->max_merge_count = count;
-            if (tasks[a].kv_head == 0) {
-                pkv_row_sched *rs = &plan->rows[tasks[a].row];
-                rs->num_splits = count;
-                rs->slot_base = m->first_slot;
-            }
-        }
-        a = b;
-    }
-    return slots;
-}
-
 static void compute_counters(pkv_plan *plan) {
     const pkv_problem *p = &plan->problem;
     pkv_counters *c = &plan->counters;
@@ -549,14 +374,14 @@ static void compute_counters(pkv_plan *plan) {
         if (plan->route == PKV_ROUTE_FUSED) { /* tasks and merges in one launch */
             int32_t empties = 0;
             for (int32_t m = ph->merge_begin; m < ph->merge_end; m++) empties += plan->merges[m].count == 0;
-            c->grid_ctas += (plan->num_ctas > 0 ? plan->num_ctas : ph->task_end - ph->task_begin) + empties;
+            c->grid_ctas += (ph->task_end - ph->task_begin) + empties;
             c->launches += (ph->task_end > ph->task_begin || empties > 0) ? 1 : 0;
             continue;
         }
         if (ph->task_end > ph->task_begin) {
             c->launches++;
             c->grid_ctas += plan->route == PKV_ROUTE_WORKQUEUE
-                                ? (int64_t)(plan->num_ctas > 0 ? plan->num_ctas : ph->task_end - ph->task_begin)
+                                ? (int64_t)(ph->task_end - ph->task_begin)
                                 : (int64_t)(ph->row_end - ph->row_begin) * hkv * ph->grid_splits;
         }
         if (ph->merge_end > ph->merge_begin) c->launches++;
@@ -773,7 +598,6 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
     if (parallelism <= 0)
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "parallelism must be positive (set it in the options)");
     plan_params pp;
-    pack_params pk;
     resolve_params(&opts, parallelism, default_cpu, resident, resident_x, problem, table, &pp);
 
     const int32_t B = table->batch_size, hkv = problem->num_kv_heads;
@@ -849,7 +673,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
             ntasks += ns * hkv;
             if (ns > 1) nmerges += hkv;
         }
-        st = plan_reserve(ctx, plan, ntasks, B, nmerges, 1, 0);
+        st = plan_reserve(ctx, plan, ntasks, B, nmerges, 1);
         if (st != PKV_OK) return st;
         slots = emit_rect_phase(plan, &pp, table, order, B, S);
     } else if (route == PKV_ROUTE_BUCKETED) {
@@ -879,24 +703,13 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
                 if (ns != 1) nmerges += hkv;
             }
         }
-        st = plan_reserve(ctx, plan, ntasks, B, nmerges, nb, 0);
+        st = plan_reserve(ctx, plan, ntasks, B, nmerges, nb);
         if (st != PKV_OK) return st;
         for (int b = 0; b < 34; b++) {
             if (!counts[b]) continue;
             int32_t s = emit_rect_phase(plan, &pp, table, order + starts[b], counts[b], Sb[b]);
             if (s > slots) slots = s; /* buckets run in sequence: slots are reused */
         }
-    } else if (pack_wanted(ctx, problem, &opts, &pp) && pack_choose(&pp, problem, table, &pk)) { /* WORKQUEUE and FUSED, packed */
-        const int64_t pairs = pp.nonempty * hkv;
-        st = plan_reserve(ctx, plan, pp.P + pairs, B, pairs + empty * hkv, 1, pp.P);
-        if (st != PKV_OK) return st;
-        begin_phase(plan, 0);
-        int32_t nt = 0;
-        plan->num_ctas = (int32_t)pack_walk(&pk, problem, table, plan->tasks, plan->cta_tasks, &nt, NULL);
-        plan->num_tasks = nt;
-        slots = pack_assign(plan, &pk, table);
-        emit_empty_merges(plan, lens, NULL, B);
-        end_phase(plan);
     } else { /* WORKQUEUE and FUSED */
         int32_t c = wq_chunk > 0 ? wq_chunk : choose_workqueue_chunk(&pp, problem, lens, B);
         int32_t chunk_tokens = c * problem->page_size;
@@ -906,7 +719,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
             ntasks += ns * hkv;
             if (ns > 1) nmerges += hkv;
         }
-        st = plan_reserve(ctx, plan, ntasks, B, nmerges, 1, 0);
+        st = plan_reserve(ctx, plan, ntasks, B, nmerges, 1);
         if (st != PKV_OK) return st;
         begin_phase(plan, 0);
         for (int32_t i = 0; i < B; i++) slots += emit_row(plan, i, lens[i], table->kv_indptr[i], chunk_tokens, slots, true);
@@ -1011,8 +824,7 @@ pkv_status pkv_workspace_size(pkv_context *ctx, const pkv_problem *problem, int3
     int64_t tasks = slots + (int64_t)(max_batch < 34 ? max_batch : 34) * P + (int64_t)max_batch * hkv;
     size_t blob = align_up((size_t)tasks * sizeof(pkv_task), PKV_WS_ALIGN) +
                   align_up((size_t)max_batch * sizeof(pkv_row_sched), PKV_WS_ALIGN) +
-                  align_up((size_t)max_batch * hkv * (sizeof(pkv_merge) + sizeof(int32_t)), PKV_WS_ALIGN) +
-                  align_up((size_t)(P + 1) * sizeof(int32_t), PKV_WS_ALIGN); /* a packed plan's CTA starts */
+                  align_up((size_t)max_batch * hkv * (sizeof(pkv_merge) + sizeof(int32_t)), PKV_WS_ALIGN);
     size_t so = align_up((size_t)slots * G * problem->head_dim * sizeof(float), PKV_WS_ALIGN);
     size_t sl = align_up((size_t)slots * G * sizeof(float), PKV_WS_ALIGN);
     *bytes = blob + so + sl + PKV_WS_ALIGN;
@@ -1033,8 +845,6 @@ const pkv_row_sched *pkv_plan_rows(const pkv_plan *p) { return p ? p->rows : NUL
 int32_t pkv_plan_num_state_slots(const pkv_plan *p) { return p ? p->num_state_slots : 0; }
 const pkv_problem *pkv_plan_problem(const pkv_plan *p) { return p ? &p->problem : NULL; }
 int32_t pkv_plan_batch_size(const pkv_plan *p) { return p ? p->batch_size : 0; }
-int32_t pkv_plan_num_ctas(const pkv_plan *p) { return p ? p->num_ctas : 0; }
-const int32_t *pkv_plan_cta_tasks(const pkv_plan *p) { return p && p->num_ctas > 0 ? p->cta_tasks : NULL; }
 size_t pkv_plan_workspace_size(const pkv_plan *p) { return p ? p->workspace_bytes : 0; }
 
 pkv_status pkv_plan_route_terms(const pkv_problem *problem, const pkv_page_table *table, const pkv_plan_options *opts,

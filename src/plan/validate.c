@@ -72,15 +72,6 @@ pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens, cons
         mb = ph->merge_end;
     }
     if (tb != nt || mb != plan->num_merges) BAD("phases do not cover the task and merge lists");
-    /* a packed plan: CTAs run consecutive, non-empty task ranges that cover the (single) phase */
-    if (plan->num_ctas > 0) {
-        if (plan->route != PKV_ROUTE_WORKQUEUE && plan->route != PKV_ROUTE_FUSED) BAD("a %s plan is packed", pkv_route_name(plan->route));
-        if (plan->num_phases != 1 || !plan->cta_tasks) BAD("a packed plan has %d phases", plan->num_phases);
-        if (plan->cta_tasks[0] != 0 || plan->cta_tasks[plan->num_ctas] != nt) BAD("packed CTAs do not cover the tasks");
-        for (int32_t c = 0; c < plan->num_ctas; c++)
-            if (plan->cta_tasks[c + 1] <= plan->cta_tasks[c]) BAD("packed CTA %d has no task", c);
-        if (plan->counters.grid_ctas < plan->num_ctas) BAD("grid_ctas counter below the packed CTAs");
-    }
 
     for (int32_t k = 0; k < nt; k++) {
         const pkv_task *t = &plan->tasks[k];
