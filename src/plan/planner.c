@@ -614,9 +614,14 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
         /* the policy: each candidate's predicted time from its terms (O(B) each, no plan built),
          * the lowest wins; ties keep the earlier candidate.  Candidates: the four routes at the
          * planner's wave P, and, when the step has fewer (row, KV head) pairs than resident task
-         * slots (splitting decides its length), at least two non-empty rows and nothing forced, the
-         * split, work-queue and fused routes at one wave of all resident slots (k tasks per unit,
-         * k = the kernel's resident CTAs).  A single row keeps the planner's 2 per unit: 3 per unit
+         * slots (splitting decides its length), P is one wave (not the 4 waves of ragged batches of
+         * >= 128 pairs), at least two non-empty rows and nothing forced, the split, work-queue and
+         * fused routes at one wave of all resident slots (k tasks per unit, k = the kernel's
+         * resident CTAs).  Against the 4 waves, one resident wave lost 3-5% on 8 of the B16 rows
+         * of the FlashInfer side by side at 90dc1f1 (kernel v8) and 0.8% on average over the
+         * held-out B16 steps it was picked for; without the candidate the re-planned auto's regret
+         * fell from 0.26% to 0.23% (600 held-out steps at 28235f0; 0.26% on 578 of the 6e27cff
+         * ones, 0.29% before).  A single row keeps the planner's 2 per unit: 3 per unit
          * measured 2-9% slower on the H200's held-out B1 rows (more states per merge, a cost the
          * model does not see).  The model's critical-path and idle-slot terms rank those waves as
          * the H200 does (dev/wave_model.c against the measured sweep in
@@ -626,7 +631,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
         waves[nwaves++] = pp.P;
         const int64_t units = pp.nonempty * hkv;
         if (opts.ctas_per_unit <= 0 && pp.forced_splits <= 0 && pp.forced_chunk <= 0 && units < pp.slots &&
-            pp.nonempty >= 2) {
+            pp.P <= pp.slots && pp.nonempty >= 2) {
             /* one wave of every resident slot: the sweep's best or within 1% of it on every row
              * (2 per unit, the other one-wave size, is the planner's default below 128 pairs) */
             const int64_t full = (int64_t)parallelism * resident_x; /* the kernel's exact residency */
