@@ -1111,14 +1111,6 @@ using encode_tiled_fn = CUresult (*)(CUtensorMap *, CUtensorMapDataType, cuuint3
                                      const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
                                      CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 static encode_tiled_fn g_encode_tiled = nullptr;
-// Stages per warp of the tensor-copy kernel [d = 64, d = 128]: the most that keep as many CTAs resident
-// as the register kernel (the planner's waves assume that count); 0: that head dim runs the register
-// kernel.  More stages where a grid leaves room for them (single requests, 3 instead of 2 at d = 128)
-// measured 1-2% slower on the long ones and 3% faster on B1_N8192 only (docs/kernel-notes.md v8).
-// Written whole by each context's initialisation (the same value for the same GPU model; one model per
-// process is assumed) and read once per step, so a step never sees a half-computed value.
-static int g_tma_stages[2];
-
 template <typename T, int D> static int tma_resident(int stages) {
     int n = 0;
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel_tma<T, D>, kThreads,
@@ -1127,7 +1119,12 @@ template <typename T, int D> static int tma_resident(int stages) {
                : 0;
 }
 
-template <int D> static cudaError_t tma_setup(int idx) {
+// Stages per warp of the tensor-copy kernel at head dim D on the current device: the most that keep as
+// many CTAs resident as the register kernel (the planner's waves assume that count); 0: D runs the
+// register kernel.  More stages where a grid leaves room for them (single requests, 3 instead of 2 at
+// d = 128) measured 1-2% slower on the long ones and 3% faster on B1_N8192 only (docs/kernel-notes.md
+// v8).  Kept per context (pkv_cuda_launch_opts), so contexts on different GPU models do not share it.
+template <int D> static cudaError_t tma_setup(int32_t *stages_out) {
     cudaError_t e = cudaFuncSetAttribute(decode_kernel_tma<__half, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          tma_smem_bytes<D>(kMaxStages));
     if (e == cudaSuccess)
@@ -1138,7 +1135,7 @@ template <int D> static cudaError_t tma_setup(int idx) {
     int stages = 0;
     for (int s = 2; s <= kMaxStages; s++)
         if (tma_resident<__half, D>(s) >= want) stages = s;
-    g_tma_stages[idx] = stages;
+    *stages_out = stages;
     return cudaSuccess;
 }
 
@@ -1166,7 +1163,7 @@ static bool tma_maps_for(const pkv_plan *plan, const pkv_tensors *t, const pkv_c
     if (!o.tma || !o.allow_n8 || !g_encode_tiled || idx < 0 || plan->group > 8 || pr.page_size % 16 != 0 ||
         pr.num_pages <= 0 || pr.num_pages > INT32_MAX)
         return false;
-    const int32_t dflt = g_tma_stages[idx]; // one read: see g_tma_stages
+    const int32_t dflt = o.tma_default_stages[idx];
     if (dflt < 2) return false;
     *stages = o.tma_stages > 0 ? min(max(o.tma_stages, 2), kMaxStages) : dflt;
     struct cache_entry {
@@ -1297,11 +1294,12 @@ static cudaError_t run_t(const pkv_plan *plan, const decode_params &p, const mer
 
 } // namespace pkv
 
-extern "C" cudaError_t pkv_cuda_decode_init_attributes(void) {
+extern "C" cudaError_t pkv_cuda_decode_init_attributes(int32_t tma_stages[2]) {
+    tma_stages[0] = tma_stages[1] = 0;
     cudaError_t e = pkv::set_attrs_t<__half>();
     if (e == cudaSuccess) e = pkv::set_attrs_t<__nv_bfloat16>();
-    if (e == cudaSuccess) e = pkv::tma_setup<64>(0);
-    if (e == cudaSuccess) e = pkv::tma_setup<128>(1);
+    if (e == cudaSuccess) e = pkv::tma_setup<64>(&tma_stages[0]);
+    if (e == cudaSuccess) e = pkv::tma_setup<128>(&tma_stages[1]);
     if (e == cudaSuccess && !pkv::g_encode_tiled) {
         void *fn = nullptr;
         cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
