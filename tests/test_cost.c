@@ -431,11 +431,12 @@ int main(void) {
         CHECK_MSG(pkv_plan_num_tasks(plan) <= 132 * 4, "24 ragged pairs: %d tasks", pkv_plan_num_tasks(plan));
         ctx->resident[1][0] = 0;
     }
-    /* auto's wave: with fewer (row, KV head) pairs than resident slots and >= 2 rows, the split,
-     * work-queue and fused routes are also weighed at one wave of the resident tasks per unit; the
-     * pick's prediction is at most every route's at either wave (forced by ctas_per_unit), and on
-     * ragged B <= 16 steps the device defaults pick a wave other than the planner's in some step
-     * (else the search is off) */
+    /* auto's wave: with fewer (row, KV head) pairs than resident slots, >= 2 rows and a planner's
+     * wave of one wave (ragged batches of >= 128 pairs get 4), the split, work-queue and fused
+     * routes are also weighed at one wave of the resident tasks per unit; the pick's prediction is
+     * at most every route's at the waves weighed (forced by ctas_per_unit), on ragged B <= 15 steps
+     * the device defaults pick a wave other than the planner's in some step (else the search is
+     * off), and a ragged B = 16 step (128 pairs) keeps the planner's 4 waves */
     {
         pkv_cost_model dev;
         pkv_cost_model_default(&dev, 132, 4600, 3);
@@ -462,7 +463,11 @@ int main(void) {
             a.route = picked;
             CHECK_OK(pkv_plan_step(ctx, &p, &t, &a, plan));
             other_wave += pkv_plan_num_tasks(plan) != picked_tasks;
+            if (B * p.num_kv_heads >= 128)
+                CHECK_MSG(pkv_plan_num_tasks(plan) == picked_tasks, "B %d ragged: auto left the planner's 4 waves (%d "
+                          "tasks, its route alone %d)", B, picked_tasks, pkv_plan_num_tasks(plan));
             for (int cpu = 0; cpu <= 3; cpu += 3) {
+                if (cpu == 3 && B * p.num_kv_heads >= 128) continue; /* not weighed there */
                 a.ctas_per_unit = cpu; /* 0: the planner's wave, 3: one wave of the resident slots */
                 for (int route = PKV_ROUTE_SINGLE; route <= PKV_ROUTE_FUSED; route++) {
                     if (route == PKV_ROUTE_BUCKETED) continue;
@@ -476,6 +481,30 @@ int main(void) {
             }
         }
         CHECK_MSG(other_wave > 0, "auto never left the planner's wave on 30 ragged B <= 16 steps");
+        {   /* 16 ragged rows, 128 pairs: the planner's 4 resident waves, never one, also under the H200
+             * policy of kernel v8 (bench/results/h200.policy), which would take one resident wave on
+             * some of these steps if it were weighed */
+            pkv_cost_model h200 = dev;
+            const double coef[PKV_COST_COEFS] = {7.19447622, 1.70602385, 37.4617022, 0,
+                                                 0.225445815, 0.0415522585, 0.0438918171, 0};
+            memcpy(h200.coef, coef, sizeof coef);
+            CHECK_OK(pkv_context_set_cost_model(ctx, &h200));
+            int one_wave = 0;
+            for (int k = 0; k < 40; k++) {
+                for (int i = 0; i < 16; i++)
+                    lens[i] = (int32_t)(pkv_rng_uniform01(&r) < 0.3 ? pkv_rng_uniform_int(&r, 16384, 65536)
+                                                                    : pkv_rng_uniform_int(&r, 512, 8192));
+                lens[0] = 65536; /* ragged */
+                table_for(lens, 16, 16, indptr, &t);
+                pkv_plan_options a;
+                pkv_plan_options_default(&a);
+                a.parallelism = 132;
+                CHECK_OK(pkv_plan_step(ctx, &p, &t, &a, plan));
+                one_wave += pkv_plan_num_tasks(plan) <= 132 * 3;
+            }
+            CHECK_MSG(one_wave == 0, "ragged B16: auto planned one resident wave on %d of 40 steps", one_wave);
+            CHECK_OK(pkv_context_set_cost_model(ctx, &dev));
+        }
         /* a single row keeps the planner's wave (its route planned alone gives the same tasks) */
         for (int k = 0; k < 10; k++) {
             lens[0] = (int32_t)pkv_rng_uniform_int(&r, 4096, 131072);
