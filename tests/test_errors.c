@@ -375,8 +375,42 @@ static void test_null_and_run_errors(pkv_context *ctx) {
     fixture_free(&f);
 }
 
+/* The page-id range check is one vectorised pass (its lanes and its scalar tail): a bad id at any
+ * position of a long list, negative or >= num_pages, is caught and named; a valid list passes. */
+static void test_page_id_scan(void) {
+    enum { N = 1003 };
+    static int32_t ids[N];
+    int32_t indptr[3] = {0, 500, N}, lens[2] = {500 * 16, (N - 500) * 16};
+    pkv_problem p;
+    pkv_problem_default(&p);
+    p.num_pages = 2000;
+    pkv_page_table t = {2, indptr, ids, lens};
+    for (int32_t j = 0; j < N; j++) ids[j] = (j * 37) % 1999;
+    ids[N - 2] = 1999; /* the largest id, in the scalar tail */
+    CHECK_OK(pkv_check_page_table(&p, &t));
+    const int32_t at[] = {0, 1, 7, 8, 250, 499, 500, 995, 996, 1000, N - 1};
+    const int32_t bad[] = {-1, INT32_MIN, 2000, INT32_MAX, 2001};
+    int caught = 0, tried = 0;
+    for (size_t a = 0; a < sizeof at / sizeof at[0]; a++)
+        for (size_t b = 0; b < sizeof bad / sizeof bad[0]; b++) {
+            const int32_t keep = ids[at[a]];
+            ids[at[a]] = bad[b];
+            tried++;
+            if (pkv_check_page_table(&p, &t) == PKV_ERR_PAGE_OUT_OF_RANGE) {
+                char want[32];
+                snprintf(want, sizeof want, "kv_page_indices[%d]", at[a]);
+                caught += strstr(pkv_last_error(), want) != NULL;
+            }
+            ids[at[a]] = keep;
+        }
+    CHECK_MSG(caught == tried, "page-id scan: %d of %d bad ids caught and named", caught, tried);
+    p.num_pages = 1999; /* now ids[N - 2] = 1999 is one past the pool */
+    CHECK_STATUS(pkv_check_page_table(&p, &t), PKV_ERR_PAGE_OUT_OF_RANGE);
+}
+
 int main(void) {
     test_status_strings();
+    test_page_id_scan();
     test_free_null();
     test_context_errors();
     test_route_errors();

@@ -77,14 +77,8 @@ static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* ---- per-step scratch: the resolved options and per-row quantities ---------------------------- */
-/* The per-row passes of the policy and the work queue's chunk search vectorise; on x86-64 an AVX2
- * clone is picked at load time where the CPU has it (twice the lanes of the SSE2 baseline: auto's
- * decision at B = 128 went from ~0.9 to ~0.4 us on the CI machine). */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
-#define PKV_VECTOR_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define PKV_VECTOR_CLONES
-#endif
+/* The per-row passes of the policy and the work queue's chunk search vectorise (PKV_VECTOR_CLONES:
+ * auto's decision at B = 128 went from ~0.9 to ~0.4 us on the CI machine with the AVX2 clone). */
 
 typedef struct plan_params {
     int64_t P;             /* tasks in one wave */
