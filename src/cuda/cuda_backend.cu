@@ -95,8 +95,8 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device) {
     if (prop.major < 8)
         return pkv_fail(ctx, PKV_ERR_UNSUPPORTED, "device %s has compute capability %d.%d; sm_80 or newer is needed",
                         prop.name, prop.major, prop.minor);
-    int32_t tma_stages[2];
-    cudaError_t e = pkv_cuda_decode_init_attributes(tma_stages);
+    int32_t tma_stages[2], tma_max_stages[2];
+    cudaError_t e = pkv_cuda_decode_init_attributes(tma_stages, tma_max_stages);
     if (e != cudaSuccess)
         return pkv_fail(ctx, PKV_ERR_CUDA, "cannot configure the decode kernels for %s: %s", prop.name,
                         cudaGetErrorString(e));
@@ -121,8 +121,10 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device) {
     s->launch.tma = prop.major >= 9 && !(tma && strcmp(tma, "0") == 0);
     const char *stages = getenv("PKV_TMA_STAGES");
     s->launch.tma_stages = stages ? atoi(stages) : 0;
-    s->launch.tma_default_stages[0] = tma_stages[0];
-    s->launch.tma_default_stages[1] = tma_stages[1];
+    for (int k = 0; k < 2; k++) {
+        s->launch.tma_default_stages[k] = tma_stages[k];
+        s->launch.tma_max_stages[k] = tma_max_stages[k];
+    }
     ctx->backend_state = s;
     ctx->ops = &cuda_ops;
     ctx->device = device;

@@ -1124,18 +1124,37 @@ template <typename T, int D> static int tma_resident(int stages) {
 // register kernel.  More stages where a grid leaves room for them (single requests, 3 instead of 2 at
 // d = 128) measured 1-2% slower on the long ones and 3% faster on B1_N8192 only (docs/kernel-notes.md
 // v8).  Kept per context (pkv_cuda_launch_opts), so contexts on different GPU models do not share it.
-template <int D> static cudaError_t tma_setup(int32_t *stages_out) {
-    cudaError_t e = cudaFuncSetAttribute(decode_kernel_tma<__half, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         tma_smem_bytes<D>(kMaxStages));
+// *max_out: the most stages whose ring fits the device's shared memory per CTA (the dynamic limit is
+// raised to that ring; PKV_TMA_STAGES is clamped to it).  Before sm_90 nothing is set and both are 0:
+// the ring of kMaxStages is larger than an A100's or an RTX GPU's opt-in shared memory, and raising a
+// kernel's limit past it fails (which made the whole context fail there).
+template <int D> static cudaError_t tma_setup(int32_t *stages_out, int32_t *max_out) {
+    *stages_out = *max_out = 0;
+    int dev = 0, major = 0, optin = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+    if (e != cudaSuccess || major < 9) return e; // tensor copies are sm_90's: the register kernels run there
+    cudaFuncAttributes fh, fb;
+    e = cudaFuncGetAttributes(&fh, decode_kernel_tma<__half, D>);
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&fb, decode_kernel_tma<__nv_bfloat16, D>);
+    if (e != cudaSuccess) return e;
+    const size_t static_bytes = fh.sharedSizeBytes > fb.sharedSizeBytes ? fh.sharedSizeBytes : fb.sharedSizeBytes;
+    int max_stages = kMaxStages;
+    while (max_stages >= 2 && (size_t)tma_smem_bytes<D>(max_stages) + static_bytes > (size_t)optin) max_stages--;
+    if (max_stages < 2) return cudaSuccess;
+    e = cudaFuncSetAttribute(decode_kernel_tma<__half, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             tma_smem_bytes<D>(max_stages));
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(decode_kernel_tma<__nv_bfloat16, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 tma_smem_bytes<D>(kMaxStages));
+                                 tma_smem_bytes<D>(max_stages));
     if (e != cudaSuccess) return e;
     const int want = resident_ctas_d<__half, D>(kHeadsInN);
     int stages = 0;
-    for (int s = 2; s <= kMaxStages; s++)
+    for (int s = 2; s <= max_stages; s++)
         if (tma_resident<__half, D>(s) >= want) stages = s;
     *stages_out = stages;
+    *max_out = max_stages;
     return cudaSuccess;
 }
 
@@ -1165,7 +1184,7 @@ static bool tma_maps_for(const pkv_plan *plan, const pkv_tensors *t, const pkv_c
         return false;
     const int32_t dflt = o.tma_default_stages[idx];
     if (dflt < 2) return false;
-    *stages = o.tma_stages > 0 ? min(max(o.tma_stages, 2), kMaxStages) : dflt;
+    *stages = o.tma_stages > 0 ? min(max(o.tma_stages, 2), o.tma_max_stages[idx]) : dflt;
     struct cache_entry {
         const void *k, *v;
         int32_t d, page_size, hkv, layout;
@@ -1294,12 +1313,12 @@ static cudaError_t run_t(const pkv_plan *plan, const decode_params &p, const mer
 
 } // namespace pkv
 
-extern "C" cudaError_t pkv_cuda_decode_init_attributes(int32_t tma_stages[2]) {
-    tma_stages[0] = tma_stages[1] = 0;
+extern "C" cudaError_t pkv_cuda_decode_init_attributes(int32_t tma_stages[2], int32_t tma_max_stages[2]) {
+    tma_stages[0] = tma_stages[1] = tma_max_stages[0] = tma_max_stages[1] = 0;
     cudaError_t e = pkv::set_attrs_t<__half>();
     if (e == cudaSuccess) e = pkv::set_attrs_t<__nv_bfloat16>();
-    if (e == cudaSuccess) e = pkv::tma_setup<64>(&tma_stages[0]);
-    if (e == cudaSuccess) e = pkv::tma_setup<128>(&tma_stages[1]);
+    if (e == cudaSuccess) e = pkv::tma_setup<64>(&tma_stages[0], &tma_max_stages[0]);
+    if (e == cudaSuccess) e = pkv::tma_setup<128>(&tma_stages[1], &tma_max_stages[1]);
     if (e == cudaSuccess && !pkv::g_encode_tiled) {
         void *fn = nullptr;
         cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;

@@ -11,9 +11,9 @@ extern "C" {
 #endif
 
 /* Raises the dynamic shared-memory limit of every decode kernel instance on the current device and
- * writes the tensor-copy kernel's default stages per warp there, [d = 64, d = 128] (0: that head dim
- * runs the register kernel), for the context's pkv_cuda_launch_opts. */
-cudaError_t pkv_cuda_decode_init_attributes(int32_t tma_stages[2]);
+ * writes the tensor-copy kernel's default stages per warp there and the most that fit, [d = 64,
+ * d = 128] (0: that head dim runs the register kernel), for the context's pkv_cuda_launch_opts. */
+cudaError_t pkv_cuda_decode_init_attributes(int32_t tma_stages[2], int32_t tma_max_stages[2]);
 /* How the kernels run (fixed per context, from the device and the PKV_* variables). */
 typedef struct pkv_cuda_launch_opts {
     int use_pdl;           /* programmatic dependent launch of the merge kernel (sm_90) */
@@ -23,6 +23,7 @@ typedef struct pkv_cuda_launch_opts {
     int tma;               /* sm_90: K/V through shared memory by tensor copies where the shape allows (decode.cu) */
     int32_t tma_stages;    /* the tensor-copy kernel's stages per warp; 0: the default (PKV_TMA_STAGES) */
     int32_t tma_default_stages[2]; /* that default on this device, [d = 64, d = 128]; 0: the register kernel */
+    int32_t tma_max_stages[2];     /* the most stages whose ring fits this device (PKV_TMA_STAGES is clamped) */
 } pkv_cuda_launch_opts;
 /* Launches every phase of an uploaded plan on the stream (attention, then merge). */
 cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace, const pkv_tensors *t, cudaStream_t stream,
