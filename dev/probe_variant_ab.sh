@@ -5,7 +5,8 @@
 # pkv check, memcheck on a reduced set), then times both builds on every anchor and route, alternating
 # the builds for ROUNDS rounds (each a median of 100 CUDA-event runs).  A decode source from before
 # the per-context stage table (the commit after d913fb1) needs its pkv_cuda_decode_init_attributes to
-# take int32_t tma_stages[2] and fill it as tma_setup does (v7 and older: write zeros).
+# take (int cc_major, size_t smem_optin, int32_t tma_stages[2], int32_t tma_max_stages[2]) and fill the
+# arrays as tma_setup does (v7 and older: write zeros).
 # OUT/summary.txt (per anchor and
 # route: each round's time for both builds, the medians, the ratio), OUT/probe.tgz (the JSON and logs).
 # AB_EXTRA="name:SETTING,SETTING ..." also times the new build under each set of settings, as columns

@@ -96,7 +96,8 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device) {
         return pkv_fail(ctx, PKV_ERR_UNSUPPORTED, "device %s has compute capability %d.%d; sm_80 or newer is needed",
                         prop.name, prop.major, prop.minor);
     int32_t tma_stages[2], tma_max_stages[2];
-    cudaError_t e = pkv_cuda_decode_init_attributes(tma_stages, tma_max_stages);
+    cudaError_t e =
+        pkv_cuda_decode_init_attributes(prop.major, prop.sharedMemPerBlockOptin, tma_stages, tma_max_stages);
     if (e != cudaSuccess)
         return pkv_fail(ctx, PKV_ERR_CUDA, "cannot configure the decode kernels for %s: %s", prop.name,
                         cudaGetErrorString(e));

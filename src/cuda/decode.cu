@@ -1128,20 +1128,17 @@ template <typename T, int D> static int tma_resident(int stages) {
 // raised to that ring; PKV_TMA_STAGES is clamped to it).  Before sm_90 nothing is set and both are 0:
 // the ring of kMaxStages is larger than an A100's or an RTX GPU's opt-in shared memory, and raising a
 // kernel's limit past it fails (which made the whole context fail there).
-template <int D> static cudaError_t tma_setup(int32_t *stages_out, int32_t *max_out) {
+template <int D>
+static cudaError_t tma_setup(int cc_major, size_t smem_optin, int32_t *stages_out, int32_t *max_out) {
     *stages_out = *max_out = 0;
-    int dev = 0, major = 0, optin = 0;
-    cudaError_t e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
-    if (e != cudaSuccess || major < 9) return e; // tensor copies are sm_90's: the register kernels run there
+    if (cc_major < 9) return cudaSuccess; // tensor copies are sm_90's: the register kernels run there
     cudaFuncAttributes fh, fb;
-    e = cudaFuncGetAttributes(&fh, decode_kernel_tma<__half, D>);
+    cudaError_t e = cudaFuncGetAttributes(&fh, decode_kernel_tma<__half, D>);
     if (e == cudaSuccess) e = cudaFuncGetAttributes(&fb, decode_kernel_tma<__nv_bfloat16, D>);
     if (e != cudaSuccess) return e;
     const size_t static_bytes = fh.sharedSizeBytes > fb.sharedSizeBytes ? fh.sharedSizeBytes : fb.sharedSizeBytes;
     int max_stages = kMaxStages;
-    while (max_stages >= 2 && (size_t)tma_smem_bytes<D>(max_stages) + static_bytes > (size_t)optin) max_stages--;
+    while (max_stages >= 2 && (size_t)tma_smem_bytes<D>(max_stages) + static_bytes > smem_optin) max_stages--;
     if (max_stages < 2) return cudaSuccess;
     e = cudaFuncSetAttribute(decode_kernel_tma<__half, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              tma_smem_bytes<D>(max_stages));
@@ -1313,12 +1310,13 @@ static cudaError_t run_t(const pkv_plan *plan, const decode_params &p, const mer
 
 } // namespace pkv
 
-extern "C" cudaError_t pkv_cuda_decode_init_attributes(int32_t tma_stages[2], int32_t tma_max_stages[2]) {
+extern "C" cudaError_t pkv_cuda_decode_init_attributes(int cc_major, size_t smem_optin, int32_t tma_stages[2],
+                                                       int32_t tma_max_stages[2]) {
     tma_stages[0] = tma_stages[1] = tma_max_stages[0] = tma_max_stages[1] = 0;
     cudaError_t e = pkv::set_attrs_t<__half>();
     if (e == cudaSuccess) e = pkv::set_attrs_t<__nv_bfloat16>();
-    if (e == cudaSuccess) e = pkv::tma_setup<64>(&tma_stages[0], &tma_max_stages[0]);
-    if (e == cudaSuccess) e = pkv::tma_setup<128>(&tma_stages[1], &tma_max_stages[1]);
+    if (e == cudaSuccess) e = pkv::tma_setup<64>(cc_major, smem_optin, &tma_stages[0], &tma_max_stages[0]);
+    if (e == cudaSuccess) e = pkv::tma_setup<128>(cc_major, smem_optin, &tma_stages[1], &tma_max_stages[1]);
     if (e == cudaSuccess && !pkv::g_encode_tiled) {
         void *fn = nullptr;
         cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;

@@ -10,10 +10,12 @@
 extern "C" {
 #endif
 
-/* Raises the dynamic shared-memory limit of every decode kernel instance on the current device and
- * writes the tensor-copy kernel's default stages per warp there and the most that fit, [d = 64,
- * d = 128] (0: that head dim runs the register kernel), for the context's pkv_cuda_launch_opts. */
-cudaError_t pkv_cuda_decode_init_attributes(int32_t tma_stages[2], int32_t tma_max_stages[2]);
+/* Raises the dynamic shared-memory limit of every decode kernel instance on the current device (compute
+ * capability cc_major, opt-in shared memory per block smem_optin bytes) and writes the tensor-copy
+ * kernel's default stages per warp there and the most that fit, [d = 64, d = 128] (0: that head dim
+ * runs the register kernel), for the context's pkv_cuda_launch_opts. */
+cudaError_t pkv_cuda_decode_init_attributes(int cc_major, size_t smem_optin, int32_t tma_stages[2],
+                                            int32_t tma_max_stages[2]);
 /* How the kernels run (fixed per context, from the device and the PKV_* variables). */
 typedef struct pkv_cuda_launch_opts {
     int use_pdl;           /* programmatic dependent launch of the merge kernel (sm_90) */
