@@ -56,6 +56,10 @@ static void fixed_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
          * in-page token offsets by division), short last tiles */
         {24, 4, 64, 48, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 3, {1000, 47, 49}},
         {16, 2, 128, 80, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 2, {3001, 15}},
+        /* d = 256 through the tensor-copy kernel on sm_90 (one stage per warp): a page size that is not a
+         * power of two, HND, G = 1 and a row long enough to split */
+        {16, 8, 256, 48, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 3, {9001, 47, 16}},
+        {8, 8, 256, 16, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 2, {2000, 31}},
     };
     const bool small = getenv("PKV_TEST_SMALL") != NULL; /* sanitizer runs: short rows only */
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

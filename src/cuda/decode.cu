@@ -21,7 +21,7 @@
 // issued right after S, and V loads right after O, so a tile is always in flight while a warp
 // computes.
 //
-// On sm_90, for G <= 8, d = 64/128 and page sizes that are multiples of 16, a third kernel
+// On sm_90, for G <= 8, d = 64/128/256 and page sizes that are multiples of 16, a third kernel
 // (decode_kernel_tma) runs the heads-in-N math with K and V brought into shared memory by TMA tensor
 // copies (one per tensor and 16-token tile, issued by one lane into a per-warp ring) and read with
 // ldmatrix, so the warps issue only the math (v8; PKV_DECODE_TMA=0 runs the register kernels).
@@ -852,16 +852,23 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
 template <int D> constexpr int tma_smem_bytes(int stages) {
     return 1024 + kWarps * stages * 2 * (D / 64) * (int)kBoxBytes;
 }
+// The fewest stages per warp: at d = 256 a stage (16 KiB of K and V) is twice d = 128's, and one stage
+// per warp is what keeps the register kernel's 2 CTAs per SM resident (2 stages: 132 KiB, one CTA);
+// a warp then issues its next tile after its math on the current one, with 8 warps per SM in turn.
+template <int D> constexpr int tma_min_stages() {
+    return D > 128 ? 1 : 2;
+}
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : 3)
+__global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : D <= 128 ? 3 : 2)
     decode_kernel_tma(const decode_params p, const __grid_constant__ tma_maps maps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int H = D / 64;  // boxes per tensor per tile
     constexpr int KS = D / 16; // k-steps of S^T, m-tiles of O^T
     constexpr int GP = 8;
     constexpr uint32_t kTileBytes = 2 * H * kBoxBytes;
-    static_assert(smem_out_floats<D, false>() * 4 <= kWarps * 2 * (int)kTileBytes, "outputs fit in two stages");
+    static_assert(smem_out_floats<D, false>() * 4 <= kWarps * tma_min_stages<D>() * (int)kTileBytes,
+                  "outputs fit in the smallest ring");
     using tr = dtype_traits<T>;
     extern __shared__ float smem[];
     __shared__ __align__(8) uint64_t bars[kWarps][kMaxStages];
@@ -1089,14 +1096,11 @@ static cudaError_t launch_decode(kernel_kind kind, const decode_params &p, dim3 
     return cudaGetLastError();
 }
 
-// The tensor-copy kernel on a grid (d = 64/128; tma_maps_for never hands d = 256 its maps).
+// The tensor-copy kernel on a grid.
 template <typename T, int D>
 static cudaError_t launch_decode_tma(const decode_params &p, const tma_maps &maps, dim3 grid, cudaStream_t stream) {
-    if constexpr (D <= 128) {
-        decode_kernel_tma<T, D><<<grid, kThreads, tma_smem_bytes<D>(p.stages), stream>>>(p, maps);
-        return cudaGetLastError();
-    }
-    return cudaErrorInvalidValue;
+    decode_kernel_tma<T, D><<<grid, kThreads, tma_smem_bytes<D>(p.stages), stream>>>(p, maps);
+    return cudaGetLastError();
 }
 
 template <typename T, int D> static int resident_ctas_d(kernel_kind kind) {
@@ -1137,9 +1141,10 @@ static cudaError_t tma_setup(int cc_major, size_t smem_optin, int32_t *stages_ou
     if (e == cudaSuccess) e = cudaFuncGetAttributes(&fb, decode_kernel_tma<__nv_bfloat16, D>);
     if (e != cudaSuccess) return e;
     const size_t static_bytes = fh.sharedSizeBytes > fb.sharedSizeBytes ? fh.sharedSizeBytes : fb.sharedSizeBytes;
+    constexpr int lo = tma_min_stages<D>();
     int max_stages = kMaxStages;
-    while (max_stages >= 2 && (size_t)tma_smem_bytes<D>(max_stages) + static_bytes > smem_optin) max_stages--;
-    if (max_stages < 2) return cudaSuccess;
+    while (max_stages >= lo && (size_t)tma_smem_bytes<D>(max_stages) + static_bytes > smem_optin) max_stages--;
+    if (max_stages < lo) return cudaSuccess;
     e = cudaFuncSetAttribute(decode_kernel_tma<__half, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                              tma_smem_bytes<D>(max_stages));
     if (e == cudaSuccess)
@@ -1148,7 +1153,7 @@ static cudaError_t tma_setup(int cc_major, size_t smem_optin, int32_t *stages_ou
     if (e != cudaSuccess) return e;
     const int want = resident_ctas_d<__half, D>(kHeadsInN);
     int stages = 0;
-    for (int s = 2; s <= max_stages; s++)
+    for (int s = lo; s <= max_stages; s++)
         if (tma_resident<__half, D>(s) >= want) stages = s;
     *stages_out = stages;
     *max_out = max_stages;
@@ -1170,18 +1175,19 @@ static bool encode_pool(CUtensorMap *map, const void *pool, const pkv_problem &p
 }
 
 // The tensor maps of a step when its shape runs the tensor-copy kernel (sm_90, G <= 8 with heads in N,
-// d = 64/128, page size a multiple of 16) and the ring's stages per warp; false: the register kernel
+// d = 64/128/256, page size a multiple of 16) and the ring's stages per warp; false: the register kernel
 // runs.  The last maps are kept per thread (same pools and shape: no re-encoding per step).
 static bool tma_maps_for(const pkv_plan *plan, const pkv_tensors *t, const pkv_cuda_launch_opts &o, tma_maps *maps,
                          int32_t *stages) {
     const pkv_problem &pr = plan->problem;
-    const int idx = pr.head_dim == 64 ? 0 : pr.head_dim == 128 ? 1 : -1;
+    const int idx = pr.head_dim == 64 ? 0 : pr.head_dim == 128 ? 1 : pr.head_dim == 256 ? 2 : -1;
     if (!o.tma || !o.allow_n8 || !g_encode_tiled || idx < 0 || plan->group > 8 || pr.page_size % 16 != 0 ||
         pr.num_pages <= 0 || pr.num_pages > INT32_MAX)
         return false;
     const int32_t dflt = o.tma_default_stages[idx];
-    if (dflt < 2) return false;
-    *stages = o.tma_stages > 0 ? min(max(o.tma_stages, 2), o.tma_max_stages[idx]) : dflt;
+    const int lo = pr.head_dim > 128 ? tma_min_stages<256>() : tma_min_stages<128>();
+    if (dflt < lo) return false;
+    *stages = o.tma_stages > 0 ? min(max(o.tma_stages, lo), o.tma_max_stages[idx]) : dflt;
     struct cache_entry {
         const void *k, *v;
         int32_t d, page_size, hkv, layout;
@@ -1303,20 +1309,22 @@ static cudaError_t run_t(const pkv_plan *plan, const decode_params &p, const mer
     switch (plan->problem.head_dim) {
     case 64: return run_phases<T, 64>(plan, p, m, ws, stream, o, maps);
     case 128: return run_phases<T, 128>(plan, p, m, ws, stream, o, maps);
-    case 256: return run_phases<T, 256>(plan, p, m, ws, stream, o, nullptr);
+    case 256: return run_phases<T, 256>(plan, p, m, ws, stream, o, maps);
     }
     return cudaErrorInvalidValue;
 }
 
 } // namespace pkv
 
-extern "C" cudaError_t pkv_cuda_decode_init_attributes(int cc_major, size_t smem_optin, int32_t tma_stages[2],
-                                                       int32_t tma_max_stages[2]) {
-    tma_stages[0] = tma_stages[1] = tma_max_stages[0] = tma_max_stages[1] = 0;
+extern "C" cudaError_t pkv_cuda_decode_init_attributes(int cc_major, size_t smem_optin,
+                                                       int32_t tma_stages[PKV_TMA_HEAD_DIMS],
+                                                       int32_t tma_max_stages[PKV_TMA_HEAD_DIMS]) {
+    for (int k = 0; k < PKV_TMA_HEAD_DIMS; k++) tma_stages[k] = tma_max_stages[k] = 0;
     cudaError_t e = pkv::set_attrs_t<__half>();
     if (e == cudaSuccess) e = pkv::set_attrs_t<__nv_bfloat16>();
     if (e == cudaSuccess) e = pkv::tma_setup<64>(cc_major, smem_optin, &tma_stages[0], &tma_max_stages[0]);
     if (e == cudaSuccess) e = pkv::tma_setup<128>(cc_major, smem_optin, &tma_stages[1], &tma_max_stages[1]);
+    if (e == cudaSuccess) e = pkv::tma_setup<256>(cc_major, smem_optin, &tma_stages[2], &tma_max_stages[2]);
     if (e == cudaSuccess && !pkv::g_encode_tiled) {
         void *fn = nullptr;
         cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;

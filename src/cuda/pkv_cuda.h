@@ -10,12 +10,14 @@
 extern "C" {
 #endif
 
+/* Head dims of the tensor-copy kernel (d = 64, 128, 256: index 0, 1, 2). */
+#define PKV_TMA_HEAD_DIMS 3
 /* Raises the dynamic shared-memory limit of every decode kernel instance on the current device (compute
  * capability cc_major, opt-in shared memory per block smem_optin bytes) and writes the tensor-copy
- * kernel's default stages per warp there and the most that fit, [d = 64, d = 128] (0: that head dim
- * runs the register kernel), for the context's pkv_cuda_launch_opts. */
-cudaError_t pkv_cuda_decode_init_attributes(int cc_major, size_t smem_optin, int32_t tma_stages[2],
-                                            int32_t tma_max_stages[2]);
+ * kernel's default stages per warp there and the most that fit, per head dim (0: that head dim runs
+ * the register kernel), for the context's pkv_cuda_launch_opts. */
+cudaError_t pkv_cuda_decode_init_attributes(int cc_major, size_t smem_optin, int32_t tma_stages[PKV_TMA_HEAD_DIMS],
+                                            int32_t tma_max_stages[PKV_TMA_HEAD_DIMS]);
 /* How the kernels run (fixed per context, from the device and the PKV_* variables). */
 typedef struct pkv_cuda_launch_opts {
     int use_pdl;           /* programmatic dependent launch of the merge kernel (sm_90) */
@@ -24,8 +26,8 @@ typedef struct pkv_cuda_launch_opts {
     int32_t deep_max_ctas; /* heads-in-N grids of at most this many CTAs run the two-tiles-in-flight variant */
     int tma;               /* sm_90: K/V through shared memory by tensor copies where the shape allows (decode.cu) */
     int32_t tma_stages;    /* the tensor-copy kernel's stages per warp; 0: the default (PKV_TMA_STAGES) */
-    int32_t tma_default_stages[2]; /* that default on this device, [d = 64, d = 128]; 0: the register kernel */
-    int32_t tma_max_stages[2];     /* the most stages whose ring fits this device (PKV_TMA_STAGES is clamped) */
+    int32_t tma_default_stages[PKV_TMA_HEAD_DIMS]; /* that default on this device per head dim; 0: register kernel */
+    int32_t tma_max_stages[PKV_TMA_HEAD_DIMS];     /* the most stages that fit this device (PKV_TMA_STAGES clamped) */
 } pkv_cuda_launch_opts;
 /* Launches every phase of an uploaded plan on the stream (attention, then merge). */
 cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace, const pkv_tensors *t, cudaStream_t stream,
