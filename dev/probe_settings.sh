@@ -27,8 +27,9 @@ anchors=${PROBE_ANCHORS:-"B1_N2048 B1_N8192 B1_N32768 B1_N65536 B4_zipf B8_bimod
 reps=${PROBE_REPS:-50}
 S="$r/summary.txt"
 {
-  echo "# dev/probe_settings.sh: $(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null) ${PKV_COMMIT:+(commit $PKV_COMMIT)};" \
-    "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null); shape: $shape; $rounds rounds"
+  echo "# dev/probe_settings.sh: commit ${PKV_COMMIT:-$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null)};" \
+    "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null); $(date -u +%FT%TZ);" \
+    "shape: $shape; settings: $settings; $rounds rounds of $reps runs"
   for c in $settings; do
     name=${c%%:*}; envs=${c#*:}
     echo "test_cuda $name ($envs): $(env ${envs//,/ } PKV_TEST_CASES=24 timeout 200 "$a/tests/test_cuda" 2>&1 | tail -n 1)"
