@@ -8,6 +8,7 @@
 #   PROBE_SHAPE     pkv bench shape options, default "--shape d256 --dtype bf16"
 #   PROBE_ANCHORS   anchor names, default a spread of B1 .. B64
 #   PROBE_REPS      CUDA-event runs per route, default 50
+#   PROBE_TRACES    trace runs too, "family:B ..." (held-out seed 20260624, 3B requests, the first 8 steps)
 # Reuses build-gpu when scripts/gpu_check.sh built it in the same call.  OUT/summary.txt (per anchor: the
 # best route and auto under each setting, medians over rounds, ratios to the first setting),
 # OUT/probe.tgz (the JSON and logs).
@@ -43,6 +44,12 @@ S="$r/summary.txt"
           --no-check --quiet --json "$r/${name}_${k}_${an}.json" >/dev/null 2>>"$r/bench.log" ||
           echo "bench $name $an round $k failed"
       done
+      for tr in ${PROBE_TRACES:-}; do
+        fam=${tr%%:*}; B=${tr#*:}
+        env ${envs//,/ } timeout 120 "$a/pkv" bench --backend cuda $shape --trace "$fam" --seed 20260624 --batch "$B" \
+          --requests $((3 * B)) --steps 8 --reps "$reps" --wall-reps 3 --no-check --quiet \
+          --json "$r/${name}_${k}_${fam}${B}.json" >/dev/null 2>>"$r/bench.log" || echo "bench $name $tr round $k failed"
+      done
     done
   done
   python3 - "$r" "$settings" <<'PY'
@@ -52,13 +59,15 @@ t = {}  # (step, setting, route) -> [kernel us per round]
 order = []
 for n in settings:
     for f in sorted(glob.glob(f"{r}/{n}_*.json")):
+        tag = f.rsplit("/", 1)[1][:-5].split("_", 2)[2]  # NAME_ROUND_TAG.json: the anchor, or family and B
         try:
             rows = json.load(open(f))["rows"]
         except Exception:
             continue
         for x in rows:
-            if x["step"] not in order: order.append(x["step"])
-            t.setdefault((x["step"], n, x["route"]), []).append(x["kernel_us"])
+            step = x["step"] if x["step"] == tag else tag + ":" + x["step"]
+            if step not in order: order.append(step)
+            t.setdefault((step, n, x["route"]), []).append(x["kernel_us"])
 routes = sorted({k[2] for k in t})
 def med(s, n, ro):
     v = t.get((s, n, ro))
