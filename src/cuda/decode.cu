@@ -624,6 +624,67 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
     return y;
 }
 
+// The online softmax of one 16-token tile in the heads-in-N kernels (register and tensor-copy), log2
+// domain, per head column: S^T = s + s2 (two accumulators) holds tokens g (s[0..1]) and g + 8 (s[2..3]) of
+// heads 2c and 2c + 1; v0/v1: those tokens are in the range.  Updates the running max and sum of the two
+// heads and returns their rescale factors and P^T as the B fragments of O^T = V^T P^T.
+template <typename T>
+__device__ __forceinline__ void n8_softmax(const float (&s)[4], const float (&s2)[4], bool v0, bool v1,
+                                           const float &scale_log2, float &ma, float &mb, float &la, float &lb, float &ala,
+                                           float &alb, uint32_t &b0, uint32_t &b1) {
+    using tr = dtype_traits<T>;
+    const float x0 = v0 ? (s[0] + s2[0]) * scale_log2 : -INFINITY;
+    const float x1 = v0 ? (s[1] + s2[1]) * scale_log2 : -INFINITY;
+    const float x2 = v1 ? (s[2] + s2[2]) * scale_log2 : -INFINITY;
+    const float x3 = v1 ? (s[3] + s2[3]) * scale_log2 : -INFINITY;
+    float mxa = fmaxf(x0, x2), mxb = fmaxf(x1, x3);
+#pragma unroll
+    for (int sh = 4; sh < 32; sh <<= 1) {
+        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, sh));
+        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, sh));
+    }
+    const float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb); // finite: a tile's first token is in the range
+    ala = exp2f(ma - na);
+    alb = exp2f(mb - nb);
+    ma = na;
+    mb = nb;
+    const float p0 = exp2f(x0 - na), p1 = exp2f(x1 - nb), p2 = exp2f(x2 - na), p3 = exp2f(x3 - nb);
+    la = la * ala + (p0 + p2);
+    lb = lb * alb + (p1 + p3);
+    b0 = movmatrix_trans(tr::pack(p0, p1));
+    b1 = movmatrix_trans(tr::pack(p2, p3));
+}
+
+// A heads-in-N warp's end: sums l of heads 2c and 2c + 1 over its lanes and writes its unnormalised output
+// (acc[mt][0..1] = O of the two heads at dim dim0(mt), acc[mt][2..3] at dim0(mt) + DSTEP), m and l to
+// shared memory ([warp][GP][D + 4], then m and l [warp][GP]) for finish_task.
+template <int D, int GP, int MT, int DSTEP, typename DimOf>
+__device__ __forceinline__ void n8_warp_out(float *smem, int warp, int g, int c, const float (&acc)[MT][4], float ma,
+                                            float mb, float la, float lb, DimOf dim0) {
+#pragma unroll
+    for (int sh = 4; sh < 32; sh <<= 1) {
+        la += __shfl_xor_sync(0xffffffffu, la, sh);
+        lb += __shfl_xor_sync(0xffffffffu, lb, sh);
+    }
+    float *sm_m = smem + kWarps * GP * (D + 4);
+    float *sm_l = sm_m + kWarps * GP;
+    float *wo = smem + warp * GP * (D + 4);
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++) {
+        const int d0 = dim0(mt);
+        wo[(2 * c) * (D + 4) + d0] = acc[mt][0];
+        wo[(2 * c + 1) * (D + 4) + d0] = acc[mt][1];
+        wo[(2 * c) * (D + 4) + d0 + DSTEP] = acc[mt][2];
+        wo[(2 * c + 1) * (D + 4) + d0 + DSTEP] = acc[mt][3];
+    }
+    if (g == 0) {
+        sm_m[warp * GP + 2 * c] = ma;
+        sm_m[warp * GP + 2 * c + 1] = mb;
+        sm_l[warp * GP + 2 * c] = la;
+        sm_l[warp * GP + 2 * c + 1] = lb;
+    }
+}
+
 // One 16-token tile of the heads-in-N kernel: S^T from kr, the online softmax, O^T from vr.  The
 // buffers are refilled with the tile at next_base (pages kpage/vpage; -1 pages load zeros, no
 // memory): K right after S, V right after O, so a tile is in flight while the warp computes.
@@ -635,7 +696,6 @@ __device__ __forceinline__ void n8_tile(const decode_params &p, const T *kbase, 
                                         float &la, float &lb) {
     constexpr int KC = D / 32;
     constexpr int VC = D / 64;
-    using tr = dtype_traits<T>;
     // ---- S^T = K Q^T: two accumulators (x/y and z/w halves of each chunk) for a shorter chain
     float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -646,26 +706,9 @@ __device__ __forceinline__ void n8_tile(const decode_params &p, const T *kbase, 
         mma_16816<T>(s2, a1, qr[i].z, qr[i].w);
     }
     load_k<T, D>(p, kbase, next_base, head, g, c, kpage, kr);
-    // ---- online softmax (log2 domain) per head column; rows are tokens g and g + 8
-    const bool v0 = base + g < te, v1 = base + 8 + g < te;
-    const float x0 = v0 ? (s[0] + s2[0]) * p.scale_log2 : -INFINITY;
-    const float x1 = v0 ? (s[1] + s2[1]) * p.scale_log2 : -INFINITY;
-    const float x2 = v1 ? (s[2] + s2[2]) * p.scale_log2 : -INFINITY;
-    const float x3 = v1 ? (s[3] + s2[3]) * p.scale_log2 : -INFINITY;
-    float mxa = fmaxf(x0, x2), mxb = fmaxf(x1, x3);
-#pragma unroll
-    for (int sh = 4; sh < 32; sh <<= 1) {
-        mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, sh));
-        mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, sh));
-    }
-    const float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb); // finite: token base is valid
-    const float ala = exp2f(ma - na), alb = exp2f(mb - nb);
-    ma = na;
-    mb = nb;
-    const float p0 = exp2f(x0 - na), p1 = exp2f(x1 - nb), p2 = exp2f(x2 - na), p3 = exp2f(x3 - nb);
-    la = la * ala + (p0 + p2);
-    lb = lb * alb + (p1 + p3);
-    const uint32_t b0 = movmatrix_trans(tr::pack(p0, p1)), b1 = movmatrix_trans(tr::pack(p2, p3));
+    float ala, alb;
+    uint32_t b0, b1;
+    n8_softmax<T>(s, s2, base + g < te, base + 8 + g < te, p.scale_log2, ma, mb, la, lb, ala, alb, b0, b1);
     // ---- O^T = O^T * alpha + V^T P^T
 #pragma unroll
     for (int u = 0; u < VC; u++) {
@@ -758,33 +801,9 @@ __global__ void __launch_bounds__(kThreads, NB == 1 && D <= 128 ? 3 : 2) decode_
             }
         }
     }
-#pragma unroll
-    for (int sh = 4; sh < 32; sh <<= 1) {
-        la += __shfl_xor_sync(0xffffffffu, la, sh);
-        lb += __shfl_xor_sync(0xffffffffu, lb, sh);
-    }
     // ---- this warp's output: O[head][dim] = acc (see the m-tile layout above)
-    {
-        float *sm_m = smem + kWarps * GP * (D + 4);
-        float *sm_l = sm_m + kWarps * GP;
-        float *wo = smem + warp * GP * (D + 4);
-#pragma unroll
-        for (int u = 0; u < VC; u++)
-#pragma unroll
-            for (int mp = 0; mp < 4; mp++) {
-                const int mt = u * 4 + mp, d0 = (g + 8 * u) * 8 + 2 * mp;
-                wo[(2 * c) * (D + 4) + d0] = acc[mt][0];
-                wo[(2 * c + 1) * (D + 4) + d0] = acc[mt][1];
-                wo[(2 * c) * (D + 4) + d0 + 1] = acc[mt][2];
-                wo[(2 * c + 1) * (D + 4) + d0 + 1] = acc[mt][3];
-            }
-        if (g == 0) {
-            sm_m[warp * GP + 2 * c] = ma;
-            sm_m[warp * GP + 2 * c + 1] = mb;
-            sm_l[warp * GP + 2 * c] = la;
-            sm_l[warp * GP + 2 * c + 1] = lb;
-        }
-    }
+    n8_warp_out<D, GP, MT, 1>(smem, warp, g, c, acc, ma, mb, la, lb,
+                              [g](int mt) { return (g + 8 * (mt >> 2)) * 8 + 2 * (mt & 3); });
     finish_task<T, D, GP, NB == 2 ? 32 : 16>(p, smem, ti, G); // 16: the 3-CTA register cap, no spills at d = 256
 }
 
@@ -869,7 +888,6 @@ __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : D <= 128 ? 3 : 2)
     constexpr uint32_t kTileBytes = 2 * H * kBoxBytes;
     static_assert(smem_out_floats<D, false>() * 4 <= kWarps * tma_min_stages<D>() * (int)kTileBytes,
                   "outputs fit in the smallest ring");
-    using tr = dtype_traits<T>;
     extern __shared__ float smem[];
     __shared__ __align__(8) uint64_t bars[kWarps][kMaxStages];
     PKV_TL_SCOPE(0);
@@ -971,26 +989,9 @@ __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : D <= 128 ? 3 : 2)
             ldsm_x4(a, sk + (ks >> 2) * kBoxBytes + koff[ks & 3]);
             mma_16816<T>((ks & 1) ? s2 : s, a, qb[ks][0], qb[ks][1]);
         }
-        // ---- online softmax (log2 domain) per head column; rows are tokens g and g + 8
-        const bool v0 = base + g < te, v1 = base + 8 + g < te;
-        const float x0 = v0 ? (s[0] + s2[0]) * p.scale_log2 : -INFINITY;
-        const float x1 = v0 ? (s[1] + s2[1]) * p.scale_log2 : -INFINITY;
-        const float x2 = v1 ? (s[2] + s2[2]) * p.scale_log2 : -INFINITY;
-        const float x3 = v1 ? (s[3] + s2[3]) * p.scale_log2 : -INFINITY;
-        float mxa = fmaxf(x0, x2), mxb = fmaxf(x1, x3);
-#pragma unroll
-        for (int sh = 4; sh < 32; sh <<= 1) {
-            mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, sh));
-            mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, sh));
-        }
-        const float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb); // finite: token base is valid
-        const float ala = exp2f(ma - na), alb = exp2f(mb - nb);
-        ma = na;
-        mb = nb;
-        const float p0 = exp2f(x0 - na), p1 = exp2f(x1 - nb), p2 = exp2f(x2 - na), p3 = exp2f(x3 - nb);
-        la = la * ala + (p0 + p2);
-        lb = lb * alb + (p1 + p3);
-        const uint32_t b0 = movmatrix_trans(tr::pack(p0, p1)), b1 = movmatrix_trans(tr::pack(p2, p3));
+        float ala, alb;
+        uint32_t b0, b1;
+        n8_softmax<T>(s, s2, base + g < te, base + 8 + g < te, p.scale_log2, ma, mb, la, lb, ala, alb, b0, b1);
         // ---- O^T = O^T * alpha + V^T P^T
 #pragma unroll
         for (int mt = 0; mt < KS; mt++) {
@@ -1013,34 +1014,11 @@ __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : D <= 128 ? 3 : 2)
             phase ^= 1u;
         }
     }
-#pragma unroll
-    for (int sh = 4; sh < 32; sh <<= 1) {
-        la += __shfl_xor_sync(0xffffffffu, la, sh);
-        lb += __shfl_xor_sync(0xffffffffu, lb, sh);
-    }
     // ---- this warp's output over the rings (every warp is done with them):
     // acc[mt] = O[head 2c | 2c + 1][dim 16 mt + g | + 8]
     __syncthreads();
     float *out = reinterpret_cast<float *>(sbase);
-    {
-        float *sm_m = out + kWarps * GP * (D + 4);
-        float *sm_l = sm_m + kWarps * GP;
-        float *wo = out + warp * GP * (D + 4);
-#pragma unroll
-        for (int mt = 0; mt < KS; mt++) {
-            const int d0 = 16 * mt + g;
-            wo[(2 * c) * (D + 4) + d0] = acc[mt][0];
-            wo[(2 * c + 1) * (D + 4) + d0] = acc[mt][1];
-            wo[(2 * c) * (D + 4) + d0 + 8] = acc[mt][2];
-            wo[(2 * c + 1) * (D + 4) + d0 + 8] = acc[mt][3];
-        }
-        if (g == 0) {
-            sm_m[warp * GP + 2 * c] = ma;
-            sm_m[warp * GP + 2 * c + 1] = mb;
-            sm_l[warp * GP + 2 * c] = la;
-            sm_l[warp * GP + 2 * c + 1] = lb;
-        }
-    }
+    n8_warp_out<D, GP, KS, 8>(out, warp, g, c, acc, ma, mb, la, lb, [g](int mt) { return 16 * mt + g; });
     finish_task<T, D, GP, 16>(p, out, ti, G);
 #endif
 }
