@@ -16,6 +16,7 @@
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?usage: dev/probe_variant_ab.sh OUT VARIANT_SOURCE [ROUNDS]}
+mkdir -p "$out"
 variant=${2:?variant decode source, relative to the repository root}
 rounds=${3:-2}
 r=$(mktemp -d)
