@@ -79,6 +79,7 @@ SHAPES = {  # name: (Hq, Hkv, d, default dtype)   (workloads.md)
     "mha": (32, 32, 128, "fp16"),
     "d256": (16, 8, 256, "bf16"),
     "d64": (14, 2, 64, "bf16"),
+    "g16": (128, 8, 128, "bf16"),  # Llama-3.1-405B; not in workloads.md's matrix (--shapes g16:bf16)
 }
 SHAPE_RUNS = ["g8:fp16", "g8:bf16", "g7:bf16", "mha:fp16", "d256:bf16", "d64:bf16"]
 SHAPE_POINTS = ["B1_N8192", "B1_N32768", "B8_bimodal", "B32_bimodal", "B64_uniform"]

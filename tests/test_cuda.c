@@ -60,6 +60,10 @@ static void fixed_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
          * power of two, HND, G = 1 and a row long enough to split */
         {16, 8, 256, 48, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 3, {9001, 47, 16}},
         {8, 8, 256, 16, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 2, {2000, 31}},
+        /* G 9..16 through the tensor-copy kernel on sm_90 (two n-tiles of heads): G = 12 at d = 64, and
+         * the G = 16 of Llama-3.1-405B with a row long enough to split */
+        {48, 4, 64, 32, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 3, {3000, 17, 0}},
+        {128, 8, 128, 16, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 2, {20000, 100}},
     };
     const bool small = getenv("PKV_TEST_SMALL") != NULL; /* sanitizer runs: short rows only */
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -721,7 +721,7 @@ static void usage(void) {
            "  --route R|all             auto, single, split, bucketed, workqueue, fused or all (default all)\n"
            "  --threads N               CPU backend threads\n"
            "problem:\n"
-           "  --shape NAME              paper (default), g8, g7, mha, d256, d64\n"
+           "  --shape NAME              paper (default), g8, g7, mha, d256, d64, g16\n"
            "  --dtype fp16|bf16         (default: the shape's)\n"
            "  --layout nhd|hnd          (default nhd)\n"
            "  --page-size N             (default 16)\n"

@@ -14,6 +14,7 @@ static const pkv_shape shapes[] = {
     {"mha", 32, 32, 128, PKV_DTYPE_FP16, "Llama-2-7B"},
     {"d256", 16, 8, 256, PKV_DTYPE_BF16, "Gemma-2-9B"},
     {"d64", 14, 2, 64, PKV_DTYPE_BF16, "Qwen2-0.5B"},
+    {"g16", 128, 8, 128, PKV_DTYPE_BF16, "Llama-3.1-405B (G = 16, beyond workloads.md)"},
 };
 
 const pkv_shape *cli_shapes(int *count) {

@@ -95,7 +95,7 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device) {
     if (prop.major < 8)
         return pkv_fail(ctx, PKV_ERR_UNSUPPORTED, "device %s has compute capability %d.%d; sm_80 or newer is needed",
                         prop.name, prop.major, prop.minor);
-    int32_t tma_stages[PKV_TMA_HEAD_DIMS], tma_max_stages[PKV_TMA_HEAD_DIMS];
+    int32_t tma_stages[PKV_TMA_HEAD_DIMS][2], tma_max_stages[PKV_TMA_HEAD_DIMS];
     cudaError_t e =
         pkv_cuda_decode_init_attributes(prop.major, prop.sharedMemPerBlockOptin, tma_stages, tma_max_stages);
     if (e != cudaSuccess)
@@ -123,7 +123,8 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device) {
     const char *stages = getenv("PKV_TMA_STAGES");
     s->launch.tma_stages = stages ? atoi(stages) : 0;
     for (int k = 0; k < PKV_TMA_HEAD_DIMS; k++) {
-        s->launch.tma_default_stages[k] = tma_stages[k];
+        s->launch.tma_default_stages[k][0] = tma_stages[k][0];
+        s->launch.tma_default_stages[k][1] = tma_stages[k][1];
         s->launch.tma_max_stages[k] = tma_max_stages[k];
     }
     ctx->backend_state = s;

@@ -655,12 +655,12 @@ __device__ __forceinline__ void n8_softmax(const float (&s)[4], const float (&s2
     b1 = movmatrix_trans(tr::pack(p2, p3));
 }
 
-// A heads-in-N warp's end: sums l of heads 2c and 2c + 1 over its lanes and writes its unnormalised output
-// (acc[mt][0..1] = O of the two heads at dim dim0(mt), acc[mt][2..3] at dim0(mt) + DSTEP), m and l to
-// shared memory ([warp][GP][D + 4], then m and l [warp][GP]) for finish_task.
+// A heads-in-N warp's end: sums l of heads h0 + 2c and h0 + 2c + 1 over its lanes and writes its
+// unnormalised output (acc[mt][0..1] = O of the two heads at dim dim0(mt), acc[mt][2..3] at dim0(mt) + DSTEP),
+// m and l to shared memory ([warp][GP][D + 4], then m and l [warp][GP]) for finish_task.
 template <int D, int GP, int MT, int DSTEP, typename DimOf>
-__device__ __forceinline__ void n8_warp_out(float *smem, int warp, int g, int c, const float (&acc)[MT][4], float ma,
-                                            float mb, float la, float lb, DimOf dim0) {
+__device__ __forceinline__ void n8_warp_out(float *smem, int warp, int h0, int g, int c, const float (&acc)[MT][4],
+                                            float ma, float mb, float la, float lb, DimOf dim0) {
 #pragma unroll
     for (int sh = 4; sh < 32; sh <<= 1) {
         la += __shfl_xor_sync(0xffffffffu, la, sh);
@@ -668,7 +668,7 @@ __device__ __forceinline__ void n8_warp_out(float *smem, int warp, int g, int c,
     }
     float *sm_m = smem + kWarps * GP * (D + 4);
     float *sm_l = sm_m + kWarps * GP;
-    float *wo = smem + warp * GP * (D + 4);
+    float *wo = smem + (warp * GP + h0) * (D + 4);
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) {
         const int d0 = dim0(mt);
@@ -678,10 +678,10 @@ __device__ __forceinline__ void n8_warp_out(float *smem, int warp, int g, int c,
         wo[(2 * c + 1) * (D + 4) + d0 + DSTEP] = acc[mt][3];
     }
     if (g == 0) {
-        sm_m[warp * GP + 2 * c] = ma;
-        sm_m[warp * GP + 2 * c + 1] = mb;
-        sm_l[warp * GP + 2 * c] = la;
-        sm_l[warp * GP + 2 * c + 1] = lb;
+        sm_m[warp * GP + h0 + 2 * c] = ma;
+        sm_m[warp * GP + h0 + 2 * c + 1] = mb;
+        sm_l[warp * GP + h0 + 2 * c] = la;
+        sm_l[warp * GP + h0 + 2 * c + 1] = lb;
     }
 }
 
@@ -802,7 +802,7 @@ __global__ void __launch_bounds__(kThreads, NB == 1 && D <= 128 ? 3 : 2) decode_
         }
     }
     // ---- this warp's output: O[head][dim] = acc (see the m-tile layout above)
-    n8_warp_out<D, GP, MT, 1>(smem, warp, g, c, acc, ma, mb, la, lb,
+    n8_warp_out<D, GP, MT, 1>(smem, warp, 0, g, c, acc, ma, mb, la, lb,
                               [g](int mt) { return (g + 8 * (mt >> 2)) * 8 + 2 * (mt & 3); });
     finish_task<T, D, GP, NB == 2 ? 32 : 16>(p, smem, ti, G); // 16: the 3-CTA register cap, no spills at d = 256
 }
@@ -878,15 +878,18 @@ template <int D> constexpr int tma_min_stages() {
     return D > 128 ? 1 : 2;
 }
 
-template <typename T, int D>
-__global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : D <= 128 ? 3 : 2)
+// NT: n-tiles of 8 heads (G <= 8 NT).  NT = 2 (G 9..16, d <= 128) shares each K and V fragment between
+// the two n-tiles, with twice the accumulators (2 CTAs per SM, as the heads-in-M kernel it replaces).
+template <typename T, int D, int NT>
+__global__ void __launch_bounds__(kThreads, NT == 2 || D > 128 ? 2 : D <= 64 ? 4 : 3)
     decode_kernel_tma(const decode_params p, const __grid_constant__ tma_maps maps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int H = D / 64;  // boxes per tensor per tile
     constexpr int KS = D / 16; // k-steps of S^T, m-tiles of O^T
-    constexpr int GP = 8;
+    constexpr int GP = 8 * NT;
     constexpr uint32_t kTileBytes = 2 * H * kBoxBytes;
-    static_assert(smem_out_floats<D, false>() * 4 <= kWarps * tma_min_stages<D>() * (int)kTileBytes,
+    static_assert(NT == 1 || (NT == 2 && D <= 128), "16 heads at d <= 128");
+    static_assert(smem_out_floats<D, NT == 2>() * 4 <= kWarps * tma_min_stages<D>() * (int)kTileBytes,
                   "outputs fit in the smallest ring");
     extern __shared__ float smem[];
     __shared__ __align__(8) uint64_t bars[kWarps][kMaxStages];
@@ -935,13 +938,18 @@ __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : D <= 128 ? 3 : 2)
     }
     __syncwarp();
 
-    // q of the G heads as the B operand of S^T: b0 = q[g][16 ks + 2c, +1], b1 = q[g][16 ks + 8 + 2c, +1]
-    const T *qrow = static_cast<const T *>(p.q) + ((int64_t)ti.row * p.num_qo_heads + (int64_t)head * G + g) * D;
-    uint32_t qb[KS][2];
+    // q of the G heads as the B operand of S^T (n-tile nt: head 8 nt + g): b0 = q[h][16 ks + 2c, +1],
+    // b1 = q[h][16 ks + 8 + 2c, +1]
+    uint32_t qb[NT][KS][2];
 #pragma unroll
-    for (int ks = 0; ks < KS; ks++) {
-        qb[ks][0] = g < G ? *reinterpret_cast<const uint32_t *>(qrow + 16 * ks + 2 * c) : 0u;
-        qb[ks][1] = g < G ? *reinterpret_cast<const uint32_t *>(qrow + 16 * ks + 8 + 2 * c) : 0u;
+    for (int nt = 0; nt < NT; nt++) {
+        const int h = 8 * nt + g;
+        const T *qrow = static_cast<const T *>(p.q) + ((int64_t)ti.row * p.num_qo_heads + (int64_t)head * G + h) * D;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            qb[nt][ks][0] = h < G ? *reinterpret_cast<const uint32_t *>(qrow + 16 * ks + 2 * c) : 0u;
+            qb[nt][ks][1] = h < G ? *reinterpret_cast<const uint32_t *>(qrow + 16 * ks + 8 + 2 * c) : 0u;
+        }
     }
     // ldmatrix row addresses inside a box (row = token, 128 bytes; 16-byte chunk j stored at j ^ (row & 7)).
     // Matrix mi = lane / 8, row r = lane % 8.  K (A of S^T, tokens x dims): matrices (t0-7, d0-7),
@@ -959,10 +967,15 @@ __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : D <= 128 ? 3 : 2)
         }
     }
 
-    float acc[KS][4];
+    float acc[NT][KS][4];
+    float ma[NT], mb[NT], la[NT], lb[NT]; // heads 8 nt + 2c and 8 nt + 2c + 1
 #pragma unroll
-    for (int mt = 0; mt < KS; mt++) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
-    float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f; // heads 2c and 2c + 1
+    for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+        for (int mt = 0; mt < KS; mt++) acc[nt][mt][0] = acc[nt][mt][1] = acc[nt][mt][2] = acc[nt][mt][3] = 0.f;
+        ma[nt] = mb[nt] = -INFINITY;
+        la[nt] = lb[nt] = 0.f;
+    }
 
     int stage = 0;
     uint32_t phase = 0;
@@ -981,27 +994,37 @@ __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : D <= 128 ? 3 : 2)
             }
             __syncwarp();
         }
-        // ---- S^T = K Q^T (two accumulators for a shorter chain)
-        float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
+        // ---- S^T = K Q^T (two accumulators per n-tile for a shorter chain)
+        float s[NT][4], s2[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = s2[nt][0] = s2[nt][1] = s2[nt][2] =
+                                           s2[nt][3] = 0.f;
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
             uint32_t a[4];
             ldsm_x4(a, sk + (ks >> 2) * kBoxBytes + koff[ks & 3]);
-            mma_16816<T>((ks & 1) ? s2 : s, a, qb[ks][0], qb[ks][1]);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) mma_16816<T>((ks & 1) ? s2[nt] : s[nt], a, qb[nt][ks][0], qb[nt][ks][1]);
         }
-        float ala, alb;
-        uint32_t b0, b1;
-        n8_softmax<T>(s, s2, base + g < te, base + 8 + g < te, p.scale_log2, ma, mb, la, lb, ala, alb, b0, b1);
+        float ala[NT], alb[NT];
+        uint32_t b0[NT], b1[NT];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+            n8_softmax<T>(s[nt], s2[nt], base + g < te, base + 8 + g < te, p.scale_log2, ma[nt], mb[nt], la[nt],
+                          lb[nt], ala[nt], alb[nt], b0[nt], b1[nt]);
         // ---- O^T = O^T * alpha + V^T P^T
 #pragma unroll
         for (int mt = 0; mt < KS; mt++) {
             uint32_t a[4];
             ldsm_x4_trans(a, sv + (mt >> 2) * kBoxBytes + voff[mt & 3]);
-            acc[mt][0] *= ala;
-            acc[mt][1] *= alb;
-            acc[mt][2] *= ala;
-            acc[mt][3] *= alb;
-            mma_16816<T>(acc[mt], a, b0, b1);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                acc[nt][mt][0] *= ala[nt];
+                acc[nt][mt][1] *= alb[nt];
+                acc[nt][mt][2] *= ala[nt];
+                acc[nt][mt][3] *= alb[nt];
+                mma_16816<T>(acc[nt][mt], a, b0[nt], b1[nt]);
+            }
         }
         // ---- refill this stage with tile it + S (every lane is done reading it)
         __syncwarp();
@@ -1015,10 +1038,13 @@ __global__ void __launch_bounds__(kThreads, D <= 64 ? 4 : D <= 128 ? 3 : 2)
         }
     }
     // ---- this warp's output over the rings (every warp is done with them):
-    // acc[mt] = O[head 2c | 2c + 1][dim 16 mt + g | + 8]
+    // acc[nt][mt] = O[head 8 nt + 2c | + 1][dim 16 mt + g | + 8]
     __syncthreads();
     float *out = reinterpret_cast<float *>(sbase);
-    n8_warp_out<D, GP, KS, 8>(out, warp, g, c, acc, ma, mb, la, lb, [g](int mt) { return 16 * mt + g; });
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+        n8_warp_out<D, GP, KS, 8>(out, warp, 8 * nt, g, c, acc[nt], ma[nt], mb[nt], la[nt], lb[nt],
+                                  [g](int mt) { return 16 * mt + g; });
     finish_task<T, D, GP, 16>(p, out, ti, G);
 #endif
 }
@@ -1074,10 +1100,15 @@ static cudaError_t launch_decode(kernel_kind kind, const decode_params &p, dim3 
     return cudaGetLastError();
 }
 
-// The tensor-copy kernel on a grid.
+// The tensor-copy kernel on a grid (two n-tiles of heads for G > 8; tma_maps_for hands d = 256 no maps there).
 template <typename T, int D>
 static cudaError_t launch_decode_tma(const decode_params &p, const tma_maps &maps, dim3 grid, cudaStream_t stream) {
-    decode_kernel_tma<T, D><<<grid, kThreads, tma_smem_bytes<D>(p.stages), stream>>>(p, maps);
+    if (p.group <= 8) {
+        decode_kernel_tma<T, D, 1><<<grid, kThreads, tma_smem_bytes<D>(p.stages), stream>>>(p, maps);
+    } else {
+        if constexpr (D > 128) return cudaErrorInvalidValue;
+        else decode_kernel_tma<T, D, 2><<<grid, kThreads, tma_smem_bytes<D>(p.stages), stream>>>(p, maps);
+    }
     return cudaGetLastError();
 }
 
@@ -1093,17 +1124,44 @@ using encode_tiled_fn = CUresult (*)(CUtensorMap *, CUtensorMapDataType, cuuint3
                                      const cuuint64_t *, const cuuint32_t *, const cuuint32_t *, CUtensorMapInterleave,
                                      CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
 static encode_tiled_fn g_encode_tiled = nullptr;
-template <typename T, int D> static int tma_resident(int stages) {
+template <typename T, int D, int NT> static int tma_resident(int stages) {
     int n = 0;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel_tma<T, D>, kThreads,
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, decode_kernel_tma<T, D, NT>, kThreads,
                                                          tma_smem_bytes<D>(stages)) == cudaSuccess
                ? n
                : 0;
 }
+// Raises the dynamic shared-memory limit of both dtypes' instances to `bytes`, after adding their static
+// shared memory to *static_bytes (the larger).
+template <int D, int NT> static cudaError_t tma_static_bytes(size_t *static_bytes) {
+    cudaFuncAttributes fh, fb;
+    cudaError_t e = cudaFuncGetAttributes(&fh, decode_kernel_tma<__half, D, NT>);
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&fb, decode_kernel_tma<__nv_bfloat16, D, NT>);
+    if (e == cudaSuccess) {
+        if (fh.sharedSizeBytes > *static_bytes) *static_bytes = fh.sharedSizeBytes;
+        if (fb.sharedSizeBytes > *static_bytes) *static_bytes = fb.sharedSizeBytes;
+    }
+    return e;
+}
+template <int D, int NT> static cudaError_t tma_raise_limit(int bytes) {
+    cudaError_t e = cudaFuncSetAttribute(decode_kernel_tma<__half, D, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         bytes);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(decode_kernel_tma<__nv_bfloat16, D, NT>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    return e;
+}
+// The most stages (from lo to max_stages) that keep `want` CTAs of the NT instance resident; 0: none.
+template <int D, int NT> static int tma_stages_for(int lo, int max_stages, int want) {
+    int stages = 0;
+    for (int s = lo; s <= max_stages; s++)
+        if (tma_resident<__half, D, NT>(s) >= want) stages = s;
+    return stages;
+}
 
-// Stages per warp of the tensor-copy kernel at head dim D on the current device: the most that keep as
-// many CTAs resident as the register kernel (the planner's waves assume that count); 0: D runs the
-// register kernel.  More stages where a grid leaves room for them (single requests, 3 instead of 2 at
+// Stages per warp of the tensor-copy kernel at head dim D on the current device, for G <= 8
+// (stages_out[0]) and G 9..16 (stages_out[1], d <= 128): the most that keep as many CTAs resident as the
+// register kernel it replaces (the planner's waves assume that count); 0: the register kernel runs.  More stages where a grid leaves room for them (single requests, 3 instead of 2 at
 // d = 128) measured 1-2% slower on the long ones and 3% faster on B1_N8192 only (docs/kernel-notes.md
 // v8).  Kept per context (pkv_cuda_launch_opts), so contexts on different GPU models do not share it.
 // *max_out: the most stages whose ring fits the device's shared memory per CTA (the dynamic limit is
@@ -1111,29 +1169,24 @@ template <typename T, int D> static int tma_resident(int stages) {
 // the ring of kMaxStages is larger than an A100's or an RTX GPU's opt-in shared memory, and raising a
 // kernel's limit past it fails (which made the whole context fail there).
 template <int D>
-static cudaError_t tma_setup(int cc_major, size_t smem_optin, int32_t *stages_out, int32_t *max_out) {
-    *stages_out = *max_out = 0;
+static cudaError_t tma_setup(int cc_major, size_t smem_optin, int32_t stages_out[2], int32_t *max_out) {
+    stages_out[0] = stages_out[1] = *max_out = 0;
     if (cc_major < 9) return cudaSuccess; // tensor copies are sm_90's: the register kernels run there
-    cudaFuncAttributes fh, fb;
-    cudaError_t e = cudaFuncGetAttributes(&fh, decode_kernel_tma<__half, D>);
-    if (e == cudaSuccess) e = cudaFuncGetAttributes(&fb, decode_kernel_tma<__nv_bfloat16, D>);
+    size_t static_bytes = 0;
+    cudaError_t e = tma_static_bytes<D, 1>(&static_bytes);
+    if constexpr (D <= 128)
+        if (e == cudaSuccess) e = tma_static_bytes<D, 2>(&static_bytes);
     if (e != cudaSuccess) return e;
-    const size_t static_bytes = fh.sharedSizeBytes > fb.sharedSizeBytes ? fh.sharedSizeBytes : fb.sharedSizeBytes;
     constexpr int lo = tma_min_stages<D>();
     int max_stages = kMaxStages;
     while (max_stages >= lo && (size_t)tma_smem_bytes<D>(max_stages) + static_bytes > smem_optin) max_stages--;
     if (max_stages < lo) return cudaSuccess;
-    e = cudaFuncSetAttribute(decode_kernel_tma<__half, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                             tma_smem_bytes<D>(max_stages));
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(decode_kernel_tma<__nv_bfloat16, D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 tma_smem_bytes<D>(max_stages));
+    e = tma_raise_limit<D, 1>(tma_smem_bytes<D>(max_stages));
+    if constexpr (D <= 128)
+        if (e == cudaSuccess) e = tma_raise_limit<D, 2>(tma_smem_bytes<D>(max_stages));
     if (e != cudaSuccess) return e;
-    const int want = resident_ctas_d<__half, D>(kHeadsInN);
-    int stages = 0;
-    for (int s = lo; s <= max_stages; s++)
-        if (tma_resident<__half, D>(s) >= want) stages = s;
-    *stages_out = stages;
+    stages_out[0] = tma_stages_for<D, 1>(lo, max_stages, resident_ctas_d<__half, D>(kHeadsInN));
+    if constexpr (D <= 128) stages_out[1] = tma_stages_for<D, 2>(lo, max_stages, resident_ctas_d<__half, D>(kHeadsInM16));
     *max_out = max_stages;
     return cudaSuccess;
 }
@@ -1152,17 +1205,18 @@ static bool encode_pool(CUtensorMap *map, const void *pool, const pkv_problem &p
                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// The tensor maps of a step when its shape runs the tensor-copy kernel (sm_90, G <= 8 with heads in N,
-// d = 64/128/256, page size a multiple of 16) and the ring's stages per warp; false: the register kernel
+// The tensor maps of a step when its shape runs the tensor-copy kernel (sm_90, G <= 8 with heads in N at
+// d = 64/128/256 or G 9..16 at d = 64/128, page size a multiple of 16) and the ring's stages per warp; false: the register kernel
 // runs.  The last maps are kept per thread (same pools and shape: no re-encoding per step).
 static bool tma_maps_for(const pkv_plan *plan, const pkv_tensors *t, const pkv_cuda_launch_opts &o, tma_maps *maps,
                          int32_t *stages) {
     const pkv_problem &pr = plan->problem;
     const int idx = pr.head_dim == 64 ? 0 : pr.head_dim == 128 ? 1 : pr.head_dim == 256 ? 2 : -1;
-    if (!o.tma || !o.allow_n8 || !g_encode_tiled || idx < 0 || plan->group > 8 || pr.page_size % 16 != 0 ||
+    const int nt = plan->group > 8 ? 1 : 0;
+    if (!o.tma || !o.allow_n8 || !g_encode_tiled || idx < 0 || plan->group > 16 || pr.page_size % 16 != 0 ||
         pr.num_pages <= 0 || pr.num_pages > INT32_MAX)
         return false;
-    const int32_t dflt = o.tma_default_stages[idx];
+    const int32_t dflt = o.tma_default_stages[idx][nt];
     const int lo = pr.head_dim > 128 ? tma_min_stages<256>() : tma_min_stages<128>();
     if (dflt < lo) return false;
     *stages = o.tma_stages > 0 ? min(max(o.tma_stages, lo), o.tma_max_stages[idx]) : dflt;
@@ -1295,14 +1349,14 @@ static cudaError_t run_t(const pkv_plan *plan, const decode_params &p, const mer
 } // namespace pkv
 
 extern "C" cudaError_t pkv_cuda_decode_init_attributes(int cc_major, size_t smem_optin,
-                                                       int32_t tma_stages[PKV_TMA_HEAD_DIMS],
+                                                       int32_t tma_stages[PKV_TMA_HEAD_DIMS][2],
                                                        int32_t tma_max_stages[PKV_TMA_HEAD_DIMS]) {
-    for (int k = 0; k < PKV_TMA_HEAD_DIMS; k++) tma_stages[k] = tma_max_stages[k] = 0;
+    for (int k = 0; k < PKV_TMA_HEAD_DIMS; k++) tma_stages[k][0] = tma_stages[k][1] = tma_max_stages[k] = 0;
     cudaError_t e = pkv::set_attrs_t<__half>();
     if (e == cudaSuccess) e = pkv::set_attrs_t<__nv_bfloat16>();
-    if (e == cudaSuccess) e = pkv::tma_setup<64>(cc_major, smem_optin, &tma_stages[0], &tma_max_stages[0]);
-    if (e == cudaSuccess) e = pkv::tma_setup<128>(cc_major, smem_optin, &tma_stages[1], &tma_max_stages[1]);
-    if (e == cudaSuccess) e = pkv::tma_setup<256>(cc_major, smem_optin, &tma_stages[2], &tma_max_stages[2]);
+    if (e == cudaSuccess) e = pkv::tma_setup<64>(cc_major, smem_optin, tma_stages[0], &tma_max_stages[0]);
+    if (e == cudaSuccess) e = pkv::tma_setup<128>(cc_major, smem_optin, tma_stages[1], &tma_max_stages[1]);
+    if (e == cudaSuccess) e = pkv::tma_setup<256>(cc_major, smem_optin, tma_stages[2], &tma_max_stages[2]);
     if (e == cudaSuccess && !pkv::g_encode_tiled) {
         void *fn = nullptr;
         cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;

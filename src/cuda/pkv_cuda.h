@@ -14,9 +14,10 @@ extern "C" {
 #define PKV_TMA_HEAD_DIMS 3
 /* Raises the dynamic shared-memory limit of every decode kernel instance on the current device (compute
  * capability cc_major, opt-in shared memory per block smem_optin bytes) and writes the tensor-copy
- * kernel's default stages per warp there and the most that fit, per head dim (0: that head dim runs
- * the register kernel), for the context's pkv_cuda_launch_opts. */
-cudaError_t pkv_cuda_decode_init_attributes(int cc_major, size_t smem_optin, int32_t tma_stages[PKV_TMA_HEAD_DIMS],
+ * kernel's default stages per warp there, per head dim for G <= 8 and G 9..16 (0: the register kernel
+ * runs), and the most that fit per head dim, for the context's pkv_cuda_launch_opts. */
+cudaError_t pkv_cuda_decode_init_attributes(int cc_major, size_t smem_optin,
+                                            int32_t tma_stages[PKV_TMA_HEAD_DIMS][2],
                                             int32_t tma_max_stages[PKV_TMA_HEAD_DIMS]);
 /* How the kernels run (fixed per context, from the device and the PKV_* variables). */
 typedef struct pkv_cuda_launch_opts {
@@ -26,7 +27,7 @@ typedef struct pkv_cuda_launch_opts {
     int32_t deep_max_ctas; /* heads-in-N grids of at most this many CTAs run the two-tiles-in-flight variant */
     int tma;               /* sm_90: K/V through shared memory by tensor copies where the shape allows (decode.cu) */
     int32_t tma_stages;    /* the tensor-copy kernel's stages per warp; 0: the default (PKV_TMA_STAGES) */
-    int32_t tma_default_stages[PKV_TMA_HEAD_DIMS]; /* that default on this device per head dim; 0: register kernel */
+    int32_t tma_default_stages[PKV_TMA_HEAD_DIMS][2]; /* that default per head dim, G <= 8 | 9..16; 0: registers */
     int32_t tma_max_stages[PKV_TMA_HEAD_DIMS];     /* the most stages that fit this device (PKV_TMA_STAGES clamped) */
 } pkv_cuda_launch_opts;
 /* Launches every phase of an uploaded plan on the stream (attention, then merge). */
