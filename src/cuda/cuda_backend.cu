@@ -96,8 +96,9 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device) {
         return pkv_fail(ctx, PKV_ERR_UNSUPPORTED, "device %s has compute capability %d.%d; sm_80 or newer is needed",
                         prop.name, prop.major, prop.minor);
     int32_t tma_stages[PKV_TMA_HEAD_DIMS][2], tma_max_stages[PKV_TMA_HEAD_DIMS];
-    cudaError_t e =
-        pkv_cuda_decode_init_attributes(prop.major, prop.sharedMemPerBlockOptin, tma_stages, tma_max_stages);
+    int sm90_code = 0;
+    cudaError_t e = pkv_cuda_decode_init_attributes(prop.major, prop.sharedMemPerBlockOptin, tma_stages,
+                                                    tma_max_stages, &sm90_code);
     if (e != cudaSuccess)
         return pkv_fail(ctx, PKV_ERR_CUDA, "cannot configure the decode kernels for %s: %s", prop.name,
                         cudaGetErrorString(e));
@@ -106,7 +107,9 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device) {
     s->device = device;
     s->cc_major = prop.major;
     s->cc_minor = prop.minor;
-    s->launch.use_pdl = prop.major >= 9 && getenv("PKV_NO_PDL") == nullptr;
+    /* PDL needs the kernels' griddepcontrol instructions, in sm_90 code only (a compute_80 PTX build
+     * JIT-compiled here has none, and its merge must wait for the decode grid the ordinary way) */
+    s->launch.use_pdl = sm90_code && getenv("PKV_NO_PDL") == nullptr;
     const char *kernel = getenv("PKV_DECODE_KERNEL");
     s->launch.allow_n8 = !(kernel && strcmp(kernel, "m") == 0);
     /* PKV_MERGE_KERNEL=head|row forces one merge kernel (A/B runs); default: chosen per plan */
@@ -119,7 +122,7 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device) {
     /* sm_90: K and V through shared memory by TMA tensor copies where the shape allows
      * (PKV_DECODE_TMA=0: the register kernel everywhere; PKV_TMA_STAGES=N forces the ring depth) */
     const char *tma = getenv("PKV_DECODE_TMA");
-    s->launch.tma = prop.major >= 9 && !(tma && strcmp(tma, "0") == 0);
+    s->launch.tma = sm90_code && !(tma && strcmp(tma, "0") == 0);
     const char *stages = getenv("PKV_TMA_STAGES");
     s->launch.tma_stages = stages ? atoi(stages) : 0;
     for (int k = 0; k < PKV_TMA_HEAD_DIMS; k++) {
@@ -141,8 +144,9 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device) {
         ctx->resident[k][0] = pkv_cuda_decode_resident_ctas(8, dims[k], s->launch.allow_n8);
         ctx->resident[k][1] = pkv_cuda_decode_resident_ctas(16, dims[k], 0);
     }
-    snprintf(ctx->device_name, sizeof ctx->device_name, "%s (%d SMs, sm_%d%d)", prop.name, prop.multiProcessorCount,
-             prop.major, prop.minor);
+    snprintf(ctx->device_name, sizeof ctx->device_name, "%s (%d SMs, sm_%d%d%s)", prop.name, prop.multiProcessorCount,
+             prop.major, prop.minor,
+             prop.major >= 9 && !sm90_code ? "; this build has no sm_90 code: register kernels, no PDL" : "");
     /* auto's cost model until a policy file replaces it: the read bandwidth from the memory clock
      * and bus width (a streaming read reaches ~92% of that peak on the H200), 3 us per launch */
     int mem_khz = 0, bus_bits = 0;

@@ -1350,13 +1350,23 @@ static cudaError_t run_t(const pkv_plan *plan, const decode_params &p, const mer
 
 extern "C" cudaError_t pkv_cuda_decode_init_attributes(int cc_major, size_t smem_optin,
                                                        int32_t tma_stages[PKV_TMA_HEAD_DIMS][2],
-                                                       int32_t tma_max_stages[PKV_TMA_HEAD_DIMS]) {
+                                                       int32_t tma_max_stages[PKV_TMA_HEAD_DIMS], int *sm90_code) {
     for (int k = 0; k < PKV_TMA_HEAD_DIMS; k++) tma_stages[k][0] = tma_stages[k][1] = tma_max_stages[k] = 0;
+    *sm90_code = 0;
     cudaError_t e = pkv::set_attrs_t<__half>();
     if (e == cudaSuccess) e = pkv::set_attrs_t<__nv_bfloat16>();
-    if (e == cudaSuccess) e = pkv::tma_setup<64>(cc_major, smem_optin, tma_stages[0], &tma_max_stages[0]);
-    if (e == cudaSuccess) e = pkv::tma_setup<128>(cc_major, smem_optin, tma_stages[1], &tma_max_stages[1]);
-    if (e == cudaSuccess) e = pkv::tma_setup<256>(cc_major, smem_optin, tma_stages[2], &tma_max_stages[2]);
+    // The kernels that run here were compiled for a virtual architecture of at least 9.0 only where the
+    // build had sm_90 code (or PTX) for this device: a build of compute_80 PTX alone is JIT-compiled on an
+    // sm_90 GPU with the tensor-copy kernel's body and the PDL instructions compiled out, so there the
+    // register kernels run and the merge launches without PDL, as on sm_80-89.
+    cudaFuncAttributes fa;
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&fa, pkv::decode_kernel_tma<__half, 128, 1>);
+    if (e == cudaSuccess) // (a PTX version of 0: no record of one, SASS built for this device)
+        *sm90_code = cc_major >= 9 && fa.binaryVersion >= 90 && (fa.ptxVersion >= 90 || fa.ptxVersion == 0);
+    const int tma_cc = *sm90_code ? cc_major : 8;
+    if (e == cudaSuccess) e = pkv::tma_setup<64>(tma_cc, smem_optin, tma_stages[0], &tma_max_stages[0]);
+    if (e == cudaSuccess) e = pkv::tma_setup<128>(tma_cc, smem_optin, tma_stages[1], &tma_max_stages[1]);
+    if (e == cudaSuccess) e = pkv::tma_setup<256>(tma_cc, smem_optin, tma_stages[2], &tma_max_stages[2]);
     if (e == cudaSuccess && !pkv::g_encode_tiled) {
         void *fn = nullptr;
         cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;

@@ -15,10 +15,12 @@ extern "C" {
 /* Raises the dynamic shared-memory limit of every decode kernel instance on the current device (compute
  * capability cc_major, opt-in shared memory per block smem_optin bytes) and writes the tensor-copy
  * kernel's default stages per warp there, per head dim for G <= 8 and G 9..16 (0: the register kernel
- * runs), and the most that fit per head dim, for the context's pkv_cuda_launch_opts. */
+ * runs), and the most that fit per head dim, for the context's pkv_cuda_launch_opts.  *sm90_code: the
+ * kernels that run on this device were compiled for sm_90 (tensor copies and PDL are in them); 0 on
+ * older GPUs and where only older PTX was built (then both stay off). */
 cudaError_t pkv_cuda_decode_init_attributes(int cc_major, size_t smem_optin,
                                             int32_t tma_stages[PKV_TMA_HEAD_DIMS][2],
-                                            int32_t tma_max_stages[PKV_TMA_HEAD_DIMS]);
+                                            int32_t tma_max_stages[PKV_TMA_HEAD_DIMS], int *sm90_code);
 /* How the kernels run (fixed per context, from the device and the PKV_* variables). */
 typedef struct pkv_cuda_launch_opts {
     int use_pdl;           /* programmatic dependent launch of the merge kernel (sm_90) */
