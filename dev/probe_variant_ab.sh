@@ -3,10 +3,10 @@
 # working tree (build-gpu) and the decode source VARIANT_SOURCE (build-variant, e.g. a copy of the previous
 # src/cuda/decode.cu under dev/), checks the working tree's kernels (test_cuda with each merge kernel,
 # pkv check, memcheck on a reduced set), then times both builds on every anchor and route, alternating
-# the builds for ROUNDS rounds (each a median of 100 CUDA-event runs).  A decode source from before
-# the per-context stage table (the commit after d913fb1) needs its pkv_cuda_decode_init_attributes to
-# take (int cc_major, size_t smem_optin, int32_t tma_stages[2], int32_t tma_max_stages[2]) and fill the
-# arrays as tma_setup does (v7 and older: write zeros).
+# the builds for ROUNDS rounds (each a median of 100 CUDA-event runs).  The variant source must define
+# pkv_cuda_decode_init_attributes as src/cuda/pkv_cuda.h declares it now (per head dim and group range
+# stage tables and the sm90_code flag since 536d5d7); an older decode.cu needs that function adapted
+# (filling the tables as its tma_setup did; v7 and older: zeros).
 # OUT/summary.txt (per anchor and
 # route: each round's time for both builds, the medians, the ratio), OUT/probe.tgz (the JSON and logs).
 # AB_EXTRA="name:SETTING,SETTING ..." also times the new build under each set of settings, as columns

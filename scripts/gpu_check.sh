@@ -33,7 +33,9 @@ grep -E "tests passed|Passed|Failed|SKIP|passed, " "$log/tests.log" | tail -n 20
 # the register kernels where sm_90 runs the tensor-copy kernel (PKV_DECODE_TMA=0), the opt-in
 # two-tiles-in-flight variant (off by default) and both merge kernels (the default picks one per plan
 # by the merges' width) stay checked
-for setting in PKV_DECODE_TMA=0 PKV_DECODE_TMA=0,PKV_DECODE_DEEP=1 PKV_MERGE_KERNEL=head PKV_MERGE_KERNEL=row; do
+# (and the tensor-copy kernel with a forced 3-stage ring: one CTA per SM at d = 256, 2 at d = 128)
+for setting in PKV_DECODE_TMA=0 PKV_DECODE_TMA=0,PKV_DECODE_DEEP=1 PKV_MERGE_KERNEL=head PKV_MERGE_KERNEL=row \
+               PKV_TMA_STAGES=3; do
   echo "$setting: $(env ${setting//,/ } PKV_TEST_CASES=$((cases / 3)) "$build/tests/test_cuda" 2>&1 | tail -n 1)" |
     tee -a "$log/tests.log"
   grep -q "$setting: test_cuda: .* 0 failed" "$log/tests.log" || status=1

@@ -56,13 +56,14 @@ static void fixed_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
          * in-page token offsets by division), short last tiles */
         {24, 4, 64, 48, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 3, {1000, 47, 49}},
         {16, 2, 128, 80, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 2, {3001, 15}},
-        /* d = 256 through the tensor-copy kernel on sm_90 (one stage per warp): a page size that is not a
-         * power of two, HND, G = 1 and a row long enough to split */
+        /* d = 256 through the tensor-copy kernel on sm_90 (one stage per warp): G = 2 with a page size
+         * that is not a power of two, HND and a row long enough to split; G = 1 */
         {16, 8, 256, 48, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 3, {9001, 47, 16}},
         {8, 8, 256, 16, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 2, {2000, 31}},
         /* G 9..16 through the tensor-copy kernel on sm_90 (two n-tiles of heads): G = 12 at d = 64, and
          * the G = 16 of Llama-3.1-405B with a row long enough to split */
         {48, 4, 64, 32, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 3, {3000, 17, 0}},
+        {22, 2, 128, 32, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 3, {5000, 33, 1}}, /* G = 11: 3 heads of the 2nd n-tile */
         {128, 8, 128, 16, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 2, {20000, 100}},
     };
     const bool small = getenv("PKV_TEST_SMALL") != NULL; /* sanitizer runs: short rows only */

@@ -60,7 +60,7 @@ struct decode_params {
     float scale_log2;         // sm_scale * log2(e)
     int32_t num_qo_heads, group, page_size, page_shift; // page_shift < 0: page_size not a power of 2
     int32_t rect;
-    int32_t stages;           // the tensor-copy kernel: stages of each warp's ring (2..kMaxStages)
+    int32_t stages;           // the tensor-copy kernel: stages of each warp's ring (tma_min_stages..kMaxStages)
     // fused route: the last task of a split (row, KV head) merges it; CTAs past num_tasks fill empty rows
     int32_t fused, num_tasks, num_split_merges;
     const pkv_merge *merges;
@@ -808,9 +808,10 @@ __global__ void __launch_bounds__(kThreads, NB == 1 && D <= 128 ? 3 : 2) decode_
 }
 
 // ---- heads in N, K and V through shared memory by tensor copies (sm_90) --------------------------------
-// For G <= 8, d = 64 and 128 and page sizes that are multiples of 16 (every task then starts on a page
-// boundary, so a 16-token tile never crosses a page).  The math is the heads-in-N kernel's (S^T = K Q^T,
-// O^T = V^T P^T, tokens and head dims in M, the G heads in N), but no warp loads K or V itself: each warp
+// For G <= 8 at d = 64/128/256 and G 9..16 at d = 64/128 (two n-tiles of heads), page sizes that are
+// multiples of 16 (every task then starts on a page boundary, so a 16-token tile never crosses a page).
+// The math is the heads-in-N kernel's (S^T = K Q^T, O^T = V^T P^T, tokens and head dims in M, the G
+// heads in N), but no warp loads K or V itself: each warp
 // keeps a ring of S stages in shared memory (a 16-token tile of K and of V per stage) with one mbarrier
 // per stage, and its lane 0 fills a stage with one TMA tensor copy per tensor (16 tokens x d, landing as
 // d/64 boxes of 16 rows of 128 bytes, 128-byte swizzle) from tensor maps over the K and V page pools
@@ -872,7 +873,7 @@ template <int D> constexpr int tma_smem_bytes(int stages) {
     return 1024 + kWarps * stages * 2 * (D / 64) * (int)kBoxBytes;
 }
 // The fewest stages per warp: at d = 256 a stage (16 KiB of K and V) is twice d = 128's, and one stage
-// per warp is what keeps the register kernel's 2 CTAs per SM resident (2 stages: 132 KiB, one CTA);
+// per warp is what keeps the register kernel's 2 CTAs per SM resident (2 stages: 129 KiB, one CTA);
 // a warp then issues its next tile after its math on the current one, with 8 warps per SM in turn.
 template <int D> constexpr int tma_min_stages() {
     return D > 128 ? 1 : 2;
@@ -1131,8 +1132,7 @@ template <typename T, int D, int NT> static int tma_resident(int stages) {
                ? n
                : 0;
 }
-// Raises the dynamic shared-memory limit of both dtypes' instances to `bytes`, after adding their static
-// shared memory to *static_bytes (the larger).
+// The static shared memory of both dtypes' instances: *static_bytes becomes the larger of it and itself.
 template <int D, int NT> static cudaError_t tma_static_bytes(size_t *static_bytes) {
     cudaFuncAttributes fh, fb;
     cudaError_t e = cudaFuncGetAttributes(&fh, decode_kernel_tma<__half, D, NT>);
@@ -1143,6 +1143,7 @@ template <int D, int NT> static cudaError_t tma_static_bytes(size_t *static_byte
     }
     return e;
 }
+// Raises the dynamic shared-memory limit of both dtypes' instances to `bytes`.
 template <int D, int NT> static cudaError_t tma_raise_limit(int bytes) {
     cudaError_t e = cudaFuncSetAttribute(decode_kernel_tma<__half, D, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          bytes);
