@@ -22,12 +22,35 @@ def _route_code(route):
     return parse_code(lib.pkv_route_parse, route)
 
 
+def _lens_from_last_page(h_indptr, h_last, page_size):
+    """Row lengths from FlashInfer's last_page_len: (pages - 1) * page_size + last page's tokens."""
+    if page_size <= 0:
+        raise ValueError(f"page_size must be positive, got {page_size}")
+    lens = []
+    for r in range(len(h_last)):
+        n, lp = h_indptr[r + 1] - h_indptr[r], h_last[r]
+        if n < 0:
+            raise ValueError(f"indptr decreases at row {r} ({h_indptr[r]} -> {h_indptr[r + 1]})")
+        if n == 0 and lp != 0:
+            raise ValueError(f"row {r} has no pages but last_page_len {lp} (0 expected)")
+        if n > 0 and not 1 <= lp <= page_size:
+            raise ValueError(f"last_page_len[{r}] = {lp} is outside 1..page_size ({page_size})")
+        length = 0 if n == 0 else (n - 1) * page_size + lp
+        if length >= 2**31:
+            raise ValueError(f"row {r} would hold {length} tokens, more than int32")
+        lens.append(length)
+    return A.HostInt32(lens, "seq_lens")
+
+
 class BatchDecodeWithPagedKVCacheWrapper:
     """Decode attention over a paged KV cache (grouped-query attention), FlashInfer-style.
 
     w = BatchDecodeWithPagedKVCacheWrapper(backend="cpu")
     w.plan(indptr, indices, seq_lens, Hq, Hkv, d, page_size, num_pages=P)  # once per step
     o = w.run(q, k_cache, v_cache)                                          # once per layer
+
+    Unlike FlashInfer's plan(), the third argument is seq_lens (tokens per row); FlashInfer's
+    last_page_len is accepted by keyword (plan(indptr, indices, last_page_len=..., num_qo_heads=...)).
 
     backend: "cpu" (numpy arrays or torch CPU tensors), "cuda" (torch CUDA tensors on `device`),
     "auto" (cuda when the library has CUDA, a GPU is visible and torch can use it, else cpu).
@@ -177,11 +200,16 @@ class BatchDecodeWithPagedKVCacheWrapper:
         return (A.HostInt32(items["indptr"], "indptr"), A.HostInt32(items["indices"], "indices"),
                 A.HostInt32(items["seq_lens"], "seq_lens"))
 
-    def plan(self, indptr, indices, seq_lens, num_qo_heads, num_kv_heads, head_dim, page_size,
-             num_pages=None, q_data_type="float16", kv_data_type=None, sm_scale=None, route="auto",
-             num_splits=0, chunk_pages=0, ctas_per_unit=0, min_chunk_tokens=0, max_splits=0,
-             parallelism=0):
+    def plan(self, indptr, indices, seq_lens=None, num_qo_heads=None, num_kv_heads=None, head_dim=None,
+             page_size=None, num_pages=None, q_data_type="float16", kv_data_type=None, sm_scale=None,
+             route="auto", num_splits=0, chunk_pages=0, ctas_per_unit=0, min_chunk_tokens=0, max_splits=0,
+             parallelism=0, last_page_len=None):
         """Plans one decode step from the page table (CSR: indptr [B+1], indices [nnz], seq_lens [B]).
+
+        seq_lens is the number of tokens of each row; a row may hold more pages than that needs (the
+        spare ones are not read).  FlashInfer's plan() takes last_page_len [B] in that place instead:
+        pass it by keyword (last_page_len=..., seq_lens left out) and each row's length is
+        (its pages - 1) * page_size + last_page_len (1..page_size; 0 for a row without pages).
 
         The table may be numpy int32 arrays, lists, or torch CPU/CUDA integer tensors (CUDA ones are
         copied to the host once, here).  num_pages is the size of the page pool (k_cache.shape[0]);
@@ -191,13 +219,24 @@ class BatchDecodeWithPagedKVCacheWrapper:
         Grows the workspace when the plan needs more.  Raises PkvError, ValueError, TypeError.
         """
         self._planned = False
+        missing = [n for n, v in (("num_qo_heads", num_qo_heads), ("num_kv_heads", num_kv_heads),
+                                  ("head_dim", head_dim), ("page_size", page_size)) if v is None]
+        if missing:
+            raise TypeError(f"plan() missing required argument(s): {', '.join(missing)}")
+        if (seq_lens is None) == (last_page_len is None):
+            raise ValueError("pass seq_lens (tokens per row) or, as FlashInfer does, last_page_len "
+                             "(tokens in each row's last page) by keyword: exactly one of them")
+        lens_name = "seq_lens" if seq_lens is not None else "last_page_len"
         q_dtype = A.dtype_name(q_data_type)
         if kv_data_type is not None and A.dtype_name(kv_data_type) != q_dtype:
             raise ValueError(f"kv_data_type {kv_data_type!r} must equal q_data_type {q_data_type!r}")
-        h_indptr, h_indices, h_lens = self._host_tables(indptr, indices, seq_lens)
+        h_indptr, h_indices, h_lens = self._host_tables(indptr, indices,
+                                                        seq_lens if seq_lens is not None else last_page_len)
         B = len(h_lens)
         if len(h_indptr) != B + 1:
-            raise ValueError(f"indptr has {len(h_indptr)} entries, expected len(seq_lens) + 1 = {B + 1}")
+            raise ValueError(f"indptr has {len(h_indptr)} entries, expected len({lens_name}) + 1 = {B + 1}")
+        if last_page_len is not None:
+            h_lens = _lens_from_last_page(h_indptr, h_lens, int(page_size))
         nnz = h_indptr[B]
         if nnz > len(h_indices):
             raise ValueError(f"indptr[-1] = {nnz} but indices has only {len(h_indices)} entries")

@@ -215,6 +215,44 @@ def test_table_inputs_lists_and_inferred_pool(cpu):
     assert_close(cpu.run(p["q"], p["k"], p["v"]), None, ref_of(p), "float16", p["lens"])
 
 
+def test_last_page_len_as_flashinfer(cpu):
+    """FlashInfer's last_page_len by keyword plans the same lengths as seq_lens (exact tables)."""
+    lens = np.asarray([0, 1, 16, 17, 130, 257], np.int32)
+    p = make_problem(seed_of("lpl"), lens, 8, 2)
+    exact = (lens + p["ps"] - 1) // p["ps"]
+    indptr = np.concatenate([[0], np.cumsum(exact)]).astype(np.int32)
+    indices = np.concatenate([p["indices"][p["indptr"][r]:p["indptr"][r] + exact[r]] for r in range(len(lens))])
+    p = dict(p, indptr=indptr, indices=indices.astype(np.int32))
+    last = np.where(exact > 0, lens - (exact - 1) * p["ps"], 0).astype(np.int32)
+    w = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cpu")
+    w.plan(p["indptr"], p["indices"], last_page_len=last, num_qo_heads=p["hq"], num_kv_heads=p["hkv"],
+           head_dim=p["d"], page_size=p["ps"], num_pages=p["pool"], q_data_type=p["dtype"])
+    o_last = w.run(p["q"], p["k"], p["v"])
+    plan(w, p)
+    o_lens = w.run(p["q"], p["k"], p["v"])
+    assert np.array_equal(o_last, o_lens)
+    assert_close(o_last, None, ref_of(p), p["dtype"], lens)
+    args = dict(num_qo_heads=8, num_kv_heads=2, head_dim=64, page_size=16, num_pages=p["pool"])
+    with pytest.raises(ValueError, match="exactly one"):
+        w.plan(p["indptr"], p["indices"], lens, last_page_len=last, **args)
+    with pytest.raises(ValueError, match="exactly one"):
+        w.plan(p["indptr"], p["indices"], **args)
+    with pytest.raises(TypeError, match="head_dim"):
+        w.plan(p["indptr"], p["indices"], lens, 8, 2)
+    bad = last.copy()
+    bad[1] = 17  # past the page size
+    with pytest.raises(ValueError, match="outside 1..page_size"):
+        w.plan(p["indptr"], p["indices"], last_page_len=bad, **args)
+    bad = last.copy()
+    bad[2] = 0  # a row with pages needs at least one token in its last page
+    with pytest.raises(ValueError, match="outside 1..page_size"):
+        w.plan(p["indptr"], p["indices"], last_page_len=bad, **args)
+    bad = last.copy()
+    bad[0] = 3  # row 0 has no pages
+    with pytest.raises(ValueError, match="no pages"):
+        w.plan(p["indptr"], p["indices"], last_page_len=bad, **args)
+
+
 def test_empty_batch(cpu):
     p = make_problem(6, [], hq=4, hkv=2)
     plan(cpu, p)
