@@ -320,15 +320,24 @@ class BatchDecodeWithPagedKVCacheWrapper:
         t = A.torch()
         return t.empty(shape, dtype=t.float32 if float32 else a.obj.dtype, device=a.obj.device)
 
-    def run(self, q, k_cache, v_cache, return_lse=False, out=None, lse=None):
+    def run(self, q, k_cache, v_cache=None, return_lse=False, out=None, lse=None):
         """o [B, Hq, d] (and lse [B, Hq] fp32 when return_lse) for the planned step.
 
         q [B, Hq, d]; k_cache, v_cache NHD [num_pages, page_size, Hkv, d] or HND
         [num_pages, Hkv, page_size, d]; dtype as planned (numpy bf16: uint16 bits or ml_dtypes).
+        As in FlashInfer, run(q, (k_cache, v_cache)) also works; a single tensor holding K and V
+        together ([num_pages, 2, ...]) does not (each cache must be its own contiguous pool).
         Nothing is copied; out/lse, when given, are written in place (lse is written whenever it
         is given).  CUDA: runs on torch.cuda.current_stream().
         """
         self._require_plan()
+        if v_cache is None:
+            if isinstance(k_cache, (tuple, list)) and len(k_cache) == 2:
+                k_cache, v_cache = k_cache
+            else:
+                raise TypeError("run() needs k_cache and v_cache, or a (k_cache, v_cache) pair; a single "
+                                "tensor holding both ([num_pages, 2, ...]) is not supported: pass its two halves "
+                                "as separate contiguous tensors")
         m = self._meta
         qa, ka, va = A.describe(q, "q"), A.describe(k_cache, "k_cache"), A.describe(v_cache, "v_cache")
         self._check_data(qa, "q", (m["B"], m["Hq"], m["d"]), m["dtype"])  # q [B, Hq, d]

@@ -253,6 +253,16 @@ def test_last_page_len_as_flashinfer(cpu):
         w.plan(p["indptr"], p["indices"], last_page_len=bad, **args)
 
 
+def test_run_takes_a_kv_pair(cpu):
+    """run(q, (k, v)) as FlashInfer's; a single combined K/V tensor is a clear error."""
+    p = make_problem(seed_of("pair"), LENS, 8, 2)
+    w = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cpu")
+    plan(w, p)
+    assert np.array_equal(w.run(p["q"], (p["k"], p["v"])), w.run(p["q"], p["k"], p["v"]))
+    with pytest.raises(TypeError, match="not supported"):
+        w.run(p["q"], np.stack([p["k"], p["v"]], axis=1))
+
+
 def test_empty_batch(cpu):
     p = make_problem(6, [], hq=4, hkv=2)
     plan(cpu, p)
