@@ -354,6 +354,12 @@ typedef struct pkv_tensors {
     const int32_t *kv_page_indices; /* same content as the plan's table, in the backend's memory */
     void *o;                        /* [B, Hq, d] */
     float *lse;                     /* [B, Hq] or NULL */
+    /* Elements from one page to the next in k_cache and in v_cache; 0: dense pools, page_size x Hkv
+     * x head_dim.  A cache that interleaves K and V per page (FlashInfer's and vLLM's [num_pages, 2,
+     * ...] tensor) is k_cache = its start, v_cache = k_cache + page_size x Hkv x head_dim elements,
+     * kv_page_stride = 2 x page_size x Hkv x head_dim.  At least one dense page; a multiple of 8 on
+     * the CUDA backend (16-byte accesses). */
+    int64_t kv_page_stride;
 } pkv_tensors;
 
 /* Executes the plan: tasks then merges, phase by phase.  CPU backend: host pointers, stream
@@ -373,7 +379,7 @@ pkv_status pkv_plan_upload(pkv_context *ctx, const pkv_plan *plan, void *workspa
 
 /* ------------------------------------------------------------------------------------------------
  * Float64 reference (CPU): the definition every backend is checked against.  Inputs are host
- * arrays of problem->dtype; o_ref [B, Hq, d] and lse_ref [B, Hq] are doubles.
+ * arrays of problem->dtype (dense page pools); o_ref [B, Hq, d] and lse_ref [B, Hq] are doubles.
  * ---------------------------------------------------------------------------------------------- */
 pkv_status pkv_reference(const pkv_problem *problem, const pkv_page_table *table, const void *q,
                          const void *k_cache, const void *v_cache, double *o_ref, double *lse_ref);

@@ -13,6 +13,7 @@
  * (bf16); the bounds below sit 3 to 5 times above. */
 #include "persistentkv.h"
 #include "pkv_test.h"
+#include "test_device.h"
 #include "test_util.h"
 
 #include <math.h>
@@ -49,7 +50,7 @@ static pkv_context *make_ctx(int32_t threads) {
 }
 
 static pkv_tensors tensors_of(const pkv_test_case *tc, bool with_lse) {
-    pkv_tensors t;
+    pkv_tensors t = {0};
     t.q = tc->q;
     t.k_cache = tc->k_cache;
     t.v_cache = tc->v_cache;
@@ -204,7 +205,7 @@ static void test_edges(pkv_context *ctx1, pkv_context *ctx4) {
         pkv_plan *plan = NULL;
         CHECK_OK(pkv_plan_create(&plan));
         CHECK_OK(pkv_plan_step(ctx4, &tc.problem, &tc.table, NULL, plan));
-        pkv_tensors t = {NULL, NULL, NULL, NULL, NULL, NULL};
+        pkv_tensors t = {NULL, NULL, NULL, NULL, NULL, NULL, 0};
         void *ws = workspace_for(pkv_plan_workspace_size(plan) + 1);
         CHECK_OK(pkv_run(ctx4, plan, ws, pkv_plan_workspace_size(plan), &t, NULL));
         pkv_plan_free(plan);
@@ -378,6 +379,74 @@ static void test_run_errors(pkv_context *ctx4) {
     pkv_test_case_free(&tc);
 }
 
+/* K and V interleaved per page in one buffer (pkv_tensors.kv_page_stride): the same outputs, bit for
+ * bit, as the dense pools on every route, with and without padding between pages; bad strides are
+ * refused before anything is written. */
+static void test_page_stride(pkv_context *ctx4) {
+    pkv_rng rng;
+    pkv_rng_seed(&rng, 77);
+    static const pkv_route routes[] = {PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_WORKQUEUE, PKV_ROUTE_FUSED};
+    for (int c = 0; c < 6; c++) {
+        pkv_problem p;
+        pkv_problem_default(&p);
+        p.num_qo_heads = c % 2 ? 8 : 12;
+        p.num_kv_heads = c % 2 ? 2 : 4;
+        p.head_dim = c < 2 ? 64 : 128;
+        p.page_size = c % 3 == 0 ? 16 : c % 3 == 1 ? 5 : 1;
+        p.layout = c % 2 ? PKV_LAYOUT_HND : PKV_LAYOUT_NHD;
+        p.dtype = c >= 4 ? PKV_DTYPE_BF16 : PKV_DTYPE_FP16;
+        const int32_t lens[4] = {700, 0, 33, 160};
+        pkv_test_case tc;
+        CHECK(pkv_test_case_build(&rng, &p, 4, lens, 0.2, 1, &tc));
+        if (!tc.ok) continue;
+        CHECK_OK(pkv_test_case_reference(&tc));
+        pkv_plan *plan = NULL;
+        CHECK_OK(pkv_plan_create(&plan));
+        const size_t ob = (size_t)tc.q_elems * 2, lb = (size_t)tc.lse_elems * 4;
+        uint16_t *o_dense = (uint16_t *)malloc(ob);
+        float *l_dense = (float *)malloc(lb);
+        for (size_t r = 0; r < sizeof routes / sizeof routes[0]; r++) {
+            pkv_plan_options opts;
+            pkv_plan_options_default(&opts);
+            opts.route = routes[r];
+            opts.min_chunk_tokens = 16; /* small chunks: the split routes split and merge */
+            CHECK_OK(pkv_plan_step(ctx4, &tc.problem, &tc.table, &opts, plan));
+            pkv_test_poison(&tc);
+            CHECK_OK(pkv_test_run_kv(ctx4, plan, &tc, -1));
+            memcpy(o_dense, tc.o, ob);
+            memcpy(l_dense, tc.lse, lb);
+            for (int64_t pad = 0; pad <= 9; pad += 9) { /* 9: any stride on the CPU backend */
+                char label[96];
+                snprintf(label, sizeof label, "interleaved K/V, case %d route %d pad %lld", c, (int)routes[r],
+                         (long long)pad);
+                pkv_test_poison(&tc);
+                CHECK_OK(pkv_test_run_kv(ctx4, plan, &tc, pad));
+                CHECK_MSG(memcmp(tc.o, o_dense, ob) == 0 && memcmp(tc.lse, l_dense, lb) == 0,
+                          "%s: outputs differ from the dense pools", label);
+                check_outputs(&tc, label);
+            }
+        }
+        /* strides below one page, or negative, are refused */
+        size_t need = pkv_plan_workspace_size(plan);
+        void *ws = workspace_for(need ? need : 1);
+        pkv_tensors t = tensors_of(&tc, true);
+        const int64_t page = (int64_t)p.page_size * p.num_kv_heads * p.head_dim;
+        pkv_test_poison(&tc);
+        t.kv_page_stride = page - 1;
+        CHECK_STATUS(pkv_run(ctx4, plan, ws, need, &t, NULL), PKV_ERR_INVALID_ARGUMENT);
+        CHECK(strstr(pkv_context_last_error(ctx4), "kv_page_stride") != NULL);
+        t.kv_page_stride = -2 * page;
+        CHECK_STATUS(pkv_run(ctx4, plan, ws, need, &t, NULL), PKV_ERR_INVALID_ARGUMENT);
+        CHECK(pkv_test_unwritten(&tc) == tc.q_elems + tc.lse_elems); /* nothing written */
+        t.kv_page_stride = page; /* one dense page: the same as 0 */
+        CHECK_OK(pkv_run(ctx4, plan, ws, need, &t, NULL));
+        free(o_dense);
+        free(l_dense);
+        pkv_plan_free(plan);
+        pkv_test_case_free(&tc);
+    }
+}
+
 int main(void) {
     pkv_context *ctx1 = make_ctx(1), *ctx4 = make_ctx(4);
     if (!ctx1 || !ctx4) return pkv_test_finish("test_cpu");
@@ -387,6 +456,7 @@ int main(void) {
     CHECK(strcmp(pkv_context_device_name(ctx1), "cpu (1 thread)") == 0);
     test_edges(ctx1, ctx4);
     test_run_errors(ctx4);
+    test_page_stride(ctx4);
     test_random(ctx1, ctx4);
     printf("test_cpu: %d checked runs; worst relative L2 of o: fp16 %.3g, bf16 %.3g; worst max abs: fp16 %.3g, "
            "bf16 %.3g; worst lse error %.3g\n",

@@ -13,7 +13,8 @@
 static const pkv_route routes[] = {PKV_ROUTE_AUTO, PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_BUCKETED,
                                    PKV_ROUTE_WORKQUEUE, PKV_ROUTE_FUSED};
 
-static void check_case(pkv_context *ctx, pkv_plan *plan, pkv_test_case *tc, const char *what) {
+/* pad < 0: K and V in dense pools; pad >= 0: interleaved per page in one buffer (kv_page_stride). */
+static void check_case(pkv_context *ctx, pkv_plan *plan, pkv_test_case *tc, const char *what, int64_t pad) {
     const pkv_problem *p = &tc->problem;
     double tol = p->dtype == PKV_DTYPE_BF16 ? 1.5e-2 : 2e-3;
     for (size_t r = 0; r < sizeof routes / sizeof routes[0]; r++) {
@@ -22,16 +23,17 @@ static void check_case(pkv_context *ctx, pkv_plan *plan, pkv_test_case *tc, cons
         opts.route = routes[r];
         pkv_test_poison(tc);
         pkv_status st = pkv_plan_step(ctx, p, &tc->table, &opts, plan);
-        if (st == PKV_OK) st = pkv_test_run(ctx, plan, tc);
+        if (st == PKV_OK) st = pkv_test_run_kv(ctx, plan, tc, pad);
         CHECK_MSG(st == PKV_OK, "%s route %s: %s", what, pkv_route_name(routes[r]), pkv_context_last_error(ctx));
         if (st != PKV_OK) continue;
         double err = pkv_test_rel_l2(tc), lerr = pkv_test_lse_err(tc);
         int64_t unwritten = pkv_test_unwritten(tc);
         CHECK_MSG(err < tol && lerr < 1e-2 && unwritten == 0 && pkv_test_empty_rows_nonzero(tc) == 0,
-                  "%s route %s: B=%d G=%d Hkv=%d d=%d page=%d %s %s rel_l2=%.2e lse=%.2e unwritten=%lld", what,
+                  "%s route %s: B=%d G=%d Hkv=%d d=%d page=%d %s %s kv pad %lld rel_l2=%.2e lse=%.2e unwritten=%lld",
+                  what,
                   pkv_route_name(routes[r]), tc->batch_size, p->num_qo_heads / p->num_kv_heads, p->num_kv_heads,
                   p->head_dim, p->page_size, p->layout == PKV_LAYOUT_HND ? "HND" : "NHD",
-                  p->dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", err, lerr, (long long)unwritten);
+                  p->dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", (long long)pad, err, lerr, (long long)unwritten);
     }
 }
 
@@ -85,7 +87,8 @@ static void fixed_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
         CHECK_OK(pkv_test_case_reference(&tc));
         char what[32];
         snprintf(what, sizeof what, "fixed case %zu", i);
-        check_case(ctx, plan, &tc, what);
+        check_case(ctx, plan, &tc, what, -1);
+        if (i % 3 == 0) check_case(ctx, plan, &tc, what, 8); /* K and V interleaved per page, padded */
         pkv_test_case_free(&tc);
     }
 }
@@ -116,7 +119,7 @@ static void repeat_and_graph(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     pkv_dev_copy_h2d(ctx, k, tc.k_cache, kvb);
     pkv_dev_copy_h2d(ctx, v, tc.v_cache, kvb);
     pkv_dev_copy_h2d(ctx, idx, tc.kv_page_indices, ib);
-    pkv_tensors t = {q, k, v, (const int32_t *)idx, o, (float *)lse};
+    pkv_tensors t = {q, k, v, (const int32_t *)idx, o, (float *)lse, 0};
     uint16_t *o1 = (uint16_t *)malloc(qb), *o2 = (uint16_t *)malloc(qb), *o3 = (uint16_t *)malloc(qb);
     float *l1 = (float *)malloc(lb), *l3 = (float *)malloc(lb);
     pkv_dev_memset(ctx, o, 0xff, qb);
@@ -142,8 +145,11 @@ static void repeat_and_graph(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     memcpy(tc.lse, l3, lb);
     CHECK_OK(pkv_test_case_reference(&tc));
     CHECK(pkv_test_rel_l2(&tc) < 2e-3);
-    /* a workspace too small is refused */
+    /* a workspace too small is refused, and a page stride the 16-byte accesses cannot take */
     CHECK_STATUS(pkv_run(ctx, plan, ws, wsb - 1, &t, NULL), PKV_ERR_WORKSPACE_TOO_SMALL);
+    t.kv_page_stride = (int64_t)p.page_size * p.num_kv_heads * p.head_dim + 4;
+    CHECK_STATUS(pkv_run(ctx, plan, ws, wsb, &t, NULL), PKV_ERR_INVALID_ARGUMENT);
+    t.kv_page_stride = 0;
     free(o1), free(o2), free(o3), free(l1), free(l3);
     void *bufs[] = {q, k, v, o, lse, idx, ws};
     for (size_t i = 0; i < 7; i++) pkv_dev_free(ctx, bufs[i]);
@@ -193,7 +199,7 @@ int main(void) {
         CHECK_OK(pkv_test_case_reference(&tc));
         char what[32];
         snprintf(what, sizeof what, "random case %d", n);
-        check_case(ctx, plan, &tc, what);
+        check_case(ctx, plan, &tc, what, n % 3 == 0 ? -1 : n % 3 == 1 ? 0 : 8); /* dense or interleaved K/V */
         pkv_test_case_free(&tc);
     }
     pkv_plan_free(plan);

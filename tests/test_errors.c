@@ -64,7 +64,7 @@ static void fixture_free(fixture *f) {
 }
 
 static pkv_tensors fixture_tensors(fixture *f) {
-    pkv_tensors t = {f->q, f->k, f->v, f->pages, f->o, f->lse};
+    pkv_tensors t = {f->q, f->k, f->v, f->pages, f->o, f->lse, 0};
     return t;
 }
 

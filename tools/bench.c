@@ -464,7 +464,7 @@ static void measure(const bench_opts *o, buffers *b, const step_input *s, pkv_ro
     r->total_tokens = r->c.total_tokens;
     pkv_cost_terms(plan, r->terms);
     r->flashinfer_us = s->flashinfer_us;
-    pkv_tensors t = {b->q, b->k, b->v, b->page_sets[0], b->o, b->lse};
+    pkv_tensors t = {b->q, b->k, b->v, b->page_sets[0], b->o, b->lse, 0};
 
     /* correctness first: poisoned outputs, rotation 0 */
     size_t on = (size_t)s->batch * prob.num_qo_heads * prob.head_dim * 2;

@@ -109,7 +109,7 @@ class PlanOptions(ctypes.Structure):
 class Tensors(ctypes.Structure):
     _fields_ = [("q", ctypes.c_void_p), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
                 ("kv_page_indices", ctypes.c_void_p), ("o", ctypes.c_void_p),
-                ("lse", ctypes.c_void_p)]
+                ("lse", ctypes.c_void_p), ("kv_page_stride", ctypes.c_int64)]
 
 
 class Counters(ctypes.Structure):

@@ -325,39 +325,55 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
         q [B, Hq, d]; k_cache, v_cache NHD [num_pages, page_size, Hkv, d] or HND
         [num_pages, Hkv, page_size, d]; dtype as planned (numpy bf16: uint16 bits or ml_dtypes).
-        As in FlashInfer, run(q, (k_cache, v_cache)) also works; a single tensor holding K and V
-        together ([num_pages, 2, ...]) does not (each cache must be its own contiguous pool).
+        As in FlashInfer, run(q, (k_cache, v_cache)) and run(q, kv_cache) with one tensor that holds
+        K and V of each page together, NHD [num_pages, 2, page_size, Hkv, d] or HND
+        [num_pages, 2, Hkv, page_size, d] (vLLM's FlashInfer layout), read in place too.
         Nothing is copied; out/lse, when given, are written in place (lse is written whenever it
         is given).  CUDA: runs on torch.cuda.current_stream().
         """
         self._require_plan()
-        if v_cache is None:
-            if isinstance(k_cache, (tuple, list)) and len(k_cache) == 2:
-                k_cache, v_cache = k_cache
-            else:
-                raise TypeError("run() needs k_cache and v_cache, or a (k_cache, v_cache) pair; a single "
-                                "tensor holding both ([num_pages, 2, ...]) is not supported: pass its two halves "
-                                "as separate contiguous tensors")
         m = self._meta
-        qa, ka, va = A.describe(q, "q"), A.describe(k_cache, "k_cache"), A.describe(v_cache, "v_cache")
-        self._check_data(qa, "q", (m["B"], m["Hq"], m["d"]), m["dtype"])  # q [B, Hq, d]
-        self._check_data(ka, "k_cache", None, m["dtype"])
-        self._check_data(va, "v_cache", None, m["dtype"])
-        if ka.dtype != qa.dtype or va.dtype != qa.dtype:
-            raise TypeError(f"q, k_cache and v_cache must share a dtype (got {qa.dtype}, {ka.dtype}, {va.dtype})")
         if self._kv_layout == "NHD":
             tail, names = (m["page_size"], m["Hkv"], m["d"]), "[num_pages, page_size, num_kv_heads, head_dim]"
         else:
             tail, names = (m["Hkv"], m["page_size"], m["d"]), "[num_pages, num_kv_heads, page_size, head_dim]"
-        for a, name in ((ka, "k_cache"), (va, "v_cache")):
-            if len(a.shape) != 4 or a.shape[1:] != tail:
-                raise ValueError(f"{name} has shape {list(a.shape)}, expected {self._kv_layout} "
-                                 f"{names} = [*, {', '.join(map(str, tail))}]")
-            if a.shape[0] < m["num_pages"]:
-                raise ValueError(f"{name} holds {a.shape[0]} pages, the plan's pool has num_pages = "
+        qa = A.describe(q, "q")
+        self._check_data(qa, "q", (m["B"], m["Hq"], m["d"]), m["dtype"])  # q [B, Hq, d]
+        page_elems = tail[0] * tail[1] * tail[2]
+        page_stride = 0
+        if v_cache is None and isinstance(k_cache, (tuple, list)) and len(k_cache) == 2:
+            k_cache, v_cache = k_cache
+        if v_cache is None:  # one cache with K and V interleaved per page
+            kva = A.describe(k_cache, "kv_cache")
+            self._check_data(kva, "kv_cache", None, m["dtype"])
+            if kva.dtype != qa.dtype:
+                raise TypeError(f"q and kv_cache must share a dtype (got {qa.dtype}, {kva.dtype})")
+            if len(kva.shape) != 5 or kva.shape[1] != 2 or kva.shape[2:] != tail:
+                raise ValueError(f"kv_cache has shape {list(kva.shape)}, expected {self._kv_layout} "
+                                 f"[num_pages, 2, {names[len('[num_pages, '):]} = [*, 2, {', '.join(map(str, tail))}] "
+                                 "(or pass k_cache and v_cache)")
+            if kva.shape[0] < m["num_pages"]:
+                raise ValueError(f"kv_cache holds {kva.shape[0]} pages, the plan's pool has num_pages = "
                                  f"{m['num_pages']}")
-        if va.shape != ka.shape:
-            raise ValueError(f"v_cache has shape {list(va.shape)}, k_cache {list(ka.shape)}")
+            k_ptr = kva.ptr
+            v_ptr = kva.ptr + page_elems * 2  # fp16 / bf16
+            page_stride = 2 * page_elems
+        else:
+            ka, va = A.describe(k_cache, "k_cache"), A.describe(v_cache, "v_cache")
+            self._check_data(ka, "k_cache", None, m["dtype"])
+            self._check_data(va, "v_cache", None, m["dtype"])
+            if ka.dtype != qa.dtype or va.dtype != qa.dtype:
+                raise TypeError(f"q, k_cache and v_cache must share a dtype (got {qa.dtype}, {ka.dtype}, {va.dtype})")
+            for a, name in ((ka, "k_cache"), (va, "v_cache")):
+                if len(a.shape) != 4 or a.shape[1:] != tail:
+                    raise ValueError(f"{name} has shape {list(a.shape)}, expected {self._kv_layout} "
+                                     f"{names} = [*, {', '.join(map(str, tail))}]")
+                if a.shape[0] < m["num_pages"]:
+                    raise ValueError(f"{name} holds {a.shape[0]} pages, the plan's pool has num_pages = "
+                                     f"{m['num_pages']}")
+            if va.shape != ka.shape:
+                raise ValueError(f"v_cache has shape {list(va.shape)}, k_cache {list(ka.shape)}")
+            k_ptr, v_ptr = ka.ptr, va.ptr
 
         if out is None:
             out = self._alloc_like(qa, qa.shape)
@@ -377,7 +393,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 raise ValueError("lse is read-only")
             lse_ptr = la.ptr
 
-        t = L.Tensors(qa.ptr, ka.ptr, va.ptr, self._indices_ptr, oa.ptr, lse_ptr)
+        t = L.Tensors(qa.ptr, k_ptr, v_ptr, self._indices_ptr, oa.ptr, lse_ptr, page_stride)
         stream = None
         if self._backend == "cuda":
             stream = self._torch.cuda.current_stream(self._device).cuda_stream

@@ -100,7 +100,7 @@ C_LAYOUT = {
     _lib.Problem: (40, [0, 4, 8, 12, 16, 24, 28, 32]),
     _lib.PageTable: (32, [0, 8, 16, 24]),
     _lib.PlanOptions: (28, [0, 4, 8, 12, 16, 20, 24]),
-    _lib.Tensors: (48, [0, 8, 16, 24, 32, 40]),
+    _lib.Tensors: (56, [0, 8, 16, 24, 32, 40, 48]),
     _lib.Counters: (64, [0, 8, 16, 24, 32, 40, 48, 56]),
     _lib.ContextConfig: (12, [0, 4, 8]),
     _lib.Task: (28, [0, 4, 8, 12, 16, 20, 24]),
@@ -253,14 +253,22 @@ def test_last_page_len_as_flashinfer(cpu):
         w.plan(p["indptr"], p["indices"], last_page_len=bad, **args)
 
 
-def test_run_takes_a_kv_pair(cpu):
-    """run(q, (k, v)) as FlashInfer's; a single combined K/V tensor is a clear error."""
-    p = make_problem(seed_of("pair"), LENS, 8, 2)
-    w = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cpu")
-    plan(w, p)
-    assert np.array_equal(w.run(p["q"], (p["k"], p["v"])), w.run(p["q"], p["k"], p["v"]))
-    with pytest.raises(TypeError, match="not supported"):
-        w.run(p["q"], np.stack([p["k"], p["v"]], axis=1))
+@pytest.mark.parametrize("layout", ["NHD", "HND"])
+def test_run_takes_a_kv_pair_or_one_interleaved_cache(cpu, layout):
+    """run(q, (k, v)) and run(q, kv) with K and V interleaved per page ([pages, 2, ...], FlashInfer's
+    and vLLM's layout) read the same values as run(q, k, v)."""
+    p = make_problem(seed_of("pair", layout), LENS, 8, 2, layout=layout)
+    w = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cpu", kv_layout=layout)
+    plan(w, p, **SPLITTY)
+    o = w.run(p["q"], p["k"], p["v"])
+    assert_close(o, None, ref_of(p), p["dtype"], p["lens"])
+    assert np.array_equal(w.run(p["q"], (p["k"], p["v"])), o)
+    kv = np.ascontiguousarray(np.stack([p["k"], p["v"]], axis=1))  # [pages, 2, ...]
+    assert np.array_equal(w.run(p["q"], kv), o)
+    with pytest.raises(ValueError, match="kv_cache has shape"):
+        w.run(p["q"], np.ascontiguousarray(kv[:, :1]))
+    with pytest.raises(ValueError, match="must be C-contiguous"):
+        w.run(p["q"], np.stack([p["k"], p["v"]], axis=1)[:, :, ::-1])
 
 
 def test_empty_batch(cpu):

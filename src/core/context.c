@@ -1,6 +1,8 @@
 /* context.c - context creation, backend selection and the public entry points of run. */
 #include "internal.h"
 
+#include <inttypes.h>
+
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -107,8 +109,16 @@ pkv_status pkv_run(pkv_context *ctx, const pkv_plan *plan, void *workspace, size
         if (plan->counters.total_tokens > 0 && (!t->k_cache || !t->v_cache || !t->kv_page_indices))
             return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "k_cache, v_cache and kv_page_indices must not be NULL");
     }
+    const int64_t dense = (int64_t)plan->problem.page_size * plan->problem.num_kv_heads * plan->problem.head_dim;
+    if (t->kv_page_stride < 0 || (t->kv_page_stride > 0 && t->kv_page_stride < dense))
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT,
+                        "kv_page_stride %" PRId64 " is neither 0 (dense) nor at least one page (%" PRId64 " elements)",
+                        t->kv_page_stride, dense);
     /* the CUDA kernels use 16-byte vector accesses */
     if (ctx->kind == PKV_BACKEND_CUDA) {
+        if (t->kv_page_stride % 8 != 0)
+            return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT,
+                            "kv_page_stride %" PRId64 " is not a multiple of 8 elements (16 bytes)", t->kv_page_stride);
         const void *ptrs[] = {t->q, t->k_cache, t->v_cache, t->o, workspace};
         const char *names[] = {"q", "k_cache", "v_cache", "o", "workspace"};
         for (int i = 0; i < 5; i++)

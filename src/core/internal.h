@@ -105,6 +105,8 @@ float pkv_problem_scale(const pkv_problem *p);
 /* Strides in elements of the KV cache for the problem's layout. */
 typedef struct pkv_kv_strides { int64_t page, head, token; } pkv_kv_strides;
 pkv_kv_strides pkv_kv_strides_of(const pkv_problem *p);
+/* The strides of a run: pkv_kv_strides_of with the tensors' page stride when they set one. */
+pkv_kv_strides pkv_kv_strides_run(const pkv_problem *p, const pkv_tensors *t);
 
 /* Cost-model terms of a route without building its plan (the policy's fast path; tests compare
  * them with pkv_cost_terms of the built plan).  default_per_unit: ctas_per_unit when not forced. */

@@ -42,6 +42,12 @@ pkv_kv_strides pkv_kv_strides_of(const pkv_problem *p) {
     return s;
 }
 
+pkv_kv_strides pkv_kv_strides_run(const pkv_problem *p, const pkv_tensors *t) {
+    pkv_kv_strides s = pkv_kv_strides_of(p);
+    if (t && t->kv_page_stride > 0) s.page = t->kv_page_stride;
+    return s;
+}
+
 pkv_status pkv_check_problem(pkv_context *ctx, const pkv_problem *p) {
     if (!p) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "problem is NULL");
     if (p->num_kv_heads <= 0 || p->num_qo_heads <= 0)

@@ -120,7 +120,7 @@ static void run_task(const cpu_job *job, int32_t k, cpu_scratch *sc) {
     const int32_t G = plan->group, d = p->head_dim, hq = p->num_qo_heads, ps = p->page_size;
     const pkv_dtype dtype = p->dtype;
     const float scale = pkv_problem_scale(p);
-    const pkv_kv_strides kvs = pkv_kv_strides_of(p);
+    const pkv_kv_strides kvs = pkv_kv_strides_run(p, t);
     const int32_t h0 = task->kv_head * G; /* first query head of the group */
 
     float *state_o = NULL, *state_lse = NULL;

@@ -1209,8 +1209,8 @@ static bool encode_pool(CUtensorMap *map, const void *pool, const pkv_problem &p
 // The tensor maps of a step when its shape runs the tensor-copy kernel (sm_90, G <= 8 with heads in N at
 // d = 64/128/256 or G 9..16 at d = 64/128, page size a multiple of 16) and the ring's stages per warp; false: the register kernel
 // runs.  The last maps are kept per thread (same pools and shape: no re-encoding per step).
-static bool tma_maps_for(const pkv_plan *plan, const pkv_tensors *t, const pkv_cuda_launch_opts &o, tma_maps *maps,
-                         int32_t *stages) {
+static bool tma_maps_for(const pkv_plan *plan, const pkv_tensors *t, const pkv_kv_strides &st,
+                         const pkv_cuda_launch_opts &o, tma_maps *maps, int32_t *stages) {
     const pkv_problem &pr = plan->problem;
     const int idx = pr.head_dim == 64 ? 0 : pr.head_dim == 128 ? 1 : pr.head_dim == 256 ? 2 : -1;
     const int nt = plan->group > 8 ? 1 : 0;
@@ -1224,14 +1224,15 @@ static bool tma_maps_for(const pkv_plan *plan, const pkv_tensors *t, const pkv_c
     struct cache_entry {
         const void *k, *v;
         int32_t d, page_size, hkv, layout;
-        int64_t num_pages;
+        int64_t num_pages, page_stride;
         bool ok;
         tma_maps maps;
     };
     static thread_local cache_entry last = {};
     if (last.k != t->k_cache || last.v != t->v_cache || last.d != pr.head_dim || last.page_size != pr.page_size ||
-        last.hkv != pr.num_kv_heads || last.layout != (int32_t)pr.layout || last.num_pages != pr.num_pages) {
-        const pkv_kv_strides st = pkv_kv_strides_of(&pr);
+        last.hkv != pr.num_kv_heads || last.layout != (int32_t)pr.layout || last.num_pages != pr.num_pages ||
+        last.page_stride != st.page) {
+        last.page_stride = st.page;
         last.k = t->k_cache;
         last.v = t->v_cache;
         last.d = pr.head_dim;
@@ -1394,7 +1395,7 @@ extern "C" int pkv_cuda_decode_resident_ctas(int32_t group, int32_t head_dim, in
 extern "C" cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace, const pkv_tensors *t,
                                            cudaStream_t stream, const pkv_cuda_launch_opts *opts) {
     const pkv_problem &pr = plan->problem;
-    const pkv_kv_strides st = pkv_kv_strides_of(&pr);
+    const pkv_kv_strides st = pkv_kv_strides_run(&pr, t);
     char *ws = static_cast<char *>(workspace);
     pkv::decode_params p = {};
     p.q = t->q;
@@ -1421,7 +1422,7 @@ extern "C" cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace
     m.num_qo_heads = pr.num_qo_heads;
     m.group = plan->group;
     pkv::tma_maps maps;
-    const pkv::tma_maps *mp = pkv::tma_maps_for(plan, t, *opts, &maps, &p.stages) ? &maps : nullptr;
+    const pkv::tma_maps *mp = pkv::tma_maps_for(plan, t, st, *opts, &maps, &p.stages) ? &maps : nullptr;
     if (pr.dtype == PKV_DTYPE_FP16)
         return pkv::run_t<__half>(plan, p, m, ws, stream, *opts, mp);
     return pkv::run_t<__nv_bfloat16>(plan, p, m, ws, stream, *opts, mp);
