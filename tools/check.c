@@ -11,7 +11,7 @@
 static void usage(void) {
     printf("usage: pkv check [options]\n"
            "  --backend best|cpu|cuda   (default best)\n"
-           "  --count N                 random problems (default 50)\n"
+           "  --count N                 random problems (default 50; every third with K and V interleaved per page)\n"
            "  --seed S                  (default 1)\n"
            "  --max-len N               typical row length bound (default 3000)\n"
            "  --threads N               CPU backend threads\n");
@@ -75,7 +75,9 @@ int cmd_check(int argc, char **argv) {
             opts.route = routes[r];
             pkv_test_poison(&tc);
             pkv_status st = pkv_plan_step(ctx, p, &tc.table, &opts, plan);
-            if (st == PKV_OK) st = pkv_test_run(ctx, plan, &tc);
+            /* every third case with K and V interleaved per page in one buffer (kv_page_stride) */
+            const int64_t pad = n % 3 == 2 ? 8 : -1;
+            if (st == PKV_OK) st = pkv_test_run_kv(ctx, plan, &tc, pad);
             double err = st == PKV_OK ? pkv_test_rel_l2(&tc) : 1.0;
             int64_t unwritten = st == PKV_OK ? pkv_test_unwritten(&tc) : -1;
             double lerr = st == PKV_OK ? pkv_test_lse_err(&tc) : 1.0;
@@ -85,11 +87,12 @@ int cmd_check(int argc, char **argv) {
                 passed++;
             } else {
                 failed++;
-                printf("FAIL case %d route %s: B=%d G=%d Hkv=%d d=%d page=%d %s %s: %s rel_l2=%.2e lse_err=%.2e unwritten=%lld\n", n,
-                       pkv_route_name(routes[r]), tc.batch_size, p->num_qo_heads / p->num_kv_heads, p->num_kv_heads,
+                printf("FAIL case %d route %s: B=%d G=%d Hkv=%d d=%d page=%d %s %s%s: %s rel_l2=%.2e lse_err=%.2e "
+                       "unwritten=%lld\n",
+                       n, pkv_route_name(routes[r]), tc.batch_size, p->num_qo_heads / p->num_kv_heads, p->num_kv_heads,
                        p->head_dim, p->page_size, p->layout == PKV_LAYOUT_HND ? "HND" : "NHD",
-                       p->dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", st == PKV_OK ? "ok" : pkv_context_last_error(ctx),
-                       err, lerr, (long long)unwritten);
+                       p->dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", pad >= 0 ? " interleaved K/V" : "",
+                       st == PKV_OK ? "ok" : pkv_context_last_error(ctx), err, lerr, (long long)unwritten);
             }
         }
         if ((n + 1) % 10 == 0 || n + 1 == count) fprintf(stderr, "[%d/%d] %d passed, %d failed\n", n + 1, count, passed, failed);
