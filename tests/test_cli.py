@@ -58,6 +58,17 @@ with tempfile.TemporaryDirectory() as tmp:
         check(r["pages_floor_us"] is None, "no pages floor on the CPU backend")
         check(r["rel_err"] is not None and r["rel_err"] < 2e-3, f"{r['route']} rel_err {r['rel_err']}")
         check(r["unwritten_outputs"] == 0, "outputs written")
+
+    # K and V interleaved per page in one pool: the same rows, checked against the reference
+    js2 = os.path.join(tmp, "bi.json")
+    out = run("bench", "--backend", "cpu", "--kv-interleaved", "--lens", "300,0,1,2000", "--reps", "1",
+              "--wall-reps", "1", "--json", js2).stdout
+    check("K/V interleaved per page" in out, "bench says the pool is interleaved")
+    doc = json.load(open(js2))
+    check(doc["meta"]["shape"]["kv_interleaved"] is True, "JSON records the interleaved pool")
+    for r in doc["rows"]:
+        check(r["rel_err"] is not None and r["rel_err"] < 2e-3, f"interleaved {r['route']} rel_err {r['rel_err']}")
+        check(r["unwritten_outputs"] == 0, "interleaved outputs written")
         check(r["kv_bytes"] == 2301 * 8 * 128 * 2 * 2, "kv bytes")
 
     js = os.path.join(tmp, "a.json")

@@ -26,6 +26,7 @@ typedef struct bench_opts {
     int reps, warmup, wall_reps;
     int32_t ctas_per_unit, min_chunk, parallelism;
     bool check, per_step, quiet, explain;
+    bool kv_interleaved; /* K and V of each page side by side in one pool (pkv_tensors.kv_page_stride) */
     pkv_cost_model model;
     const char *calibrate_out;
     int64_t rotate_bytes;
@@ -240,7 +241,8 @@ static void free_step(step_input *s) {
 
 /* ---- device or host buffers ------------------------------------------------------------------ */
 typedef struct buffers {
-    void *k, *v, *q, *o, *ws;
+    void *k, *v, *q, *o, *ws; /* interleaved K/V: v points into k's allocation */
+    int64_t kv_page_stride;  /* 0: dense pools */
     float *lse;
     int32_t **page_sets; /* per rotation */
     int32_t nsets;
@@ -286,7 +288,7 @@ static void from_backend(const bench_opts *o, void *dst, const void *src, size_t
 
 static void buffers_free(const bench_opts *o, buffers *b) {
     buf_free(o, b->k);
-    buf_free(o, b->v);
+    if (!b->kv_page_stride) buf_free(o, b->v);
     buf_free(o, b->q);
     buf_free(o, b->o);
     buf_free(o, b->lse);
@@ -302,12 +304,21 @@ static void buffers_for_step(const bench_opts *o, buffers *b, const step_input *
     size_t kv = (size_t)s->pool_pages * (size_t)p->page_size * (size_t)p->num_kv_heads * (size_t)p->head_dim * 2;
     if (kv > b->kv_bytes) {
         buf_free(o, b->k);
-        buf_free(o, b->v);
-        b->k = buf_alloc(o, kv);
-        b->v = buf_alloc(o, kv);
+        if (!b->kv_page_stride) buf_free(o, b->v);
+        if (o->kv_interleaved) { /* one pool, [pages][K page, V page] */
+            const int64_t page_elems = (int64_t)p->page_size * p->num_kv_heads * p->head_dim;
+            b->k = buf_alloc(o, 2 * kv);
+            b->v = (char *)b->k + page_elems * 2;
+            b->kv_page_stride = 2 * page_elems;
+            fill_random(o, b->k, (int64_t)kv, seed * 3 + 1);
+        } else {
+            b->k = buf_alloc(o, kv);
+            b->v = buf_alloc(o, kv);
+            b->kv_page_stride = 0;
+            fill_random(o, b->k, (int64_t)(kv / 2), seed * 3 + 1);
+            fill_random(o, b->v, (int64_t)(kv / 2), seed * 3 + 2);
+        }
         b->kv_bytes = kv;
-        fill_random(o, b->k, (int64_t)(kv / 2), seed * 3 + 1);
-        fill_random(o, b->v, (int64_t)(kv / 2), seed * 3 + 2);
     }
     size_t qb = (size_t)(s->batch ? s->batch : 1) * (size_t)p->num_qo_heads * (size_t)p->head_dim * 2;
     if (qb > b->q_bytes) {
@@ -389,8 +400,9 @@ static void reference_compute(const bench_opts *o, const buffers *b, const step_
         for (int32_t k = 0; k < indptr[j + 1] - indptr[j]; k++) {
             int32_t phys = s->pages[s->indptr[row] + k]; /* rotation 0 */
             size_t at = (size_t)(indptr[j] + k);
-            from_backend(o, hk + at * page_elems, (const char *)b->k + (size_t)phys * page_elems * 2, page_elems * 2);
-            from_backend(o, hv + at * page_elems, (const char *)b->v + (size_t)phys * page_elems * 2, page_elems * 2);
+            const size_t pstride = b->kv_page_stride ? (size_t)b->kv_page_stride : page_elems; /* elements */
+            from_backend(o, hk + at * page_elems, (const char *)b->k + (size_t)phys * pstride * 2, page_elems * 2);
+            from_backend(o, hv + at * page_elems, (const char *)b->v + (size_t)phys * pstride * 2, page_elems * 2);
             hidx[at] = (int32_t)at;
         }
         size_t qrow = (size_t)p->num_qo_heads * p->head_dim;
@@ -464,7 +476,7 @@ static void measure(const bench_opts *o, buffers *b, const step_input *s, pkv_ro
     r->total_tokens = r->c.total_tokens;
     pkv_cost_terms(plan, r->terms);
     r->flashinfer_us = s->flashinfer_us;
-    pkv_tensors t = {b->q, b->k, b->v, b->page_sets[0], b->o, b->lse, 0};
+    pkv_tensors t = {b->q, b->k, b->v, b->page_sets[0], b->o, b->lse, b->kv_page_stride};
 
     /* correctness first: poisoned outputs, rotation 0 */
     size_t on = (size_t)s->batch * prob.num_qo_heads * prob.head_dim * 2;
@@ -633,10 +645,11 @@ static void write_json(const char *path, const bench_opts *o, const ceilings *ce
     fprintf(f, ", \"parallelism\": %d, \"ctas_per_unit\": %d",
             o->parallelism > 0 ? o->parallelism : pkv_context_parallelism(o->ctx), o->ctas_per_unit > 0 ? o->ctas_per_unit : 0);
     fprintf(f, ",\n    \"shape\": {\"name\": \"%s\", \"num_qo_heads\": %d, \"num_kv_heads\": %d, \"head_dim\": %d, \"page_size\": %d, "
-               "\"layout\": \"%s\", \"dtype\": \"%s\"}, \"reps\": %d, \"wall_reps\": %d, \"terms_version\": 2},\n",
+               "\"layout\": \"%s\", \"dtype\": \"%s\", \"kv_interleaved\": %s}, \"reps\": %d, \"wall_reps\": %d, "
+               "\"terms_version\": 2},\n",
             o->shape->name, o->prob.num_qo_heads, o->prob.num_kv_heads, o->prob.head_dim, o->prob.page_size,
-            o->prob.layout == PKV_LAYOUT_HND ? "HND" : "NHD", o->prob.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", o->reps,
-            o->wall_reps);
+            o->prob.layout == PKV_LAYOUT_HND ? "HND" : "NHD", o->prob.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16",
+            o->kv_interleaved ? "true" : "false", o->reps, o->wall_reps);
     fprintf(f, "  \"ceilings\": {\"read_gbps\": ");
     json_num(f, ce->read_gbps);
     json_field_num(f, "empty_launch_us", ce->launch_us);
@@ -734,6 +747,7 @@ static void usage(void) {
            "measuring:\n"
            "  --reps N --warmup N --wall-reps N   (CUDA defaults 100 / 10 / 20; CPU 2 / 0 / 2)\n"
            "  --rotate-gib X            KV rotated over at least X GiB (default 2)\n"
+           "  --kv-interleaved          K and V of each page side by side in one pool (kv_page_stride)\n"
            "  --ctas-per-unit N         planner: tasks per SM in one wave (default: the backend's)\n"
            "  --min-chunk N             planner: smallest split in tokens (default 128)\n"
            "  --parallelism N           planner: plan as for N SMs (default: the backend's SMs or threads;\n"
@@ -755,7 +769,7 @@ int cmd_bench(int argc, char **argv) {
                                         "--page-size", "--trace", "--seed", "--batch", "--requests", "--steps",
                                         "--step", "--trace-file", "--anchor", "--lens", "--reps", "--warmup",
                                         "--wall-reps", "--rotate-gib", "--no-check!", "--per-step!", "--json",
-                                        "--quiet!", "--help!", "--ctas-per-unit", "--min-chunk", "--explain!", "--policy", "--calibrate-out", "--calibration-set!", "--heldout-set!", "--set-batches", "--set-seeds", "--parallelism", NULL};
+                                        "--quiet!", "--help!", "--ctas-per-unit", "--min-chunk", "--explain!", "--policy", "--calibrate-out", "--calibration-set!", "--heldout-set!", "--set-batches", "--set-seeds", "--parallelism", "--kv-interleaved!", NULL};
     if (cli_flag(argc, argv, "--help")) {
         usage();
         return 0;
@@ -827,6 +841,7 @@ int cmd_bench(int argc, char **argv) {
     }
     o.rotate_bytes = (int64_t)(cli_opt_double(argc, argv, "--rotate-gib", 2.0) * (double)(1 << 30));
     o.check = !cli_flag(argc, argv, "--no-check");
+    o.kv_interleaved = cli_flag(argc, argv, "--kv-interleaved");
     o.ctas_per_unit = (int32_t)cli_opt_int(argc, argv, "--ctas-per-unit", 0);
     o.min_chunk = (int32_t)cli_opt_int(argc, argv, "--min-chunk", 0);
     o.parallelism = (int32_t)cli_opt_int(argc, argv, "--parallelism", 0);
@@ -1026,7 +1041,7 @@ int cmd_bench(int argc, char **argv) {
          * step, whole, through its page table): what the scattered pages cost before any compute */
         double gather_us = 0;
         const int32_t npages = s->indptr[s->batch];
-        if (o.cuda && !trace_mode && npages > 0) {
+        if (o.cuda && !trace_mode && npages > 0 && !o.kv_interleaved) { /* the probe reads dense pools */
             const size_t page_bytes = (size_t)o.prob.page_size * (size_t)kv_bytes_per_token(&o.prob) / 2; /* K or V */
             TRY(o.ctx, pkv_dev_time_gather(o.ctx, b.k, b.v, page_bytes, (const int32_t *const *)b.page_sets, b.nsets,
                                            npages, o.reps, &gather_us), "pages floor");
@@ -1041,10 +1056,10 @@ int cmd_bench(int argc, char **argv) {
         reference_free(&ref);
     }
     if (trace_mode) print_summary(&o, &res);
-    printf("\nbackend: %s; shape %s (Hq %d, Hkv %d, d %d, %s, %s, page %d); workload: %s\n", pkv_context_device_name(o.ctx),
-           o.shape->name, o.prob.num_qo_heads, o.prob.num_kv_heads, o.prob.head_dim,
+    printf("\nbackend: %s; shape %s (Hq %d, Hkv %d, d %d, %s, %s, page %d%s); workload: %s\n",
+           pkv_context_device_name(o.ctx), o.shape->name, o.prob.num_qo_heads, o.prob.num_kv_heads, o.prob.head_dim,
            o.prob.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", o.prob.layout == PKV_LAYOUT_HND ? "HND" : "NHD",
-           o.prob.page_size, workload);
+           o.prob.page_size, o.kv_interleaved ? ", K/V interleaved per page" : "", workload);
     printf("planned for parallelism %d x %d tasks per unit%s\n", o.parallelism > 0 ? o.parallelism : pkv_context_parallelism(o.ctx),
            o.ctas_per_unit > 0 ? o.ctas_per_unit : (o.cuda ? 2 : 4),
            o.ctas_per_unit > 0 ? "" : " (4 resident waves for ragged batches of >= 128 pairs)");
