@@ -77,6 +77,9 @@ typedef struct pkv_problem {
     pkv_layout layout;
     pkv_dtype dtype;       /* q, k_cache, v_cache and o: FP16 or BF16; lse is always fp32 */
     float sm_scale;        /* <= 0 selects 1 / sqrt(head_dim) */
+    float logits_soft_cap; /* > 0: each score s = sm_scale q.k becomes cap x tanh(s / cap) before the
+                            * softmax (Gemma-2: 50); 0: none.  CPU backend only so far: the CUDA backend
+                            * returns PKV_ERR_UNSUPPORTED */
 } pkv_problem;
 
 /* Fills p with the defaults of the `paper` shape (Hq 32, Hkv 8, d 128, page 16, NHD, fp16). */

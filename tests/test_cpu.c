@@ -447,6 +447,64 @@ static void test_page_stride(pkv_context *ctx4) {
     }
 }
 
+/* Logits soft-capping (Gemma-2): every route against the float64 reference with the cap, and the cap
+ * must matter (the uncapped reference differs); bad caps are refused at plan time. */
+static void test_soft_cap(pkv_context *ctx4) {
+    pkv_rng rng;
+    pkv_rng_seed(&rng, 91);
+    static const pkv_route routes[] = {PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_BUCKETED, PKV_ROUTE_WORKQUEUE,
+                                       PKV_ROUTE_FUSED};
+    static const float caps[] = {0.5f, 50.0f};
+    for (int c = 0; c < 2; c++) {
+        pkv_problem p;
+        pkv_problem_default(&p);
+        p.num_qo_heads = 16;
+        p.num_kv_heads = 8;
+        p.head_dim = c ? 256 : 64;
+        p.dtype = c ? PKV_DTYPE_BF16 : PKV_DTYPE_FP16;
+        p.logits_soft_cap = caps[c];
+        const int32_t lens[3] = {1200, 7, 0};
+        pkv_test_case tc;
+        CHECK(pkv_test_case_build(&rng, &p, 3, lens, 0.2, 1, &tc));
+        if (!tc.ok) continue;
+        /* the uncapped reference first: with a small cap the outputs must move */
+        tc.problem.logits_soft_cap = 0.0f;
+        CHECK_OK(pkv_test_case_reference(&tc));
+        double *plain = (double *)malloc((size_t)tc.q_elems * sizeof(double));
+        memcpy(plain, tc.o_ref, (size_t)tc.q_elems * sizeof(double));
+        tc.problem.logits_soft_cap = caps[c];
+        CHECK_OK(pkv_test_case_reference(&tc));
+        double diff = 0, norm = 0;
+        for (int64_t i = 0; i < tc.q_elems; i++) {
+            diff += (plain[i] - tc.o_ref[i]) * (plain[i] - tc.o_ref[i]);
+            norm += tc.o_ref[i] * tc.o_ref[i];
+        }
+        if (c == 0) CHECK_MSG(diff > 1e-4 * norm, "a cap of 0.5 left the reference unchanged");
+        free(plain);
+        pkv_plan *plan = NULL;
+        CHECK_OK(pkv_plan_create(&plan));
+        for (size_t r = 0; r < sizeof routes / sizeof routes[0]; r++) {
+            pkv_plan_options opts;
+            pkv_plan_options_default(&opts);
+            opts.route = routes[r];
+            opts.min_chunk_tokens = 16;
+            CHECK_OK(pkv_plan_step(ctx4, &tc.problem, &tc.table, &opts, plan));
+            CHECK_OK(run_poisoned(ctx4, plan, &tc, true));
+            char label[64];
+            snprintf(label, sizeof label, "soft cap %g route %d", (double)caps[c], (int)routes[r]);
+            check_outputs(&tc, label);
+        }
+        pkv_plan_options opts;
+        pkv_plan_options_default(&opts);
+        tc.problem.logits_soft_cap = -1.0f;
+        CHECK_STATUS(pkv_plan_step(ctx4, &tc.problem, &tc.table, &opts, plan), PKV_ERR_INVALID_ARGUMENT);
+        tc.problem.logits_soft_cap = INFINITY;
+        CHECK_STATUS(pkv_plan_step(ctx4, &tc.problem, &tc.table, &opts, plan), PKV_ERR_INVALID_ARGUMENT);
+        pkv_plan_free(plan);
+        pkv_test_case_free(&tc);
+    }
+}
+
 int main(void) {
     pkv_context *ctx1 = make_ctx(1), *ctx4 = make_ctx(4);
     if (!ctx1 || !ctx4) return pkv_test_finish("test_cpu");
@@ -457,6 +515,7 @@ int main(void) {
     test_edges(ctx1, ctx4);
     test_run_errors(ctx4);
     test_page_stride(ctx4);
+    test_soft_cap(ctx4);
     test_random(ctx1, ctx4);
     printf("test_cpu: %d checked runs; worst relative L2 of o: fp16 %.3g, bf16 %.3g; worst max abs: fp16 %.3g, "
            "bf16 %.3g; worst lse error %.3g\n",

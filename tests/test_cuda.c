@@ -150,6 +150,11 @@ static void repeat_and_graph(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     t.kv_page_stride = (int64_t)p.page_size * p.num_kv_heads * p.head_dim + 4;
     CHECK_STATUS(pkv_run(ctx, plan, ws, wsb, &t, NULL), PKV_ERR_INVALID_ARGUMENT);
     t.kv_page_stride = 0;
+    /* logits soft-capping is CPU-only so far: refused, not ignored */
+    pkv_problem capped = tc.problem;
+    capped.logits_soft_cap = 50.0f;
+    CHECK_STATUS(pkv_plan_step(ctx, &capped, &tc.table, &opts, plan), PKV_ERR_UNSUPPORTED);
+    CHECK_OK(pkv_plan_step(ctx, &tc.problem, &tc.table, &opts, plan));
     free(o1), free(o2), free(o3), free(l1), free(l3);
     void *bufs[] = {q, k, v, o, lse, idx, ws};
     for (size_t i = 0; i < 7; i++) pkv_dev_free(ctx, bufs[i]);

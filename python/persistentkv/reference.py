@@ -8,7 +8,7 @@ from ._lib import check, lib
 
 
 def reference(q, k_cache, v_cache, indptr, indices, seq_lens, kv_layout="NHD", sm_scale=None,
-              num_pages=None, q_data_type=None):
+              num_pages=None, q_data_type=None, logits_soft_cap=None):
     """(o [B, Hq, d], lse [B, Hq]) as float64 numpy arrays, for host q/k_cache/v_cache.
 
     Shapes as in BatchDecodeWithPagedKVCacheWrapper.run; num_pages defaults to k_cache.shape[0].
@@ -59,6 +59,7 @@ def reference(q, k_cache, v_cache, indptr, indices, seq_lens, kv_layout="NHD", s
     prob.layout = L.LAYOUT_NHD if kv_layout == "NHD" else L.LAYOUT_HND
     prob.dtype = A.dtype_code(dt)
     prob.sm_scale = float(sm_scale) if sm_scale is not None else 0.0
+    prob.logits_soft_cap = float(logits_soft_cap) if logits_soft_cap else 0.0
     table = L.PageTable(B, h_indptr.c_ptr(), h_indices.c_ptr(), h_lens.c_ptr())
     o = np.zeros((B, hq, d), np.float64)  # o [B, Hq, d]
     lse = np.zeros((B, hq), np.float64)   # lse [B, Hq]

@@ -203,7 +203,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
     def plan(self, indptr, indices, seq_lens=None, num_qo_heads=None, num_kv_heads=None, head_dim=None,
              page_size=None, num_pages=None, q_data_type="float16", kv_data_type=None, sm_scale=None,
              route="auto", num_splits=0, chunk_pages=0, ctas_per_unit=0, min_chunk_tokens=0, max_splits=0,
-             parallelism=0, last_page_len=None):
+             parallelism=0, last_page_len=None, logits_soft_cap=None):
         """Plans one decode step from the page table (CSR: indptr [B+1], indices [nnz], seq_lens [B]).
 
         seq_lens is the number of tokens of each row; a row may hold more pages than that needs (the
@@ -216,6 +216,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         without it the pool is taken as max(indices) + 1, so ids past the real pool cannot be caught:
         pass num_pages for full range checking.  route: 'auto', 'single', 'split', 'bucketed',
         'workqueue'; the other keywords are pkv_plan_options (0 = the library's choice).
+        logits_soft_cap: as FlashInfer's (Gemma-2: 50), each score s -> cap * tanh(s / cap); CPU
+        backend only so far (the CUDA backend raises PkvError UNSUPPORTED).
         Grows the workspace when the plan needs more.  Raises PkvError, ValueError, TypeError.
         """
         self._planned = False
@@ -251,6 +253,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         prob.layout = _LAYOUTS[self._kv_layout]
         prob.dtype = A.dtype_code(q_dtype)
         prob.sm_scale = float(sm_scale) if sm_scale is not None else 0.0
+        prob.logits_soft_cap = float(logits_soft_cap) if logits_soft_cap else 0.0
 
         opts = L.PlanOptions()
         lib.pkv_plan_options_default(ctypes.byref(opts))

@@ -97,7 +97,7 @@ def test_library_not_found_names_what_was_tried(tmp_path):
 
 # sizeof / offsetof as a C program compiled against persistentkv.h prints them (x86-64 / aarch64 LP64)
 C_LAYOUT = {
-    _lib.Problem: (40, [0, 4, 8, 12, 16, 24, 28, 32]),
+    _lib.Problem: (40, [0, 4, 8, 12, 16, 24, 28, 32, 36]),
     _lib.PageTable: (32, [0, 8, 16, 24]),
     _lib.PlanOptions: (28, [0, 4, 8, 12, 16, 20, 24]),
     _lib.Tensors: (56, [0, 8, 16, 24, 32, 40, 48]),
@@ -269,6 +269,39 @@ def test_run_takes_a_kv_pair_or_one_interleaved_cache(cpu, layout):
         w.run(p["q"], np.ascontiguousarray(kv[:, :1]))
     with pytest.raises(ValueError, match="must be C-contiguous"):
         w.run(p["q"], np.stack([p["k"], p["v"]], axis=1)[:, :, ::-1])
+
+
+def test_logits_soft_cap(cpu):
+    """cap * tanh(s / cap) on the scores: the CPU backend and the float64 reference against numpy."""
+    cap = 0.75  # small (so that the cap changes the result on random data) and exact in float32
+    p = make_problem(seed_of("cap"), [0, 5, 200, 37], 8, 2)
+    w = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cpu")
+    plan(w, p, logits_soft_cap=cap, **SPLITTY)
+    o, lse = w.run(p["q"], p["k"], p["v"], return_lse=True)
+    ro, rl = pkv.reference(p["q"], p["k"], p["v"], p["indptr"], p["indices"], p["lens"], logits_soft_cap=cap,
+                           q_data_type=p["dtype"])
+    assert_close(o, lse, (ro, rl), p["dtype"], p["lens"])
+    # numpy, straight from the definition
+    q, k, v = (to_f64(p[x], p["dtype"]) for x in ("q", "k", "v"))
+    G, d = p["hq"] // p["hkv"], p["d"]
+    for i, n in enumerate(p["lens"]):
+        if n == 0:
+            continue
+        pages = p["indices"][p["indptr"][i]:p["indptr"][i + 1]]
+        toks = [(pages[t // p["ps"]], t % p["ps"]) for t in range(n)]
+        for h in range(p["hq"]):
+            kk = np.stack([k[pg, off, h // G] for pg, off in toks])
+            vv = np.stack([v[pg, off, h // G] for pg, off in toks])
+            s = cap * np.tanh(kk @ q[i, h] / np.sqrt(d) / cap)
+            e = np.exp(s - s.max())
+            np.testing.assert_allclose(ro[i, h], e @ vv / e.sum(), rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(rl[i, h], s.max() + np.log(e.sum()), rtol=1e-9)
+    plan(w, p, **SPLITTY)
+    assert np.linalg.norm(to_f64(w.run(p["q"], p["k"], p["v"]), p["dtype"]) - ro) > 0.05 * np.linalg.norm(ro)
+    with pytest.raises(pkv.PkvError):
+        plan(w, p, logits_soft_cap=-1.0)
+    with pytest.raises(pkv.PkvError):
+        plan(w, p, logits_soft_cap=float("nan"))
 
 
 def test_empty_batch(cpu):

@@ -13,6 +13,7 @@ void pkv_problem_default(pkv_problem *p) {
     p->layout = PKV_LAYOUT_NHD;
     p->dtype = PKV_DTYPE_FP16;
     p->sm_scale = 0.0f;
+    p->logits_soft_cap = 0.0f;
 }
 
 size_t pkv_dtype_size(pkv_dtype d) {
@@ -72,6 +73,9 @@ pkv_status pkv_check_problem(pkv_context *ctx, const pkv_problem *p) {
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "num_pages %lld is not in [0, 2^31)", (long long)p->num_pages);
     if (!(p->sm_scale == p->sm_scale) || isinf(p->sm_scale))
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "sm_scale is not finite");
+    if (!(p->logits_soft_cap >= 0.0f) || isinf(p->logits_soft_cap))
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "logits_soft_cap %g is not a finite value >= 0 (0: none)",
+                        (double)p->logits_soft_cap);
     return PKV_OK;
 }
 

@@ -119,7 +119,7 @@ static void run_task(const cpu_job *job, int32_t k, cpu_scratch *sc) {
     const pkv_task *task = &plan->tasks[k];
     const int32_t G = plan->group, d = p->head_dim, hq = p->num_qo_heads, ps = p->page_size;
     const pkv_dtype dtype = p->dtype;
-    const float scale = pkv_problem_scale(p);
+    const float scale = pkv_problem_scale(p), cap = p->logits_soft_cap;
     const pkv_kv_strides kvs = pkv_kv_strides_run(p, t);
     const int32_t h0 = task->kv_head * G; /* first query head of the group */
 
@@ -167,6 +167,12 @@ static void run_task(const cpu_job *job, int32_t k, cpu_scratch *sc) {
         for (int32_t j = 0; j < G; j++)
             for (int32_t x = 0; x < nt; x++)
                 sc->p[j * CPU_TOKEN_BLOCK + x] = scale * dot_row(sc->q + (int64_t)j * d, sc->kv + (int64_t)x * d, d);
+        if (cap > 0.0f) /* logits soft-capping */
+            for (int32_t j = 0; j < G; j++)
+                for (int32_t x = 0; x < nt; x++) {
+                    float *s = &sc->p[j * CPU_TOKEN_BLOCK + x];
+                    *s = cap * tanhf(*s / cap);
+                }
         /* V rows of the block */
         for (int32_t x = 0; x < nt; x++) {
             const int32_t tok = tok0 + x;

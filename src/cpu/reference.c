@@ -4,6 +4,7 @@
  *
  * For query head h of row i (KV head g = h / G), with N = seq_lens[i]:
  *   s_j = scale * dot(q[i,h,:], K[i,g,j,:])           j in [0, N)
+ *         (logits_soft_cap c > 0: s_j = c * tanh(scale * dot / c))
  *   o[i,h,:] = sum_j exp(s_j - max s) V[i,g,j,:] / sum_j exp(s_j - max s)
  *   lse[i,h] = max s + ln(sum_j exp(s_j - max s));     N = 0: o = 0, lse = -inf. */
 #include "internal.h"
@@ -36,7 +37,7 @@ pkv_status pkv_reference(const pkv_problem *problem, const pkv_page_table *table
     const int32_t hq = problem->num_qo_heads, hkv = problem->num_kv_heads, d = problem->head_dim;
     const int32_t G = hq / hkv, ps = problem->page_size;
     const pkv_dtype dtype = problem->dtype;
-    const double scale = (double)pkv_problem_scale(problem);
+    const double scale = (double)pkv_problem_scale(problem), cap = (double)problem->logits_soft_cap;
     const pkv_kv_strides kvs = pkv_kv_strides_of(problem);
     const uint16_t *q16 = (const uint16_t *)q;        // q [B, Hq, d]
     const uint16_t *k16 = (const uint16_t *)k_cache;  // K pages, NHD or HND
@@ -75,7 +76,7 @@ pkv_status pkv_reference(const pkv_problem *problem, const pkv_page_table *table
                 for (int32_t j = 0; j < G; j++) {
                     double dot = 0.0;
                     for (int32_t e = 0; e < d; e++) dot += qd[(int64_t)j * d + e] * row[e];
-                    scores[(int64_t)j * n + t] = scale * dot;
+                    scores[(int64_t)j * n + t] = cap > 0.0 ? cap * tanh(scale * dot / cap) : scale * dot;
                 }
             }
             /* pass 2: softmax weights and the weighted sum of V */
