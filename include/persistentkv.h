@@ -80,6 +80,10 @@ typedef struct pkv_problem {
     float logits_soft_cap; /* > 0: each score s = sm_scale q.k becomes cap x tanh(s / cap) before the
                             * softmax (Gemma-2: 50); 0: none.  CPU backend only so far: the CUDA backend
                             * returns PKV_ERR_UNSUPPORTED */
+    int32_t window;        /* > 0: sliding-window attention, each row attends to its last `window` tokens
+                            * only (FlashInfer's window_left + 1; Mistral-7B v0.1: 4096, Gemma-2's local
+                            * layers: 4096); 0: every token.  CPU backend only so far (the CUDA backend
+                            * returns PKV_ERR_UNSUPPORTED) */
 } pkv_problem;
 
 /* Fills p with the defaults of the `paper` shape (Hq 32, Hkv 8, d 128, page 16, NHD, fp16). */
@@ -199,6 +203,8 @@ typedef struct pkv_phase {
 /* Per-row schedule of the rectangular routes (row order as in pkv_plan.row_order). */
 typedef struct pkv_row_sched {
     int32_t row, seq_len, page_base, chunk_tokens, num_splits, slot_base;
+    int32_t tok_begin; /* first token the row attends to (a sliding window's start; else 0); splits cut
+                        * [tok_begin, seq_len) from there */
 } pkv_row_sched;
 
 typedef struct pkv_counters {

@@ -505,6 +505,55 @@ static void test_soft_cap(pkv_context *ctx4) {
     }
 }
 
+/* Sliding windows: every route against the float64 reference (which attends to [n - W, n) only),
+ * windows of 1 token, shorter than a page, across pages and longer than the rows; a window shorter
+ * than the rows must change the output. */
+static void test_window(pkv_context *ctx4) {
+    pkv_rng rng;
+    pkv_rng_seed(&rng, 4095);
+    static const pkv_route routes[] = {PKV_ROUTE_AUTO, PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_BUCKETED,
+                                       PKV_ROUTE_WORKQUEUE, PKV_ROUTE_FUSED};
+    static const int32_t windows[] = {1, 5, 300, 100000};
+    for (int c = 0; c < 4; c++) {
+        pkv_problem p;
+        pkv_problem_default(&p);
+        p.num_qo_heads = 8;
+        p.num_kv_heads = 2;
+        p.head_dim = 64;
+        p.page_size = c == 1 ? 7 : 16;
+        p.layout = c % 2 ? PKV_LAYOUT_HND : PKV_LAYOUT_NHD;
+        const int32_t lens[5] = {2000, 0, 1, 301, 40};
+        pkv_test_case tc;
+        CHECK(pkv_test_case_build(&rng, &p, 5, lens, 0.2, 1, &tc));
+        if (!tc.ok) continue;
+        CHECK_OK(pkv_test_case_reference(&tc));
+        double *plain = (double *)malloc((size_t)tc.q_elems * sizeof(double));
+        memcpy(plain, tc.o_ref, (size_t)tc.q_elems * sizeof(double));
+        tc.problem.window = windows[c];
+        CHECK_OK(pkv_test_case_reference(&tc));
+        double diff = 0;
+        for (int64_t i = 0; i < tc.q_elems; i++) diff += fabs(plain[i] - tc.o_ref[i]);
+        CHECK_MSG((diff > 0) == (windows[c] < 2000), "window %d: the reference %s", windows[c],
+                  diff > 0 ? "changed" : "did not change");
+        free(plain);
+        pkv_plan *plan = NULL;
+        CHECK_OK(pkv_plan_create(&plan));
+        for (size_t r = 0; r < sizeof routes / sizeof routes[0]; r++) {
+            pkv_plan_options opts;
+            pkv_plan_options_default(&opts);
+            opts.route = routes[r];
+            opts.min_chunk_tokens = 16;
+            CHECK_OK(pkv_plan_step(ctx4, &tc.problem, &tc.table, &opts, plan));
+            CHECK_OK(run_poisoned(ctx4, plan, &tc, true));
+            char label[64];
+            snprintf(label, sizeof label, "window %d route %d", windows[c], (int)routes[r]);
+            check_outputs(&tc, label);
+        }
+        pkv_plan_free(plan);
+        pkv_test_case_free(&tc);
+    }
+}
+
 int main(void) {
     pkv_context *ctx1 = make_ctx(1), *ctx4 = make_ctx(4);
     if (!ctx1 || !ctx4) return pkv_test_finish("test_cpu");
@@ -516,6 +565,7 @@ int main(void) {
     test_run_errors(ctx4);
     test_page_stride(ctx4);
     test_soft_cap(ctx4);
+    test_window(ctx4);
     test_random(ctx1, ctx4);
     printf("test_cpu: %d checked runs; worst relative L2 of o: fp16 %.3g, bf16 %.3g; worst max abs: fp16 %.3g, "
            "bf16 %.3g; worst lse error %.3g\n",

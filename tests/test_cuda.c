@@ -154,6 +154,9 @@ static void repeat_and_graph(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     pkv_problem capped = tc.problem;
     capped.logits_soft_cap = 50.0f;
     CHECK_STATUS(pkv_plan_step(ctx, &capped, &tc.table, &opts, plan), PKV_ERR_UNSUPPORTED);
+    pkv_problem windowed = tc.problem; /* and so are sliding windows */
+    windowed.window = 4096;
+    CHECK_STATUS(pkv_plan_step(ctx, &windowed, &tc.table, &opts, plan), PKV_ERR_UNSUPPORTED);
     CHECK_OK(pkv_plan_step(ctx, &tc.problem, &tc.table, &opts, plan));
     free(o1), free(o2), free(o3), free(l1), free(l3);
     void *bufs[] = {q, k, v, o, lse, idx, ws};

@@ -851,8 +851,78 @@ static void test_route_names(void) {
     CHECK(strcmp(pkv_route_name((pkv_route)42), "unknown") == 0);
 }
 
+/* A sliding window: the plan of a windowed step is the plan of its attended lengths with every task
+ * and row shifted to the window's start (same route, slots, merges and counters), and it covers
+ * exactly [max(0, n - W), n) of each row. */
+static void test_window(void) {
+    pkv_rng rng;
+    pkv_rng_seed(&rng, 4096);
+    pkv_plan *pw = NULL, *pe = NULL;
+    CHECK_OK(pkv_plan_create(&pw));
+    CHECK_OK(pkv_plan_create(&pe));
+    int32_t lens[40], eff[40];
+    static const int32_t windows[] = {1, 7, 16, 100, 4096, 70000};
+    for (int case_id = 0; case_id < 400; case_id++) {
+        pkv_problem pb;
+        pkv_problem_default(&pb);
+        pb.num_kv_heads = 1 << pkv_rng_uniform_int(&rng, 0, 3);
+        pb.num_qo_heads = pb.num_kv_heads * (int32_t)pkv_rng_uniform_int(&rng, 1, 8);
+        pb.page_size = (int32_t)pkv_rng_uniform_int(&rng, 0, 1) ? 16 : (int32_t)pkv_rng_uniform_int(&rng, 1, 64);
+        int32_t B = (int32_t)pkv_rng_uniform_int(&rng, 1, 40);
+        for (int32_t i = 0; i < B; i++)
+            lens[i] = pkv_rng_uniform01(&rng) < 0.1 ? 0 : (int32_t)pkv_rng_uniform_int(&rng, 1, 40000);
+        batch b;
+        batch_make(&b, lens, B, &pb, &rng, false);
+        pkv_problem pw_prob = pb;
+        pw_prob.window = windows[pkv_rng_uniform_int(&rng, 0, 5)];
+        for (int32_t i = 0; i < B; i++) eff[i] = lens[i] - pkv_row_start(&pw_prob, lens[i]);
+        pkv_page_table te = b.table;
+        te.seq_lens = eff;
+        pkv_plan_options opts;
+        pkv_plan_options_default(&opts);
+        opts.route = (pkv_route)pkv_rng_uniform_int(&rng, 0, PKV_ROUTE_COUNT_ - 1);
+        opts.parallelism = pkv_rng_uniform01(&rng) < 0.5 ? 132 : 8;
+        CHECK_OK(pkv_plan_step_host(&pw_prob, &b.table, &opts, pw));
+        CHECK_OK(pkv_plan_step_host(&pb, &te, &opts, pe));
+        const char *why = NULL;
+        CHECK_MSG(pkv_plan_validate(pw, lens, &why) == PKV_OK, "window case %d (W %d, %s): %s", case_id,
+                  pw_prob.window, pkv_route_name(opts.route), why);
+        const int32_t nt = pkv_plan_num_tasks(pw);
+        CHECK_MSG(pkv_plan_route(pw) == pkv_plan_route(pe) && nt == pkv_plan_num_tasks(pe) &&
+                      pkv_plan_num_merges(pw) == pkv_plan_num_merges(pe) &&
+                      pkv_plan_num_state_slots(pw) == pkv_plan_num_state_slots(pe),
+                  "window case %d: the windowed plan is not the attended lengths' plan", case_id);
+        const pkv_task *tw = pkv_plan_tasks(pw), *tq = pkv_plan_tasks(pe);
+        bool same = nt == pkv_plan_num_tasks(pe);
+        for (int32_t k = 0; same && k < nt; k++) {
+            const int32_t s0 = pkv_row_start(&pw_prob, lens[tw[k].row]);
+            same = tw[k].row == tq[k].row && tw[k].kv_head == tq[k].kv_head && tw[k].state_slot == tq[k].state_slot &&
+                   tw[k].merge == tq[k].merge && tw[k].page_base == tq[k].page_base &&
+                   tw[k].tok_begin == tq[k].tok_begin + s0 && tw[k].tok_end == tq[k].tok_end + s0;
+        }
+        CHECK_MSG(same, "window case %d: tasks differ from the attended lengths' plan shifted to the window", case_id);
+        const pkv_counters *cw = pkv_plan_counters(pw), *ce = pkv_plan_counters(pe);
+        CHECK(cw->kv_bytes == ce->kv_bytes && cw->total_tokens == ce->total_tokens && cw->launches == ce->launches);
+        const pkv_row_sched *rw = pkv_plan_rows(pw);
+        for (int32_t r = 0; r < pkv_plan_num_rows(pw); r++)
+            CHECK(rw[r].tok_begin == pkv_row_start(&pw_prob, lens[rw[r].row]) && rw[r].seq_len == lens[rw[r].row]);
+        batch_free(&b);
+    }
+    /* a negative window is refused */
+    pkv_problem bad;
+    pkv_problem_default(&bad);
+    bad.window = -1;
+    int32_t one = 5, ip[2] = {0, 1};
+    pkv_page_table t1 = {1, ip, NULL, &one};
+    bad.num_pages = 1;
+    CHECK_STATUS(pkv_plan_step_host(&bad, &t1, NULL, pw), PKV_ERR_INVALID_ARGUMENT);
+    pkv_plan_free(pw);
+    pkv_plan_free(pe);
+}
+
 int main(void) {
     test_route_names();
+    test_window();
     test_block_table();
     test_anchor_b8_bimodal();
     test_even_batch_waves();

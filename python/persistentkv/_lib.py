@@ -89,7 +89,7 @@ class Problem(ctypes.Structure):
     _fields_ = [("num_qo_heads", ctypes.c_int32), ("num_kv_heads", ctypes.c_int32),
                 ("head_dim", ctypes.c_int32), ("page_size", ctypes.c_int32),
                 ("num_pages", ctypes.c_int64), ("layout", c_enum), ("dtype", c_enum),
-                ("sm_scale", ctypes.c_float), ("logits_soft_cap", ctypes.c_float)]
+                ("sm_scale", ctypes.c_float), ("logits_soft_cap", ctypes.c_float), ("window", ctypes.c_int32)]
 
 
 _i32p = ctypes.POINTER(ctypes.c_int32)
@@ -141,7 +141,7 @@ class Phase(ctypes.Structure):
 
 class RowSched(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int32) for n in (
-        "row", "seq_len", "page_base", "chunk_tokens", "num_splits", "slot_base")]
+        "row", "seq_len", "page_base", "chunk_tokens", "num_splits", "slot_base", "tok_begin")]
 
 
 class TraceConfig(ctypes.Structure):

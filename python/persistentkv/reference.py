@@ -8,7 +8,7 @@ from ._lib import check, lib
 
 
 def reference(q, k_cache, v_cache, indptr, indices, seq_lens, kv_layout="NHD", sm_scale=None,
-              num_pages=None, q_data_type=None, logits_soft_cap=None):
+              num_pages=None, q_data_type=None, logits_soft_cap=None, window_left=-1):
     """(o [B, Hq, d], lse [B, Hq]) as float64 numpy arrays, for host q/k_cache/v_cache.
 
     Shapes as in BatchDecodeWithPagedKVCacheWrapper.run; num_pages defaults to k_cache.shape[0].
@@ -60,6 +60,9 @@ def reference(q, k_cache, v_cache, indptr, indices, seq_lens, kv_layout="NHD", s
     prob.dtype = A.dtype_code(dt)
     prob.sm_scale = float(sm_scale) if sm_scale is not None else 0.0
     prob.logits_soft_cap = float(logits_soft_cap) if logits_soft_cap else 0.0
+    if window_left is not None and int(window_left) < -1:
+        raise ValueError(f"window_left must be -1 (no window) or >= 0, got {window_left}")
+    prob.window = 0 if window_left is None or int(window_left) < 0 else int(window_left) + 1
     table = L.PageTable(B, h_indptr.c_ptr(), h_indices.c_ptr(), h_lens.c_ptr())
     o = np.zeros((B, hq, d), np.float64)  # o [B, Hq, d]
     lse = np.zeros((B, hq), np.float64)   # lse [B, Hq]

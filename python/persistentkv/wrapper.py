@@ -22,6 +22,17 @@ def _route_code(route):
     return parse_code(lib.pkv_route_parse, route)
 
 
+def _window_of(window_left):
+    """pkv_problem.window from FlashInfer's window_left (-1 or None: no window)."""
+    if window_left is None or int(window_left) == -1:
+        return 0
+    if int(window_left) < -1:
+        raise ValueError(f"window_left must be -1 (no window) or >= 0, got {window_left}")
+    if int(window_left) >= 2**31 - 1:
+        raise ValueError(f"window_left {window_left} does not fit int32")
+    return int(window_left) + 1
+
+
 def _lens_from_last_page(h_indptr, h_last, page_size):
     """Row lengths from FlashInfer's last_page_len: (pages - 1) * page_size + last page's tokens."""
     if page_size <= 0:
@@ -203,7 +214,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
     def plan(self, indptr, indices, seq_lens=None, num_qo_heads=None, num_kv_heads=None, head_dim=None,
              page_size=None, num_pages=None, q_data_type="float16", kv_data_type=None, sm_scale=None,
              route="auto", num_splits=0, chunk_pages=0, ctas_per_unit=0, min_chunk_tokens=0, max_splits=0,
-             parallelism=0, last_page_len=None, logits_soft_cap=None):
+             parallelism=0, last_page_len=None, logits_soft_cap=None, window_left=-1):
         """Plans one decode step from the page table (CSR: indptr [B+1], indices [nnz], seq_lens [B]).
 
         seq_lens is the number of tokens of each row; a row may hold more pages than that needs (the
@@ -217,7 +228,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         pass num_pages for full range checking.  route: 'auto', 'single', 'split', 'bucketed',
         'workqueue'; the other keywords are pkv_plan_options (0 = the library's choice).
         logits_soft_cap: as FlashInfer's (Gemma-2: 50), each score s -> cap * tanh(s / cap); CPU
-        backend only so far (the CUDA backend raises PkvError UNSUPPORTED).
+        backend only so far (the CUDA backend raises PkvError UNSUPPORTED).  window_left: as
+        FlashInfer's, a sliding window (-1: none; w >= 0: each row attends to its last w + 1 tokens);
+        CPU backend only so far as well.
         Grows the workspace when the plan needs more.  Raises PkvError, ValueError, TypeError.
         """
         self._planned = False
@@ -254,6 +267,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         prob.dtype = A.dtype_code(q_dtype)
         prob.sm_scale = float(sm_scale) if sm_scale is not None else 0.0
         prob.logits_soft_cap = float(logits_soft_cap) if logits_soft_cap else 0.0
+        prob.window = _window_of(window_left)
 
         opts = L.PlanOptions()
         lib.pkv_plan_options_default(ctypes.byref(opts))

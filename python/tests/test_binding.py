@@ -97,7 +97,7 @@ def test_library_not_found_names_what_was_tried(tmp_path):
 
 # sizeof / offsetof as a C program compiled against persistentkv.h prints them (x86-64 / aarch64 LP64)
 C_LAYOUT = {
-    _lib.Problem: (40, [0, 4, 8, 12, 16, 24, 28, 32, 36]),
+    _lib.Problem: (48, [0, 4, 8, 12, 16, 24, 28, 32, 36, 40]),
     _lib.PageTable: (32, [0, 8, 16, 24]),
     _lib.PlanOptions: (28, [0, 4, 8, 12, 16, 20, 24]),
     _lib.Tensors: (56, [0, 8, 16, 24, 32, 40, 48]),
@@ -106,7 +106,7 @@ C_LAYOUT = {
     _lib.Task: (28, [0, 4, 8, 12, 16, 20, 24]),
     _lib.Merge: (16, [0, 4, 8, 12]),
     _lib.Phase: (28, [0, 4, 8, 12, 16, 20, 24]),
-    _lib.RowSched: (24, [0, 4, 8, 12, 16, 20]),
+    _lib.RowSched: (28, [0, 4, 8, 12, 16, 20, 24]),
     _lib.TraceConfig: (40, [0, 8, 16, 20, 24, 28, 32]),
 }
 
@@ -302,6 +302,34 @@ def test_logits_soft_cap(cpu):
         plan(w, p, logits_soft_cap=-1.0)
     with pytest.raises(pkv.PkvError):
         plan(w, p, logits_soft_cap=float("nan"))
+
+
+@pytest.mark.parametrize("window_left", [0, 4, 40, 5000])
+def test_sliding_window(cpu, window_left):
+    """FlashInfer's window_left: each row attends to its last window_left + 1 tokens; the reference
+    against numpy from the definition, the CPU backend against the reference."""
+    p = make_problem(seed_of("win", window_left), [0, 1, 60, 700, 17], 8, 2)
+    w = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cpu")
+    plan(w, p, window_left=window_left, **SPLITTY)
+    o, lse = w.run(p["q"], p["k"], p["v"], return_lse=True)
+    ro, rl = pkv.reference(p["q"], p["k"], p["v"], p["indptr"], p["indices"], p["lens"], window_left=window_left,
+                           q_data_type=p["dtype"])
+    assert_close(o, lse, (ro, rl), p["dtype"], p["lens"])
+    q, k, v = (to_f64(p[x], p["dtype"]) for x in ("q", "k", "v"))
+    G, d = p["hq"] // p["hkv"], p["d"]
+    for i, n in enumerate(p["lens"]):
+        if n == 0:
+            continue
+        pages = p["indices"][p["indptr"][i]:p["indptr"][i + 1]]
+        toks = [(pages[t // p["ps"]], t % p["ps"]) for t in range(max(0, n - window_left - 1), n)]
+        for h in range(p["hq"]):
+            kk = np.stack([k[pg, off, h // G] for pg, off in toks])
+            vv = np.stack([v[pg, off, h // G] for pg, off in toks])
+            s = kk @ q[i, h] / np.sqrt(d)
+            e = np.exp(s - s.max())
+            np.testing.assert_allclose(ro[i, h], e @ vv / e.sum(), rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError):
+        plan(w, p, window_left=-2)
 
 
 def test_empty_batch(cpu):

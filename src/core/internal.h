@@ -84,6 +84,9 @@ struct pkv_plan {
     /* scratch of the planner */
     int32_t *scratch;
     size_t scratch_cap;
+    /* under a sliding window: each row's attended length, then its first token [2 x batch] */
+    int32_t *win;
+    size_t win_cap;
 };
 
 /* Errors: record a formatted message on the context (or thread-locally when ctx is NULL) and
@@ -105,6 +108,10 @@ float pkv_problem_scale(const pkv_problem *p);
 /* Strides in elements of the KV cache for the problem's layout. */
 typedef struct pkv_kv_strides { int64_t page, head, token; } pkv_kv_strides;
 pkv_kv_strides pkv_kv_strides_of(const pkv_problem *p);
+/* The first token a row of n tokens attends to: n - window under a sliding window, else 0. */
+static inline int32_t pkv_row_start(const pkv_problem *p, int32_t n) {
+    return p->window > 0 && n > p->window ? n - p->window : 0;
+}
 /* The strides of a run: pkv_kv_strides_of with the tensors' page stride when they set one. */
 pkv_kv_strides pkv_kv_strides_run(const pkv_problem *p, const pkv_tensors *t);
 

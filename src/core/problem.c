@@ -14,6 +14,7 @@ void pkv_problem_default(pkv_problem *p) {
     p->dtype = PKV_DTYPE_FP16;
     p->sm_scale = 0.0f;
     p->logits_soft_cap = 0.0f;
+    p->window = 0;
 }
 
 size_t pkv_dtype_size(pkv_dtype d) {
@@ -76,6 +77,8 @@ pkv_status pkv_check_problem(pkv_context *ctx, const pkv_problem *p) {
     if (!(p->logits_soft_cap >= 0.0f) || isinf(p->logits_soft_cap))
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "logits_soft_cap %g is not a finite value >= 0 (0: none)",
                         (double)p->logits_soft_cap);
+    if (p->window < 0)
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "window %d is negative (0: no sliding window)", p->window);
     return PKV_OK;
 }
 

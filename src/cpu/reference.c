@@ -4,7 +4,8 @@
  *
  * For query head h of row i (KV head g = h / G), with N = seq_lens[i]:
  *   s_j = scale * dot(q[i,h,:], K[i,g,j,:])           j in [0, N)
- *         (logits_soft_cap c > 0: s_j = c * tanh(scale * dot / c))
+ *         (logits_soft_cap c > 0: s_j = c * tanh(scale * dot / c));  a sliding window W > 0 keeps
+ *         j in [max(0, N - W), N) only
  *   o[i,h,:] = sum_j exp(s_j - max s) V[i,g,j,:] / sum_j exp(s_j - max s)
  *   lse[i,h] = max s + ln(sum_j exp(s_j - max s));     N = 0: o = 0, lse = -inf. */
 #include "internal.h"
@@ -56,7 +57,7 @@ pkv_status pkv_reference(const pkv_problem *problem, const pkv_page_table *table
     }
 
     for (int32_t i = 0; i < B; i++) {
-        const int32_t n = table->seq_lens[i];
+        const int32_t n = table->seq_lens[i], t0 = pkv_row_start(problem, n);
         const int32_t *pages = n > 0 ? table->kv_page_indices + table->kv_indptr[i] : NULL;
         for (int32_t g = 0; g < hkv; g++) {
             double *o_rows = o_ref + ((int64_t)i * hq + (int64_t)g * G) * d; // o_ref [B, Hq, d]
@@ -70,7 +71,7 @@ pkv_status pkv_reference(const pkv_problem *problem, const pkv_page_table *table
                 for (int32_t e = 0; e < d; e++)
                     qd[(int64_t)j * d + e] = load_elem(q16, ((int64_t)i * hq + (int64_t)g * G + j) * d + e, dtype);
             /* pass 1: scores */
-            for (int32_t t = 0; t < n; t++) {
+            for (int32_t t = t0; t < n; t++) {
                 int64_t at = (int64_t)pages[t / ps] * kvs.page + (int64_t)g * kvs.head + (int64_t)(t % ps) * kvs.token;
                 for (int32_t e = 0; e < d; e++) row[e] = load_elem(k16, at + e, dtype);
                 for (int32_t j = 0; j < G; j++) {
@@ -83,12 +84,12 @@ pkv_status pkv_reference(const pkv_problem *problem, const pkv_page_table *table
             double maxs[PKV_MAX_GROUP], sums[PKV_MAX_GROUP];
             for (int32_t j = 0; j < G; j++) {
                 double m = -INFINITY;
-                for (int32_t t = 0; t < n; t++)
+                for (int32_t t = t0; t < n; t++)
                     if (scores[(int64_t)j * n + t] > m) m = scores[(int64_t)j * n + t];
                 maxs[j] = m;
                 sums[j] = 0.0;
             }
-            for (int32_t t = 0; t < n; t++) {
+            for (int32_t t = t0; t < n; t++) {
                 int64_t at = (int64_t)pages[t / ps] * kvs.page + (int64_t)g * kvs.head + (int64_t)(t % ps) * kvs.token;
                 for (int32_t e = 0; e < d; e++) row[e] = load_elem(v16, at + e, dtype);
                 for (int32_t j = 0; j < G; j++) {

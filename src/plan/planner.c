@@ -70,6 +70,7 @@ void pkv_plan_free(pkv_plan *plan) {
     free(plan->blob);
     free(plan->phases);
     free(plan->scratch);
+    free(plan->win);
     free(plan);
 }
 
@@ -225,6 +226,17 @@ static pkv_status plan_reserve(pkv_context *ctx, pkv_plan *plan, int64_t ntasks,
     return PKV_OK;
 }
 
+/* Room for n int32 of window data (lengths and starts of a sliding-window step). */
+static pkv_status window_reserve(pkv_context *ctx, pkv_plan *plan, size_t n) {
+    if (n <= plan->win_cap) return PKV_OK;
+    int32_t *nw = (int32_t *)malloc(n * sizeof *nw);
+    if (!nw) return pkv_fail(ctx, PKV_ERR_OUT_OF_MEMORY, "cannot allocate the window's row data");
+    free(plan->win);
+    plan->win = nw;
+    plan->win_cap = n;
+    return PKV_OK;
+}
+
 static pkv_status scratch_reserve(pkv_context *ctx, pkv_plan *plan, size_t n) {
     if (n <= plan->scratch_cap) return PKV_OK;
     size_t cap = plan->scratch_cap ? plan->scratch_cap : 256;
@@ -239,14 +251,16 @@ static pkv_status scratch_reserve(pkv_context *ctx, pkv_plan *plan, size_t n) {
 
 /* ---- emitting --------------------------------------------------------------------------------- */
 /* Emits the schedule of one row split in chunks of chunk_tokens: its row record, its tasks (split
- * outer, KV head inner), and merges for split or empty rows.  Returns the slots it used. */
-static int32_t emit_row(pkv_plan *plan, int32_t row, int32_t n, int32_t page_base, int32_t chunk_tokens,
+ * outer, KV head inner), and merges for split or empty rows.  The row attends to its n tokens from
+ * token `start` (a sliding window's start, else 0).  Returns the slots it used. */
+static int32_t emit_row(pkv_plan *plan, int32_t row, int32_t n, int32_t start, int32_t page_base, int32_t chunk_tokens,
                         int32_t slot_base, bool emit_tasks) {
     const int32_t hkv = plan->problem.num_kv_heads;
     int32_t nsplit = n > 0 ? (int32_t)ceil_div(n, chunk_tokens) : 0;
     pkv_row_sched *rs = &plan->rows[plan->num_rows++];
     rs->row = row;
-    rs->seq_len = n;
+    rs->seq_len = start + n;
+    rs->tok_begin = start;
     rs->page_base = page_base;
     rs->chunk_tokens = chunk_tokens;
     rs->num_splits = nsplit;
@@ -258,8 +272,8 @@ static int32_t emit_row(pkv_plan *plan, int32_t row, int32_t n, int32_t page_bas
                 pkv_task *t = &plan->tasks[plan->num_tasks++];
                 t->row = row;
                 t->kv_head = h;
-                t->tok_begin = s * chunk_tokens;
-                t->tok_end = (s + 1) * chunk_tokens < n ? (s + 1) * chunk_tokens : n;
+                t->tok_begin = start + s * chunk_tokens;
+                t->tok_end = start + ((s + 1) * chunk_tokens < n ? (s + 1) * chunk_tokens : n);
                 t->page_base = page_base;
                 t->state_slot = nsplit > 1 ? slot_base + h * nsplit + s : -1;
                 t->merge = nsplit > 1 ? merge_base + h : -1;
@@ -307,8 +321,8 @@ static void end_phase(pkv_plan *plan) {
 }
 
 /* One rectangular phase (single / split / a bucket) over the given rows. */
-static int32_t emit_rect_phase(pkv_plan *plan, const plan_params *pp, const pkv_page_table *t, const int32_t *rows,
-                               int32_t nrows, int32_t S) {
+static int32_t emit_rect_phase(pkv_plan *plan, const plan_params *pp, const pkv_page_table *t, const int32_t *starts,
+                               const int32_t *rows, int32_t nrows, int32_t S) {
     const pkv_problem *p = &plan->problem;
     begin_phase(plan, S);
     int32_t slots = 0;
@@ -316,7 +330,7 @@ static int32_t emit_rect_phase(pkv_plan *plan, const plan_params *pp, const pkv_
         int32_t i = rows[k], n = t->seq_lens[i];
         int32_t pages = row_pages(p, n);
         int32_t chunk = row_chunk_pages(pp, pages, S) * p->page_size;
-        slots += emit_row(plan, i, n, t->kv_indptr[i], chunk, slots, true);
+        slots += emit_row(plan, i, n, starts ? starts[i] : 0, t->kv_indptr[i], chunk, slots, true);
     }
     emit_empty_merges(plan, t->seq_lens, rows, nrows);
     end_phase(plan);
@@ -357,7 +371,7 @@ static void compute_counters(pkv_plan *plan) {
         c->kv_bytes += (int64_t)(t->tok_end - t->tok_begin) * d * es * 2;
         if (t->state_slot >= 0) split_tasks++;
     }
-    for (int32_t k = 0; k < plan->num_rows; k++) c->total_tokens += plan->rows[k].seq_len;
+    for (int32_t k = 0; k < plan->num_rows; k++) c->total_tokens += plan->rows[k].seq_len - plan->rows[k].tok_begin;
     c->tasks = plan->num_tasks;
     c->merges = plan->num_merges;
     c->qo_bytes = (int64_t)plan->batch_size * p->num_qo_heads * (d * es * 2 + 4);
@@ -581,6 +595,23 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
     if (st != PKV_OK) return st;
     if (!plan) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "plan is NULL");
     plan->generation = 0; /* a plan that fails half-way is not runnable */
+    /* a sliding window: the planner sees each row's attended tokens as its length, and the rows'
+     * tasks start at the window's first token */
+    pkv_page_table windowed;
+    const int32_t *row_starts = NULL;
+    if (problem->window > 0 && table->batch_size > 0) {
+        st = window_reserve(ctx, plan, 2 * (size_t)table->batch_size);
+        if (st != PKV_OK) return st;
+        int32_t *wl = plan->win, *ws = plan->win + table->batch_size;
+        for (int32_t i = 0; i < table->batch_size; i++) {
+            ws[i] = pkv_row_start(problem, table->seq_lens[i]);
+            wl[i] = table->seq_lens[i] - ws[i];
+        }
+        windowed = *table;
+        windowed.seq_lens = wl;
+        table = &windowed;
+        row_starts = ws;
+    }
     pkv_plan_options opts;
     if (opts_in)
         opts = *opts_in;
@@ -674,7 +705,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
         }
         st = plan_reserve(ctx, plan, ntasks, B, nmerges, 1);
         if (st != PKV_OK) return st;
-        slots = emit_rect_phase(plan, &pp, table, order, B, S);
+        slots = emit_rect_phase(plan, &pp, table, row_starts, order, B, S);
     } else if (route == PKV_ROUTE_BUCKETED) {
         if (pp.P_bucketed > 0) pp.P = pp.P_bucketed;
         /* counting sort of rows by bucket = floor(log2(N)) + 1, 0 for empty rows */
@@ -706,7 +737,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
         if (st != PKV_OK) return st;
         for (int b = 0; b < 34; b++) {
             if (!counts[b]) continue;
-            int32_t s = emit_rect_phase(plan, &pp, table, order + starts[b], counts[b], Sb[b]);
+            int32_t s = emit_rect_phase(plan, &pp, table, row_starts, order + starts[b], counts[b], Sb[b]);
             if (s > slots) slots = s; /* buckets run in sequence: slots are reused */
         }
     } else { /* WORKQUEUE and FUSED */
@@ -721,7 +752,9 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
         st = plan_reserve(ctx, plan, ntasks, B, nmerges, 1);
         if (st != PKV_OK) return st;
         begin_phase(plan, 0);
-        for (int32_t i = 0; i < B; i++) slots += emit_row(plan, i, lens[i], table->kv_indptr[i], chunk_tokens, slots, true);
+        for (int32_t i = 0; i < B; i++)
+            slots += emit_row(plan, i, lens[i], row_starts ? row_starts[i] : 0, table->kv_indptr[i], chunk_tokens, slots,
+                              true);
         emit_empty_merges(plan, lens, NULL, B);
         /* full chunks first (already in row order), then the tails longest first.  A row's tail
          * tasks (one per KV head, same length) are the row's last Hkv tasks: sort the rows, not the
@@ -855,10 +888,21 @@ pkv_status pkv_plan_route_terms(const pkv_problem *problem, const pkv_page_table
         return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, "options with a parallelism and terms are needed");
     if (opts->route == PKV_ROUTE_AUTO || opts->route == PKV_ROUTE_BUCKETED || opts->route < 0 || opts->route >= PKV_ROUTE_COUNT_)
         return pkv_fail(NULL, PKV_ERR_UNSUPPORTED, "terms without a plan exist for single, split, workqueue and fused");
+    pkv_page_table windowed = *table; /* a sliding window: each row's attended tokens */
+    int32_t *wl = NULL;
+    if (problem->window > 0 && table->batch_size > 0) {
+        wl = (int32_t *)malloc((size_t)table->batch_size * sizeof *wl);
+        if (!wl) return pkv_fail(NULL, PKV_ERR_OUT_OF_MEMORY, "cannot allocate the window's row lengths");
+        for (int32_t i = 0; i < table->batch_size; i++)
+            wl[i] = table->seq_lens[i] - pkv_row_start(problem, table->seq_lens[i]);
+        windowed.seq_lens = wl;
+    }
     plan_params pp;
-    resolve_params(opts, opts->parallelism, default_per_unit, default_per_unit, default_per_unit, problem, table, &pp);
+    resolve_params(opts, opts->parallelism, default_per_unit, default_per_unit, default_per_unit, problem, &windowed,
+                   &pp);
     double t[TC_COUNT][PKV_COST_TERMS];
-    candidate_terms(&pp, problem, table->seq_lens, table->batch_size, -1, t);
+    candidate_terms(&pp, problem, windowed.seq_lens, table->batch_size, -1, t);
+    free(wl);
     int k = 0;
     while (term_routes[k] != opts->route) k++;
     memcpy(terms, t[k], sizeof t[k]);

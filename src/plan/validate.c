@@ -79,6 +79,8 @@ pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens, cons
         if (t->kv_head < 0 || t->kv_head >= hkv) BAD("task %d has KV head %d outside [0, %d)", k, t->kv_head, hkv);
         if (t->tok_begin < 0 || t->tok_end <= t->tok_begin) BAD("task %d has an empty or negative range", k);
         if (t->tok_end > seq_lens[t->row]) BAD("task %d ends at %d past the row's %d tokens", k, t->tok_end, seq_lens[t->row]);
+        if (t->tok_begin < pkv_row_start(&plan->problem, seq_lens[t->row]))
+            BAD("task %d starts at %d, before its row's window", k, t->tok_begin);
         if (t->state_slot < -1) BAD("task %d has slot %d", k, t->state_slot);
         if (row_base[t->row] != t->page_base)
             BAD("task %d has page_base %d, its row starts at %d", k, t->page_base, row_base[t->row]);
@@ -97,7 +99,7 @@ pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens, cons
     int32_t k = 0, merges_seen = 0;
     for (int32_t i = 0; i < B; i++) {
         for (int32_t h = 0; h < hkv; h++) {
-            int32_t first = k, at = 0;
+            int32_t first = k, at = pkv_row_start(&plan->problem, seq_lens[i]);
             while (k < nt && plan->tasks[idx[k]].row == i && plan->tasks[idx[k]].kv_head == h) {
                 const pkv_task *t = &plan->tasks[idx[k]];
                 if (t->tok_begin != at) BAD("row %d head %d: tokens [%d, %d) not covered exactly once", i, h, at, t->tok_begin > at ? t->tok_begin : at);
@@ -146,7 +148,7 @@ pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens, cons
         split_tasks += plan->tasks[j].state_slot >= 0;
     }
     int64_t total = 0;
-    for (int32_t i = 0; i < B; i++) total += seq_lens[i];
+    for (int32_t i = 0; i < B; i++) total += seq_lens[i] - pkv_row_start(&plan->problem, seq_lens[i]);
     if (kv != total * hkv * d * es * 2) BAD("tasks read %lld KV bytes, lengths need %lld", (long long)kv, (long long)(total * hkv * d * es * 2));
     if (plan->counters.kv_bytes != kv) BAD("kv_bytes counter %lld != %lld", (long long)plan->counters.kv_bytes, (long long)kv);
     if (plan->counters.tasks != nt) BAD("tasks counter wrong");
