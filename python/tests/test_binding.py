@@ -271,31 +271,46 @@ def test_run_takes_a_kv_pair_or_one_interleaved_cache(cpu, layout):
         w.run(p["q"], np.stack([p["k"], p["v"]], axis=1)[:, :, ::-1])
 
 
-def test_logits_soft_cap(cpu):
-    """cap * tanh(s / cap) on the scores: the CPU backend and the float64 reference against numpy."""
-    cap = 0.75  # small (so that the cap changes the result on random data) and exact in float32
-    p = make_problem(seed_of("cap"), [0, 5, 200, 37], 8, 2)
-    w = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cpu")
-    plan(w, p, logits_soft_cap=cap, **SPLITTY)
-    o, lse = w.run(p["q"], p["k"], p["v"], return_lse=True)
-    ro, rl = pkv.reference(p["q"], p["k"], p["v"], p["indptr"], p["indices"], p["lens"], logits_soft_cap=cap,
-                           q_data_type=p["dtype"])
-    assert_close(o, lse, (ro, rl), p["dtype"], p["lens"])
-    # numpy, straight from the definition
+def check_definition(p, ro, rl, cap=None, window_left=-1):
+    """The float64 reference's (o, lse) against numpy straight from the definition (NHD problems):
+    scores s = q.k / sqrt(d), capped to cap * tanh(s / cap), over a row's last window_left + 1 tokens."""
     q, k, v = (to_f64(p[x], p["dtype"]) for x in ("q", "k", "v"))
     G, d = p["hq"] // p["hkv"], p["d"]
     for i, n in enumerate(p["lens"]):
         if n == 0:
             continue
         pages = p["indices"][p["indptr"][i]:p["indptr"][i + 1]]
-        toks = [(pages[t // p["ps"]], t % p["ps"]) for t in range(n)]
+        first = max(0, n - window_left - 1) if window_left >= 0 else 0
+        toks = [(pages[t // p["ps"]], t % p["ps"]) for t in range(first, n)]
         for h in range(p["hq"]):
             kk = np.stack([k[pg, off, h // G] for pg, off in toks])
             vv = np.stack([v[pg, off, h // G] for pg, off in toks])
-            s = cap * np.tanh(kk @ q[i, h] / np.sqrt(d) / cap)
+            s = kk @ q[i, h] / np.sqrt(d)
+            if cap:
+                s = cap * np.tanh(s / cap)
             e = np.exp(s - s.max())
             np.testing.assert_allclose(ro[i, h], e @ vv / e.sum(), rtol=1e-9, atol=1e-12)
             np.testing.assert_allclose(rl[i, h], s.max() + np.log(e.sum()), rtol=1e-9)
+
+
+def run_and_define(p, cap=None, window_left=-1):
+    """The CPU wrapper (every route splitting) against the float64 reference, and the reference
+    against the definition, with a soft cap or a window; returns the wrapper and the reference o."""
+    w = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cpu")
+    plan(w, p, logits_soft_cap=cap, window_left=window_left, **SPLITTY)
+    o, lse = w.run(p["q"], p["k"], p["v"], return_lse=True)
+    ro, rl = pkv.reference(p["q"], p["k"], p["v"], p["indptr"], p["indices"], p["lens"], logits_soft_cap=cap,
+                           window_left=window_left, q_data_type=p["dtype"])
+    assert_close(o, lse, (ro, rl), p["dtype"], p["lens"])
+    check_definition(p, ro, rl, cap=cap, window_left=window_left)
+    return w, ro
+
+
+def test_logits_soft_cap(cpu):
+    """cap * tanh(s / cap) on the scores: the CPU backend and the float64 reference against numpy."""
+    cap = 0.75  # small (so that the cap changes the result on random data) and exact in float32
+    p = make_problem(seed_of("cap"), [0, 5, 200, 37], 8, 2)
+    w, ro = run_and_define(p, cap=cap)
     plan(w, p, **SPLITTY)
     assert np.linalg.norm(to_f64(w.run(p["q"], p["k"], p["v"]), p["dtype"]) - ro) > 0.05 * np.linalg.norm(ro)
     with pytest.raises(pkv.PkvError):
@@ -309,25 +324,7 @@ def test_sliding_window(cpu, window_left):
     """FlashInfer's window_left: each row attends to its last window_left + 1 tokens; the reference
     against numpy from the definition, the CPU backend against the reference."""
     p = make_problem(seed_of("win", window_left), [0, 1, 60, 700, 17], 8, 2)
-    w = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cpu")
-    plan(w, p, window_left=window_left, **SPLITTY)
-    o, lse = w.run(p["q"], p["k"], p["v"], return_lse=True)
-    ro, rl = pkv.reference(p["q"], p["k"], p["v"], p["indptr"], p["indices"], p["lens"], window_left=window_left,
-                           q_data_type=p["dtype"])
-    assert_close(o, lse, (ro, rl), p["dtype"], p["lens"])
-    q, k, v = (to_f64(p[x], p["dtype"]) for x in ("q", "k", "v"))
-    G, d = p["hq"] // p["hkv"], p["d"]
-    for i, n in enumerate(p["lens"]):
-        if n == 0:
-            continue
-        pages = p["indices"][p["indptr"][i]:p["indptr"][i + 1]]
-        toks = [(pages[t // p["ps"]], t % p["ps"]) for t in range(max(0, n - window_left - 1), n)]
-        for h in range(p["hq"]):
-            kk = np.stack([k[pg, off, h // G] for pg, off in toks])
-            vv = np.stack([v[pg, off, h // G] for pg, off in toks])
-            s = kk @ q[i, h] / np.sqrt(d)
-            e = np.exp(s - s.max())
-            np.testing.assert_allclose(ro[i, h], e @ vv / e.sum(), rtol=1e-9, atol=1e-12)
+    w, _ = run_and_define(p, window_left=window_left)
     with pytest.raises(ValueError):
         plan(w, p, window_left=-2)
 

@@ -226,27 +226,20 @@ static pkv_status plan_reserve(pkv_context *ctx, pkv_plan *plan, int64_t ntasks,
     return PKV_OK;
 }
 
-/* Room for n int32 of window data (lengths and starts of a sliding-window step). */
-static pkv_status window_reserve(pkv_context *ctx, pkv_plan *plan, size_t n) {
-    if (n <= plan->win_cap) return PKV_OK;
-    int32_t *nw = (int32_t *)malloc(n * sizeof *nw);
-    if (!nw) return pkv_fail(ctx, PKV_ERR_OUT_OF_MEMORY, "cannot allocate the window's row data");
-    free(plan->win);
-    plan->win = nw;
-    plan->win_cap = n;
+/* Grows an int32 buffer of the plan to at least n entries (doubling; contents not kept). */
+static pkv_status grow_i32(pkv_context *ctx, int32_t **buf, size_t *cap, size_t n, const char *what) {
+    if (n <= *cap) return PKV_OK;
+    size_t c = *cap ? *cap : 256;
+    while (c < n) c *= 2;
+    int32_t *nb = (int32_t *)malloc(c * sizeof *nb);
+    if (!nb) return pkv_fail(ctx, PKV_ERR_OUT_OF_MEMORY, "cannot allocate %s", what);
+    free(*buf);
+    *buf = nb;
+    *cap = c;
     return PKV_OK;
 }
-
 static pkv_status scratch_reserve(pkv_context *ctx, pkv_plan *plan, size_t n) {
-    if (n <= plan->scratch_cap) return PKV_OK;
-    size_t cap = plan->scratch_cap ? plan->scratch_cap : 256;
-    while (cap < n) cap *= 2;
-    int32_t *ns = (int32_t *)malloc(cap * sizeof *ns);
-    if (!ns) return pkv_fail(ctx, PKV_ERR_OUT_OF_MEMORY, "cannot allocate planner scratch");
-    free(plan->scratch);
-    plan->scratch = ns;
-    plan->scratch_cap = cap;
-    return PKV_OK;
+    return grow_i32(ctx, &plan->scratch, &plan->scratch_cap, n, "planner scratch");
 }
 
 /* ---- emitting --------------------------------------------------------------------------------- */
@@ -600,7 +593,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
     pkv_page_table windowed;
     const int32_t *row_starts = NULL;
     if (problem->window > 0 && table->batch_size > 0) {
-        st = window_reserve(ctx, plan, 2 * (size_t)table->batch_size);
+        st = grow_i32(ctx, &plan->win, &plan->win_cap, 2 * (size_t)table->batch_size, "the window's row data");
         if (st != PKV_OK) return st;
         int32_t *wl = plan->win, *ws = plan->win + table->batch_size;
         for (int32_t i = 0; i < table->batch_size; i++) {
