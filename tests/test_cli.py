@@ -58,6 +58,7 @@ with tempfile.TemporaryDirectory() as tmp:
         check(r["pages_floor_us"] is None, "no pages floor on the CPU backend")
         check(r["rel_err"] is not None and r["rel_err"] < 2e-3, f"{r['route']} rel_err {r['rel_err']}")
         check(r["unwritten_outputs"] == 0, "outputs written")
+        check(r["kv_bytes"] == 2301 * 8 * 128 * 2 * 2, "kv bytes")
 
     # K and V interleaved per page in one pool: the same rows, checked against the reference
     js2 = os.path.join(tmp, "bi.json")
@@ -69,7 +70,7 @@ with tempfile.TemporaryDirectory() as tmp:
     for r in doc["rows"]:
         check(r["rel_err"] is not None and r["rel_err"] < 2e-3, f"interleaved {r['route']} rel_err {r['rel_err']}")
         check(r["unwritten_outputs"] == 0, "interleaved outputs written")
-        check(r["kv_bytes"] == 2301 * 8 * 128 * 2 * 2, "kv bytes")
+        check(r["kv_bytes"] == 2301 * 8 * 128 * 2 * 2, "interleaved kv bytes")
 
     js = os.path.join(tmp, "a.json")
     run("bench", "--backend", "cpu", "--anchor", "B8_bimodal", "--reps", "1", "--wall-reps", "1",

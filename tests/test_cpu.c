@@ -438,7 +438,21 @@ static void test_page_stride(pkv_context *ctx4) {
         t.kv_page_stride = -2 * page;
         CHECK_STATUS(pkv_run(ctx4, plan, ws, need, &t, NULL), PKV_ERR_INVALID_ARGUMENT);
         CHECK(pkv_test_unwritten(&tc) == tc.q_elems + tc.lse_elems); /* nothing written */
+        t.kv_page_stride = INT64_MAX / 4; /* page offsets would overflow int64 */
+        CHECK_STATUS(pkv_run(ctx4, plan, ws, need, &t, NULL), PKV_ERR_INVALID_ARGUMENT);
         t.kv_page_stride = page; /* one dense page: the same as 0 */
+        CHECK_OK(pkv_run(ctx4, plan, ws, need, &t, NULL));
+        /* a step that fails leaves no runnable plan behind (not the previous step's) */
+        pkv_problem bad = tc.problem;
+        bad.window = -5;
+        CHECK_STATUS(pkv_plan_step(ctx4, &bad, &tc.table, NULL, plan), PKV_ERR_INVALID_ARGUMENT);
+        CHECK_STATUS(pkv_run(ctx4, plan, ws, need, &t, NULL), PKV_ERR_INVALID_ARGUMENT);
+        bad = tc.problem;
+        bad.head_dim = 96;
+        CHECK_OK(pkv_plan_step(ctx4, &tc.problem, &tc.table, NULL, plan));
+        CHECK_STATUS(pkv_plan_step(ctx4, &bad, &tc.table, NULL, plan), PKV_ERR_UNSUPPORTED_HEAD_DIM);
+        CHECK_STATUS(pkv_run(ctx4, plan, ws, need, &t, NULL), PKV_ERR_INVALID_ARGUMENT);
+        CHECK_OK(pkv_plan_step(ctx4, &tc.problem, &tc.table, NULL, plan));
         CHECK_OK(pkv_run(ctx4, plan, ws, need, &t, NULL));
         free(o_dense);
         free(l_dense);

@@ -113,6 +113,8 @@ class HostInt32:
             t = sys.modules["torch"]
             if x.device.type != "cpu":
                 raise ValueError(f"{name}: internal error, device tensors are copied in plan")
+            if x.numel() and x.dtype != t.int32 and (int(x.min()) < -2**31 or int(x.max()) >= 2**31):
+                raise ValueError(f"{name} has values outside int32")
             y = x.to(t.int32).contiguous()
             self.data, self._torch = y, True
             self.ptr, self._len = y.data_ptr(), y.numel()

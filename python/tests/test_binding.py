@@ -327,6 +327,8 @@ def test_sliding_window(cpu, window_left):
     w, _ = run_and_define(p, window_left=window_left)
     with pytest.raises(ValueError):
         plan(w, p, window_left=-2)
+    with pytest.raises(ValueError):
+        pkv.reference(p["q"], p["k"], p["v"], p["indptr"], p["indices"], p["lens"], window_left=2**32)
 
 
 def test_empty_batch(cpu):

@@ -83,7 +83,9 @@ const char *pkv_context_device_name(const pkv_context *ctx) { return ctx ? ctx->
 
 static pkv_status check_run_args(pkv_context *ctx, const pkv_plan *plan, void *workspace, size_t ws_bytes) {
     if (!plan) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "plan is NULL");
-    if (plan->generation == 0) return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "plan was never filled by pkv_plan_step");
+    if (plan->generation == 0)
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT,
+                        "plan holds no step: never planned, or its last pkv_plan_step failed");
     if (plan->workspace_bytes > 0 && !workspace)
         return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "workspace is NULL but the plan needs %zu bytes",
                         plan->workspace_bytes);
@@ -114,6 +116,10 @@ pkv_status pkv_run(pkv_context *ctx, const pkv_plan *plan, void *workspace, size
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT,
                         "kv_page_stride %" PRId64 " is neither 0 (dense) nor at least one page (%" PRId64 " elements)",
                         t->kv_page_stride, dense);
+    if (t->kv_page_stride > 0 && plan->problem.num_pages > 0 &&
+        t->kv_page_stride > (INT64_MAX / 2) / plan->problem.num_pages) /* page offsets stay in int64 */
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "kv_page_stride %" PRId64 " x %lld pages overflows", t->kv_page_stride,
+                        (long long)plan->problem.num_pages);
     /* the CUDA kernels use 16-byte vector accesses */
     if (ctx->kind == PKV_BACKEND_CUDA) {
         if (t->kv_page_stride % 8 != 0)

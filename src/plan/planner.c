@@ -582,12 +582,12 @@ static pkv_route auto_rule(const plan_params *pp, const pkv_problem *p) {
 static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t default_cpu, int32_t resident, int32_t resident_x,
                             const pkv_problem *problem,
                             const pkv_page_table *table, const pkv_plan_options *opts_in, pkv_plan *plan) {
+    if (plan) plan->generation = 0; /* a plan that fails, even at the checks, is not runnable */
     pkv_status st = pkv_check_problem(ctx, problem);
     if (st != PKV_OK) return st;
     st = pkv_check_table(ctx, problem, table, table && table->kv_page_indices != NULL);
     if (st != PKV_OK) return st;
     if (!plan) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "plan is NULL");
-    plan->generation = 0; /* a plan that fails half-way is not runnable */
     /* a sliding window: the planner sees each row's attended tokens as its length, and the rows'
      * tasks start at the window's first token */
     pkv_page_table windowed;
@@ -799,6 +799,7 @@ pkv_status pkv_plan_step(pkv_context *ctx, const pkv_problem *problem, const pkv
                     const pkv_plan_options *opts, pkv_plan *plan) {
     if (!ctx) return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "context is NULL");
     pkv_clear_error(ctx);
+    if (plan) plan->generation = 0; /* a failed step leaves no runnable plan (not the previous step's) */
     if (ctx->ops->supports && problem) {
         pkv_status st = pkv_check_problem(ctx, problem);
         if (st != PKV_OK) return st;

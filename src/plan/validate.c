@@ -60,6 +60,9 @@ pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens, cons
         const pkv_row_sched *rs = &plan->rows[r];
         if (rs->row < 0 || rs->row >= B || row_base[rs->row] != -1) BAD("row record %d names row %d twice or out of range", r, rs->row);
         row_base[rs->row] = rs->page_base;
+        if (rs->seq_len != seq_lens[rs->row] || rs->tok_begin != pkv_row_start(&plan->problem, seq_lens[rs->row]))
+            BAD("row record %d: tokens [%d, %d), the row attends to [%d, %d)", r, rs->tok_begin, rs->seq_len,
+                pkv_row_start(&plan->problem, seq_lens[rs->row]), seq_lens[rs->row]);
     }
 
     /* phases tile the task and merge lists in order */
