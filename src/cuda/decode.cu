@@ -293,7 +293,7 @@ __device__ __forceinline__ bool load_task(const decode_params &p, task_info &ti)
         if (s >= rs.num_splits) return false;
         ti.row = rs.row;
         ti.head = blockIdx.y;
-        ti.tb = s * rs.chunk_tokens;
+        ti.tb = s * rs.chunk_tokens; // rs.tok_begin is 0: the backend refuses sliding windows (cuda_supports)
         ti.te = min(ti.tb + rs.chunk_tokens, rs.seq_len);
         ti.slot = rs.num_splits > 1 ? rs.slot_base + ti.head * rs.num_splits + s : -1;
         ti.page_base = rs.page_base;
