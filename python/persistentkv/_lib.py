@@ -270,6 +270,16 @@ def parse_code(parse_fn, name):
 
 
 # ---- errors -------------------------------------------------------------------------------------
+def set_score_options(prob, sm_scale, logits_soft_cap, window_left):
+    """A Problem's score options: sm_scale (None: 1 / sqrt(head_dim)), logits_soft_cap (None or 0:
+    none) and FlashInfer's window_left (-1 or None: no window; w >= 0: the last w + 1 tokens)."""
+    if window_left is not None and not -1 <= int(window_left) < 2**31 - 1:
+        raise ValueError(f"window_left must be -1 (no window) or in [0, 2^31 - 1), got {window_left}")
+    prob.sm_scale = float(sm_scale) if sm_scale is not None else 0.0
+    prob.logits_soft_cap = float(logits_soft_cap) if logits_soft_cap else 0.0
+    prob.window = 0 if window_left is None or int(window_left) < 0 else int(window_left) + 1
+
+
 def status_string(status):
     return lib.pkv_status_string(int(status)).decode()
 

@@ -58,11 +58,7 @@ def reference(q, k_cache, v_cache, indptr, indices, seq_lens, kv_layout="NHD", s
     prob.num_pages = int(num_pages)
     prob.layout = L.LAYOUT_NHD if kv_layout == "NHD" else L.LAYOUT_HND
     prob.dtype = A.dtype_code(dt)
-    prob.sm_scale = float(sm_scale) if sm_scale is not None else 0.0
-    prob.logits_soft_cap = float(logits_soft_cap) if logits_soft_cap else 0.0
-    if window_left is not None and not -1 <= int(window_left) < 2**31 - 1:
-        raise ValueError(f"window_left must be -1 (no window) or in [0, 2^31 - 1), got {window_left}")
-    prob.window = 0 if window_left is None or int(window_left) < 0 else int(window_left) + 1
+    L.set_score_options(prob, sm_scale, logits_soft_cap, window_left)
     table = L.PageTable(B, h_indptr.c_ptr(), h_indices.c_ptr(), h_lens.c_ptr())
     o = np.zeros((B, hq, d), np.float64)  # o [B, Hq, d]
     lse = np.zeros((B, hq), np.float64)   # lse [B, Hq]

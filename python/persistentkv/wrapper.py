@@ -22,17 +22,6 @@ def _route_code(route):
     return parse_code(lib.pkv_route_parse, route)
 
 
-def _window_of(window_left):
-    """pkv_problem.window from FlashInfer's window_left (-1 or None: no window)."""
-    if window_left is None or int(window_left) == -1:
-        return 0
-    if int(window_left) < -1:
-        raise ValueError(f"window_left must be -1 (no window) or >= 0, got {window_left}")
-    if int(window_left) >= 2**31 - 1:
-        raise ValueError(f"window_left {window_left} does not fit int32")
-    return int(window_left) + 1
-
-
 def _lens_from_last_page(h_indptr, h_last, page_size):
     """Row lengths from FlashInfer's last_page_len: (pages - 1) * page_size + last page's tokens."""
     if page_size <= 0:
@@ -265,9 +254,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         prob.head_dim, prob.page_size, prob.num_pages = int(head_dim), int(page_size), int(num_pages)
         prob.layout = _LAYOUTS[self._kv_layout]
         prob.dtype = A.dtype_code(q_dtype)
-        prob.sm_scale = float(sm_scale) if sm_scale is not None else 0.0
-        prob.logits_soft_cap = float(logits_soft_cap) if logits_soft_cap else 0.0
-        prob.window = _window_of(window_left)
+        L.set_score_options(prob, sm_scale, logits_soft_cap, window_left)
 
         opts = L.PlanOptions()
         lib.pkv_plan_options_default(ctypes.byref(opts))

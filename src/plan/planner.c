@@ -242,6 +242,16 @@ static pkv_status scratch_reserve(pkv_context *ctx, pkv_plan *plan, size_t n) {
     return grow_i32(ctx, &plan->scratch, &plan->scratch_cap, n, "planner scratch");
 }
 
+/* Under a sliding window: each row's attended length (lens) and, when starts is given, its first
+ * attended token. */
+static void window_lengths(const pkv_problem *p, const pkv_page_table *t, int32_t *lens, int32_t *starts) {
+    for (int32_t i = 0; i < t->batch_size; i++) {
+        const int32_t s = pkv_row_start(p, t->seq_lens[i]);
+        lens[i] = t->seq_lens[i] - s;
+        if (starts) starts[i] = s;
+    }
+}
+
 /* ---- emitting --------------------------------------------------------------------------------- */
 /* Emits the schedule of one row split in chunks of chunk_tokens: its row record, its tasks (split
  * outer, KV head inner), and merges for split or empty rows.  The row attends to its n tokens from
@@ -596,10 +606,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
         st = grow_i32(ctx, &plan->win, &plan->win_cap, 2 * (size_t)table->batch_size, "the window's row data");
         if (st != PKV_OK) return st;
         int32_t *wl = plan->win, *ws = plan->win + table->batch_size;
-        for (int32_t i = 0; i < table->batch_size; i++) {
-            ws[i] = pkv_row_start(problem, table->seq_lens[i]);
-            wl[i] = table->seq_lens[i] - ws[i];
-        }
+        window_lengths(problem, table, wl, ws);
         windowed = *table;
         windowed.seq_lens = wl;
         table = &windowed;
@@ -887,8 +894,7 @@ pkv_status pkv_plan_route_terms(const pkv_problem *problem, const pkv_page_table
     if (problem->window > 0 && table->batch_size > 0) {
         wl = (int32_t *)malloc((size_t)table->batch_size * sizeof *wl);
         if (!wl) return pkv_fail(NULL, PKV_ERR_OUT_OF_MEMORY, "cannot allocate the window's row lengths");
-        for (int32_t i = 0; i < table->batch_size; i++)
-            wl[i] = table->seq_lens[i] - pkv_row_start(problem, table->seq_lens[i]);
+        window_lengths(problem, table, wl, NULL);
         windowed.seq_lens = wl;
     }
     plan_params pp;
