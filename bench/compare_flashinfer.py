@@ -231,11 +231,18 @@ class Step:
         self.total_tokens = int(self.lens.astype(np.int64).sum())
         self.elem = 2
         self.token_bytes = self.Hkv * self.d * self.elem * 2            # K and V
-        self.kv_bytes = self.total_tokens * self.token_bytes              # true tokens, K + V
+        self.kv_bytes = self.total_tokens * self.token_bytes              # true tokens, K + V (attended)
         self.page_elems = page_size * self.Hkv * self.d                   # one page of K (or V)
         self.meta = meta
         self.rotations = 1
         self.pool_bytes = 0
+
+    def set_window(self, window_left):
+        """Under a sliding window a row attends to (and the floor reads) its last window_left + 1 tokens."""
+        import numpy as np
+        if window_left >= 0:
+            attended = np.minimum(self.lens.astype(np.int64), window_left + 1)
+            self.kv_bytes = int(attended.sum()) * self.token_bytes
 
     def set_rotations(self, rotate_bytes, cap_bytes):
         step_pool = 2 * self.pages * self.page_elems * self.elem
@@ -298,6 +305,8 @@ def build_steps(args):
             if name not in ANCHOR_BY_NAME:
                 raise SystemExit(f"unknown anchor {name!r}")
             _, b, kind, fixed, fi_us, fi_path = ANCHOR_BY_NAME[name]
+            if score_kw(args):  # anchors.md's FlashInfer times are for every token, uncapped
+                fi_us, fi_path = None, None
             steps.append(isolated_step("anchor", name, "paper", "fp16", anchor_lens(b, kind, fixed), args,
                                        args.reps, anchors_md_fi_us=fi_us, anchors_md_fi_path=fi_path))
     if "shapes" in groups:
@@ -335,6 +344,7 @@ def build_steps(args):
                 assert np.array_equal(st.indptr, indptr), "trace CSR differs from the lengths"
                 steps.append(st)
     for st in steps:
+        st.set_window(args.window_left)
         st.set_rotations(int(args.rotate_gib * 2 ** 30), int(args.pool_cap_gib * 2 ** 30))
     return steps
 
@@ -606,8 +616,9 @@ def pick_ref_rows(lens, budget=300_000):
     return rows
 
 
-def torch_reference(torch, st, q, K0, V0, rows):
-    """float64 attention of the given rows over rotation 0: [len(rows), Hq, d]."""
+def torch_reference(torch, st, q, K0, V0, rows, soft_cap=0.0, window_left=-1):
+    """float64 attention of the given rows over rotation 0: [len(rows), Hq, d]; scores capped as
+    cap * tanh(s / cap) when soft_cap > 0, only the last window_left + 1 tokens when window_left >= 0."""
     outs = []
     scale = 1.0 / math.sqrt(st.d)
     idx_all = torch.as_tensor(st.indices, device=K0.device, dtype=torch.long)
@@ -617,13 +628,26 @@ def torch_reference(torch, st, q, K0, V0, rows):
         k, v = K0[idx], V0[idx]
         if st.layout == "HND":  # [p, Hkv, ps, d] -> [p, ps, Hkv, d]
             k, v = k.permute(0, 2, 1, 3), v.permute(0, 2, 1, 3)
-        k = k.reshape(-1, st.Hkv, st.d)[:n].double()
-        v = v.reshape(-1, st.Hkv, st.d)[:n].double()
+        first = max(0, n - (window_left + 1)) if window_left >= 0 else 0
+        k = k.reshape(-1, st.Hkv, st.d)[first:n].double()
+        v = v.reshape(-1, st.Hkv, st.d)[first:n].double()
         qq = q[r].double().view(st.Hkv, st.G, st.d)
         s = torch.einsum("hgd,nhd->hgn", qq, k) * scale
+        if soft_cap > 0:
+            s = soft_cap * torch.tanh(s / soft_cap)
         p = torch.softmax(s, dim=-1)
         outs.append(torch.einsum("hgn,nhd->hgd", p, v).reshape(st.Hq, st.d))
     return torch.stack(outs)
+
+
+def score_kw(args):
+    """The score options (--soft-cap, --window-left) as both libraries' plan() keywords."""
+    kw = {}
+    if args.soft_cap > 0:
+        kw["logits_soft_cap"] = args.soft_cap
+    if args.window_left >= 0:
+        kw["window_left"] = args.window_left
+    return kw
 
 
 def measure_step(gpu, st, args):
@@ -643,7 +667,7 @@ def measure_step(gpu, st, args):
     reps, wall_reps = st.reps, args.wall_reps
     tol = TOL[st.dtype]
     ref_rows = pick_ref_rows(st.lens) if not args.no_reference else []
-    ref = torch_reference(torch, st, q, Ks[0], Vs[0], ref_rows) if ref_rows else None
+    ref = torch_reference(torch, st, q, Ks[0], Vs[0], ref_rows, args.soft_cap, args.window_left) if ref_rows else None
     row["ref_rows"] = ref_rows
 
     # floor of the step: a streaming read of its K/V bytes, timed like the steps
@@ -660,7 +684,7 @@ def measure_step(gpu, st, args):
 
     # ---- FlashInfer ----
     fi, fi_out = {}, {}
-    plan_kw = dict(q_data_type=tdt, kv_data_type=tdt)
+    plan_kw = dict(q_data_type=tdt, kv_data_type=tdt, **score_kw(args))
     if "cudacore" in args.fi_configs and "cudacore" not in st.fi_configs:
         fi["cudacore"] = {"skipped": f"G={st.G}: FlashInfer's CUDA-core decode takes G in {FI_CUDACORE_GROUPS}"}
     for cfg in st.fi_configs:
@@ -715,7 +739,7 @@ def measure_step(gpu, st, args):
 
             def pplan(_=None, w=w, route=route):
                 w.plan(st.indptr, st.indices, st.lens, st.Hq, st.Hkv, st.d, st.page_size, num_pages=st.pages,
-                       q_data_type=st.dtype, route=route)
+                       q_data_type=st.dtype, route=route, **score_kw(args))
             pplan()
             out = torch.full_like(q, float("nan"))
             w.run(q, Ks[0], Vs[0], out=out)
@@ -861,7 +885,7 @@ def measure_step(gpu, st, args):
 
         def pwall(i, w=w, out=out):
             w.plan(st.indptr, st.indices, st.lens, st.Hq, st.Hkv, st.d, st.page_size, num_pages=st.pages,
-                   q_data_type=st.dtype, route="auto")
+                   q_data_type=st.dtype, route="auto", **score_kw(args))
             w.run(q, Ks[i % R], Vs[i % R], out=out)
         pwall(0)
         row["pkv_wall_us"] = gpu.host_times(pwall, wall_reps)
@@ -1164,6 +1188,7 @@ def base_meta(args):
          "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
          "command": " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv), "python": platform.python_version(),
          "matrix": args.matrix, "layout": args.layout, "page_size": args.page_size, "reps": args.reps,
+         "soft_cap": args.soft_cap, "window_left": args.window_left,
          "trace_reps": args.trace_reps, "wall_reps": args.wall_reps, "floor_reps": args.floor_reps,
          "warmup": args.warmup, "rotate_gib": args.rotate_gib, "routes": args.routes, "fi_configs": args.fi_configs,
          "graphs": not args.no_graphs, "graph_rotations": args.graph_rotations,
@@ -1187,7 +1212,7 @@ def base_meta(args):
 
 
 # ---- JIT warm-up (parallel subprocesses, one per FlashInfer module) ---------------------------------------
-def jit_one(spec, layout):
+def jit_one(spec, layout, args):
     """Child: compile and load one FlashInfer module by running a tiny problem on it."""
     import torch
     import flashinfer
@@ -1202,7 +1227,7 @@ def jit_one(spec, layout):
     indptr = torch.tensor([0, n // ps], dtype=torch.int32)
     indices = torch.arange(n // ps, dtype=torch.int32, device=dev)
     last = torch.tensor([ps], dtype=torch.int32)
-    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=tdt, kv_data_type=tdt)
+    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=tdt, kv_data_type=tdt, **score_kw(args))
     shape = (n // ps, ps, hkv, d) if layout == "NHD" else (n // ps, hkv, ps, d)
     k = torch.rand(shape, dtype=tdt, device=dev)
     q = torch.rand(1, hq, d, dtype=tdt, device=dev)
@@ -1212,7 +1237,7 @@ def jit_one(spec, layout):
     print(f"[jit] {spec}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 
 
-def jit_warmup(mods, layout, jobs):
+def jit_warmup(mods, layout, jobs, args):
     """Builds the modules in parallel child processes (ninja -j MAX_JOBS each); returns seconds."""
     if not mods:
         return 0.0
@@ -1227,7 +1252,8 @@ def jit_warmup(mods, layout, jobs):
     while pending or running:
         while pending and len(running) < jobs:
             s = pending.pop(0)
-            p = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--jit-one", s, "--layout", layout],
+            p = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--jit-one", s, "--layout", layout,
+                                  "--soft-cap", str(args.soft_cap), "--window-left", str(args.window_left)],
                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             running.append((s, p))
         time.sleep(0.5)
@@ -1362,6 +1388,11 @@ def parse_args(argv=None):
     p.add_argument("--trace-steps", help="trace steps to sample: first, mid, last or numbers (default mid,first,last: measured in that order)")
     p.add_argument("--layout", choices=("NHD", "HND"), default="NHD")
     p.add_argument("--page-size", type=int, default=16)
+    p.add_argument("--soft-cap", type=float, default=0.0,
+                   help="logits soft cap for both libraries (Gemma-2: 50; default 0: none)")
+    p.add_argument("--window-left", type=int, default=-1,
+                   help="sliding window for both libraries, as FlashInfer's window_left (the last W + 1 tokens; "
+                        "Gemma-2's local layers: 4095; default -1: none)")
     p.add_argument("--routes", default=",".join(ROUTES), help="PersistentKV routes (default all six)")
     p.add_argument("--fi-configs", default="cudacore,tensorcore", help="FlashInfer paths to time")
     p.add_argument("--reps", type=int, default=100, help="timed runs per configuration, anchors and shapes")
@@ -1400,7 +1431,7 @@ def main(argv=None):
     t_start = time.perf_counter()
     args = parse_args(argv)
     if args.jit_one:
-        jit_one(args.jit_one, args.layout)
+        jit_one(args.jit_one, args.layout, args)
         return 0
     log(check_anchor_rule())
     if args.jit_warmup_only:  # no PersistentKV needed: can run while the library builds
@@ -1410,7 +1441,7 @@ def main(argv=None):
         if traces:  # the trace steps use the paper shape
             for cfg in args.fi_configs:
                 mods.setdefault(("fp16", 128, cfg == "tensorcore"), SHAPES["paper"][:2])
-        jit_warmup(mods, args.layout, args.jit_jobs)
+        jit_warmup(mods, args.layout, args.jit_jobs, args)
         return 0
     steps = build_steps(args)
     log(f"{len(steps)} steps: " + ", ".join(f"{g} {sum(1 for s in steps if s.group == g)}"
@@ -1437,7 +1468,7 @@ def main(argv=None):
     meta.update(torch=torch.__version__, cuda=torch.version.cuda, flashinfer=flashinfer.__version__,
                 pkv_library=str(pkv.library_path), gpu={"name": torch.cuda.get_device_name(0)})
     if args.jit_warmup:
-        meta["jit_warmup_s"] = jit_warmup(fi_modules(steps, args.fi_configs), args.layout, args.jit_jobs)
+        meta["jit_warmup_s"] = jit_warmup(fi_modules(steps, args.fi_configs), args.layout, args.jit_jobs, args)
     flat = max([8 << 30] + [s.pool_bytes for s in steps])
     gpu = Gpu(args, flat)
     if gpu.devh is not None:

@@ -1,6 +1,7 @@
 /* test_cuda.c - the CUDA backend against the float64 reference: every route on randomized shapes
  * (G 1..16 including 7, head dims 64/128/256, fp16/bf16, NHD/HND, page sizes 1..256, lengths 0 and
- * 1, scattered pages, NaN in every KV slot no row may read), outputs poisoned before each run;
+ * 1, scattered pages, NaN in every KV slot no row may read), logits soft caps and sliding windows,
+ * outputs poisoned before each run;
  * bitwise repeatability; CUDA graph capture and replay; errors.  Skips (77) without a GPU.
  * PKV_TEST_CASES=N sets the number of random problems (default 60); PKV_TEST_SMALL=1 keeps every row
  * short (for compute-sanitizer runs). */
@@ -29,11 +30,13 @@ static void check_case(pkv_context *ctx, pkv_plan *plan, pkv_test_case *tc, cons
         double err = pkv_test_rel_l2(tc), lerr = pkv_test_lse_err(tc);
         int64_t unwritten = pkv_test_unwritten(tc);
         CHECK_MSG(err < tol && lerr < 1e-2 && unwritten == 0 && pkv_test_empty_rows_nonzero(tc) == 0,
-                  "%s route %s: B=%d G=%d Hkv=%d d=%d page=%d %s %s kv pad %lld rel_l2=%.2e lse=%.2e unwritten=%lld",
+                  "%s route %s: B=%d G=%d Hkv=%d d=%d page=%d %s %s kv pad %lld window %d cap %g rel_l2=%.2e lse=%.2e "
+                  "unwritten=%lld",
                   what,
                   pkv_route_name(routes[r]), tc->batch_size, p->num_qo_heads / p->num_kv_heads, p->num_kv_heads,
                   p->head_dim, p->page_size, p->layout == PKV_LAYOUT_HND ? "HND" : "NHD",
-                  p->dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", (long long)pad, err, lerr, (long long)unwritten);
+                  p->dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", (long long)pad, p->window, (double)p->logits_soft_cap, err,
+                  lerr, (long long)unwritten);
     }
 }
 
@@ -89,6 +92,71 @@ static void fixed_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
         snprintf(what, sizeof what, "fixed case %zu", i);
         check_case(ctx, plan, &tc, what, -1);
         if (i % 3 == 0) check_case(ctx, plan, &tc, what, 8); /* K and V interleaved per page, padded */
+        pkv_test_case_free(&tc);
+    }
+}
+
+/* Logits soft caps and sliding windows (Gemma-2, Mistral): windows of 1 token, shorter than a 16-token
+ * tile, starting mid-page and mid-tile, longer than the rows, on rows long enough to split; page sizes
+ * the tensor-copy kernel takes (16, 48) and those it does not (1, 7); K and V of every token before a
+ * window are NaN.  The cap must move the output (the uncapped reference differs). */
+static void score_option_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
+    struct {
+        int32_t hq, hkv, d, page;
+        pkv_layout layout;
+        pkv_dtype dtype;
+        float cap;
+        int32_t window, B;
+        int32_t lens[5];
+    } cases[] = {
+        {32, 8, 128, 16, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 0.0f, 4096, 4, {20000, 4100, 4095, 1}},
+        {28, 4, 128, 16, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 0.0f, 37, 4, {3000, 38, 36, 0}},
+        {8, 8, 64, 48, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 0.0f, 1, 3, {1000, 2, 1}},
+        {16, 8, 256, 16, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 0.0f, 5, 3, {9000, 17, 5}},
+        {64, 4, 128, 16, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 0.0f, 1000, 3, {12345, 999, 1001}},
+        {14, 2, 64, 7, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 0.0f, 300, 3, {5000, 301, 20}},
+        {32, 8, 128, 1, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 0.0f, 129, 2, {700, 130}},
+        {16, 8, 256, 16, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 50.0f, 0, 3, {9000, 300, 1}},
+        {32, 8, 128, 16, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 0.5f, 0, 4, {20000, 33, 0, 2}},
+        {48, 4, 64, 32, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 0.25f, 0, 2, {3000, 17}},
+        {16, 8, 256, 16, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 30.0f, 4096, 3, {9000, 4097, 100}},
+        {24, 8, 128, 64, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 1.0f, 777, 3, {30000, 800, 5}},
+    };
+    const bool small = getenv("PKV_TEST_SMALL") != NULL;
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        if (small)
+            for (int32_t r = 0; r < cases[i].B; r++)
+                if (cases[i].lens[r] > 1500) cases[i].lens[r] = 1500;
+        pkv_problem p;
+        pkv_problem_default(&p);
+        p.num_qo_heads = cases[i].hq;
+        p.num_kv_heads = cases[i].hkv;
+        p.head_dim = cases[i].d;
+        p.page_size = cases[i].page;
+        p.layout = cases[i].layout;
+        p.dtype = cases[i].dtype;
+        pkv_test_case tc;
+        CHECK(pkv_test_case_build(rng, &p, cases[i].B, cases[i].lens, 0.25, 1, &tc));
+        if (!tc.ok) continue;
+        if (cases[i].cap > 0.0f && cases[i].cap <= 1.0f) { /* a small cap must matter */
+            CHECK_OK(pkv_test_case_reference(&tc));
+            double *plain = (double *)malloc((size_t)tc.q_elems * sizeof(double));
+            if (plain) memcpy(plain, tc.o_ref, (size_t)tc.q_elems * sizeof(double));
+            tc.problem.logits_soft_cap = cases[i].cap;
+            CHECK_OK(pkv_test_case_reference(&tc));
+            double moved = 0.0;
+            for (int64_t e = 0; plain && e < tc.q_elems; e++) moved += fabs(tc.o_ref[e] - plain[e]);
+            CHECK_MSG(moved > 1e-3 * (double)tc.q_elems, "case %zu: a cap of %g left the reference unchanged", i,
+                      (double)cases[i].cap);
+            free(plain);
+        }
+        tc.problem.logits_soft_cap = cases[i].cap;
+        tc.problem.window = cases[i].window;
+        pkv_test_poison_before_window(&tc);
+        CHECK_OK(pkv_test_case_reference(&tc));
+        char what[48];
+        snprintf(what, sizeof what, "cap %g window %d case %zu", (double)cases[i].cap, cases[i].window, i);
+        check_case(ctx, plan, &tc, what, i % 3 == 0 ? 8 : -1);
         pkv_test_case_free(&tc);
     }
 }
@@ -150,14 +218,6 @@ static void repeat_and_graph(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     t.kv_page_stride = (int64_t)p.page_size * p.num_kv_heads * p.head_dim + 4;
     CHECK_STATUS(pkv_run(ctx, plan, ws, wsb, &t, NULL), PKV_ERR_INVALID_ARGUMENT);
     t.kv_page_stride = 0;
-    /* logits soft-capping is CPU-only so far: refused, not ignored */
-    pkv_problem capped = tc.problem;
-    capped.logits_soft_cap = 50.0f;
-    CHECK_STATUS(pkv_plan_step(ctx, &capped, &tc.table, &opts, plan), PKV_ERR_UNSUPPORTED);
-    pkv_problem windowed = tc.problem; /* and so are sliding windows */
-    windowed.window = 4096;
-    CHECK_STATUS(pkv_plan_step(ctx, &windowed, &tc.table, &opts, plan), PKV_ERR_UNSUPPORTED);
-    CHECK_OK(pkv_plan_step(ctx, &tc.problem, &tc.table, &opts, plan));
     free(o1), free(o2), free(o3), free(l1), free(l3);
     void *bufs[] = {q, k, v, o, lse, idx, ws};
     for (size_t i = 0; i < 7; i++) pkv_dev_free(ctx, bufs[i]);
@@ -180,6 +240,7 @@ int main(void) {
 
     fixed_cases(ctx, plan, &rng);
     repeat_and_graph(ctx, plan, &rng);
+    score_option_cases(ctx, plan, &rng);
 
     static const int32_t groups[] = {1, 2, 3, 4, 7, 8, 12, 16}, dims[] = {64, 128, 256}, pages[] = {1, 8, 16, 64, 256},
                          hkv[] = {1, 2, 4, 8};
@@ -204,6 +265,11 @@ int main(void) {
         pkv_test_case tc;
         CHECK(pkv_test_case_random(&rng, &ch, &tc));
         if (!tc.ok) continue;
+        if (n % 4 == 1) { /* a quarter of the problems with a sliding window, some of them capped */
+            tc.problem.window = (int32_t)pkv_rng_uniform_int(&rng, 1, 3000);
+            pkv_test_poison_before_window(&tc);
+        }
+        if (n % 6 == 1 || n % 6 == 4) tc.problem.logits_soft_cap = (float)pkv_rng_uniform_int(&rng, 1, 50);
         CHECK_OK(pkv_test_case_reference(&tc));
         char what[32];
         snprintf(what, sizeof what, "random case %d", n);

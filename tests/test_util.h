@@ -120,6 +120,30 @@ static inline void pkv_test_case_free(pkv_test_case *tc) {
     memset(tc, 0, sizeof *tc);
 }
 
+/* Element offset of token t of row i, KV head h, in the K or V pool (dense). */
+static inline int64_t pkv_test_kv_at(const pkv_test_case *tc, int32_t i, int32_t t, int32_t h) {
+    const pkv_problem *p = &tc->problem;
+    const int32_t ps = p->page_size, hkv = p->num_kv_heads, d = p->head_dim;
+    const int64_t page = tc->kv_page_indices[tc->kv_indptr[i] + t / ps];
+    const int64_t s_token = p->layout == PKV_LAYOUT_NHD ? (int64_t)hkv * d : d;
+    const int64_t s_head = p->layout == PKV_LAYOUT_NHD ? d : (int64_t)ps * d;
+    return page * ps * hkv * d + (int64_t)h * s_head + (int64_t)(t % ps) * s_token;
+}
+
+/* Under the problem's sliding window, NaN in K and V of every token before a row's window (tokens a
+ * kernel may bring in with the window's first tile but must never let reach the output). */
+static inline void pkv_test_poison_before_window(pkv_test_case *tc) {
+    const pkv_problem *p = &tc->problem;
+    if (p->window <= 0) return;
+    const uint16_t nan_bits = pkv_test_nan_bits(p->dtype);
+    for (int32_t i = 0; i < tc->batch_size; i++)
+        for (int32_t t = 0; t < tc->seq_lens[i] - p->window; t++)
+            for (int32_t h = 0; h < p->num_kv_heads; h++) {
+                const int64_t at = pkv_test_kv_at(tc, i, t, h);
+                for (int32_t e = 0; e < p->head_dim; e++) tc->k_cache[at + e] = tc->v_cache[at + e] = nan_bits;
+            }
+}
+
 /* Builds a case for the given problem shape (num_pages is computed) and lengths: each row owns
  * ceil(len / page_size) pages, sometimes one more; page ids are a random permutation of the pool
  * (no page shared between rows) with hole_fraction unused pages.  Returns tc->ok. */
@@ -185,14 +209,10 @@ static inline int pkv_test_case_build(pkv_rng *rng, const pkv_problem *shape, in
         tc->v_cache[e] = poison_unused_kv ? nan_bits : pkv_test_random_value(rng, p->dtype);
     }
     if (poison_unused_kv) { /* real data only where a row's tokens live */
-        const int64_t s_page = (int64_t)ps * hkv * d;
-        const int64_t s_token = p->layout == PKV_LAYOUT_NHD ? (int64_t)hkv * d : d;
-        const int64_t s_head = p->layout == PKV_LAYOUT_NHD ? d : (int64_t)ps * d;
         for (int32_t i = 0; i < batch_size; i++)
             for (int32_t t = 0; t < lens[i]; t++) {
-                int64_t page = tc->kv_page_indices[tc->kv_indptr[i] + t / ps];
                 for (int32_t h = 0; h < hkv; h++) {
-                    int64_t at = page * s_page + (int64_t)h * s_head + (int64_t)(t % ps) * s_token;
+                    const int64_t at = pkv_test_kv_at(tc, i, t, h);
                     for (int32_t e = 0; e < d; e++) {
                         tc->k_cache[at + e] = pkv_test_random_value(rng, p->dtype);
                         tc->v_cache[at + e] = pkv_test_random_value(rng, p->dtype);

@@ -541,9 +541,14 @@ static void measure(const bench_opts *o, buffers *b, const step_input *s, pkv_ro
     r->gather_us = gather_us;
     r->step_eff = floor_us > 0 && r->kernel_us > 0 ? floor_us / r->kernel_us : NAN;
     r->tokens_per_s = r->wall_us > 0 ? s->batch / (r->wall_us * 1e-6) : 0;
-    snprintf(r->repro, sizeof r->repro, "pkv bench --backend %s --shape %s --dtype %s --layout %s --page-size %d %s --route %s",
+    char score[64] = "";
+    if (o->prob.window > 0) snprintf(score, sizeof score, " --window %d", o->prob.window);
+    if (o->prob.logits_soft_cap > 0.0f)
+        snprintf(score + strlen(score), sizeof score - strlen(score), " --soft-cap %g", (double)o->prob.logits_soft_cap);
+    snprintf(r->repro, sizeof r->repro, "pkv bench --backend %s --shape %s --dtype %s --layout %s --page-size %d%s %s --route %s",
              o->cuda ? "cuda" : "cpu", o->shape->name, o->prob.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16",
-             o->prob.layout == PKV_LAYOUT_HND ? "hnd" : "nhd", o->prob.page_size, s->workload_arg, pkv_route_name(route));
+             o->prob.layout == PKV_LAYOUT_HND ? "hnd" : "nhd", o->prob.page_size, score, s->workload_arg,
+             pkv_route_name(route));
     snprintf(r->trace, sizeof r->trace, "%s", s->workload_arg);
     r->lens = s->lens;
 }
@@ -645,11 +650,11 @@ static void write_json(const char *path, const bench_opts *o, const ceilings *ce
     fprintf(f, ", \"parallelism\": %d, \"ctas_per_unit\": %d",
             o->parallelism > 0 ? o->parallelism : pkv_context_parallelism(o->ctx), o->ctas_per_unit > 0 ? o->ctas_per_unit : 0);
     fprintf(f, ",\n    \"shape\": {\"name\": \"%s\", \"num_qo_heads\": %d, \"num_kv_heads\": %d, \"head_dim\": %d, \"page_size\": %d, "
-               "\"layout\": \"%s\", \"dtype\": \"%s\", \"kv_interleaved\": %s}, \"reps\": %d, \"wall_reps\": %d, "
-               "\"terms_version\": 2},\n",
+               "\"layout\": \"%s\", \"dtype\": \"%s\", \"kv_interleaved\": %s, \"window\": %d, \"logits_soft_cap\": %g}, "
+               "\"reps\": %d, \"wall_reps\": %d, \"terms_version\": 2},\n",
             o->shape->name, o->prob.num_qo_heads, o->prob.num_kv_heads, o->prob.head_dim, o->prob.page_size,
             o->prob.layout == PKV_LAYOUT_HND ? "HND" : "NHD", o->prob.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16",
-            o->kv_interleaved ? "true" : "false", o->reps, o->wall_reps);
+            o->kv_interleaved ? "true" : "false", o->prob.window, (double)o->prob.logits_soft_cap, o->reps, o->wall_reps);
     fprintf(f, "  \"ceilings\": {\"read_gbps\": ");
     json_num(f, ce->read_gbps);
     json_field_num(f, "empty_launch_us", ce->launch_us);
@@ -738,6 +743,8 @@ static void usage(void) {
            "  --dtype fp16|bf16         (default: the shape's)\n"
            "  --layout nhd|hnd          (default nhd)\n"
            "  --page-size N             (default 16)\n"
+           "  --window W                sliding window: each row attends to its last W tokens (default 0: all)\n"
+           "  --soft-cap C              logits soft cap (Gemma-2: 50; default 0: none)\n"
            "workload (one of; default: --trace bimodal):\n"
            "  --trace FAMILY            uniform, bimodal, zipf, bucketed, homogeneous\n"
            "      --seed S --batch B --requests N --steps N (CPU default 2) --step S (one step only)\n"
@@ -769,7 +776,7 @@ int cmd_bench(int argc, char **argv) {
                                         "--page-size", "--trace", "--seed", "--batch", "--requests", "--steps",
                                         "--step", "--trace-file", "--anchor", "--lens", "--reps", "--warmup",
                                         "--wall-reps", "--rotate-gib", "--no-check!", "--per-step!", "--json",
-                                        "--quiet!", "--help!", "--ctas-per-unit", "--min-chunk", "--explain!", "--policy", "--calibrate-out", "--calibration-set!", "--heldout-set!", "--set-batches", "--set-seeds", "--parallelism", "--kv-interleaved!", NULL};
+                                        "--quiet!", "--help!", "--ctas-per-unit", "--min-chunk", "--explain!", "--policy", "--calibrate-out", "--calibration-set!", "--heldout-set!", "--set-batches", "--set-seeds", "--parallelism", "--kv-interleaved!", "--window", "--soft-cap", NULL};
     if (cli_flag(argc, argv, "--help")) {
         usage();
         return 0;
@@ -818,6 +825,8 @@ int cmd_bench(int argc, char **argv) {
     const char *lay = cli_opt(argc, argv, "--layout");
     if (lay) o.prob.layout = strcmp(lay, "hnd") == 0 ? PKV_LAYOUT_HND : PKV_LAYOUT_NHD;
     o.prob.page_size = (int32_t)cli_opt_int(argc, argv, "--page-size", 16);
+    o.prob.window = (int32_t)cli_opt_int(argc, argv, "--window", 0);
+    o.prob.logits_soft_cap = (float)cli_opt_double(argc, argv, "--soft-cap", 0.0);
 
     const char *route = cli_opt(argc, argv, "--route");
     if (!route || strcmp(route, "all") == 0) {
@@ -877,7 +886,9 @@ int cmd_bench(int argc, char **argv) {
             }
             last = first + 1;
         }
-        bool paper = strcmp(o.shape->name, "paper") == 0 && o.prob.page_size == 16;
+        /* anchors.md's FlashInfer times: the paper shape, page 16, every token, no cap */
+        bool paper = strcmp(o.shape->name, "paper") == 0 && o.prob.page_size == 16 && o.prob.window == 0 &&
+                     o.prob.logits_soft_cap == 0.0f;
         steps = (step_input *)xmalloc((size_t)(last - first) * sizeof *steps);
         for (int i = first; i < last; i++) {
             pkv_anchor a;
@@ -1032,7 +1043,10 @@ int cmd_bench(int argc, char **argv) {
         if (o.check) reference_compute(&o, &b, s, &ref);
         double floor_us = 0;
         int64_t kvb = 0;
-        for (int32_t r = 0; r < s->batch; r++) kvb += (int64_t)s->lens[r] * kv_bytes_per_token(&o.prob);
+        for (int32_t r = 0; r < s->batch; r++) { /* the attended tokens (a window's last W) */
+            const int32_t n = o.prob.window > 0 && s->lens[r] > o.prob.window ? o.prob.window : s->lens[r];
+            kvb += (int64_t)n * kv_bytes_per_token(&o.prob);
+        }
         if (o.cuda && kvb >= 16) {
             size_t fb = (size_t)kvb < ce.read_buf_bytes ? (size_t)kvb : ce.read_buf_bytes;
             TRY(o.ctx, pkv_dev_time_read(o.ctx, ce.read_buf, ce.read_buf_bytes, fb, o.reps, &floor_us), "floor");
@@ -1041,7 +1055,8 @@ int cmd_bench(int argc, char **argv) {
          * step, whole, through its page table): what the scattered pages cost before any compute */
         double gather_us = 0;
         const int32_t npages = s->indptr[s->batch];
-        if (o.cuda && !trace_mode && npages > 0 && !o.kv_interleaved) { /* the probe reads dense pools */
+        /* (the probe reads dense pools, every page whole: not a window's floor) */
+        if (o.cuda && !trace_mode && npages > 0 && !o.kv_interleaved && o.prob.window == 0) {
             const size_t page_bytes = (size_t)o.prob.page_size * (size_t)kv_bytes_per_token(&o.prob) / 2; /* K or V */
             TRY(o.ctx, pkv_dev_time_gather(o.ctx, b.k, b.v, page_bytes, (const int32_t *const *)b.page_sets, b.nsets,
                                            npages, o.reps, &gather_us), "pages floor");
@@ -1056,10 +1071,13 @@ int cmd_bench(int argc, char **argv) {
         reference_free(&ref);
     }
     if (trace_mode) print_summary(&o, &res);
-    printf("\nbackend: %s; shape %s (Hq %d, Hkv %d, d %d, %s, %s, page %d%s); workload: %s\n",
-           pkv_context_device_name(o.ctx), o.shape->name, o.prob.num_qo_heads, o.prob.num_kv_heads, o.prob.head_dim,
+    printf("\nbackend: %s; shape %s (Hq %d, Hkv %d, d %d, %s, %s, page %d%s", pkv_context_device_name(o.ctx),
+           o.shape->name, o.prob.num_qo_heads, o.prob.num_kv_heads, o.prob.head_dim,
            o.prob.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", o.prob.layout == PKV_LAYOUT_HND ? "HND" : "NHD",
-           o.prob.page_size, o.kv_interleaved ? ", K/V interleaved per page" : "", workload);
+           o.prob.page_size, o.kv_interleaved ? ", K/V interleaved per page" : "");
+    if (o.prob.window > 0) printf(", window %d", o.prob.window);
+    if (o.prob.logits_soft_cap > 0.0f) printf(", soft cap %g", (double)o.prob.logits_soft_cap);
+    printf("); workload: %s\n", workload);
     printf("planned for parallelism %d x %d tasks per unit%s\n", o.parallelism > 0 ? o.parallelism : pkv_context_parallelism(o.ctx),
            o.ctas_per_unit > 0 ? o.ctas_per_unit : (o.cuda ? 2 : 4),
            o.ctas_per_unit > 0 ? "" : " (4 resident waves for ragged batches of >= 128 pairs)");

@@ -11,7 +11,8 @@
 static void usage(void) {
     printf("usage: pkv check [options]\n"
            "  --backend best|cpu|cuda   (default best)\n"
-           "  --count N                 random problems (default 50; every third with K and V interleaved per page)\n"
+           "  --count N                 random problems (default 50; every third with K and V interleaved per page,\n"
+           "                            every fourth with a sliding window, every fifth with a logits soft cap)\n"
            "  --seed S                  (default 1)\n"
            "  --max-len N               typical row length bound (default 3000)\n"
            "  --threads N               CPU backend threads\n");
@@ -63,7 +64,13 @@ int cmd_check(int argc, char **argv) {
     double worst = 0;
     for (int n = 0; n < count; n++) {
         pkv_test_case tc;
-        if (!pkv_test_case_random(&rng, &ch, &tc) || pkv_test_case_reference(&tc) != PKV_OK) {
+        bool built = pkv_test_case_random(&rng, &ch, &tc);
+        if (built && n % 4 == 3) { /* every fourth with a sliding window (NaN before it), some capped */
+            tc.problem.window = (int32_t)pkv_rng_uniform_int(&rng, 1, ch.max_len);
+            pkv_test_poison_before_window(&tc);
+        }
+        if (built && n % 5 == 3) tc.problem.logits_soft_cap = (float)pkv_rng_uniform_int(&rng, 1, 50);
+        if (!built || pkv_test_case_reference(&tc) != PKV_OK) {
             fprintf(stderr, "pkv check: cannot build case %d\n", n);
             return 1;
         }
@@ -87,11 +94,12 @@ int cmd_check(int argc, char **argv) {
                 passed++;
             } else {
                 failed++;
-                printf("FAIL case %d route %s: B=%d G=%d Hkv=%d d=%d page=%d %s %s%s: %s rel_l2=%.2e lse_err=%.2e "
-                       "unwritten=%lld\n",
+                printf("FAIL case %d route %s: B=%d G=%d Hkv=%d d=%d page=%d %s %s%s window %d cap %g: %s "
+                       "rel_l2=%.2e lse_err=%.2e unwritten=%lld\n",
                        n, pkv_route_name(routes[r]), tc.batch_size, p->num_qo_heads / p->num_kv_heads, p->num_kv_heads,
                        p->head_dim, p->page_size, p->layout == PKV_LAYOUT_HND ? "HND" : "NHD",
-                       p->dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", pad >= 0 ? " interleaved K/V" : "",
+                       p->dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", pad >= 0 ? " interleaved K/V" : "", p->window,
+                       (double)p->logits_soft_cap,
                        st == PKV_OK ? "ok" : pkv_context_last_error(ctx), err, lerr, (long long)unwritten);
             }
         }

@@ -27,11 +27,6 @@ pkv_status cuda_supports(pkv_context *ctx, const pkv_problem *p) {
         return pkv_fail(ctx, PKV_ERR_UNSUPPORTED_HEAD_DIM, "the CUDA backend runs head dims 64, 128, 256");
     if (p->num_qo_heads / p->num_kv_heads > PKV_MAX_GROUP)
         return pkv_fail(ctx, PKV_ERR_UNSUPPORTED, "the CUDA backend runs G <= %d", PKV_MAX_GROUP);
-    if (p->logits_soft_cap > 0.0f)
-        return pkv_fail(ctx, PKV_ERR_UNSUPPORTED, "logits soft-capping runs on the CPU backend only so far");
-    /* (the rect routes' kernels take their rows from token 0: pkv_row_sched.tok_begin is 0 here) */
-    if (p->window > 0)
-        return pkv_fail(ctx, PKV_ERR_UNSUPPORTED, "sliding-window attention runs on the CPU backend only so far");
     if (p->num_kv_heads > 65535)
         return pkv_fail(ctx, PKV_ERR_UNSUPPORTED, "num_kv_heads %d is above the grid limit 65535", p->num_kv_heads);
     return PKV_OK;

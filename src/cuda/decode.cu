@@ -58,6 +58,7 @@ struct decode_params {
     int32_t one_row;
     int64_t stride_page, stride_head, stride_tok;
     float scale_log2;         // sm_scale * log2(e)
+    float cap_log2, cap_exp2; // logits soft cap c > 0: c * log2(e) and 2 * sm_scale / c * log2(e); cap_log2 0: none
     int32_t num_qo_heads, group, page_size, page_shift; // page_shift < 0: page_size not a power of 2
     int32_t rect;
     int32_t stages;           // the tensor-copy kernel: stages of each warp's ring (tma_min_stages..kMaxStages)
@@ -136,6 +137,14 @@ __device__ __forceinline__ int32_t token_page(const decode_params &p, int32_t pa
 __device__ __forceinline__ int64_t page_offset(const decode_params &p, int32_t page, int32_t tok, int32_t head) {
     const int32_t off = p.page_shift >= 0 ? (tok & (p.page_size - 1)) : tok % p.page_size;
     return (int64_t)page * p.stride_page + (int64_t)head * p.stride_head + (int64_t)off * p.stride_tok;
+}
+
+// A raw score q.k in the log2 domain of the online softmax: s * sm_scale * log2(e), or with a logits
+// soft cap c (Gemma-2) c * log2(e) * tanh(s * sm_scale / c), tanh(x) = 1 - 2 / (1 + e^2x) from one exp2
+// (absolute error near 1e-7 of c; e^2x = inf gives 1, 0 gives -1).  The branch is uniform per launch.
+__device__ __forceinline__ float score_log2(const decode_params &p, float s) {
+    if (p.cap_log2 > 0.f) return p.cap_log2 - __fdividef(2.f * p.cap_log2, 1.f + exp2f(s * p.cap_exp2));
+    return s * p.scale_log2;
 }
 
 // Merging partial states.  A thread owns one float4 column of one head's output and combines a
@@ -293,7 +302,7 @@ __device__ __forceinline__ bool load_task(const decode_params &p, task_info &ti)
         if (s >= rs.num_splits) return false;
         ti.row = rs.row;
         ti.head = blockIdx.y;
-        ti.tb = s * rs.chunk_tokens; // rs.tok_begin is 0: the backend refuses sliding windows (cuda_supports)
+        ti.tb = rs.tok_begin + s * rs.chunk_tokens; // splits cut [tok_begin, seq_len): a window's start
         ti.te = min(ti.tb + rs.chunk_tokens, rs.seq_len);
         ti.slot = rs.num_splits > 1 ? rs.slot_base + ti.head * rs.num_splits + s : -1;
         ti.page_base = rs.page_base;
@@ -530,8 +539,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const decode_params
 #pragma unroll
             for (int x = 0; x < 2; x++) {
                 const bool valid = base + 8 * j + 2 * c + x < te;
-                s[j][x] = valid ? s[j][x] * p.scale_log2 : -INFINITY;
-                s[j][2 + x] = valid ? s[j][2 + x] * p.scale_log2 : -INFINITY;
+                s[j][x] = valid ? score_log2(p, s[j][x]) : -INFINITY;
+                s[j][2 + x] = valid ? score_log2(p, s[j][2 + x]) : -INFINITY;
                 mx0 = fmaxf(mx0, s[j][x]);
                 mx1 = fmaxf(mx1, s[j][2 + x]);
             }
@@ -626,24 +635,24 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
 
 // The online softmax of one 16-token tile in the heads-in-N kernels (register and tensor-copy), log2
 // domain, per head column: S^T = s + s2 (two accumulators) holds tokens g (s[0..1]) and g + 8 (s[2..3]) of
-// heads 2c and 2c + 1; v0/v1: those tokens are in the range.  Updates the running max and sum of the two
+// heads 2c and 2c + 1; v0/v1: those tokens are in the range (scores by score_log2).  Updates the running max and sum of the two
 // heads and returns their rescale factors and P^T as the B fragments of O^T = V^T P^T.
 template <typename T>
 __device__ __forceinline__ void n8_softmax(const float (&s)[4], const float (&s2)[4], bool v0, bool v1,
-                                           const float &scale_log2, float &ma, float &mb, float &la, float &lb, float &ala,
+                                           const decode_params &p, float &ma, float &mb, float &la, float &lb, float &ala,
                                            float &alb, uint32_t &b0, uint32_t &b1) {
     using tr = dtype_traits<T>;
-    const float x0 = v0 ? (s[0] + s2[0]) * scale_log2 : -INFINITY;
-    const float x1 = v0 ? (s[1] + s2[1]) * scale_log2 : -INFINITY;
-    const float x2 = v1 ? (s[2] + s2[2]) * scale_log2 : -INFINITY;
-    const float x3 = v1 ? (s[3] + s2[3]) * scale_log2 : -INFINITY;
+    const float x0 = v0 ? score_log2(p, s[0] + s2[0]) : -INFINITY;
+    const float x1 = v0 ? score_log2(p, s[1] + s2[1]) : -INFINITY;
+    const float x2 = v1 ? score_log2(p, s[2] + s2[2]) : -INFINITY;
+    const float x3 = v1 ? score_log2(p, s[3] + s2[3]) : -INFINITY;
     float mxa = fmaxf(x0, x2), mxb = fmaxf(x1, x3);
 #pragma unroll
     for (int sh = 4; sh < 32; sh <<= 1) {
         mxa = fmaxf(mxa, __shfl_xor_sync(0xffffffffu, mxa, sh));
         mxb = fmaxf(mxb, __shfl_xor_sync(0xffffffffu, mxb, sh));
     }
-    const float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb); // finite: a tile's first token is in the range
+    const float na = fmaxf(ma, mxa), nb = fmaxf(mb, mxb); // finite: every tile has a token in the range
     ala = exp2f(ma - na);
     alb = exp2f(mb - nb);
     ma = na;
@@ -708,7 +717,7 @@ __device__ __forceinline__ void n8_tile(const decode_params &p, const T *kbase, 
     load_k<T, D>(p, kbase, next_base, head, g, c, kpage, kr);
     float ala, alb;
     uint32_t b0, b1;
-    n8_softmax<T>(s, s2, base + g < te, base + 8 + g < te, p.scale_log2, ma, mb, la, lb, ala, alb, b0, b1);
+    n8_softmax<T>(s, s2, base + g < te, base + 8 + g < te, p, ma, mb, la, lb, ala, alb, b0, b1);
     // ---- O^T = O^T * alpha + V^T P^T
 #pragma unroll
     for (int u = 0; u < VC; u++) {
@@ -908,12 +917,15 @@ __global__ void __launch_bounds__(kThreads, NT == 2 || D > 128 ? 2 : D <= 64 ? 4
     sbase += (1024u - (smem_addr(sbase) & 1023u)) & 1023u;
     const uint32_t ring = smem_addr(sbase) + (uint32_t)(warp * S) * kTileBytes;
     const uint32_t bar0 = smem_addr(&bars[warp][0]);
-    const int ntiles = (te - tb + 15) >> 4;
+    // Tiles start on 16-token boundaries, so none crosses a page; a sliding window's first token need
+    // not be on one (the tokens of the first tile before tb are masked like those past te).
+    const int32_t t0 = tb & ~15;
+    const int ntiles = (te - t0 + 15) >> 4;
     const int nmine = ntiles > warp ? (ntiles - warp + kWarps - 1) / kWarps : 0; // tiles warp, warp + 4, ...
 
     // lane 0: the page and in-page token of the warp's it-th tile, and a stage's copies
     auto tile_at = [&](int it, int32_t &page, int32_t &off) {
-        const int32_t tok = tb + (warp + it * kWarps) * 16;
+        const int32_t tok = t0 + (warp + it * kWarps) * 16;
         page = token_page(p, ti.page_base, tok);
         off = p.page_shift >= 0 ? (tok & (p.page_size - 1)) : tok % p.page_size;
     };
@@ -981,17 +993,19 @@ __global__ void __launch_bounds__(kThreads, NT == 2 || D > 128 ? 2 : D <= 64 ? 4
     int stage = 0;
     uint32_t phase = 0;
     for (int it = 0; it < nmine; it++) {
-        const int base = tb + (warp + it * kWarps) * 16;
+        const int base = t0 + (warp + it * kWarps) * 16;
         const uint32_t sk = ring + (uint32_t)stage * kTileBytes, sv = sk + H * kBoxBytes;
         mbar_wait(bar0 + 8u * (uint32_t)stage, phase);
-        if (base + 16 > te) {
-            // the row's last tile: V rows past te hold other tokens (or garbage) and would reach O
-            // through 0 x NaN; zero them (K's are masked out of the softmax)
-            const int nz = base + 16 - te;
+        if (base < tb || base + 16 > te) {
+            // a task's first tile (before a window's start) or last tile (past te): V rows outside
+            // [tb, te) hold other tokens (or garbage) and would reach O through 0 x NaN; zero them (K's
+            // are masked out of the softmax)
+            const int lo = max(tb - base, 0), hi = min(te - base, 16);
             unsigned char *v = sbase + (size_t)(warp * S + stage) * kTileBytes + H * kBoxBytes;
-            for (int i = lane; i < H * nz * 8; i += 32) {
-                const int h = i / (nz * 8), rr = 16 - nz + (i / 8) % nz, ch = i & 7;
-                *reinterpret_cast<uint4 *>(v + h * kBoxBytes + rr * 128 + ch * 16) = make_uint4(0, 0, 0, 0);
+            for (int i = lane; i < H * 16 * 8; i += 32) {
+                const int h = i >> 7, rr = (i >> 3) & 15, ch = i & 7;
+                if (rr < lo || rr >= hi)
+                    *reinterpret_cast<uint4 *>(v + h * kBoxBytes + rr * 128 + ch * 16) = make_uint4(0, 0, 0, 0);
             }
             __syncwarp();
         }
@@ -1011,7 +1025,8 @@ __global__ void __launch_bounds__(kThreads, NT == 2 || D > 128 ? 2 : D <= 64 ? 4
         uint32_t b0[NT], b1[NT];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
-            n8_softmax<T>(s[nt], s2[nt], base + g < te, base + 8 + g < te, p.scale_log2, ma[nt], mb[nt], la[nt],
+            n8_softmax<T>(s[nt], s2[nt], base + g >= tb && base + g < te, base + 8 + g >= tb && base + 8 + g < te, p,
+                          ma[nt], mb[nt], la[nt],
                           lb[nt], ala[nt], alb[nt], b0[nt], b1[nt]);
         // ---- O^T = O^T * alpha + V^T P^T
 #pragma unroll
@@ -1410,6 +1425,10 @@ extern "C" cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace
     p.stride_head = st.head;
     p.stride_tok = st.token;
     p.scale_log2 = pkv_problem_scale(&pr) * 1.4426950408889634f;
+    if (pr.logits_soft_cap > 0.0f) {
+        p.cap_log2 = pr.logits_soft_cap * 1.4426950408889634f;
+        p.cap_exp2 = 2.0f * pkv_problem_scale(&pr) / pr.logits_soft_cap * 1.4426950408889634f;
+    }
     p.num_qo_heads = pr.num_qo_heads;
     p.group = plan->group;
     p.page_size = pr.page_size;
