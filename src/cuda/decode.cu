@@ -141,9 +141,11 @@ __device__ __forceinline__ int64_t page_offset(const decode_params &p, int32_t p
 
 // A raw score q.k in the log2 domain of the online softmax: s * sm_scale * log2(e), or with a logits
 // soft cap c (Gemma-2) c * log2(e) * tanh(s * sm_scale / c), tanh(x) = 1 - 2 / (1 + e^2x) from one exp2
-// (absolute error near 1e-7 of c; e^2x = inf gives 1, 0 gives -1).  The branch is uniform per launch.
-__device__ __forceinline__ float score_log2(const decode_params &p, float s) {
-    if (p.cap_log2 > 0.f) return p.cap_log2 - __fdividef(2.f * p.cap_log2, 1.f + exp2f(s * p.cap_exp2));
+// (absolute error near 1e-7 of c; e^2x = inf gives 1, 0 gives -1).  CAP is a compile-time path: each
+// kernel picks its body once (cap_log2 > 0), since a branch per score kept the V fragment loads behind
+// the softmax and cost the uncapped path up to 23% on long tasks (kernel-notes v10).
+template <bool CAP> __device__ __forceinline__ float score_log2(const decode_params &p, float s) {
+    if constexpr (CAP) return p.cap_log2 - __fdividef(2.f * p.cap_log2, 1.f + exp2f(s * p.cap_exp2));
     return s * p.scale_log2;
 }
 
@@ -452,21 +454,16 @@ __device__ __forceinline__ void finish_task(const decode_params &p, const float 
 }
 
 // ---- heads in M: any G up to 16, every head dim ---------------------------------------------------
-template <typename T, int D, bool G16>
-__global__ void __launch_bounds__(kThreads, 2) decode_kernel(const decode_params p) {
+template <typename T, int D, bool G16, bool CAP>
+__device__ __forceinline__ void decode_m_body(const decode_params &p, const task_info &ti, float *smem) {
     constexpr int KC = D / 32; // K chunks of 8 halves per thread per token
     constexpr int VC = D / 64; // V chunks per thread per token
     constexpr int NB = D / 8;  // n-blocks of the output
     constexpr int GP = G16 ? 16 : 8;
     using tr = dtype_traits<T>;
-    extern __shared__ float smem[];
-    PKV_TL_SCOPE(0);
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3;
-
-    task_info ti;
-    if (!load_task<T, D>(p, ti)) return;
     const int32_t head = ti.head, tb = ti.tb, te = ti.te;
 
     // ---- q of the G heads: registers for d <= 128 (loads in flight with the first tile's), shared
@@ -539,8 +536,8 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const decode_params
 #pragma unroll
             for (int x = 0; x < 2; x++) {
                 const bool valid = base + 8 * j + 2 * c + x < te;
-                s[j][x] = valid ? score_log2(p, s[j][x]) : -INFINITY;
-                s[j][2 + x] = valid ? score_log2(p, s[j][2 + x]) : -INFINITY;
+                s[j][x] = valid ? score_log2<CAP>(p, s[j][x]) : -INFINITY;
+                s[j][2 + x] = valid ? score_log2<CAP>(p, s[j][2 + x]) : -INFINITY;
                 mx0 = fmaxf(mx0, s[j][x]);
                 mx1 = fmaxf(mx1, s[j][2 + x]);
             }
@@ -620,6 +617,16 @@ __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const decode_params
     finish_task<T, D, GP, D == 128 ? 32 : 16>(p, smem, ti, G); // 16: no more registers at d = 64, none left at 256
 }
 
+template <typename T, int D, bool G16>
+__global__ void __launch_bounds__(kThreads, 2) decode_kernel(const decode_params p) {
+    extern __shared__ float smem[];
+    PKV_TL_SCOPE(0);
+    task_info ti;
+    if (!load_task<T, D>(p, ti)) return;
+    if (p.cap_log2 > 0.f) decode_m_body<T, D, G16, true>(p, ti, smem);
+    else decode_m_body<T, D, G16, false>(p, ti, smem);
+}
+
 // ---- heads in N: G <= 8, every head dim ----------------------------------------------------------------
 // Thread (g, c) loads the same K and V chunks as above.  S^T (tokens x heads): A = K with
 // a = {K[g].x, K[g+8].x, K[g].y, K[g+8].y} per k-step, B = q of head g, so the C fragment holds
@@ -637,15 +644,15 @@ __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
 // domain, per head column: S^T = s + s2 (two accumulators) holds tokens g (s[0..1]) and g + 8 (s[2..3]) of
 // heads 2c and 2c + 1; v0/v1: those tokens are in the range (scores by score_log2).  Updates the running max and sum of the two
 // heads and returns their rescale factors and P^T as the B fragments of O^T = V^T P^T.
-template <typename T>
+template <typename T, bool CAP>
 __device__ __forceinline__ void n8_softmax(const float (&s)[4], const float (&s2)[4], bool v0, bool v1,
                                            const decode_params &p, float &ma, float &mb, float &la, float &lb, float &ala,
                                            float &alb, uint32_t &b0, uint32_t &b1) {
     using tr = dtype_traits<T>;
-    const float x0 = v0 ? score_log2(p, s[0] + s2[0]) : -INFINITY;
-    const float x1 = v0 ? score_log2(p, s[1] + s2[1]) : -INFINITY;
-    const float x2 = v1 ? score_log2(p, s[2] + s2[2]) : -INFINITY;
-    const float x3 = v1 ? score_log2(p, s[3] + s2[3]) : -INFINITY;
+    const float x0 = v0 ? score_log2<CAP>(p, s[0] + s2[0]) : -INFINITY;
+    const float x1 = v0 ? score_log2<CAP>(p, s[1] + s2[1]) : -INFINITY;
+    const float x2 = v1 ? score_log2<CAP>(p, s[2] + s2[2]) : -INFINITY;
+    const float x3 = v1 ? score_log2<CAP>(p, s[3] + s2[3]) : -INFINITY;
     float mxa = fmaxf(x0, x2), mxb = fmaxf(x1, x3);
 #pragma unroll
     for (int sh = 4; sh < 32; sh <<= 1) {
@@ -697,7 +704,7 @@ __device__ __forceinline__ void n8_warp_out(float *smem, int warp, int h0, int g
 // One 16-token tile of the heads-in-N kernel: S^T from kr, the online softmax, O^T from vr.  The
 // buffers are refilled with the tile at next_base (pages kpage/vpage; -1 pages load zeros, no
 // memory): K right after S, V right after O, so a tile is in flight while the warp computes.
-template <typename T, int D>
+template <typename T, int D, bool CAP>
 __device__ __forceinline__ void n8_tile(const decode_params &p, const T *kbase, const T *vbase, int head, int g, int c,
                                         int base, int te, int next_base, const uint4 (&qr)[D / 32],
                                         uint4 (&kr)[2][D / 32], uint4 (&vr)[4][D / 64], const int32_t (&kpage)[2],
@@ -717,7 +724,7 @@ __device__ __forceinline__ void n8_tile(const decode_params &p, const T *kbase, 
     load_k<T, D>(p, kbase, next_base, head, g, c, kpage, kr);
     float ala, alb;
     uint32_t b0, b1;
-    n8_softmax<T>(s, s2, base + g < te, base + 8 + g < te, p, ma, mb, la, lb, ala, alb, b0, b1);
+    n8_softmax<T, CAP>(s, s2, base + g < te, base + 8 + g < te, p, ma, mb, la, lb, ala, alb, b0, b1);
     // ---- O^T = O^T * alpha + V^T P^T
 #pragma unroll
     for (int u = 0; u < VC; u++) {
@@ -744,22 +751,17 @@ __device__ __forceinline__ void n8_tile(const decode_params &p, const T *kbase, 
 // NB = 2: two tiles in flight per warp in two register buffers (tiles w, w + 4 | w + 8, w + 12 ...),
 // page ids two tiles ahead per buffer; ~2 CTAs per SM, for grids that leave the third slot empty
 // anyway (single requests and small batches), where a warp's round trips are the step's length.
-template <typename T, int D, int NB>
-__global__ void __launch_bounds__(kThreads, NB == 1 && D <= 128 ? 3 : 2) decode_kernel_n8(const decode_params p) {
+template <typename T, int D, int NB, bool CAP>
+__device__ __forceinline__ void decode_n8_body(const decode_params &p, const task_info &ti, float *smem) {
     static_assert(NB == 1 || (NB == 2 && D <= 128), "one tile in flight per warp, or two at d <= 128");
     constexpr int KC = D / 32;
     constexpr int VC = D / 64;
     constexpr int MT = VC * 4; // m-tiles of O^T
     constexpr int GP = 8;
     constexpr int STEP = NB * kWarps; // tiles between a buffer's uses
-    extern __shared__ float smem[];
-    PKV_TL_SCOPE(0);
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3;
-
-    task_info ti;
-    if (!load_task<T, D>(p, ti)) return;
     const int32_t head = ti.head, tb = ti.tb, te = ti.te;
     const int G = p.group;
     const T *qbase = static_cast<const T *>(p.q) + ((int64_t)ti.row * p.num_qo_heads + (int64_t)head * G) * D;
@@ -785,7 +787,7 @@ __global__ void __launch_bounds__(kThreads, NB == 1 && D <= 128 ? 3 : 2) decode_
         tile_pages(p, ti, ntiles, warp + kWarps, g, c, kpa, vpa);
         for (int tile = warp; tile < ntiles; tile += kWarps) {
             const int base = tb + tile * 16;
-            n8_tile<T, D>(p, kbase, vbase, head, g, c, base, te, base + kWarps * 16, qr, kra, vra, kpa, vpa, acc, ma,
+            n8_tile<T, D, CAP>(p, kbase, vbase, head, g, c, base, te, base + kWarps * 16, qr, kra, vra, kpa, vpa, acc, ma,
                           mb, la, lb);
             tile_pages(p, ti, ntiles, tile + 2 * kWarps, g, c, kpa, vpa);
         }
@@ -799,12 +801,12 @@ __global__ void __launch_bounds__(kThreads, NB == 1 && D <= 128 ? 3 : 2) decode_
         tile_pages(p, ti, ntiles, warp + STEP + kWarps, g, c, kpb, vpb);
         for (int tile = warp; tile < ntiles; tile += STEP) {
             const int base = tb + tile * 16;
-            n8_tile<T, D>(p, kbase, vbase, head, g, c, base, te, base + STEP * 16, qr, kra, vra, kpa, vpa, acc, ma,
+            n8_tile<T, D, CAP>(p, kbase, vbase, head, g, c, base, te, base + STEP * 16, qr, kra, vra, kpa, vpa, acc, ma,
                           mb, la, lb);
             tile_pages(p, ti, ntiles, tile + 2 * STEP, g, c, kpa, vpa);
             if (tile + kWarps < ntiles) { // warp-uniform
                 const int bb = base + kWarps * 16;
-                n8_tile<T, D>(p, kbase, vbase, head, g, c, bb, te, bb + STEP * 16, qr, krb, vrb, kpb, vpb, acc, ma,
+                n8_tile<T, D, CAP>(p, kbase, vbase, head, g, c, bb, te, bb + STEP * 16, qr, krb, vrb, kpb, vpb, acc, ma,
                               mb, la, lb);
                 tile_pages(p, ti, ntiles, tile + kWarps + 2 * STEP, g, c, kpb, vpb);
             }
@@ -814,6 +816,16 @@ __global__ void __launch_bounds__(kThreads, NB == 1 && D <= 128 ? 3 : 2) decode_
     n8_warp_out<D, GP, MT, 1>(smem, warp, 0, g, c, acc, ma, mb, la, lb,
                               [g](int mt) { return (g + 8 * (mt >> 2)) * 8 + 2 * (mt & 3); });
     finish_task<T, D, GP, NB == 2 ? 32 : 16>(p, smem, ti, G); // 16: the 3-CTA register cap, no spills at d = 256
+}
+
+template <typename T, int D, int NB>
+__global__ void __launch_bounds__(kThreads, NB == 1 && D <= 128 ? 3 : 2) decode_kernel_n8(const decode_params p) {
+    extern __shared__ float smem[];
+    PKV_TL_SCOPE(0);
+    task_info ti;
+    if (!load_task<T, D>(p, ti)) return;
+    if (p.cap_log2 > 0.f) decode_n8_body<T, D, NB, true>(p, ti, smem);
+    else decode_n8_body<T, D, NB, false>(p, ti, smem);
 }
 
 // ---- heads in N, K and V through shared memory by tensor copies (sm_90) --------------------------------
@@ -890,9 +902,9 @@ template <int D> constexpr int tma_min_stages() {
 
 // NT: n-tiles of 8 heads (G <= 8 NT).  NT = 2 (G 9..16, d <= 128) shares each K and V fragment between
 // the two n-tiles, with twice the accumulators (2 CTAs per SM, as the heads-in-M kernel it replaces).
-template <typename T, int D, int NT>
-__global__ void __launch_bounds__(kThreads, NT == 2 || D > 128 ? 2 : D <= 64 ? 4 : 3)
-    decode_kernel_tma(const decode_params p, const __grid_constant__ tma_maps maps) {
+template <typename T, int D, int NT, bool CAP>
+__device__ __forceinline__ void decode_tma_body(const decode_params &p, const tma_maps &maps, const task_info &ti,
+                                                float *smem, uint64_t (&bars)[kWarps][kMaxStages]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     constexpr int H = D / 64;  // boxes per tensor per tile
     constexpr int KS = D / 16; // k-steps of S^T, m-tiles of O^T
@@ -901,15 +913,9 @@ __global__ void __launch_bounds__(kThreads, NT == 2 || D > 128 ? 2 : D <= 64 ? 4
     static_assert(NT == 1 || (NT == 2 && D <= 128), "16 heads at d <= 128");
     static_assert(smem_out_floats<D, NT == 2>() * 4 <= kWarps * tma_min_stages<D>() * (int)kTileBytes,
                   "outputs fit in the smallest ring");
-    extern __shared__ float smem[];
-    __shared__ __align__(8) uint64_t bars[kWarps][kMaxStages];
-    PKV_TL_SCOPE(0);
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3;
-
-    task_info ti;
-    if (!load_task<T, D>(p, ti)) return;
     const int32_t head = ti.head, tb = ti.tb, te = ti.te;
     const int G = p.group;
     const int S = p.stages;
@@ -1025,7 +1031,7 @@ __global__ void __launch_bounds__(kThreads, NT == 2 || D > 128 ? 2 : D <= 64 ? 4
         uint32_t b0[NT], b1[NT];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
-            n8_softmax<T>(s[nt], s2[nt], base + g >= tb && base + g < te, base + 8 + g >= tb && base + 8 + g < te, p,
+            n8_softmax<T, CAP>(s[nt], s2[nt], base + g >= tb && base + g < te, base + 8 + g >= tb && base + 8 + g < te, p,
                           ma[nt], mb[nt], la[nt],
                           lb[nt], ala[nt], alb[nt], b0[nt], b1[nt]);
         // ---- O^T = O^T * alpha + V^T P^T
@@ -1062,6 +1068,20 @@ __global__ void __launch_bounds__(kThreads, NT == 2 || D > 128 ? 2 : D <= 64 ? 4
         n8_warp_out<D, GP, KS, 8>(out, warp, 8 * nt, g, c, acc[nt], ma[nt], mb[nt], la[nt], lb[nt],
                                   [g](int mt) { return 16 * mt + g; });
     finish_task<T, D, GP, 16>(p, out, ti, G);
+#endif
+}
+
+template <typename T, int D, int NT>
+__global__ void __launch_bounds__(kThreads, NT == 2 || D > 128 ? 2 : D <= 64 ? 4 : 3)
+    decode_kernel_tma(const decode_params p, const __grid_constant__ tma_maps maps) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ float smem[];
+    __shared__ __align__(8) uint64_t bars[kWarps][kMaxStages];
+    PKV_TL_SCOPE(0);
+    task_info ti;
+    if (!load_task<T, D>(p, ti)) return;
+    if (p.cap_log2 > 0.f) decode_tma_body<T, D, NT, true>(p, maps, ti, smem, bars);
+    else decode_tma_body<T, D, NT, false>(p, maps, ti, smem, bars);
 #endif
 }
 
