@@ -1005,13 +1005,13 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
         if (base < tb || base + 16 > te) {
             // a task's first tile (before a window's start) or last tile (past te): V rows outside
             // [tb, te) hold other tokens (or garbage) and would reach O through 0 x NaN; zero them (K's
-            // are masked out of the softmax)
-            const int lo = max(tb - base, 0), hi = min(te - base, 16);
+            // are masked out of the softmax): rows [0, r0) and [r1, 16), nz of them
+            const int r0 = max(tb - base, 0), r1 = min(te - base, 16), nz = r0 + 16 - r1;
             unsigned char *v = sbase + (size_t)(warp * S + stage) * kTileBytes + H * kBoxBytes;
-            for (int i = lane; i < H * 16 * 8; i += 32) {
-                const int h = i >> 7, rr = (i >> 3) & 15, ch = i & 7;
-                if (rr < lo || rr >= hi)
-                    *reinterpret_cast<uint4 *>(v + h * kBoxBytes + rr * 128 + ch * 16) = make_uint4(0, 0, 0, 0);
+            for (int i = lane; i < H * nz * 8; i += 32) {
+                const int h = i / (nz * 8), k = (i / 8) % nz, ch = i & 7;
+                const int rr = k < r0 ? k : r1 + (k - r0);
+                *reinterpret_cast<uint4 *>(v + h * kBoxBytes + rr * 128 + ch * 16) = make_uint4(0, 0, 0, 0);
             }
             __syncwarp();
         }
