@@ -78,12 +78,11 @@ typedef struct pkv_problem {
     pkv_dtype dtype;       /* q, k_cache, v_cache and o: FP16 or BF16; lse is always fp32 */
     float sm_scale;        /* <= 0 selects 1 / sqrt(head_dim) */
     float logits_soft_cap; /* > 0: each score s = sm_scale q.k becomes cap x tanh(s / cap) before the
-                            * softmax (Gemma-2: 50); 0: none.  CPU backend only so far: the CUDA backend
-                            * returns PKV_ERR_UNSUPPORTED */
+                            * softmax (Gemma-2: 50); 0: none.  Both backends */
     int32_t window;        /* > 0: sliding-window attention, each row attends to its last `window` tokens
                             * only (FlashInfer's window_left + 1; Mistral-7B v0.1: 4096, Gemma-2's local
-                            * layers: 4096); 0: every token.  CPU backend only so far (the CUDA backend
-                            * returns PKV_ERR_UNSUPPORTED) */
+                            * layers: 4096); 0: every token.  Both backends; the planner plans the
+                            * attended tokens only */
 } pkv_problem;
 
 /* Fills p with the defaults of the `paper` shape (Hq 32, Hkv 8, d 128, page 16, NHD, fp16). */

@@ -216,10 +216,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         without it the pool is taken as max(indices) + 1, so ids past the real pool cannot be caught:
         pass num_pages for full range checking.  route: 'auto', 'single', 'split', 'bucketed',
         'workqueue'; the other keywords are pkv_plan_options (0 = the library's choice).
-        logits_soft_cap: as FlashInfer's (Gemma-2: 50), each score s -> cap * tanh(s / cap); CPU
-        backend only so far (the CUDA backend raises PkvError UNSUPPORTED).  window_left: as
-        FlashInfer's, a sliding window (-1: none; w >= 0: each row attends to its last w + 1 tokens);
-        CPU backend only so far as well.
+        logits_soft_cap: as FlashInfer's (Gemma-2: 50), each score s -> cap * tanh(s / cap).
+        window_left: as FlashInfer's, a sliding window (-1: none; w >= 0: each row attends to its
+        last w + 1 tokens).  Both on either backend.
         Grows the workspace when the plan needs more.  Raises PkvError, ValueError, TypeError.
         """
         self._planned = False

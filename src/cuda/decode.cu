@@ -26,6 +26,10 @@
 // copies (one per tensor and 16-token tile, issued by one lane into a per-warp ring) and read with
 // ldmatrix, so the warps issue only the math (v8; PKV_DECODE_TMA=0 runs the register kernels).
 //
+// Every kernel takes a logits soft cap (a compile-time path picked once per CTA) and tasks that start
+// anywhere (a sliding window's first token): the register kernels look up each token's page, the
+// tensor-copy kernel starts its tiles on 16-token boundaries and masks the tokens before the start.
+//
 // The merge kernels combine the partial states of a (row, KV head) online (running max and sum, as
 // the decode's softmax) in a fixed order (deterministic): a CTA per merge, or a CTA per (merge, query
 // head) whose thread groups combine interleaved subsets of the states and then each other.
