@@ -40,6 +40,25 @@ static void check_case(pkv_context *ctx, pkv_plan *plan, pkv_test_case *tc, cons
     }
 }
 
+/* A fixed case's problem and data (lens clamped to 1500 tokens under PKV_TEST_SMALL, for the sanitizer
+ * runs); false when it could not be built (counted as a failure). */
+static bool fixed_case_build(pkv_rng *rng, int32_t hq, int32_t hkv, int32_t d, int32_t page, pkv_layout layout,
+                             pkv_dtype dtype, int32_t B, int32_t *lens, pkv_test_case *tc) {
+    if (getenv("PKV_TEST_SMALL"))
+        for (int32_t r = 0; r < B; r++)
+            if (lens[r] > 1500) lens[r] = 1500;
+    pkv_problem p;
+    pkv_problem_default(&p);
+    p.num_qo_heads = hq;
+    p.num_kv_heads = hkv;
+    p.head_dim = d;
+    p.page_size = page;
+    p.layout = layout;
+    p.dtype = dtype;
+    CHECK(pkv_test_case_build(rng, &p, B, lens, 0.25, 1, tc));
+    return tc->ok != 0;
+}
+
 /* Fixed shapes that must work: G = 7, G = 16, d = 256, odd page sizes, a long split row. */
 static void fixed_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     struct {
@@ -71,22 +90,11 @@ static void fixed_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
         {22, 2, 128, 32, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 3, {5000, 33, 1}}, /* G = 11: 3 heads of the 2nd n-tile */
         {128, 8, 128, 16, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 2, {20000, 100}},
     };
-    const bool small = getenv("PKV_TEST_SMALL") != NULL; /* sanitizer runs: short rows only */
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        if (small)
-            for (int32_t r = 0; r < cases[i].B; r++)
-                if (cases[i].lens[r] > 1500) cases[i].lens[r] = 1500;
-        pkv_problem p;
-        pkv_problem_default(&p);
-        p.num_qo_heads = cases[i].hq;
-        p.num_kv_heads = cases[i].hkv;
-        p.head_dim = cases[i].d;
-        p.page_size = cases[i].page;
-        p.layout = cases[i].layout;
-        p.dtype = cases[i].dtype;
         pkv_test_case tc;
-        CHECK(pkv_test_case_build(rng, &p, cases[i].B, cases[i].lens, 0.25, 1, &tc));
-        if (!tc.ok) continue;
+        if (!fixed_case_build(rng, cases[i].hq, cases[i].hkv, cases[i].d, cases[i].page, cases[i].layout,
+                              cases[i].dtype, cases[i].B, cases[i].lens, &tc))
+            continue;
         CHECK_OK(pkv_test_case_reference(&tc));
         char what[32];
         snprintf(what, sizeof what, "fixed case %zu", i);
@@ -122,22 +130,11 @@ static void score_option_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
         {16, 8, 256, 16, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 30.0f, 4096, 3, {9000, 4097, 100}},
         {24, 8, 128, 64, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 1.0f, 777, 3, {30000, 800, 5}},
     };
-    const bool small = getenv("PKV_TEST_SMALL") != NULL;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        if (small)
-            for (int32_t r = 0; r < cases[i].B; r++)
-                if (cases[i].lens[r] > 1500) cases[i].lens[r] = 1500;
-        pkv_problem p;
-        pkv_problem_default(&p);
-        p.num_qo_heads = cases[i].hq;
-        p.num_kv_heads = cases[i].hkv;
-        p.head_dim = cases[i].d;
-        p.page_size = cases[i].page;
-        p.layout = cases[i].layout;
-        p.dtype = cases[i].dtype;
         pkv_test_case tc;
-        CHECK(pkv_test_case_build(rng, &p, cases[i].B, cases[i].lens, 0.25, 1, &tc));
-        if (!tc.ok) continue;
+        if (!fixed_case_build(rng, cases[i].hq, cases[i].hkv, cases[i].d, cases[i].page, cases[i].layout,
+                              cases[i].dtype, cases[i].B, cases[i].lens, &tc))
+            continue;
         if (cases[i].cap > 0.0f && cases[i].cap <= 1.0f) { /* a small cap must matter */
             CHECK_OK(pkv_test_case_reference(&tc));
             double *plain = (double *)malloc((size_t)tc.q_elems * sizeof(double));
