@@ -827,6 +827,10 @@ int cmd_bench(int argc, char **argv) {
     o.prob.page_size = (int32_t)cli_opt_int(argc, argv, "--page-size", 16);
     o.prob.window = (int32_t)cli_opt_int(argc, argv, "--window", 0);
     o.prob.logits_soft_cap = (float)cli_opt_double(argc, argv, "--soft-cap", 0.0);
+    if (o.prob.window < 0 || !(o.prob.logits_soft_cap >= 0.0f) || isinf(o.prob.logits_soft_cap)) {
+        fprintf(stderr, "pkv bench: --window must be >= 0 and --soft-cap a finite value >= 0 (0: none)\n");
+        return 2;
+    }
 
     const char *route = cli_opt(argc, argv, "--route");
     if (!route || strcmp(route, "all") == 0) {
