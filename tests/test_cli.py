@@ -117,5 +117,23 @@ with tempfile.TemporaryDirectory() as tmp:
           "calibrate --replay-auto reproduces auto's plans: " + out[-400:])
     run("bench", "--backend", "cpu", "--lens", "5", "--policy", os.path.join(tmp, "missing.policy"), rc=2)
 
+    # a sliding window and a soft cap: the attended tokens only (300 + 0 + 1 + 500), checked against the
+    # reference with both, recorded in the JSON and in each row's repro command
+    js4 = os.path.join(tmp, "bw.json")
+    out = run("bench", "--backend", "cpu", "--window", "500", "--soft-cap", "30", "--lens", "300,0,1,2000",
+              "--reps", "1", "--wall-reps", "1", "--json", js4).stdout
+    check("window 500, soft cap 30" in out, "bench names the window and the cap")
+    doc = json.load(open(js4))
+    check(doc["meta"]["shape"]["window"] == 500 and doc["meta"]["shape"]["logits_soft_cap"] == 30,
+          "JSON records the window and the cap")
+    for r in doc["rows"]:
+        check(r["rel_err"] is not None and r["rel_err"] < 2e-3, f"windowed {r['route']} rel_err {r['rel_err']}")
+        check(r["unwritten_outputs"] == 0, "windowed outputs written")
+        check(r["kv_bytes"] == 801 * 8 * 128 * 2 * 2, f"windowed kv bytes {r['kv_bytes']}")
+        check("--window 500 --soft-cap 30" in r["repro"], "repro carries the window and the cap")
+    run("bench", "--backend", "cpu", "--window", "-3", "--lens", "5", rc=2)
+    run("bench", "--backend", "cpu", "--soft-cap", "-1", "--lens", "5", rc=2)
+    run("bench", "--backend", "cpu", "--soft-cap", "nan", "--lens", "5", rc=2)
+
 print(f"test_cli: {passed} passed, {failed} failed")
 sys.exit(0 if failed == 0 and passed > 0 else 1)
