@@ -119,6 +119,12 @@ static int64_t kv_bytes_per_token(const pkv_problem *p) {
     return (int64_t)p->num_kv_heads * p->head_dim * 2 * 2; /* K and V, 2-byte elements */
 }
 
+/* The tokens a row of len attends to: its last `window` under a sliding window.  Rotations, the
+ * floor and the fractions of the ceiling count these (the bytes a step reads), not the row's length. */
+static int64_t attended(const bench_opts *o, int32_t len) {
+    return o->prob.window > 0 && len > o->prob.window ? o->prob.window : len;
+}
+
 /* An isolated step: pages scattered at random over a pool of rotations x step pages. */
 static void make_isolated_step(const bench_opts *o, const char *name, const int32_t *lens, int32_t B, double fi_us,
                                const char *arg, uint64_t seed, step_input *s) {
@@ -133,7 +139,7 @@ static void make_isolated_step(const bench_opts *o, const char *name, const int3
     int64_t tokens = 0;
     for (int32_t i = 0; i < B; i++) {
         s->lens[i] = lens[i];
-        tokens += lens[i];
+        tokens += attended(o, lens[i]);
         s->indptr[i + 1] = s->indptr[i] + pages_of(lens[i], o->prob.page_size);
     }
     int32_t np = s->indptr[B];
@@ -219,7 +225,7 @@ static int add_trace_set(const bench_opts *o, const uint64_t *seeds, int nseeds,
                     const int32_t *ids, *ls;
                     int32_t B = pkv_trace_step(tr, picks[k], &ids, &ls);
                     int64_t tok = 0;
-                    for (int32_t i = 0; i < B; i++) tok += ls[i];
+                    for (int32_t i = 0; i < B; i++) tok += attended(o, ls[i]);
                     int32_t rot = choose_rotations(o, tok * kv_bytes_per_token(&o->prob), pool);
                     make_trace_step(o, tr, picks[k], rot, arg, &steps[n]);
                     snprintf(steps[n].name, sizeof steps[n].name, "%s_B%d_s%llu_t%d", pkv_trace_family_name(tc.family),
@@ -986,7 +992,7 @@ int cmd_bench(int argc, char **argv) {
             const int32_t *ids, *ls;
             int32_t B = pkv_trace_step(tr, s, &ids, &ls);
             int64_t tok = 0;
-            for (int32_t i = 0; i < B; i++) tok += ls[i];
+            for (int32_t i = 0; i < B; i++) tok += attended(&o, ls[i]);
             if (tok > 0 && tok * kv_bytes_per_token(&o.prob) < min_step) min_step = tok * kv_bytes_per_token(&o.prob);
         }
         int32_t rot = choose_rotations(&o, min_step == INT64_MAX ? 0 : min_step, pool);
@@ -1047,10 +1053,7 @@ int cmd_bench(int argc, char **argv) {
         if (o.check) reference_compute(&o, &b, s, &ref);
         double floor_us = 0;
         int64_t kvb = 0;
-        for (int32_t r = 0; r < s->batch; r++) { /* the attended tokens (a window's last W) */
-            const int32_t n = o.prob.window > 0 && s->lens[r] > o.prob.window ? o.prob.window : s->lens[r];
-            kvb += (int64_t)n * kv_bytes_per_token(&o.prob);
-        }
+        for (int32_t r = 0; r < s->batch; r++) kvb += attended(&o, s->lens[r]) * kv_bytes_per_token(&o.prob);
         if (o.cuda && kvb >= 16) {
             size_t fb = (size_t)kvb < ce.read_buf_bytes ? (size_t)kvb : ce.read_buf_bytes;
             TRY(o.ctx, pkv_dev_time_read(o.ctx, ce.read_buf, ce.read_buf_bytes, fb, o.reps, &floor_us), "floor");
