@@ -106,53 +106,66 @@ static void fixed_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
 
 /* Logits soft caps and sliding windows (Gemma-2, Mistral): windows of 1 token, shorter than a 16-token
  * tile, starting mid-page and mid-tile, longer than the rows, on rows long enough to split; page sizes
- * the tensor-copy kernel takes (16, 48) and those it does not (1, 7); K and V of every token before a
- * window are NaN.  The cap must move the output (the uncapped reference differs). */
+ * the tensor-copy kernel takes (16, 32, 48, 64) and those it does not (1, 7); K and V of every token
+ * before a window are NaN.  Capped cases scale the scores (sm_scale) so that every cap binds (the
+ * uncapped reference must differ), a cap of 0.05 saturates tanh (e^2y overflows), and each kernel runs
+ * capped: tensor copies at d 64/128/256 and G 9..16, heads in N on pages of 7, heads in M for G 16 at
+ * d = 256.  Under PKV_TEST_SMALL (rows clamped to 1500 tokens) windows above 1000 become 1000. */
 static void score_option_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     struct {
         int32_t hq, hkv, d, page;
         pkv_layout layout;
         pkv_dtype dtype;
-        float cap;
+        float cap, sm_scale; /* sm_scale 0: 1 / sqrt(d) */
         int32_t window, B;
         int32_t lens[5];
     } cases[] = {
-        {32, 8, 128, 16, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 0.0f, 4096, 4, {20000, 4100, 4095, 1}},
-        {28, 4, 128, 16, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 0.0f, 37, 4, {3000, 38, 36, 0}},
-        {8, 8, 64, 48, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 0.0f, 1, 3, {1000, 2, 1}},
-        {16, 8, 256, 16, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 0.0f, 5, 3, {9000, 17, 5}},
-        {64, 4, 128, 16, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 0.0f, 1000, 3, {12345, 999, 1001}},
-        {14, 2, 64, 7, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 0.0f, 300, 3, {5000, 301, 20}},
-        {32, 8, 128, 1, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 0.0f, 129, 2, {700, 130}},
-        {16, 8, 256, 16, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 50.0f, 0, 3, {9000, 300, 1}},
-        {32, 8, 128, 16, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 0.5f, 0, 4, {20000, 33, 0, 2}},
-        {48, 4, 64, 32, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 0.25f, 0, 2, {3000, 17}},
-        {16, 8, 256, 16, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 30.0f, 4096, 3, {9000, 4097, 100}},
-        {24, 8, 128, 64, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 1.0f, 777, 3, {30000, 800, 5}},
+        {32, 8, 128, 16, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 0.0f, 0.0f, 4096, 4, {20000, 4100, 4095, 1}},
+        {28, 4, 128, 16, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 0.0f, 0.0f, 37, 4, {3000, 38, 36, 0}},
+        {8, 8, 64, 48, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 0.0f, 0.0f, 1, 3, {1000, 2, 1}},
+        {16, 8, 256, 16, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 0.0f, 0.0f, 5, 3, {9000, 17, 5}},
+        {64, 4, 128, 16, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 0.0f, 0.0f, 1000, 3, {12345, 999, 1001}},
+        {14, 2, 64, 7, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 0.0f, 0.0f, 300, 3, {5000, 301, 20}},
+        {32, 8, 128, 1, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 0.0f, 0.0f, 129, 2, {700, 130}},
+        {16, 8, 256, 16, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 50.0f, 8.0f, 0, 3, {9000, 300, 1}},
+        {32, 8, 128, 16, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 0.5f, 0.0f, 0, 4, {20000, 33, 0, 2}},
+        {48, 4, 64, 32, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 0.25f, 0.0f, 0, 2, {3000, 17}},
+        {16, 8, 256, 16, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 30.0f, 6.0f, 4096, 3, {9000, 4097, 100}},
+        {24, 8, 128, 64, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 1.0f, 2.0f, 777, 3, {30000, 800, 5}},
+        {16, 4, 128, 7, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 20.0f, 4.0f, 300, 3, {4000, 301, 9}},
+        {32, 2, 256, 16, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 40.0f, 6.0f, 0, 2, {3000, 40}},
+        {64, 8, 64, 16, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 0.05f, 2.0f, 0, 3, {2000, 64, 3}},
+        {64, 4, 128, 16, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 10.0f, 3.0f, 500, 3, {6000, 16, 777}},
     };
+    const bool small = getenv("PKV_TEST_SMALL") != NULL;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         pkv_test_case tc;
         if (!fixed_case_build(rng, cases[i].hq, cases[i].hkv, cases[i].d, cases[i].page, cases[i].layout,
                               cases[i].dtype, cases[i].B, cases[i].lens, &tc))
             continue;
-        if (cases[i].cap > 0.0f && cases[i].cap <= 1.0f) { /* a small cap must matter */
+        tc.problem.sm_scale = cases[i].sm_scale;
+        if (cases[i].cap > 0.0f) { /* the cap must matter */
             CHECK_OK(pkv_test_case_reference(&tc));
             double *plain = (double *)malloc((size_t)tc.q_elems * sizeof(double));
             if (plain) memcpy(plain, tc.o_ref, (size_t)tc.q_elems * sizeof(double));
             tc.problem.logits_soft_cap = cases[i].cap;
             CHECK_OK(pkv_test_case_reference(&tc));
-            double moved = 0.0;
-            for (int64_t e = 0; plain && e < tc.q_elems; e++) moved += fabs(tc.o_ref[e] - plain[e]);
-            CHECK_MSG(moved > 1e-3 * (double)tc.q_elems, "case %zu: a cap of %g left the reference unchanged", i,
-                      (double)cases[i].cap);
+            double moved = 0.0, norm = 0.0;
+            for (int64_t e = 0; plain && e < tc.q_elems; e++) {
+                moved += (tc.o_ref[e] - plain[e]) * (tc.o_ref[e] - plain[e]);
+                norm += plain[e] * plain[e];
+            }
+            CHECK_MSG(moved > 0.01 * 0.01 * norm, "case %zu: a cap of %g moved the reference by %.2g only", i,
+                      (double)cases[i].cap, sqrt(moved / (norm > 0 ? norm : 1)));
             free(plain);
         }
         tc.problem.logits_soft_cap = cases[i].cap;
-        tc.problem.window = cases[i].window;
+        tc.problem.window = small && cases[i].window > 1000 ? 1000 : cases[i].window;
         pkv_test_poison_before_window(&tc);
         CHECK_OK(pkv_test_case_reference(&tc));
-        char what[48];
-        snprintf(what, sizeof what, "cap %g window %d case %zu", (double)cases[i].cap, cases[i].window, i);
+        char what[64];
+        snprintf(what, sizeof what, "cap %g scale %g window %d case %zu", (double)cases[i].cap,
+                 (double)cases[i].sm_scale, tc.problem.window, i);
         check_case(ctx, plan, &tc, what, i % 3 == 0 ? 8 : -1);
         pkv_test_case_free(&tc);
     }
@@ -263,10 +276,10 @@ int main(void) {
         CHECK(pkv_test_case_random(&rng, &ch, &tc));
         if (!tc.ok) continue;
         if (n % 4 == 1) { /* a quarter of the problems with a sliding window, some of them capped */
-            tc.problem.window = (int32_t)pkv_rng_uniform_int(&rng, 1, 3000);
+            tc.problem.window = (int32_t)pkv_rng_uniform_int(&rng, 1, ch.max_len);
             pkv_test_poison_before_window(&tc);
         }
-        if (n % 6 == 1 || n % 6 == 4) tc.problem.logits_soft_cap = (float)pkv_rng_uniform_int(&rng, 1, 50);
+        if (n % 6 == 1 || n % 6 == 4) pkv_test_random_cap(&rng, &tc.problem);
         CHECK_OK(pkv_test_case_reference(&tc));
         char what[32];
         snprintf(what, sizeof what, "random case %d", n);

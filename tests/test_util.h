@@ -144,6 +144,15 @@ static inline void pkv_test_poison_before_window(pkv_test_case *tc) {
             }
 }
 
+/* A random logits soft cap c in [1, 50] with sm_scale set so that the scaled scores of the tests' data
+ * (q, k uniform in [-1, 1]: q.k has a standard deviation of sqrt(d) / 3) spread over 0.5..2 c: a cap that
+ * binds, so a backend that ignored it would fail. */
+static inline void pkv_test_random_cap(pkv_rng *rng, pkv_problem *p) {
+    const double c = (double)pkv_rng_uniform_int(rng, 1, 50), spread = 0.5 + 1.5 * pkv_rng_uniform01(rng);
+    p->logits_soft_cap = (float)c;
+    p->sm_scale = (float)(spread * c * 3.0 / sqrt((double)p->head_dim));
+}
+
 /* Builds a case for the given problem shape (num_pages is computed) and lengths: each row owns
  * ceil(len / page_size) pages, sometimes one more; page ids are a random permutation of the pool
  * (no page shared between rows) with hole_fraction unused pages.  Returns tc->ok. */

@@ -69,7 +69,7 @@ int cmd_check(int argc, char **argv) {
             tc.problem.window = (int32_t)pkv_rng_uniform_int(&rng, 1, ch.max_len);
             pkv_test_poison_before_window(&tc);
         }
-        if (built && n % 5 == 3) tc.problem.logits_soft_cap = (float)pkv_rng_uniform_int(&rng, 1, 50);
+        if (built && n % 5 == 3) pkv_test_random_cap(&rng, &tc.problem); /* a cap that binds */
         if (!built || pkv_test_case_reference(&tc) != PKV_OK) {
             fprintf(stderr, "pkv check: cannot build case %d\n", n);
             return 1;

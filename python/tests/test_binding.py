@@ -556,19 +556,19 @@ def test_cuda_matches_reference_and_cpu(cuda_torch, cpu, route, layout, dtype):
     assert diff < TOL[dtype]
 
 
-@pytest.mark.parametrize("cap,window_left", [(0.75, -1), (None, 40), (30.0, 4)])
-def test_cuda_soft_cap_and_window(cuda_torch, cap, window_left):
+@pytest.mark.parametrize("cap,scale,window_left", [(0.75, None, -1), (None, None, 40), (30.0, 8.0, 4)])
+def test_cuda_soft_cap_and_window(cuda_torch, cap, scale, window_left):
     """The soft cap and the sliding window on the CUDA backend (every route splitting) against the
-    float64 reference with the same options."""
+    float64 reference with the same options (sm_scale 8 makes a cap of 30 bind on this data)."""
     torch = cuda_torch
     p = make_problem(seed_of("cuda-score", cap, window_left), [0, 1, 60, 700, 17], 8, 2)
     w = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cuda")
     q, k, v = (torch.from_numpy(p[n]).cuda() for n in ("q", "k", "v"))
-    plan(w, p, logits_soft_cap=cap, window_left=window_left, **SPLITTY)
+    plan(w, p, logits_soft_cap=cap, sm_scale=scale, window_left=window_left, **SPLITTY)
     o, lse = w.run(q, k, v, return_lse=True)
     torch.cuda.synchronize()
     ref = pkv.reference(p["q"], p["k"], p["v"], p["indptr"], p["indices"], p["lens"], logits_soft_cap=cap,
-                        window_left=window_left, q_data_type=p["dtype"])
+                        sm_scale=scale, window_left=window_left, q_data_type=p["dtype"])
     assert_close(o.cpu().numpy(), lse.cpu().numpy(), ref, p["dtype"], p["lens"])
 
 

@@ -62,7 +62,7 @@ struct decode_params {
     int32_t one_row;
     int64_t stride_page, stride_head, stride_tok;
     float scale_log2;         // sm_scale * log2(e)
-    float cap_log2, cap_exp2; // logits soft cap c > 0: c * log2(e) and 2 * sm_scale / c * log2(e); cap_log2 0: none
+    float cap_log2, cap_scale; // logits soft cap c > 0: c * log2(e) and sm_scale / c; cap_log2 0: none
     int32_t num_qo_heads, group, page_size, page_shift; // page_shift < 0: page_size not a power of 2
     int32_t rect;
     int32_t stages;           // the tensor-copy kernel: stages of each warp's ring (tma_min_stages..kMaxStages)
@@ -144,12 +144,19 @@ __device__ __forceinline__ int64_t page_offset(const decode_params &p, int32_t p
 }
 
 // A raw score q.k in the log2 domain of the online softmax: s * sm_scale * log2(e), or with a logits
-// soft cap c (Gemma-2) c * log2(e) * tanh(s * sm_scale / c), tanh(x) = 1 - 2 / (1 + e^2x) from one exp2
-// (absolute error near 1e-7 of c; e^2x = inf gives 1, 0 gives -1).  CAP is a compile-time path: each
-// kernel picks its body once (cap_log2 > 0), since a branch per score kept the V fragment loads behind
-// the softmax and cost the uncapped path up to 23% on long tasks (kernel-notes v10).
+// soft cap c (Gemma-2) c * log2(e) * tanh(y), y = s * sm_scale / c.  tanh(y): below |y| = 1/8 its
+// Taylor polynomial to y^7 (relative error < 2e-9: no cancellation, so a large cap, where every y is
+// small, keeps the scores' precision), else 1 - 2 / (1 + e^2y) from one exp2 (absolute error ~1e-7,
+// relative < 1e-6 there; e^2y = inf gives 1, 0 gives -1).  CAP is a compile-time path: each kernel
+// picks its body once (cap_log2 > 0), since a branch per score kept the V fragment loads behind the
+// softmax and cost the uncapped path up to 23% on long tasks (kernel-notes v10).
 template <bool CAP> __device__ __forceinline__ float score_log2(const decode_params &p, float s) {
-    if constexpr (CAP) return p.cap_log2 - __fdividef(2.f * p.cap_log2, 1.f + exp2f(s * p.cap_exp2));
+    if constexpr (CAP) {
+        const float y = s * p.cap_scale, y2 = y * y;
+        const float poly = y * fmaf(y2, fmaf(y2, fmaf(y2, -17.f / 315.f, 2.f / 15.f), -1.f / 3.f), 1.f);
+        const float ex = 1.f - __fdividef(2.f, 1.f + exp2f(y * 2.8853900817779268f)); // e^2y = 2^(2y log2 e)
+        return p.cap_log2 * (fabsf(y) < 0.125f ? poly : ex);
+    }
     return s * p.scale_log2;
 }
 
@@ -834,7 +841,8 @@ __global__ void __launch_bounds__(kThreads, NB == 1 && D <= 128 ? 3 : 2) decode_
 
 // ---- heads in N, K and V through shared memory by tensor copies (sm_90) --------------------------------
 // For G <= 8 at d = 64/128/256 and G 9..16 at d = 64/128 (two n-tiles of heads), page sizes that are
-// multiples of 16 (every task then starts on a page boundary, so a 16-token tile never crosses a page).
+// multiples of 16 (tiles start on 16-token boundaries, a window's first tile before its start, so a
+// 16-token tile never crosses a page).
 // The math is the heads-in-N kernel's (S^T = K Q^T, O^T = V^T P^T, tokens and head dims in M, the G
 // heads in N), but no warp loads K or V itself: each warp
 // keeps a ring of S stages in shared memory (a 16-token tile of K and of V per stage) with one mbarrier
@@ -1017,6 +1025,9 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
                 const int rr = k < r0 ? k : r1 + (k - r0);
                 *reinterpret_cast<uint4 *>(v + h * kBoxBytes + rr * 128 + ch * 16) = make_uint4(0, 0, 0, 0);
             }
+            // these generic-proxy stores before the tensor copy that refills the stage (a window's
+            // first tile is warp 0's stage 0, refilled S tiles later)
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             __syncwarp();
         }
         // ---- S^T = K Q^T (two accumulators per n-tile for a shorter chain)
@@ -1449,9 +1460,11 @@ extern "C" cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace
     p.stride_head = st.head;
     p.stride_tok = st.token;
     p.scale_log2 = pkv_problem_scale(&pr) * 1.4426950408889634f;
-    if (pr.logits_soft_cap > 0.0f) {
+    // a cap whose c log2(e) overflows float (c > 2.3e38) is the uncapped score to float precision
+    // (c tanh(s / c) = s - s^3 / 3c^2 ...); a tiny one's sm_scale / c is clamped, not infinite (0 x inf)
+    if (pr.logits_soft_cap > 0.0f && isfinite(pr.logits_soft_cap * 1.4426950408889634f)) {
         p.cap_log2 = pr.logits_soft_cap * 1.4426950408889634f;
-        p.cap_exp2 = 2.0f * pkv_problem_scale(&pr) / pr.logits_soft_cap * 1.4426950408889634f;
+        p.cap_scale = fminf(pkv_problem_scale(&pr) / pr.logits_soft_cap, 3.0e38f);
     }
     p.num_qo_heads = pr.num_qo_heads;
     p.group = plan->group;
