@@ -180,6 +180,9 @@ static void test_problem_errors(pkv_context *ctx) {
     bad = f.problem;
     bad.sm_scale = NAN;
     expect_problem_error(ctx, &f, &bad, PKV_ERR_INVALID_ARGUMENT, "sm_scale NaN");
+    bad = f.problem;
+    bad.sm_scale = 1e31f;
+    expect_problem_error(ctx, &f, &bad, PKV_ERR_INVALID_ARGUMENT, "sm_scale 1e31");
     fixture_free(&f);
 }
 

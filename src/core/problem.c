@@ -74,6 +74,8 @@ pkv_status pkv_check_problem(pkv_context *ctx, const pkv_problem *p) {
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "num_pages %lld is not in [0, 2^31)", (long long)p->num_pages);
     if (!(p->sm_scale == p->sm_scale) || isinf(p->sm_scale))
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "sm_scale is not finite");
+    if (p->sm_scale > 1e30f) /* sm_scale x log2(e) x a score must stay finite in float */
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "sm_scale %g is above 1e30", (double)p->sm_scale);
     if (!(p->logits_soft_cap >= 0.0f) || isinf(p->logits_soft_cap))
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "logits_soft_cap %g is not a finite value >= 0 (0: none)",
                         (double)p->logits_soft_cap);

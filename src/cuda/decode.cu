@@ -145,17 +145,18 @@ __device__ __forceinline__ int64_t page_offset(const decode_params &p, int32_t p
 
 // A raw score q.k in the log2 domain of the online softmax: s * sm_scale * log2(e), or with a logits
 // soft cap c (Gemma-2) c * log2(e) * tanh(y), y = s * sm_scale / c.  tanh(y): below |y| = 1/8 its
-// Taylor polynomial to y^7 (relative error < 2e-9: no cancellation, so a large cap, where every y is
-// small, keeps the scores' precision), else 1 - 2 / (1 + e^2y) from one exp2 (absolute error ~1e-7,
-// relative < 1e-6 there; e^2y = inf gives 1, 0 gives -1).  CAP is a compile-time path: each kernel
+// Taylor polynomial to y^7 (truncation < 2e-9, no cancellation, so a large cap, where every y is small,
+// keeps the scores' precision), else 1 - 2 / (1 + e^2y) from one exp2 (relative error < 3e-6 under the
+// approximate exp2 and divide; e^2y = inf gives 1, 0 gives -1).  (Written as c log2(e) x tanh: the
+// form s sm_scale log2(e) x tanh(y) / y moved the uncapped body's V loads in ptxas' schedule.)  CAP is a compile-time path: each kernel
 // picks its body once (cap_log2 > 0), since a branch per score kept the V fragment loads behind the
 // softmax and cost the uncapped path up to 23% on long tasks (kernel-notes v10).
 template <bool CAP> __device__ __forceinline__ float score_log2(const decode_params &p, float s) {
     if constexpr (CAP) {
         const float y = s * p.cap_scale, y2 = y * y;
-        const float poly = y * fmaf(y2, fmaf(y2, fmaf(y2, -17.f / 315.f, 2.f / 15.f), -1.f / 3.f), 1.f);
+        const float t_y = fmaf(y2, fmaf(y2, fmaf(y2, -17.f / 315.f, 2.f / 15.f), -1.f / 3.f), 1.f); // tanh(y) / y
         const float ex = 1.f - __fdividef(2.f, 1.f + exp2f(y * 2.8853900817779268f)); // e^2y = 2^(2y log2 e)
-        return p.cap_log2 * (fabsf(y) < 0.125f ? poly : ex);
+        return p.cap_log2 * (fabsf(y) < 0.125f ? y * t_y : ex);
     }
     return s * p.scale_log2;
 }
@@ -1460,10 +1461,12 @@ extern "C" cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace
     p.stride_head = st.head;
     p.stride_tok = st.token;
     p.scale_log2 = pkv_problem_scale(&pr) * 1.4426950408889634f;
-    // a cap whose c log2(e) overflows float (c > 2.3e38) is the uncapped score to float precision
-    // (c tanh(s / c) = s - s^3 / 3c^2 ...); a tiny one's sm_scale / c is clamped, not infinite (0 x inf)
-    if (pr.logits_soft_cap > 0.0f && isfinite(pr.logits_soft_cap * 1.4426950408889634f)) {
-        p.cap_log2 = pr.logits_soft_cap * 1.4426950408889634f;
+    // a cap so large that sm_scale / c is below the normal floats (or c log2(e) overflows) is the
+    // uncapped score to float precision (c tanh(x / c) = x - x^3 / 3c^2 ...): run uncapped; a tiny one's
+    // sm_scale / c is clamped, not infinite (0 x inf)
+    if (pr.logits_soft_cap > 0.0f && isfinite(pr.logits_soft_cap * 1.4426950408889634f) &&
+        pkv_problem_scale(&pr) / pr.logits_soft_cap >= 1.17549435e-38f) {
+        p.cap_log2 = fmaxf(pr.logits_soft_cap * 1.4426950408889634f, 1.17549435e-38f); // normal: > 0 under ftz too
         p.cap_scale = fminf(pkv_problem_scale(&pr) / pr.logits_soft_cap, 3.0e38f);
     }
     p.num_qo_heads = pr.num_qo_heads;
