@@ -76,7 +76,7 @@ typedef struct pkv_problem {
     int64_t num_pages;     /* size of the page pool (required); page ids must lie in [0, num_pages) */
     pkv_layout layout;
     pkv_dtype dtype;       /* q, k_cache, v_cache and o: FP16 or BF16; lse is always fp32 */
-    float sm_scale;        /* <= 0 selects 1 / sqrt(head_dim) */
+    float sm_scale;        /* <= 0 selects 1 / sqrt(head_dim); at most 1e30 */
     float logits_soft_cap; /* > 0: each score s = sm_scale q.k becomes cap x tanh(s / cap) before the
                             * softmax (Gemma-2: 50); 0: none.  Both backends */
     int32_t window;        /* > 0: sliding-window attention, each row attends to its last `window` tokens
