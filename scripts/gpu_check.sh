@@ -81,6 +81,9 @@ if [ $quick = 0 ]; then
   done
   "$build/pkv" bench --backend cuda --trace bucketed --seed 20260623 --steps 16 --reps 30 --wall-reps 10 --quiet \
     --json "$log/trace_bucketed.json" >>"$out/traces.md" 2>>"$log/bench.log" || status=1
+  say "benchmark: anchor steps, d256 shape with Gemma-2's soft cap 50 and 4096-token window (local layers)"
+  "$build/pkv" bench --backend cuda --shape d256 --soft-cap 50 --window 4096 --anchor all --reps 50 --wall-reps 5 \
+    --quiet --json "$out/anchors_gemma2_local.json" >"$out/anchors_gemma2_local.md" 2>>"$log/bench.log" || status=1
 fi
 
 if [ -n "${PKV_COMPARE_M:-}" ]; then

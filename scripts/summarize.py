@@ -83,12 +83,33 @@ def traces_table(paths):
     return out, merged
 
 
+def score_options_line(path):
+    """One line for the capped, windowed anchors: the best route's fraction of the ceiling and the worst
+    error over every route."""
+    doc = json.load(open(path))
+    best = {}
+    for r in doc["rows"]:
+        if r.get("kernel_us") and (r["step"] not in best or r["kernel_us"] < best[r["step"]]["kernel_us"]):
+            best[r["step"]] = r
+    fr = sorted(r.get("frac_read_ceiling") or 0.0 for r in best.values())
+    errs = [r["rel_err"] for r in doc["rows"] if r.get("rel_err") is not None]
+    unwritten = sum(r.get("unwritten_outputs") or 0 for r in doc["rows"])
+    if not fr:
+        return ["", "Gemma-2 local layers (d256, cap 50, window 4096): no rows"]
+    return ["", f"Gemma-2 local layers (d256, soft cap 50, window 4096), {len(best)} anchors: best route's fraction "
+                f"of the read ceiling min {fr[0]:.3f}, median {fr[len(fr) // 2]:.3f}, max {fr[-1]:.3f}; worst rel err "
+                f"{max(errs) if errs else float('nan'):.1e} over {len(errs)} runs; unwritten outputs {unwritten}"]
+
+
 def main():
     out_dir = sys.argv[1]
     lines = []
     a = os.path.join(out_dir, "anchors.json")
     if os.path.exists(a):
         lines += anchors_table(a)
+    g = os.path.join(out_dir, "anchors_gemma2_local.json")
+    if os.path.exists(g):
+        lines += score_options_line(g)
     traces = [p for p in sys.argv[2:] if os.path.exists(p)]
     if traces:
         t, merged = traces_table(traces)
