@@ -15,7 +15,8 @@ static inline uint16_t *pkv_test_interleave(const pkv_test_case *tc, int64_t pad
     *stride = 2 * page + pad;
     uint16_t *kv = (uint16_t *)malloc((size_t)(p->num_pages * *stride) * 2 + 2);
     if (!kv) return NULL;
-    for (int64_t i = 0; i < p->num_pages * *stride; i++) kv[i] = 0x7e00; /* NaN in the padding */
+    const uint16_t nan_bits = pkv_test_nan_bits(p->dtype); /* NaN in the padding (0x7e00 is finite in bf16) */
+    for (int64_t i = 0; i < p->num_pages * *stride; i++) kv[i] = nan_bits;
     for (int64_t pg = 0; pg < p->num_pages; pg++) {
         memcpy(kv + pg * *stride, (const uint16_t *)tc->k_cache + pg * page, (size_t)page * 2);
         memcpy(kv + pg * *stride + page, (const uint16_t *)tc->v_cache + pg * page, (size_t)page * 2);
