@@ -197,9 +197,6 @@ typedef struct pkv_phase {
     int32_t task_begin, task_end, merge_begin, merge_end;
     int32_t grid_splits;  /* SPLIT/BUCKETED/SINGLE: S of the rectangular grid; WORKQUEUE: 0 */
     int32_t row_begin, row_end; /* rows of this phase in the plan's row order (rect routes) */
-    int32_t cluster;  /* 1: the CUDA backend merges this phase's splits inside the decode launch, each
-                       * (row, KV head)'s grid_splits CTAs as one thread-block cluster (sm_90): no merge
-                       * launch, the states stay on chip.  The CPU backend runs the same merges. */
 } pkv_phase;
 
 /* Per-row schedule of the rectangular routes (row order as in pkv_plan.row_order). */

@@ -136,7 +136,7 @@ class Merge(ctypes.Structure):
 
 class Phase(ctypes.Structure):
     _fields_ = [(n, ctypes.c_int32) for n in (
-        "task_begin", "task_end", "merge_begin", "merge_end", "grid_splits", "row_begin", "row_end", "cluster")]
+        "task_begin", "task_end", "merge_begin", "merge_end", "grid_splits", "row_begin", "row_end")]
 
 
 class RowSched(ctypes.Structure):

@@ -44,8 +44,6 @@ struct pkv_context {
     int32_t parallelism;     /* SMs or threads */
     int32_t ctas_per_unit;   /* planner default for this backend */
     int32_t resident[3][2];  /* CUDA: CTAs per SM of the kernel that runs [d 64, 128, 256][G <= 8, G > 8]; 0: unknown */
-    int32_t cluster_splits[3][2]; /* CUDA: the most splits of a rectangular phase merged in one cluster, per
-                                   * [d][G > 8], for page sizes that are multiples of 16; 0: no clusters */
     int32_t device;
     uint64_t id;             /* unique per context */
     char device_name[160];

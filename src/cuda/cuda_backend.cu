@@ -144,20 +144,6 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device) {
         ctx->resident[k][0] = pkv_cuda_decode_resident_ctas(8, dims[k], s->launch.allow_n8);
         ctx->resident[k][1] = pkv_cuda_decode_resident_ctas(16, dims[k], 0);
     }
-    /* sm_90: rectangular phases of up to 16 splits on the tensor-copy kernel merge inside their launch,
-     * in thread-block clusters (PKV_CLUSTER_MERGE=0: the merge kernel, as before) */
-    const char *cl = getenv("PKV_CLUSTER_MERGE");
-    if (s->launch.tma && !(cl && strcmp(cl, "0") == 0))
-        for (int k = 0; k < 3; k++)
-            for (int nt = 0; nt < 2; nt++) {
-                int32_t st = s->launch.tma_default_stages[k][nt];
-                if (st > 0 && s->launch.tma_stages > 0) { /* as decode.cu clamps PKV_TMA_STAGES */
-                    const int32_t lo = dims[k] > 128 ? 1 : 2;
-                    st = s->launch.tma_stages < lo ? lo : s->launch.tma_stages;
-                    if (st > s->launch.tma_max_stages[k]) st = s->launch.tma_max_stages[k];
-                }
-                ctx->cluster_splits[k][nt] = st > 0 ? pkv_cuda_decode_cluster_splits(dims[k], nt, st) : 0;
-            }
     snprintf(ctx->device_name, sizeof ctx->device_name, "%s (%d SMs, sm_%d%d%s)", prop.name, prop.multiProcessorCount,
              prop.major, prop.minor,
              prop.major >= 9 && !sm90_code ? "; this build has no sm_90 code: register kernels, no PDL" : "");

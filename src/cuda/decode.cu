@@ -70,9 +70,6 @@ struct decode_params {
     int32_t fused, num_tasks, num_split_merges;
     const pkv_merge *merges;
     int32_t *counters;
-    // rectangular phase launched in clusters of its S splits (the tensor-copy kernel, sm_90): the splits
-    // of a (row, KV head) keep their states in shared memory and merge through it (cluster_merge)
-    int32_t cluster;
 };
 
 struct merge_params {
@@ -442,12 +439,6 @@ __device__ __forceinline__ void finish_task(const decode_params &p, const float 
             pk.w = tr::pack(out[6], out[7]);
             *reinterpret_cast<uint4 *>(static_cast<T *>(p.o) + qh * D + d) = pk;
             if (p.lse && d == 0) p.lse[qh] = lse_nat;
-        } else if (p.cluster) {
-            // the cluster's merge reads it from here (after the warps' outputs: [GP][D], then lse [GP])
-            float *cl = const_cast<float *>(smem) + smem_out_floats<D, GP == 16>();
-            *reinterpret_cast<float4 *>(cl + j * D + d) = make_float4(out[0], out[1], out[2], out[3]);
-            *reinterpret_cast<float4 *>(cl + j * D + d + 4) = make_float4(out[4], out[5], out[6], out[7]);
-            if (d == 0) cl[GP * D + j] = lse_nat;
         } else {
             float *dst = p.state_o + ((int64_t)ti.slot * G + j) * D + d;
             *reinterpret_cast<float4 *>(dst) = make_float4(out[0], out[1], out[2], out[3]);
@@ -933,8 +924,8 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
     constexpr int GP = 8 * NT;
     constexpr uint32_t kTileBytes = 2 * H * kBoxBytes;
     static_assert(NT == 1 || (NT == 2 && D <= 128), "16 heads at d <= 128");
-    static_assert((smem_out_floats<D, NT == 2>() + GP * D + GP) * 4 <= kWarps * tma_min_stages<D>() * (int)kTileBytes,
-                  "outputs and a cluster's state fit in the smallest ring");
+    static_assert(smem_out_floats<D, NT == 2>() * 4 <= kWarps * tma_min_stages<D>() * (int)kTileBytes,
+                  "outputs fit in the smallest ring");
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3;
@@ -1096,82 +1087,6 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
 #endif
 }
 
-// ---- the merge of a cluster: the S splits of one (row, KV head), S <= 16, one cluster (1, 1, S) ----
-__device__ __forceinline__ void cluster_sync_all() {
-    asm volatile("barrier.cluster.arrive.release.aligned;\n"
-                 "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// The address of the same shared-memory location in the cluster's CTA `rank`.
-__device__ __forceinline__ uint32_t cluster_map(uint32_t addr, uint32_t rank) {
-    uint32_t r;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
-    return r;
-}
-__device__ __forceinline__ float4 ld_cluster_v4(uint32_t addr) {
-    float4 v;
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
-                 : "r"(addr)
-                 : "memory");
-    return v;
-}
-__device__ __forceinline__ float ld_cluster_f32(uint32_t addr) {
-    float v;
-    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
-    return v;
-}
-constexpr int kMaxClusterSplits = 16;
-
-// Every CTA of the cluster, after its split wrote its state into its own shared memory (finish_task):
-// one cluster barrier, then the CTAs share the (head, float4 column) outputs of the merge (CTA r takes
-// columns r, r + S, ...) and load every split's lse and column from the splits' shared memory at once
-// (one round trip over the cluster's network, no global memory and no second launch); a second barrier
-// keeps each CTA's shared memory alive until every CTA is done reading it.  Splits combine in split order
-// (deterministic).  An unsplit row wrote o itself; an empty row (no split) gets o = 0, lse = -inf from
-// its first CTA.
-template <typename T, int D, int GP>
-__device__ __forceinline__ void cluster_merge(const decode_params &p, float *smem) {
-    const pkv_row_sched rs = D <= 128 && p.one_row ? p.row0 : p.rows[blockIdx.x];
-    unsigned char *sbase = reinterpret_cast<unsigned char *>(smem);
-    sbase += (1024u - (smem_addr(sbase) & 1023u)) & 1023u; // as the body aligned it
-    const uint32_t cl = smem_addr(reinterpret_cast<float *>(sbase) + smem_out_floats<D, GP == 16>());
-    const int G = p.group, S = rs.num_splits, rank = (int)blockIdx.z, csize = (int)gridDim.z;
-    const int64_t qh0 = (int64_t)rs.row * p.num_qo_heads + (int64_t)blockIdx.y * G;
-    cluster_sync_all();
-    if (S > 1) {
-        for (int idx = rank + csize * (int)threadIdx.x; idx < G * (D / 4); idx += csize * kThreads) {
-            const int j = idx / (D / 4), col = idx % (D / 4);
-            float4 o[kMaxClusterSplits];
-            float w[kMaxClusterSplits];
-#pragma unroll
-            for (int k = 0; k < kMaxClusterSplits; k++) {
-                const uint32_t r = (uint32_t)min(k, S - 1); // clamped: no branch between the loads
-                o[k] = ld_cluster_v4(cluster_map(cl + (uint32_t)(j * D + col * 4) * 4u, r));
-                w[k] = ld_cluster_f32(cluster_map(cl + (uint32_t)(GP * D + j) * 4u, r));
-            }
-            float M = w[0];
-#pragma unroll
-            for (int k = 1; k < kMaxClusterSplits; k++) M = fmaxf(M, w[k]);
-            merge_acc a = {make_float4(0.f, 0.f, 0.f, 0.f), M, 0.f};
-#pragma unroll
-            for (int k = 0; k < kMaxClusterSplits; k++) {
-                const float wk = k < S ? __expf(w[k] - M) : 0.f;
-                a.L += wk;
-                a.a.x += wk * o[k].x;
-                a.a.y += wk * o[k].y;
-                a.a.z += wk * o[k].z;
-                a.a.w += wk * o[k].w;
-            }
-            merge_write<T, D>(a, qh0 + j, col, p.o, p.lse);
-        }
-    } else if (S == 0 && rank == 0) {
-        const merge_acc none = {make_float4(0.f, 0.f, 0.f, 0.f), -INFINITY, 0.f};
-        for (int idx = threadIdx.x; idx < G * (D / 4); idx += kThreads)
-            merge_write<T, D>(none, qh0 + idx / (D / 4), idx % (D / 4), p.o, p.lse);
-    }
-    cluster_sync_all();
-}
-
 template <typename T, int D, int NT>
 __global__ void __launch_bounds__(kThreads, NT == 2 || D > 128 ? 2 : D <= 64 ? 4 : 3)
     decode_kernel_tma(const decode_params p, const __grid_constant__ tma_maps maps) {
@@ -1180,14 +1095,9 @@ __global__ void __launch_bounds__(kThreads, NT == 2 || D > 128 ? 2 : D <= 64 ? 4
     __shared__ __align__(8) uint64_t bars[kWarps][kMaxStages];
     PKV_TL_SCOPE(0);
     task_info ti;
-    if (!load_task<T, D>(p, ti)) {
-        if (!p.cluster) return; // an empty split still takes part in its cluster's barriers
-    } else if (p.cap_log2 > 0.f) {
-        decode_tma_body<T, D, NT, true>(p, maps, ti, smem, bars);
-    } else {
-        decode_tma_body<T, D, NT, false>(p, maps, ti, smem, bars);
-    }
-    if (p.cluster) cluster_merge<T, D, 8 * NT>(p, smem);
+    if (!load_task<T, D>(p, ti)) return;
+    if (p.cap_log2 > 0.f) decode_tma_body<T, D, NT, true>(p, maps, ti, smem, bars);
+    else decode_tma_body<T, D, NT, false>(p, maps, ti, smem, bars);
 #endif
 }
 
@@ -1242,62 +1152,16 @@ static cudaError_t launch_decode(kernel_kind kind, const decode_params &p, dim3 
     return cudaGetLastError();
 }
 
-// The tensor-copy kernel on a grid (two n-tiles of heads for G > 8; tma_maps_for hands d = 256 no maps there);
-// p.cluster: in clusters of (1, 1, grid.z).
-template <typename T, int D, int NT>
-static cudaError_t launch_tma_nt(const decode_params &p, const tma_maps &maps, dim3 grid, cudaStream_t stream) {
-    if (!p.cluster) {
-        decode_kernel_tma<T, D, NT><<<grid, kThreads, tma_smem_bytes<D>(p.stages), stream>>>(p, maps);
-        return cudaGetLastError();
-    }
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = (size_t)tma_smem_bytes<D>(p.stages);
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = 1;
-    attr[0].val.clusterDim.z = grid.z;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, decode_kernel_tma<T, D, NT>, p, maps);
-    return e != cudaSuccess ? e : cudaGetLastError();
-}
+// The tensor-copy kernel on a grid (two n-tiles of heads for G > 8; tma_maps_for hands d = 256 no maps there).
 template <typename T, int D>
 static cudaError_t launch_decode_tma(const decode_params &p, const tma_maps &maps, dim3 grid, cudaStream_t stream) {
-    if (p.group <= 8) return launch_tma_nt<T, D, 1>(p, maps, grid, stream);
-    if constexpr (D > 128) return cudaErrorInvalidValue;
-    else return launch_tma_nt<T, D, 2>(p, maps, grid, stream);
-}
-
-// Whether clusters of S CTAs of the tensor-copy kernel (its ring of `stages`) can be resident on this
-// device: a cluster's CTAs share one GPC, and S > 8 is a non-portable size (allowed at setup).  Asked
-// once per (head dim, n-tiles, stages, S) and kept (the answer is the device's; contexts on one device
-// share it; a process with GPUs of different models would need it per device, as the stages are).
-template <typename T, int D, int NT> static bool tma_cluster_fits(int stages, int S) {
-    static signed char known[kMaxStages + 1][kMaxClusterSplits + 1]; // 0 unknown, 1 yes, -1 no
-    if (stages < 1 || stages > kMaxStages || S < 2 || S > kMaxClusterSplits) return false;
-    signed char &k = known[stages][S];
-    if (k == 0) {
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(1, 1, (unsigned)S);
-        cfg.blockDim = dim3(kThreads);
-        cfg.dynamicSmemBytes = (size_t)tma_smem_bytes<D>(stages);
-        cudaLaunchAttribute attr[1];
-        attr[0].id = cudaLaunchAttributeClusterDimension;
-        attr[0].val.clusterDim.x = 1;
-        attr[0].val.clusterDim.y = 1;
-        attr[0].val.clusterDim.z = (unsigned)S;
-        cfg.attrs = attr;
-        cfg.numAttrs = 1;
-        int n = 0;
-        const cudaError_t e = cudaOccupancyMaxActiveClusters(&n, decode_kernel_tma<T, D, NT>, &cfg);
-        if (e != cudaSuccess) cudaGetLastError(); // not an error of the run: the merge kernel runs instead
-        k = e == cudaSuccess && n > 0 ? 1 : -1;
+    if (p.group <= 8) {
+        decode_kernel_tma<T, D, 1><<<grid, kThreads, tma_smem_bytes<D>(p.stages), stream>>>(p, maps);
+    } else {
+        if constexpr (D > 128) return cudaErrorInvalidValue;
+        else decode_kernel_tma<T, D, 2><<<grid, kThreads, tma_smem_bytes<D>(p.stages), stream>>>(p, maps);
     }
-    return k > 0;
+    return cudaGetLastError();
 }
 
 template <typename T, int D> static int resident_ctas_d(kernel_kind kind) {
@@ -1331,19 +1195,12 @@ template <int D, int NT> static cudaError_t tma_static_bytes(size_t *static_byte
     return e;
 }
 // Raises the dynamic shared-memory limit of both dtypes' instances to `bytes`.
-// And allows clusters of up to 16 CTAs (8 is the portable limit; where a device has no room for 16, the
-// occupancy query says so and the merge kernel runs).
 template <int D, int NT> static cudaError_t tma_raise_limit(int bytes) {
     cudaError_t e = cudaFuncSetAttribute(decode_kernel_tma<__half, D, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          bytes);
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(decode_kernel_tma<__nv_bfloat16, D, NT>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(decode_kernel_tma<__half, D, NT>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(decode_kernel_tma<__nv_bfloat16, D, NT>,
-                                 cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
     return e;
 }
 // The most stages (from lo to max_stages) that keep `want` CTAs of the NT instance resident; 0: none.
@@ -1477,7 +1334,6 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
     for (int32_t k = 0; k < plan->num_phases; k++) {
         const pkv_phase &ph = plan->phases[k];
         const bool fused = plan->route == PKV_ROUTE_FUSED;
-        bool clustered = false;
         if (ph.task_end > ph.task_begin || (fused && ph.merge_end > ph.merge_begin)) {
             decode_params p = base;
             dim3 grid;
@@ -1508,13 +1364,6 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
                 grid = dim3((unsigned)(ph.row_end - ph.row_begin), (unsigned)plan->problem.num_kv_heads,
                             (unsigned)ph.grid_splits);
             }
-            // a rectangular phase of 2..16 splits on the tensor-copy kernel merges in clusters (no merge
-            // launch; the plan counted its phases' launches the same way: pkv_phase.cluster)
-            if (maps && p.rect && ph.cluster) {
-                if (plan->group <= 8) p.cluster = tma_cluster_fits<T, D, 1>(p.stages, ph.grid_splits);
-                else if constexpr (D <= 128) p.cluster = tma_cluster_fits<T, D, 2>(p.stages, ph.grid_splits);
-            }
-            clustered = p.cluster != 0;
             cudaError_t e;
             if (maps) {
                 e = launch_decode_tma<T, D>(p, *maps, grid, stream); // p.stages set with the maps
@@ -1527,7 +1376,7 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
             }
             if (e != cudaSuccess) return e;
         }
-        if (!fused && !clustered && ph.merge_end > ph.merge_begin) {
+        if (!fused && ph.merge_end > ph.merge_begin) {
             merge_params m = mbase;
             m.merges = reinterpret_cast<const pkv_merge *>(ws_dev + plan->off_merges) + ph.merge_begin;
             cudaError_t e = launch_merge<T, D>(m, ph.merge_end - ph.merge_begin, stream,
@@ -1582,22 +1431,6 @@ extern "C" cudaError_t pkv_cuda_decode_init_attributes(int cc_major, size_t smem
             cudaGetLastError(); // no encoder: every shape runs the register kernel
     }
     return e;
-}
-
-extern "C" int pkv_cuda_decode_cluster_splits(int32_t head_dim, int group_over_8, int32_t stages) {
-    for (int S = pkv::kMaxClusterSplits; S >= 2; S--) {
-        bool fits = false;
-        switch (head_dim * 2 + (group_over_8 != 0)) {
-        case 128: fits = pkv::tma_cluster_fits<__half, 64, 1>(stages, S); break;
-        case 129: fits = pkv::tma_cluster_fits<__half, 64, 2>(stages, S); break;
-        case 256: fits = pkv::tma_cluster_fits<__half, 128, 1>(stages, S); break;
-        case 257: fits = pkv::tma_cluster_fits<__half, 128, 2>(stages, S); break;
-        case 512: fits = pkv::tma_cluster_fits<__half, 256, 1>(stages, S); break;
-        default: return 0;
-        }
-        if (fits) return S;
-    }
-    return 0;
 }
 
 extern "C" int pkv_cuda_decode_resident_ctas(int32_t group, int32_t head_dim, int allow_n8) {

@@ -35,9 +35,6 @@ typedef struct pkv_cuda_launch_opts {
 /* Launches every phase of an uploaded plan on the stream (attention, then merge). */
 cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace, const pkv_tensors *t, cudaStream_t stream,
                                 const pkv_cuda_launch_opts *opts);
-/* The most splits (2..16) whose CTAs of the tensor-copy kernel at head_dim, G > 8 or not, with `stages` per
- * warp, fit one thread-block cluster on this device (the cluster merge); 0: none. */
-int pkv_cuda_decode_cluster_splits(int32_t head_dim, int group_over_8, int32_t stages);
 /* CTAs of the kernel that runs (group, head_dim) resident per SM (fp16; 0 on error). */
 int pkv_cuda_decode_resident_ctas(int32_t group, int32_t head_dim, int allow_n8);
 #ifdef PKV_TIMELINE

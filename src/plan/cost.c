@@ -38,11 +38,8 @@ pkv_status pkv_cost_terms(const pkv_plan *plan, double t[PKV_COST_TERMS]) {
         if (n > longest) longest = n;
     }
     const double token_mb = d * es * 2.0 / 1e6;
-    /* a split plan whose clusters merge on chip has no merge term (planner.c, candidate_terms) */
-    const bool clustered = plan->route == PKV_ROUTE_SPLIT && plan->num_phases > 0 && plan->phases[0].cluster;
     pkv_cost_fill_terms(t, c->launches, (double)(c->kv_bytes + c->qo_bytes + c->merge_state_bytes) / 1e6,
-                        (double)longest * token_mb,
-                        clustered ? 0.0 : (double)plan->max_merge_count * plan->group * (d + 1.0) * 4.0 / 1e6,
+                        (double)longest * token_mb, (double)plan->max_merge_count * plan->group * (d + 1.0) * 4.0 / 1e6,
                         c->tasks, plan->slots, (double)c->kv_bytes / 1e6, token_mb,
                         plan->route == PKV_ROUTE_SINGLE || plan->route == PKV_ROUTE_SPLIT,
                         plan->route == PKV_ROUTE_FUSED);

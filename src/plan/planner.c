@@ -92,7 +92,6 @@ typedef struct plan_params {
     bool ragged;           /* longest row > 1.25 x the mean of the non-empty ones */
     int64_t slots;         /* resident task slots: parallelism x resident CTAs per unit */
     int64_t P_bucketed;    /* > 0: the wave of the bucketed route where it differs from P */
-    int32_t cluster_max;   /* rectangular phases of 2..cluster_max splits merge in clusters (CUDA, sm_90) */
 } plan_params;
 
 /* 32-bit division: n >= 0 and n + page_size < 2^32 (validated), and this runs per row */
@@ -315,7 +314,6 @@ static void begin_phase(pkv_plan *plan, int32_t S) {
     ph->merge_begin = ph->merge_end = plan->num_merges;
     ph->row_begin = ph->row_end = plan->num_rows;
     ph->grid_splits = S;
-    ph->cluster = 0;
 }
 
 static void end_phase(pkv_plan *plan) {
@@ -339,7 +337,6 @@ static int32_t emit_rect_phase(pkv_plan *plan, const plan_params *pp, const pkv_
     }
     emit_empty_merges(plan, t->seq_lens, rows, nrows);
     end_phase(plan);
-    plan->phases[plan->num_phases - 1].cluster = S >= 2 && S <= pp->cluster_max;
     return slots;
 }
 
@@ -382,8 +379,7 @@ static void compute_counters(pkv_plan *plan) {
     c->merges = plan->num_merges;
     c->qo_bytes = (int64_t)plan->batch_size * p->num_qo_heads * (d * es * 2 + 4);
     c->merge_state_bytes = 2 * split_tasks * plan->group * (d + 1) * 4;
-    /* a phase launches its task kernel when it has tasks and its merge kernel when it has merges,
-     * unless its clusters merge (then its states never leave the chip: no state bytes either) */
+    /* a phase launches its task kernel when it has tasks and its merge kernel when it has merges */
     for (int32_t k = 0; k < plan->num_phases; k++) {
         const pkv_phase *ph = &plan->phases[k];
         if (plan->route == PKV_ROUTE_FUSED) { /* tasks and merges in one launch */
@@ -398,11 +394,6 @@ static void compute_counters(pkv_plan *plan) {
             c->grid_ctas += plan->route == PKV_ROUTE_WORKQUEUE
                                 ? (int64_t)(ph->task_end - ph->task_begin)
                                 : (int64_t)(ph->row_end - ph->row_begin) * hkv * ph->grid_splits;
-            if (ph->cluster) {
-                for (int32_t t = ph->task_begin; t < ph->task_end; t++)
-                    if (plan->tasks[t].state_slot >= 0) c->merge_state_bytes -= 2 * plan->group * (d + 1) * 4;
-                continue;
-            }
         }
         if (ph->merge_end > ph->merge_begin) c->launches++;
     }
@@ -433,13 +424,6 @@ static int32_t resident_exact(const pkv_context *ctx, const pkv_problem *p) {
     return resident_ctas(ctx, p);
 }
 
-/* The most splits the context's backend merges in one cluster for this problem (0: none). */
-static int32_t cluster_splits(const pkv_context *ctx, const pkv_problem *p) {
-    if (!ctx || p->page_size % 16 != 0) return 0;
-    const int di = p->head_dim == 64 ? 0 : p->head_dim == 128 ? 1 : p->head_dim == 256 ? 2 : -1;
-    return di < 0 ? 0 : ctx->cluster_splits[di][p->num_qo_heads > 8 * p->num_kv_heads];
-}
-
 static void resolve_params(const pkv_plan_options *opts, int32_t parallelism, int32_t default_per_unit,
                            int32_t resident, int32_t resident_x, const pkv_problem *problem, const pkv_page_table *table,
                            plan_params *pp) {
@@ -452,7 +436,6 @@ static void resolve_params(const pkv_plan_options *opts, int32_t parallelism, in
     pp->min_chunk_pages = (int32_t)ceil_div(min_tokens, problem->page_size);
     pp->max_splits = opts->max_splits > 0 ? opts->max_splits : 256;
     pp->forced_splits = opts->num_splits;
-    pp->cluster_max = 0;
     pp->forced_chunk = opts->chunk_pages;
     int64_t nonempty = 0, total = 0, max_len = 0, min_len = INT64_MAX;
     for (int32_t i = 0; i < table->batch_size; i++) {
@@ -574,15 +557,13 @@ static void candidate_terms(const plan_params *pp, const pkv_problem *p, const i
             ntasks = tasks[r], nsplit = split_tasks[r], maxc = max_count[r], lng = longest[r];
         }
         const int64_t merges = nsplit > 0 || empty > 0;
-        /* the split route's clusters merge inside its one launch, on chip (emit_rect_phase) */
-        const bool clustered = k == TC_SPLIT && S >= 2 && S <= pp->cluster_max;
-        if (k == TC_FUSED || (clustered && ntasks > 0))
+        if (k == TC_FUSED)
             launches = (ntasks > 0 || empty > 0) ? 1 : 0;
         else
             launches = (ntasks > 0) + merges;
-        const int64_t ms = clustered ? 0 : 2 * nsplit * G * (d + 1) * 4;
+        const int64_t ms = 2 * nsplit * G * (d + 1) * 4;
         pkv_cost_fill_terms(t[k], launches, (double)(kv + qo + ms) / 1e6, (double)lng * token_mb,
-                            clustered ? 0.0 : (double)maxc * merge_mb_per_state, ntasks, pp->slots, (double)kv / 1e6, token_mb,
+                            (double)maxc * merge_mb_per_state, ntasks, pp->slots, (double)kv / 1e6, token_mb,
                             k == TC_SINGLE || k == TC_SPLIT, k == TC_FUSED);
     }
 }
@@ -643,7 +624,6 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "parallelism must be positive (set it in the options)");
     plan_params pp;
     resolve_params(&opts, parallelism, default_cpu, resident, resident_x, problem, table, &pp);
-    pp.cluster_max = cluster_splits(ctx, problem);
 
     const int32_t B = table->batch_size, hkv = problem->num_kv_heads;
     plan->slots = pp.slots;
