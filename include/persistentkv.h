@@ -203,7 +203,8 @@ typedef struct pkv_phase {
 typedef struct pkv_row_sched {
     int32_t row, seq_len, page_base, chunk_tokens, num_splits, slot_base;
     int32_t tok_begin; /* first token the row attends to (a sliding window's start; else 0); splits cut
-                        * [tok_begin, seq_len) from there */
+                        * [a, seq_len) in chunks from a = tok_begin - tok_begin % page_size, the first
+                        * one starting at tok_begin */
 } pkv_row_sched;
 
 typedef struct pkv_counters {

@@ -316,8 +316,11 @@ __device__ __forceinline__ bool load_task(const decode_params &p, task_info &ti)
         if (s >= rs.num_splits) return false;
         ti.row = rs.row;
         ti.head = blockIdx.y;
-        ti.tb = rs.tok_begin + s * rs.chunk_tokens; // splits cut [tok_begin, seq_len): a window's start
-        ti.te = min(ti.tb + rs.chunk_tokens, rs.seq_len);
+        // splits cut [a, seq_len) from the page that holds a window's first token (else a = 0), so only
+        // the first split's first tile is partial; the first split starts at the window
+        const int32_t a = rs.tok_begin - (p.page_shift >= 0 ? rs.tok_begin & (p.page_size - 1) : rs.tok_begin % p.page_size);
+        ti.tb = s > 0 ? a + s * rs.chunk_tokens : rs.tok_begin;
+        ti.te = min(a + (s + 1) * rs.chunk_tokens, rs.seq_len);
         ti.slot = rs.num_splits > 1 ? rs.slot_base + ti.head * rs.num_splits + s : -1;
         ti.page_base = rs.page_base;
     } else {

@@ -242,11 +242,17 @@ static pkv_status scratch_reserve(pkv_context *ctx, pkv_plan *plan, size_t n) {
     return grow_i32(ctx, &plan->scratch, &plan->scratch_cap, n, "planner scratch");
 }
 
-/* Under a sliding window: each row's attended length (lens) and, when starts is given, its first
- * attended token. */
+/* Under a sliding window a row is planned from the start of the page that holds its first attended
+ * token (its splits then start on page boundaries, so the tensor-copy kernel's 16-token tiles of every
+ * split but the first are whole; the first task starts at the window, emit_row): each row's length
+ * from there (lens) and, when starts is given, that page-aligned start. */
+static int32_t aligned_start(const pkv_problem *p, int32_t n) {
+    const int32_t s = pkv_row_start(p, n);
+    return s - s % p->page_size;
+}
 static void window_lengths(const pkv_problem *p, const pkv_page_table *t, int32_t *lens, int32_t *starts) {
     for (int32_t i = 0; i < t->batch_size; i++) {
-        const int32_t s = pkv_row_start(p, t->seq_lens[i]);
+        const int32_t s = aligned_start(p, t->seq_lens[i]);
         lens[i] = t->seq_lens[i] - s;
         if (starts) starts[i] = s;
     }
@@ -254,16 +260,19 @@ static void window_lengths(const pkv_problem *p, const pkv_page_table *t, int32_
 
 /* ---- emitting --------------------------------------------------------------------------------- */
 /* Emits the schedule of one row split in chunks of chunk_tokens: its row record, its tasks (split
- * outer, KV head inner), and merges for split or empty rows.  The row attends to its n tokens from
- * token `start` (a sliding window's start, else 0).  Returns the slots it used. */
+ * outer, KV head inner), and merges for split or empty rows.  The row's n tokens are planned from token
+ * `start` (under a sliding window the start of the page that holds the window's first token, else 0);
+ * its first task starts at the window (row record: tok_begin; the CUDA rect kernels cut the same
+ * splits from it, load_task).  Returns the slots it used. */
 static int32_t emit_row(pkv_plan *plan, int32_t row, int32_t n, int32_t start, int32_t page_base, int32_t chunk_tokens,
                         int32_t slot_base, bool emit_tasks) {
     const int32_t hkv = plan->problem.num_kv_heads;
     int32_t nsplit = n > 0 ? (int32_t)ceil_div(n, chunk_tokens) : 0;
+    const int32_t first = pkv_row_start(&plan->problem, start + n); /* start <= first < start + page_size */
     pkv_row_sched *rs = &plan->rows[plan->num_rows++];
     rs->row = row;
     rs->seq_len = start + n;
-    rs->tok_begin = start;
+    rs->tok_begin = first;
     rs->page_base = page_base;
     rs->chunk_tokens = chunk_tokens;
     rs->num_splits = nsplit;
@@ -275,7 +284,7 @@ static int32_t emit_row(pkv_plan *plan, int32_t row, int32_t n, int32_t start, i
                 pkv_task *t = &plan->tasks[plan->num_tasks++];
                 t->row = row;
                 t->kv_head = h;
-                t->tok_begin = start + s * chunk_tokens;
+                t->tok_begin = s > 0 ? start + s * chunk_tokens : first;
                 t->tok_end = start + ((s + 1) * chunk_tokens < n ? (s + 1) * chunk_tokens : n);
                 t->page_base = page_base;
                 t->state_slot = nsplit > 1 ? slot_base + h * nsplit + s : -1;
@@ -769,7 +778,10 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
         uint64_t *keys = (uint64_t *)(void *)(plan->scratch + key_at); /* one per tail group (row) */
         int32_t w = 0, ntail = 0, ngroups = 0;
         for (int32_t k = 0; k < nt; k++) {
-            const int32_t len = tasks[k].tok_end - tasks[k].tok_begin;
+            /* a chunk's planned length: a windowed row's first chunk counts from its page's start */
+            const int32_t tb = plan->rows[tasks[k].row].tok_begin;
+            const int32_t begin = tasks[k].tok_begin == tb ? tb - tb % problem->page_size : tasks[k].tok_begin;
+            const int32_t len = tasks[k].tok_end - begin;
             if (len == chunk_tokens) {
                 tasks[w++] = tasks[k];
             } else {
