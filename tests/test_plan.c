@@ -166,6 +166,49 @@ static void test_split_wave(void) {
     pkv_plan_free(plan);
 }
 
+/* The rectangular routes' contract with the CUDA kernels, which do not read the task list: CTA (row
+ * record r, KV head h, split s < num_splits) computes its tokens and slot from the row record alone
+ * (src/cuda/decode.cu, load_task): a = tok_begin - tok_begin % page_size, [s > 0 ? a + s chunk :
+ * tok_begin, min(a + (s + 1) chunk, seq_len)), slot slot_base + h num_splits + s when split.  The
+ * phase's tasks must be exactly those, rows in the phase's order, splits outer, heads inner.  NULL: it
+ * holds; else what broke. */
+static const char *rect_contract(const pkv_plan *plan) {
+    const pkv_route route = pkv_plan_route(plan);
+    if (route != PKV_ROUTE_SINGLE && route != PKV_ROUTE_SPLIT && route != PKV_ROUTE_BUCKETED) return NULL;
+    static char why[200];
+    const pkv_problem *pr = &plan->problem;
+    const int32_t hkv = pr->num_kv_heads, ps = pr->page_size;
+    const pkv_phase *phases = pkv_plan_phases(plan);
+    const pkv_row_sched *rows = pkv_plan_rows(plan);
+    const pkv_task *tasks = pkv_plan_tasks(plan);
+    for (int32_t k = 0; k < pkv_plan_num_phases(plan); k++) {
+        const pkv_phase *ph = &phases[k];
+        int32_t t = ph->task_begin;
+        for (int32_t r = ph->row_begin; r < ph->row_end; r++) {
+            const pkv_row_sched *rs = &rows[r];
+            if (rs->num_splits > ph->grid_splits) return "a row has more splits than its phase's grid";
+            const int32_t a = rs->tok_begin - rs->tok_begin % ps;
+            for (int32_t s = 0; s < rs->num_splits; s++)
+                for (int32_t h = 0; h < hkv; h++, t++) {
+                    const int32_t tb = s > 0 ? a + s * rs->chunk_tokens : rs->tok_begin;
+                    const int32_t te = a + (s + 1) * rs->chunk_tokens < rs->seq_len ? a + (s + 1) * rs->chunk_tokens
+                                                                                      : rs->seq_len;
+                    const int32_t slot = rs->num_splits > 1 ? rs->slot_base + h * rs->num_splits + s : -1;
+                    if (t >= ph->task_end) return "a phase has fewer tasks than its rows' splits";
+                    const pkv_task *x = &tasks[t];
+                    if (x->row != rs->row || x->kv_head != h || x->tok_begin != tb || x->tok_end != te ||
+                        x->state_slot != slot || x->page_base != rs->page_base || tb >= te) {
+                        snprintf(why, sizeof why, "row %d head %d split %d: task [%d, %d) slot %d, the kernel's [%d, %d) slot %d",
+                                 rs->row, h, s, x->tok_begin, x->tok_end, x->state_slot, tb, te, slot);
+                        return why;
+                    }
+                }
+        }
+        if (t != ph->task_end) return "a phase has tasks beyond its rows' splits";
+    }
+    return NULL;
+}
+
 static bool check_rules(int case_id, const pkv_problem *pb, const batch *b, const pkv_plan_options *opts,
                         const pkv_plan *plan) {
     bool ok = true;
@@ -176,6 +219,8 @@ static bool check_rules(int case_id, const pkv_problem *pb, const batch *b, cons
     const char *why = NULL;
     pkv_status vst = pkv_plan_validate(plan, b->lens, &why);
     RULE(vst == PKV_OK, "validate: %s", why ? why : "?");
+    const char *rc = rect_contract(plan);
+    RULE(rc == NULL, "the rect kernels' contract: %s", rc);
 
     int64_t total = 0, nonempty = 0, empty = 0;
     for (int32_t i = 0; i < B; i++) {
@@ -895,6 +940,9 @@ static void test_window(void) {
         const char *why = NULL;
         CHECK_MSG(pkv_plan_validate(pw, lens, &why) == PKV_OK, "window case %d (W %d, %s): %s", case_id,
                   pw_prob.window, pkv_route_name(opts.route), why);
+        const char *rc = rect_contract(pw);
+        CHECK_MSG(rc == NULL, "window case %d (W %d, %s): the rect kernels' contract: %s", case_id, pw_prob.window,
+                  pkv_route_name(opts.route), rc);
         const int32_t nt = pkv_plan_num_tasks(pw);
         CHECK_MSG(pkv_plan_route(pw) == pkv_plan_route(pe) && nt == pkv_plan_num_tasks(pe) &&
                       pkv_plan_num_merges(pw) == pkv_plan_num_merges(pe) &&
