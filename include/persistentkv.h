@@ -324,6 +324,13 @@ typedef struct pkv_cost_model {
 /* Terms of a plan (see above), for the parallelism and residency it was planned for. */
 pkv_status pkv_cost_terms(const pkv_plan *plan, double terms[PKV_COST_TERMS]);
 double pkv_cost_predict(const pkv_cost_model *m, const double terms[PKV_COST_TERMS]);
+/* Whether the policy weighs a candidate with these terms (1) or not (0): not a rectangular plan without
+ * split merges (the single route, or a split route that splits nothing) whose tasks fill fewer than half
+ * of the `parallelism` units.  Its time is then one task's own critical path, which the model's
+ * per-token rho underestimates for long head vectors (H200, d = 256, a 4096-token window: 64 such
+ * tasks took 94.9 us, predicted 69.4, where the fused route took 71.4); the work queue and fused plans
+ * of the same rows stay candidates. */
+int pkv_cost_candidate(const double terms[PKV_COST_TERMS], int32_t parallelism);
 /* Defaults from device properties: SMs, read bandwidth (GB/s; <= 0: 2000), launch latency (us;
  * <= 0: 3). */
 void pkv_cost_model_default(pkv_cost_model *m, int32_t parallelism, double read_gbps, double launch_us);
@@ -341,8 +348,8 @@ pkv_status pkv_cost_model_fit_steps(int32_t n, const double *terms, const double
 pkv_status pkv_cost_model_save(const pkv_cost_model *m, const char *path);
 pkv_status pkv_cost_model_load(const char *path, pkv_cost_model *m);
 /* PKV_ROUTE_AUTO with a model set computes each candidate route's terms (single, split, workqueue,
- * fused; one O(B) pass, no plan built) and keeps the one with the lowest predicted time (the rule's
- * route when no prediction is finite).  The CUDA backend sets pkv_cost_model_default for its device
+ * fused; one O(B) pass, no plan built) and keeps the one with the lowest predicted time among those
+ * pkv_cost_candidate weighs (the rule's route when no prediction is finite).  The CUDA backend sets pkv_cost_model_default for its device
  * at context creation; PKV_POLICY=file replaces it with a policy file on contexts of the backend
  * the file was measured on (cuda_version > 0: CUDA, else CPU), and a file that does not load or
  * was measured with another parallelism fails the context's creation.  NULL clears the model, and

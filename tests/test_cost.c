@@ -405,6 +405,30 @@ int main(void) {
             if (mi == 1) CHECK(picked == PKV_ROUTE_SINGLE);
         }
     }
+    /* a single plan whose tasks fill fewer than half of the units is not weighed (its time is one
+     * task's critical path, which the model underestimates for long head vectors): 8 rows x 8 KV heads
+     * on 132 units go to another route even where merges cost the most; 16 rows (128 tasks) keep it */
+    {
+        double tt[PKV_COST_TERMS] = {0};
+        tt[PKV_TERM_RECT] = 1, tt[PKV_TERM_TASKS] = 65;
+        CHECK(pkv_cost_candidate(tt, 132) == 0 && pkv_cost_candidate(tt, 130) == 1);
+        tt[PKV_TERM_MERGE_MB] = 0.01; /* a split plan */
+        CHECK(pkv_cost_candidate(tt, 132) == 1);
+        tt[PKV_TERM_MERGE_MB] = 0, tt[PKV_TERM_RECT] = 0; /* the work queue */
+        CHECK(pkv_cost_candidate(tt, 132) == 1);
+        CHECK_OK(pkv_context_set_cost_model(ctx, &models[1]));
+        pkv_plan_options a;
+        pkv_plan_options_default(&a);
+        a.parallelism = 132;
+        for (int i = 0; i < 16; i++) lens[i] = 4096 + 7 * i;
+        table_for(lens, 8, 16, indptr, &t);
+        CHECK_OK(pkv_plan_step(ctx, &p, &t, &a, plan));
+        CHECK_MSG(pkv_plan_route(plan) != PKV_ROUTE_SINGLE, "64 tasks on 132 units: auto picked single");
+        table_for(lens, 16, 16, indptr, &t);
+        CHECK_OK(pkv_plan_step(ctx, &p, &t, &a, plan));
+        CHECK_MSG(pkv_plan_route(plan) == PKV_ROUTE_SINGLE, "128 tasks on 132 units, merges dominating: auto picked %s",
+                  pkv_route_name(pkv_plan_route(plan)));
+    }
     /* the planner's wave from the kernel's residency: a (fake) kernel holding 6 CTAs per unit gets
      * one wave of them for a ragged batch of 32-127 (row, KV head) pairs, 4 per unit (the CPU
      * backend's wave) below 32 pairs and for the bucketed baseline */

@@ -437,7 +437,7 @@ static void evaluate(const pkv_cost_model *m, const meas_set *set, const char *l
                 continue;
             }
             if (x->us < best) best = x->us;
-            if (!candidate(x->route)) continue;
+            if (!candidate(x->route) || !pkv_cost_candidate(x->terms, set->parallelism)) continue;
             double pr = pkv_cost_predict(m, x->terms);
             if (pr < pick_pred) {
                 pick_pred = pr;

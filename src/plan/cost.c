@@ -101,6 +101,10 @@ double pkv_cost_predict(const pkv_cost_model *m, const double t[PKV_COST_TERMS])
            c[PKV_COEF_US_PER_MB] * stream + c[PKV_COEF_IDLE_US_PER_MB] * idle;
 }
 
+int pkv_cost_candidate(const double terms[PKV_COST_TERMS], int32_t parallelism) {
+    return !(terms[PKV_TERM_RECT] > 0 && terms[PKV_TERM_MERGE_MB] == 0 && 2.0 * terms[PKV_TERM_TASKS] < (double)parallelism);
+}
+
 void pkv_cost_model_default(pkv_cost_model *m, int32_t parallelism, double read_gbps, double launch_us) {
     memset(m, 0, sizeof *m);
     m->version = 2;
@@ -211,8 +215,10 @@ static double choice_regret(const pkv_cost_model *m, int32_t n, const double *te
     for (int32_t s = 0; s < nsteps; s++) best[s] = pred[s] = INFINITY, pick[s] = 0;
     for (int32_t i = 0; i < n; i++) {
         const int32_t s = step[i];
-        const double pr = pkv_cost_predict(m, terms + (size_t)i * PKV_COST_TERMS);
+        const double *t = terms + (size_t)i * PKV_COST_TERMS;
         if (us[i] < best[s]) best[s] = us[i];
+        if (!pkv_cost_candidate(t, m->parallelism)) continue; /* as the planner's policy */
+        const double pr = pkv_cost_predict(m, t);
         if (pr < pred[s]) pred[s] = pr, pick[s] = us[i];
     }
     double sum = 0;

@@ -682,6 +682,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
             double t[TC_COUNT][PKV_COST_TERMS];
             candidate_terms(&pw, problem, lens, B, chunk, t);
             for (int k = w == 0 ? 0 : 1; k < TC_COUNT; k++) { /* single does not depend on P */
+                if (!pkv_cost_candidate(t[pref[k]], parallelism)) continue;
                 const double us = pkv_cost_predict(&ctx->cost_model, t[pref[k]]);
                 if (us < best_us) { /* false for NaN */
                     best_us = us;
