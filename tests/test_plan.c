@@ -766,6 +766,39 @@ static bool plans_equal(const pkv_plan *a, const pkv_plan *b) {
     return memcmp(a->phases, b->phases, (size_t)a->num_phases * sizeof(pkv_phase)) == 0;
 }
 
+/* Extreme options on the rectangular routes: a min_chunk_tokens of INT32_MAX with an empty row once
+ * made that row's chunk (min_chunk pages x page size) overflow int32 (found by test_fuzz's predecessor
+ * under UBSan); every row record's chunk must stay a positive token count. */
+static void test_extreme_options(void) {
+    pkv_problem pb;
+    pkv_problem_default(&pb);
+    pb.page_size = 13;
+    const int32_t lens[3] = {0, 500, 7};
+    pkv_plan *plan = NULL;
+    CHECK_OK(pkv_plan_create(&plan));
+    for (int route = PKV_ROUTE_SINGLE; route <= PKV_ROUTE_BUCKETED; route++)
+        for (int k = 0; k < 3; k++) {
+            batch b;
+            batch_make(&b, lens, 3, &pb, NULL, false);
+            pkv_plan_options o;
+            pkv_plan_options_default(&o);
+            o.route = (pkv_route)route;
+            o.parallelism = 132;
+            o.min_chunk_tokens = k == 0 ? INT32_MAX : k == 1 ? INT32_MAX - 12 : 1;
+            o.num_splits = k == 2 ? INT32_MAX : 4; /* forced splits: a huge min chunk does not reduce S */
+            CHECK_OK(pkv_plan_step_host(&pb, &b.table, &o, plan));
+            const pkv_row_sched *rows = pkv_plan_rows(plan);
+            for (int32_t r = 0; r < pkv_plan_num_rows(plan); r++)
+                CHECK_MSG(rows[r].chunk_tokens >= 1 && rows[r].chunk_tokens <= 500 + 13,
+                          "%s, min chunk %d: row %d chunk %d tokens", pkv_route_name((pkv_route)route), o.min_chunk_tokens,
+                          rows[r].row, rows[r].chunk_tokens);
+            const char *why = NULL;
+            CHECK_MSG(pkv_plan_validate(plan, lens, &why) == PKV_OK, "%s", why);
+            batch_free(&b);
+        }
+    pkv_plan_free(plan);
+}
+
 static void test_plan_reuse(void) {
     pkv_rng rng;
     pkv_rng_seed(&rng, 7);
@@ -988,6 +1021,7 @@ int main(void) {
     test_even_batch_waves();
     test_split_wave();
     test_plan_reuse();
+    test_extreme_options();
     test_mutations();
     test_coverage();
     return pkv_test_finish("test_plan");

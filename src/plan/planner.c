@@ -134,6 +134,7 @@ static int32_t choose_splits(const plan_params *pp, const pkv_problem *p, const 
 
 /* Chunk (pages) of one row under S splits. */
 static int32_t row_chunk_pages(const plan_params *pp, int32_t pages, int32_t S) {
+    if (pages <= 0) return 1; /* an empty row: no split (a large min_chunk_tokens x page_size would overflow) */
     int64_t c = ceil_div(pages, S);
     if (S > 1 && c < pp->min_chunk_pages) c = pp->min_chunk_pages;
     if (pages > 0 && c > pages) c = pages;

@@ -1,0 +1,190 @@
+/* test_fuzz.c - the public API under random, often wrong, input (CPU backend, fixed seeds).
+ *
+ * Each case draws a problem (every head dim, G 1..16, pages 1..64, windows, soft caps, both dtypes
+ * and layouts), a batch of up to 12 rows with a scattered pool, and plan options (every route, forced
+ * splits, chunks, waves and parallelism, often absurd); one case in four then breaks one thing (a
+ * shape field, a length, an indptr entry, a page id, the pool size, the batch size) to an edge value:
+ * -1, 0, INT32_MIN, INT32_MAX or a small number.  What must hold: pkv_plan_step never crashes and
+ * either fails with a status and a message or returns a plan that pkv_plan_validate accepts and that
+ * honours the counters' invariants; one plan in four runs on the CPU backend and matches the float64
+ * reference.  Arrays are always as large as the table they belong to says (kv_indptr is the length of
+ * kv_page_indices by contract); everything else may lie.  A sanitizer build (-DPKV_SANITIZE=ON) turns
+ * any out-of-bounds access or undefined behaviour into a failure; this test found an int overflow in
+ * the chunk of an empty row under a huge min_chunk_tokens (UBSan).
+ * PKV_FUZZ_CASES=N sets the number of cases (default 4000). */
+#include "persistentkv.h"
+#include "pkv_test.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_B 12
+#define MAX_IDS 4096
+#define TOL_O_FP16 1.0e-3 /* relative L2 of o, as test_cpu */
+#define TOL_O_BF16 6.0e-3
+#define TOL_LSE 5.0e-5    /* |lse - ref| / max(1, |ref|) */
+
+static pkv_rng rng;
+static int64_t ri(int64_t lo, int64_t hi) { return pkv_rng_uniform_int(&rng, lo, hi); }
+static int one_in(int n) { return ri(0, n - 1) == 0; }
+static int32_t edge(void) {
+    switch (ri(0, 7)) {
+    case 0: return -1;
+    case 1: return 0;
+    case 2: return INT32_MAX;
+    case 3: return INT32_MIN;
+    case 4: return (int32_t)ri(-5, 5);
+    default: return (int32_t)ri(0, 3000);
+    }
+}
+static uint16_t value_bits(pkv_dtype dt) { /* uniform in [-1, 1], never zero */
+    float f = (float)(2.0 * pkv_rng_uniform01(&rng) - 1.0);
+    if (f == 0.0f) f = 0.5f;
+    return dt == PKV_DTYPE_BF16 ? pkv_float_to_bf16(f) : pkv_float_to_half(f);
+}
+static double to_float(uint16_t b, pkv_dtype dt) { return dt == PKV_DTYPE_BF16 ? pkv_bf16_to_float(b) : pkv_half_to_float(b); }
+
+int main(void) {
+    const char *env = getenv("PKV_FUZZ_CASES");
+    const int cases = env ? atoi(env) : 4000;
+    pkv_rng_seed(&rng, 20261201);
+    pkv_context_config cc;
+    pkv_context_config_default(&cc);
+    cc.backend = PKV_BACKEND_CPU;
+    cc.num_threads = 2;
+    pkv_context *ctx = NULL;
+    CHECK_OK(pkv_context_create(&cc, &ctx));
+    pkv_plan *plan = NULL;
+    CHECK_OK(pkv_plan_create(&plan));
+    if (!ctx || !plan) return 1;
+    int planned = 0, refused = 0, ran = 0;
+    int32_t lens[MAX_B], indptr[MAX_B + 1], ids[MAX_IDS];
+    for (int c = 0; c < cases; c++) {
+        pkv_problem p;
+        pkv_problem_default(&p);
+        p.num_kv_heads = (int32_t)ri(1, 4);
+        p.num_qo_heads = p.num_kv_heads * (int32_t)ri(1, 16);
+        p.head_dim = (int32_t[]){64, 128, 256}[ri(0, 2)];
+        p.page_size = (int32_t)ri(1, 64);
+        p.window = one_in(3) ? (int32_t)ri(1, 500) : 0;
+        p.logits_soft_cap = one_in(3) ? (float)ri(1, 60) : 0.0f;
+        p.dtype = one_in(2) ? PKV_DTYPE_FP16 : PKV_DTYPE_BF16;
+        p.layout = one_in(2) ? PKV_LAYOUT_NHD : PKV_LAYOUT_HND;
+        int64_t pool = ri(1, 300);
+        const int32_t B = (int32_t)ri(0, MAX_B);
+        for (int32_t k = 0; k < MAX_IDS; k++) ids[k] = (int32_t)ri(0, pool - 1); /* the whole array is ids */
+        int32_t total = 0;
+        indptr[0] = 0;
+        for (int32_t i = 0; i < B; i++) {
+            lens[i] = (int32_t)ri(0, 600);
+            int32_t need = (lens[i] + p.page_size - 1) / p.page_size + (int32_t)ri(0, 2);
+            if (total + need > MAX_IDS) need = 0, lens[i] = 0;
+            for (int32_t k = 0; k < need; k++) ids[total + k] = (int32_t)ri(0, pool - 1);
+            total += need;
+            indptr[i + 1] = total;
+        }
+        pkv_page_table t = {B, indptr, ids, lens};
+        pkv_plan_options o;
+        pkv_plan_options_default(&o);
+        o.route = (pkv_route)ri(0, PKV_ROUTE_COUNT_ - 1);
+        if (one_in(3)) o.parallelism = one_in(2) ? 132 : edge();
+        if (one_in(4)) o.num_splits = edge();
+        if (one_in(4)) o.chunk_pages = edge();
+        if (one_in(4)) o.min_chunk_tokens = edge();
+        if (one_in(4)) o.max_splits = edge();
+        if (one_in(4)) o.ctas_per_unit = edge();
+        const bool broken = one_in(4);
+        if (broken) {
+            const int32_t i = B > 0 ? (int32_t)ri(0, B - 1) : 0;
+            switch (ri(0, 13)) {
+            case 0: p.num_kv_heads = edge(); break;
+            case 1: p.num_qo_heads = edge(); break;
+            case 2: p.head_dim = edge(); break;
+            case 3: p.page_size = edge(); break; /* the pages of the table no longer fit, or overflow */
+            case 4: p.window = edge(); break;
+            case 5: p.logits_soft_cap = (float)edge() * (one_in(2) ? 1e30f : 1.0f); break;
+            case 6: p.sm_scale = (float)edge() * 1e29f; break;
+            case 7: p.dtype = (pkv_dtype)edge(); break;
+            case 8: p.layout = (pkv_layout)edge(); break;
+            case 9: if (B > 0) lens[i] = edge(); break;
+            case 10: if (B > 0) indptr[i + 1] = (int32_t)ri(0, MAX_IDS); break; /* within the array */
+            case 11: if (total > 0) ids[ri(0, total - 1)] = edge(); break;
+            case 12: pool = edge(); break;
+            default: /* a batch larger than the arrays only where the library refuses it by size */
+                t.batch_size = (int32_t[]){-1, INT32_MIN, INT32_MAX, (1 << 20) + 1, 0}[ri(0, 4)];
+                if (one_in(2)) t.batch_size = (int32_t)ri(0, B);
+                break;
+            }
+        }
+        p.num_pages = pool;
+        const pkv_status st = pkv_plan_step(ctx, &p, &t, &o, plan);
+        if (st != PKV_OK) {
+            refused++;
+            CHECK_MSG(pkv_context_last_error(ctx)[0] != '\0', "case %d: status %d without a message", c, (int)st);
+            continue;
+        }
+        planned++;
+        const char *why = NULL;
+        CHECK_MSG(pkv_plan_validate(plan, lens, &why) == PKV_OK, "case %d (%s): invalid plan: %s", c,
+                  pkv_route_name(pkv_plan_route(plan)), why);
+        const pkv_counters *cn = pkv_plan_counters(plan);
+        int64_t attended = 0;
+        for (int32_t i = 0; i < t.batch_size; i++)
+            attended += lens[i] - (p.window > 0 && lens[i] > p.window ? lens[i] - p.window : 0);
+        CHECK_MSG(cn->total_tokens == attended && cn->tasks == pkv_plan_num_tasks(plan) && cn->launches >= 0 &&
+                      cn->kv_bytes == attended * p.num_kv_heads * p.head_dim * 2 * 2,
+                  "case %d: counters (tokens %lld of %lld, kv bytes %lld)", c, (long long)cn->total_tokens,
+                  (long long)attended, (long long)cn->kv_bytes);
+        if (!one_in(4)) continue;
+        /* run it on the CPU and compare with the float64 reference */
+        const size_t d = (size_t)p.head_dim, rows = (size_t)(t.batch_size > 0 ? t.batch_size : 1) * p.num_qo_heads;
+        const size_t pool_elems = (size_t)p.num_pages * (size_t)p.page_size * (size_t)p.num_kv_heads * d;
+        if (pool_elems > ((size_t)48 << 20)) continue;
+        uint16_t *q = malloc(rows * d * 2), *k = malloc(pool_elems * 2), *v = malloc(pool_elems * 2);
+        uint16_t *out = malloc(rows * d * 2);
+        float *lse = malloc(rows * sizeof(float));
+        double *o_ref = malloc(rows * d * sizeof(double)), *lse_ref = malloc(rows * sizeof(double));
+        const size_t ws_bytes = pkv_plan_workspace_size(plan);
+        void *ws = malloc(ws_bytes ? ws_bytes : 1);
+        if (!q || !k || !v || !out || !lse || !o_ref || !lse_ref || !ws) return 1;
+        for (size_t z = 0; z < rows * d; z++) q[z] = value_bits(p.dtype), out[z] = 0x7e00;
+        for (size_t z = 0; z < pool_elems; z++) k[z] = value_bits(p.dtype), v[z] = value_bits(p.dtype);
+        pkv_tensors x = {q, k, v, ids, out, lse, 0};
+        const pkv_status rs = pkv_run(ctx, plan, ws, ws_bytes, &x, NULL);
+        CHECK_MSG(rs == PKV_OK, "case %d: run failed: %s", c, pkv_context_last_error(ctx));
+        CHECK_OK(pkv_reference(&p, &t, q, k, v, o_ref, lse_ref));
+        /* compared where float32 scores are well conditioned (an sm_scale of 1e29 makes the softmax
+         * one-hot on differences below float precision) and there are rows */
+        if (rs == PKV_OK && t.batch_size > 0 && p.sm_scale <= 1.0f) {
+            ran++;
+            double num = 0, den = 0;
+            bool lse_ok = true;
+            for (size_t r = 0; r < rows; r++) {
+                for (size_t z = 0; z < d; z++) {
+                    const double e = to_float(out[r * d + z], p.dtype) - o_ref[r * d + z];
+                    num += e * e;
+                    den += o_ref[r * d + z] * o_ref[r * d + z];
+                }
+                lse_ok &= isinf(lse_ref[r]) ? isinf(lse[r]) && lse[r] < 0
+                                            : fabs(lse[r] - lse_ref[r]) < TOL_LSE * (fabs(lse_ref[r]) > 1 ? fabs(lse_ref[r]) : 1);
+            }
+            const double tol = p.dtype == PKV_DTYPE_BF16 ? TOL_O_BF16 : TOL_O_FP16;
+            CHECK_MSG(num <= tol * tol * (den > 0 ? den : 1) && !isnan(num) && lse_ok,
+                      "case %d (%s, B %d, d %d, G %d, page %d, window %d, cap %g, scale %g): rel L2 %.3g, lse %s", c,
+                      pkv_route_name(pkv_plan_route(plan)), t.batch_size, p.head_dim, p.num_qo_heads / p.num_kv_heads,
+                      p.page_size, p.window, (double)p.logits_soft_cap, (double)p.sm_scale, sqrt(num / (den > 0 ? den : 1)),
+                      lse_ok ? "ok" : "off");
+        }
+        free(q), free(k), free(v), free(out), free(lse), free(o_ref), free(lse_ref), free(ws);
+    }
+    printf("fuzz: %d cases, %d planned, %d refused with a message, %d run and checked\n", cases, planned, refused, ran);
+    CHECK(planned > cases / 4 && refused > cases / 20 && ran > cases / 40); /* the mix exercises both sides */
+    pkv_plan_free(plan);
+    pkv_context_free(ctx);
+    printf("test_fuzz: %d passed, %d failed\n", pkv_test_passed, pkv_test_failed);
+    return pkv_test_failed ? 1 : 0;
+}
