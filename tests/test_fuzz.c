@@ -7,7 +7,8 @@
  * -1, 0, INT32_MIN, INT32_MAX or a small number.  What must hold: pkv_plan_step never crashes and
  * either fails with a status and a message or returns a plan that pkv_plan_validate accepts and that
  * honours the counters' invariants; one plan in four runs on the CPU backend and matches the float64
- * reference.  Arrays are always as large as the table they belong to says (kv_indptr is the length of
+ * reference (a third of those with K and V interleaved per page in one buffer; a bad page stride is
+ * refused first).  Arrays are always as large as the table they belong to says (kv_indptr is the length of
  * kv_page_indices by contract); everything else may lie.  A sanitizer build (-DPKV_SANITIZE=ON) turns
  * any out-of-bounds access or undefined behaviour into a failure; this test found an int overflow in
  * the chunk of an empty row under a huge min_chunk_tokens (UBSan).
@@ -154,8 +155,24 @@ int main(void) {
         for (size_t z = 0; z < rows * d; z++) q[z] = value_bits(p.dtype), out[z] = 0x7e00;
         for (size_t z = 0; z < pool_elems; z++) k[z] = value_bits(p.dtype), v[z] = value_bits(p.dtype);
         pkv_tensors x = {q, k, v, ids, out, lse, 0};
+        /* a page stride that is neither 0 nor at least one page is refused */
+        const size_t dense = (size_t)p.page_size * (size_t)p.num_kv_heads * d;
+        x.kv_page_stride = one_in(2) ? -1 - ri(0, 5) : (int64_t)ri(1, (int64_t)dense - 1);
+        CHECK_MSG(pkv_run(ctx, plan, ws, ws_bytes, &x, NULL) == PKV_ERR_INVALID_ARGUMENT, "case %d: page stride %lld ran",
+                  c, (long long)x.kv_page_stride);
+        x.kv_page_stride = 0;
+        /* one run in three reads K and V interleaved per page in one buffer ([pages, 2, page]) */
+        uint16_t *kv = NULL;
+        if (one_in(3) && (kv = malloc(pool_elems * 4)) != NULL) {
+            for (int64_t pg = 0; pg < p.num_pages; pg++) {
+                memcpy(kv + (size_t)pg * 2 * dense, k + (size_t)pg * dense, dense * 2);
+                memcpy(kv + ((size_t)pg * 2 + 1) * dense, v + (size_t)pg * dense, dense * 2);
+            }
+            x.k_cache = kv, x.v_cache = kv + dense, x.kv_page_stride = (int64_t)(2 * dense);
+        }
         const pkv_status rs = pkv_run(ctx, plan, ws, ws_bytes, &x, NULL);
         CHECK_MSG(rs == PKV_OK, "case %d: run failed: %s", c, pkv_context_last_error(ctx));
+        free(kv);
         CHECK_OK(pkv_reference(&p, &t, q, k, v, o_ref, lse_ref));
         /* compared where float32 scores are well conditioned (an sm_scale of 1e29 makes the softmax
          * one-hot on differences below float precision) and there are rows */
