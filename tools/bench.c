@@ -95,6 +95,13 @@ static void die_status(pkv_context *ctx, pkv_status st, const char *what) {
     (void)st;
     exit(1);
 }
+/* cmd_bench's exits after its context exists: the context is freed (a sanitizer build's leak check
+ * would otherwise turn the status into 1) */
+#define BENCH_EXIT(code)            \
+    do {                            \
+        pkv_context_free(o.ctx);    \
+        return (code);              \
+    } while (0)
 #define TRY(ctx, expr, what)                        \
     do {                                            \
         pkv_status st_ = (expr);                    \
@@ -819,7 +826,7 @@ int cmd_bench(int argc, char **argv) {
     o.shape = cli_shape_find(shape ? shape : "paper");
     if (!o.shape) {
         fprintf(stderr, "pkv bench: unknown shape '%s'\n", shape);
-        return 2;
+        BENCH_EXIT(2);
     }
     pkv_problem_default(&o.prob);
     o.prob.num_qo_heads = o.shape->hq;
@@ -835,7 +842,7 @@ int cmd_bench(int argc, char **argv) {
     o.prob.logits_soft_cap = (float)cli_opt_double(argc, argv, "--soft-cap", 0.0);
     if (o.prob.window < 0 || !(o.prob.logits_soft_cap >= 0.0f) || isinf(o.prob.logits_soft_cap)) {
         fprintf(stderr, "pkv bench: --window must be >= 0 and --soft-cap a finite value >= 0 (0: none)\n");
-        return 2;
+        BENCH_EXIT(2);
     }
 
     const char *route = cli_opt(argc, argv, "--route");
@@ -847,7 +854,7 @@ int cmd_bench(int argc, char **argv) {
     } else {
         if (pkv_route_parse(route, &o.routes[0]) != PKV_OK) {
             fprintf(stderr, "pkv bench: %s\n", pkv_last_error());
-            return 2;
+            BENCH_EXIT(2);
         }
         o.nroutes = 1;
     }
@@ -856,7 +863,7 @@ int cmd_bench(int argc, char **argv) {
     o.wall_reps = (int)cli_opt_int(argc, argv, "--wall-reps", o.cuda ? 20 : 2);
     if (o.reps < 1 || o.wall_reps < 1 || o.warmup < 0) {
         fprintf(stderr, "pkv bench: --reps and --wall-reps must be >= 1, --warmup >= 0\n");
-        return 2;
+        BENCH_EXIT(2);
     }
     o.rotate_bytes = (int64_t)(cli_opt_double(argc, argv, "--rotate-gib", 2.0) * (double)(1 << 30));
     o.check = !cli_flag(argc, argv, "--no-check");
@@ -873,7 +880,7 @@ int cmd_bench(int argc, char **argv) {
     if (policy) {
         if (pkv_cost_model_load(policy, &o.model) != PKV_OK || pkv_context_set_cost_model(o.ctx, &o.model) != PKV_OK) {
             fprintf(stderr, "pkv bench: %s\n", pkv_last_error());
-            return 2;
+            BENCH_EXIT(2);
         }
         have_policy = true;
     }
@@ -892,7 +899,7 @@ int cmd_bench(int argc, char **argv) {
             first = cli_anchor_find(anchor);
             if (first < 0) {
                 fprintf(stderr, "pkv bench: unknown anchor '%s'\n", anchor);
-                return 2;
+                BENCH_EXIT(2);
             }
             last = first + 1;
         }
@@ -917,13 +924,13 @@ int cmd_bench(int argc, char **argv) {
             long v = strtol(p, &end, 10);
             if (end == p || v < 0 || v > 1 << 30) {
                 fprintf(stderr, "pkv bench: --lens expects comma-separated lengths\n");
-                return 2;
+                BENCH_EXIT(2);
             }
             buf[B++] = (int32_t)v;
             p = *end == ',' ? end + 1 : end;
             if (*end && *end != ',') {
                 fprintf(stderr, "pkv bench: --lens expects comma-separated lengths\n");
-                return 2;
+                BENCH_EXIT(2);
             }
         }
         steps = (step_input *)xmalloc(sizeof *steps);
@@ -949,7 +956,7 @@ int cmd_bench(int argc, char **argv) {
         const char *sb = cli_opt(argc, argv, "--set-batches");
         if (sb && (nb = parse_int_list(sb, bs, 16)) <= 0) {
             fprintf(stderr, "pkv bench: --set-batches expects comma-separated batch sizes\n");
-            return 2;
+            BENCH_EXIT(2);
         }
         int ns = (int)cli_opt_int(argc, argv, "--set-seeds", 5);
         if (ns < 1 || ns > 5) ns = 5;
@@ -964,7 +971,7 @@ int cmd_bench(int argc, char **argv) {
             snprintf(arg, sizeof arg, "--trace-file %.80s", tfile);
         } else {
             pkv_trace_config tc;
-            if (!cli_trace_config(argc, argv, "--trace", "bench", &tc)) return 2;
+            if (!cli_trace_config(argc, argv, "--trace", "bench", &tc)) BENCH_EXIT(2);
             pkv_trace_family fam = tc.family;
             TRY(NULL, pkv_trace_generate(&tc, &tr), "trace generation");
             snprintf(arg, sizeof arg, "--trace %s --seed %llu --batch %d --requests %d", pkv_trace_family_name(fam),
@@ -977,7 +984,8 @@ int cmd_bench(int argc, char **argv) {
         if (only >= 0) {
             if (only >= total) {
                 fprintf(stderr, "pkv bench: --step %d but the trace has %d steps\n", only, total);
-                return 2;
+                pkv_trace_free(tr);
+                BENCH_EXIT(2);
             }
             first = only;
             last = only + 1;
