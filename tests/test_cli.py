@@ -106,6 +106,15 @@ with tempfile.TemporaryDirectory() as tmp:
     out = run("bench", "--backend", "cpu", "--lens", "500,3000", "--route", "auto", "--policy", pol2, "--reps", "1",
               "--wall-reps", "1").stdout
     check("auto:" in out, "auto with a policy file")
+    # auto does not weigh a single-route plan that fills fewer than half of the SMs (pkv_cost_candidate):
+    # Gemma-2's local layers at B8_uniform under the H200 policy, planned for 132 SMs on the CPU (on the
+    # H200 auto picked single there before: 94.9 us against fused 71.4)
+    h200 = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench", "results", "h200.policy")
+    out = run("bench", "--backend", "cpu", "--parallelism", "132", "--policy", h200, "--shape", "d256", "--soft-cap",
+              "50", "--window", "4096", "--anchor", "B8_uniform", "--route", "all", "--explain", "--reps", "1",
+              "--wall-reps", "1", "--no-check").stdout
+    check("| B8_uniform | single | 69.4 (not weighed) |" in out and "auto:single" not in out and "auto:fused" in out,
+          "auto skips a single plan of 64 tasks on 132 SMs: " + out[-1500:])
     # --replay-auto re-plans each step with auto as the run did: with the policy that ran (a ragged step
     # planned for 132 SMs on the CPU) the re-planned step is the plan the measured auto ran
     js3 = os.path.join(tmp, "e.json")

@@ -1142,16 +1142,24 @@ int cmd_bench(int argc, char **argv) {
         printf("\n| step | route | predicted us | measured us | error | launches | MB moved | longest task MB | "
                "merge MB | tasks | slots |\n");
         printf("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+        const int32_t par = o.parallelism > 0 ? o.parallelism : pkv_context_parallelism(o.ctx);
+        int unweighed = 0;
         for (int i = 0; i < res.n; i++) {
             row_result *r = &res.rows[i];
             r->predicted_us = pkv_cost_predict(&o.model, r->terms);
             char rl[32];
             route_label(r, rl, sizeof rl);
-            printf("| %s | %s | %.1f | %.1f | %+.0f%% | %.0f | %.2f | %.3f | %.3f | %.0f | %.0f |\n", r->step, rl,
-                   r->predicted_us, r->kernel_us, 100.0 * (r->predicted_us / r->kernel_us - 1.0),
+            const bool weighed = pkv_cost_candidate(r->terms, par) != 0;
+            unweighed += !weighed;
+            printf("| %s | %s | %.1f%s | %.1f | %+.0f%% | %.0f | %.2f | %.3f | %.3f | %.0f | %.0f |\n", r->step, rl,
+                   r->predicted_us, weighed ? "" : " (not weighed)", r->kernel_us,
+                   100.0 * (r->predicted_us / r->kernel_us - 1.0),
                    r->terms[PKV_TERM_LAUNCHES], r->terms[PKV_TERM_MB], r->terms[PKV_TERM_LONGEST_MB],
                    r->terms[PKV_TERM_MERGE_MB], r->terms[PKV_TERM_TASKS], r->terms[PKV_TERM_SLOTS]);
         }
+        if (unweighed)
+            printf("(not weighed: a single-route plan filling fewer than half of the %d units, which auto does not "
+                   "consider; pkv_cost_candidate)\n", par);
         printf("model (%s): ", o.model.device);
         cli_print_model(stdout, &o.model);
         printf("\n");
