@@ -22,10 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TOL_O_FP16 1.0e-3  /* relative L2 of o */
-#define TOL_O_BF16 6.0e-3
-#define TOL_LSE 5.0e-5     /* |lse - ref| / max(1, |ref|), fp32 lse */
-
 static void *g_ws = NULL;
 static size_t g_ws_cap = 0;
 
@@ -85,12 +81,12 @@ static bool check_outputs(const pkv_test_case *tc, const char *label) {
     int64_t unwritten = pkv_test_unwritten(tc);
     double rel = pkv_test_rel_l2(tc), mabs = pkv_test_max_abs(tc), lerr = pkv_test_lse_err(tc);
     int64_t nonzero_empty = pkv_test_empty_rows_nonzero(tc);
-    const double tol = di ? TOL_O_BF16 : TOL_O_FP16;
+    const double tol = di ? PKV_TEST_TOL_O_BF16 : PKV_TEST_TOL_O_FP16;
     CHECK_MSG(unwritten == 0, "%s: %lld output elements left unwritten", label, (long long)unwritten);
     CHECK_MSG(rel < tol, "%s: relative L2 error %.3g >= %.3g", label, rel, tol);
-    CHECK_MSG(lerr < TOL_LSE, "%s: lse error %.3g >= %.3g", label, lerr, TOL_LSE);
+    CHECK_MSG(lerr < PKV_TEST_TOL_LSE, "%s: lse error %.3g >= %.3g", label, lerr, PKV_TEST_TOL_LSE);
     CHECK_MSG(nonzero_empty == 0, "%s: %lld elements of empty rows are not 0", label, (long long)nonzero_empty);
-    ok = unwritten == 0 && rel < tol && lerr < TOL_LSE && nonzero_empty == 0;
+    ok = unwritten == 0 && rel < tol && lerr < PKV_TEST_TOL_LSE && nonzero_empty == 0;
     if (rel > g_stats.worst_o[di]) g_stats.worst_o[di] = rel;
     if (mabs > g_stats.worst_abs[di]) g_stats.worst_abs[di] = mabs;
     if (lerr > g_stats.worst_lse) g_stats.worst_lse = lerr;

@@ -15,6 +15,7 @@
  * PKV_FUZZ_CASES=N sets the number of cases (default 4000). */
 #include "persistentkv.h"
 #include "pkv_test.h"
+#include "test_util.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -25,9 +26,6 @@
 
 #define MAX_B 12
 #define MAX_IDS 4096
-#define TOL_O_FP16 1.0e-3 /* relative L2 of o, as test_cpu */
-#define TOL_O_BF16 6.0e-3
-#define TOL_LSE 5.0e-5    /* |lse - ref| / max(1, |ref|) */
 
 static pkv_rng rng;
 static int64_t ri(int64_t lo, int64_t hi) { return pkv_rng_uniform_int(&rng, lo, hi); }
@@ -42,12 +40,6 @@ static int32_t edge(void) {
     default: return (int32_t)ri(0, 3000);
     }
 }
-static uint16_t value_bits(pkv_dtype dt) { /* uniform in [-1, 1], never zero */
-    float f = (float)(2.0 * pkv_rng_uniform01(&rng) - 1.0);
-    if (f == 0.0f) f = 0.5f;
-    return dt == PKV_DTYPE_BF16 ? pkv_float_to_bf16(f) : pkv_float_to_half(f);
-}
-static double to_float(uint16_t b, pkv_dtype dt) { return dt == PKV_DTYPE_BF16 ? pkv_bf16_to_float(b) : pkv_half_to_float(b); }
 
 int main(void) {
     const char *env = getenv("PKV_FUZZ_CASES");
@@ -141,20 +133,24 @@ int main(void) {
                   "case %d: counters (tokens %lld of %lld, kv bytes %lld)", c, (long long)cn->total_tokens,
                   (long long)attended, (long long)cn->kv_bytes);
         if (!one_in(4)) continue;
-        /* run it on the CPU and compare with the float64 reference */
+        /* run it on the CPU and compare with the float64 reference: a test case (test_util.h) over this
+         * step's table, with its own data and outputs */
         const size_t d = (size_t)p.head_dim, rows = (size_t)(t.batch_size > 0 ? t.batch_size : 1) * p.num_qo_heads;
         const size_t pool_elems = (size_t)p.num_pages * (size_t)p.page_size * (size_t)p.num_kv_heads * d;
         if (pool_elems > ((size_t)48 << 20)) continue;
-        uint16_t *q = malloc(rows * d * 2), *k = malloc(pool_elems * 2), *v = malloc(pool_elems * 2);
-        uint16_t *out = malloc(rows * d * 2);
-        float *lse = malloc(rows * sizeof(float));
-        double *o_ref = malloc(rows * d * sizeof(double)), *lse_ref = malloc(rows * sizeof(double));
+        pkv_test_case tc = {.problem = p, .table = t, .batch_size = t.batch_size};
+        tc.q_elems = (int64_t)(rows * d), tc.kv_elems = (int64_t)pool_elems, tc.lse_elems = (int64_t)rows;
+        tc.q = malloc(rows * d * 2), tc.k_cache = malloc(pool_elems * 2), tc.v_cache = malloc(pool_elems * 2);
+        tc.o = malloc(rows * d * 2), tc.lse = malloc(rows * sizeof(float));
+        tc.o_ref = malloc(rows * d * sizeof(double)), tc.lse_ref = malloc(rows * sizeof(double));
         const size_t ws_bytes = pkv_plan_workspace_size(plan);
         void *ws = malloc(ws_bytes ? ws_bytes : 1);
-        if (!q || !k || !v || !out || !lse || !o_ref || !lse_ref || !ws) return 1;
-        for (size_t z = 0; z < rows * d; z++) q[z] = value_bits(p.dtype), out[z] = 0x7e00;
-        for (size_t z = 0; z < pool_elems; z++) k[z] = value_bits(p.dtype), v[z] = value_bits(p.dtype);
-        pkv_tensors x = {q, k, v, ids, out, lse, 0};
+        if (!tc.q || !tc.k_cache || !tc.v_cache || !tc.o || !tc.lse || !tc.o_ref || !tc.lse_ref || !ws) return 1;
+        for (size_t z = 0; z < rows * d; z++) tc.q[z] = pkv_test_random_value(&rng, p.dtype);
+        for (size_t z = 0; z < pool_elems; z++)
+            tc.k_cache[z] = pkv_test_random_value(&rng, p.dtype), tc.v_cache[z] = pkv_test_random_value(&rng, p.dtype);
+        pkv_test_poison(&tc);
+        pkv_tensors x = {tc.q, tc.k_cache, tc.v_cache, ids, tc.o, tc.lse, 0};
         /* a page stride that is neither 0 nor at least one page is refused */
         const size_t dense = (size_t)p.page_size * (size_t)p.num_kv_heads * d;
         x.kv_page_stride = one_in(2) ? -1 - ri(0, 5) : (int64_t)ri(1, (int64_t)dense - 1);
@@ -165,38 +161,29 @@ int main(void) {
         uint16_t *kv = NULL;
         if (one_in(3) && (kv = malloc(pool_elems * 4)) != NULL) {
             for (int64_t pg = 0; pg < p.num_pages; pg++) {
-                memcpy(kv + (size_t)pg * 2 * dense, k + (size_t)pg * dense, dense * 2);
-                memcpy(kv + ((size_t)pg * 2 + 1) * dense, v + (size_t)pg * dense, dense * 2);
+                memcpy(kv + (size_t)pg * 2 * dense, tc.k_cache + (size_t)pg * dense, dense * 2);
+                memcpy(kv + ((size_t)pg * 2 + 1) * dense, tc.v_cache + (size_t)pg * dense, dense * 2);
             }
             x.k_cache = kv, x.v_cache = kv + dense, x.kv_page_stride = (int64_t)(2 * dense);
         }
         const pkv_status rs = pkv_run(ctx, plan, ws, ws_bytes, &x, NULL);
         CHECK_MSG(rs == PKV_OK, "case %d: run failed: %s", c, pkv_context_last_error(ctx));
         free(kv);
-        CHECK_OK(pkv_reference(&p, &t, q, k, v, o_ref, lse_ref));
+        CHECK_OK(pkv_test_case_reference(&tc));
         /* compared where float32 scores are well conditioned (an sm_scale of 1e29 makes the softmax
          * one-hot on differences below float precision) and there are rows */
         if (rs == PKV_OK && t.batch_size > 0 && p.sm_scale <= 1.0f) {
             ran++;
-            double num = 0, den = 0;
-            bool lse_ok = true;
-            for (size_t r = 0; r < rows; r++) {
-                for (size_t z = 0; z < d; z++) {
-                    const double e = to_float(out[r * d + z], p.dtype) - o_ref[r * d + z];
-                    num += e * e;
-                    den += o_ref[r * d + z] * o_ref[r * d + z];
-                }
-                lse_ok &= isinf(lse_ref[r]) ? isinf(lse[r]) && lse[r] < 0
-                                            : fabs(lse[r] - lse_ref[r]) < TOL_LSE * (fabs(lse_ref[r]) > 1 ? fabs(lse_ref[r]) : 1);
-            }
-            const double tol = p.dtype == PKV_DTYPE_BF16 ? TOL_O_BF16 : TOL_O_FP16;
-            CHECK_MSG(num <= tol * tol * (den > 0 ? den : 1) && !isnan(num) && lse_ok,
-                      "case %d (%s, B %d, d %d, G %d, page %d, window %d, cap %g, scale %g): rel L2 %.3g, lse %s", c,
-                      pkv_route_name(pkv_plan_route(plan)), t.batch_size, p.head_dim, p.num_qo_heads / p.num_kv_heads,
-                      p.page_size, p.window, (double)p.logits_soft_cap, (double)p.sm_scale, sqrt(num / (den > 0 ? den : 1)),
-                      lse_ok ? "ok" : "off");
+            const double rel = pkv_test_rel_l2(&tc), lerr = pkv_test_lse_err(&tc);
+            const double tol = p.dtype == PKV_DTYPE_BF16 ? PKV_TEST_TOL_O_BF16 : PKV_TEST_TOL_O_FP16;
+            CHECK_MSG(pkv_test_unwritten(&tc) == 0 && rel < tol && lerr < PKV_TEST_TOL_LSE,
+                      "case %d (%s, B %d, d %d, G %d, page %d, window %d, cap %g, scale %g): rel L2 %.3g, lse error %.3g, "
+                      "%lld unwritten", c, pkv_route_name(pkv_plan_route(plan)), t.batch_size, p.head_dim,
+                      p.num_qo_heads / p.num_kv_heads, p.page_size, p.window, (double)p.logits_soft_cap,
+                      (double)p.sm_scale, rel, lerr, (long long)pkv_test_unwritten(&tc));
         }
-        free(q), free(k), free(v), free(out), free(lse), free(o_ref), free(lse_ref), free(ws);
+        free(tc.q), free(tc.k_cache), free(tc.v_cache), free(tc.o), free(tc.lse), free(tc.o_ref), free(tc.lse_ref);
+        free(ws);
     }
     printf("fuzz: %d cases, %d planned, %d refused with a message, %d run and checked\n", cases, planned, refused, ran);
     CHECK(planned > cases / 4 && refused > cases / 20 && ran > cases / 40); /* the mix exercises both sides */

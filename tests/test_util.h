@@ -30,6 +30,11 @@
 #define PKV_TEST_NAN_FP16 ((uint16_t)0x7e00u)
 #define PKV_TEST_NAN_BF16 ((uint16_t)0x7fc0u)
 
+/* The CPU backend's tolerances against the float64 reference (test_cpu, test_fuzz). */
+#define PKV_TEST_TOL_O_FP16 1.0e-3 /* relative L2 of o */
+#define PKV_TEST_TOL_O_BF16 6.0e-3
+#define PKV_TEST_TOL_LSE 5.0e-5    /* |lse - ref| / max(1, |ref|), fp32 lse */
+
 static inline uint16_t pkv_test_nan_bits(pkv_dtype dtype) {
     return dtype == PKV_DTYPE_BF16 ? PKV_TEST_NAN_BF16 : PKV_TEST_NAN_FP16;
 }
