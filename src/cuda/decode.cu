@@ -40,6 +40,7 @@
 
 #include <cuda.h> // CUtensorMap (the tensor-copy kernel); the encoder comes from the runtime entry point
 
+#include <float.h>
 #include <math.h>
 #ifdef PKV_TIMELINE
 #include <stdio.h>
@@ -1463,14 +1464,14 @@ extern "C" cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace
     p.stride_page = st.page;
     p.stride_head = st.head;
     p.stride_tok = st.token;
-    p.scale_log2 = pkv_problem_scale(&pr) * 1.4426950408889634f;
+    const float log2e = 1.4426950408889634f, sm_scale = pkv_problem_scale(&pr), cap = pr.logits_soft_cap;
+    p.scale_log2 = sm_scale * log2e;
     // a cap so large that sm_scale / c is below the normal floats (or c log2(e) overflows) is the
     // uncapped score to float precision (c tanh(x / c) = x - x^3 / 3c^2 ...): run uncapped; a tiny one's
     // sm_scale / c is clamped, not infinite (0 x inf)
-    if (pr.logits_soft_cap > 0.0f && isfinite(pr.logits_soft_cap * 1.4426950408889634f) &&
-        pkv_problem_scale(&pr) / pr.logits_soft_cap >= 1.17549435e-38f) {
-        p.cap_log2 = fmaxf(pr.logits_soft_cap * 1.4426950408889634f, 1.17549435e-38f); // normal: > 0 under ftz too
-        p.cap_scale = fminf(pkv_problem_scale(&pr) / pr.logits_soft_cap, 3.0e38f);
+    if (cap > 0.0f && isfinite(cap * log2e) && sm_scale / cap >= FLT_MIN) {
+        p.cap_log2 = fmaxf(cap * log2e, FLT_MIN); // normal: > 0 under ftz too
+        p.cap_scale = fminf(sm_scale / cap, 3.0e38f);
     }
     p.num_qo_heads = pr.num_qo_heads;
     p.group = plan->group;

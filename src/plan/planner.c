@@ -247,10 +247,8 @@ static pkv_status scratch_reserve(pkv_context *ctx, pkv_plan *plan, size_t n) {
  * token (its splits then start on page boundaries, so the tensor-copy kernel's 16-token tiles of every
  * split but the first are whole; the first task starts at the window, emit_row): each row's length
  * from there (lens) and, when starts is given, that page-aligned start. */
-static int32_t aligned_start(const pkv_problem *p, int32_t n) {
-    const int32_t s = pkv_row_start(p, n);
-    return s - s % p->page_size;
-}
+static int32_t page_floor(const pkv_problem *p, int32_t tok) { return tok - tok % p->page_size; }
+static int32_t aligned_start(const pkv_problem *p, int32_t n) { return page_floor(p, pkv_row_start(p, n)); }
 static void window_lengths(const pkv_problem *p, const pkv_page_table *t, int32_t *lens, int32_t *starts) {
     for (int32_t i = 0; i < t->batch_size; i++) {
         const int32_t s = aligned_start(p, t->seq_lens[i]);
@@ -782,7 +780,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
         for (int32_t k = 0; k < nt; k++) {
             /* a chunk's planned length: a windowed row's first chunk counts from its page's start */
             const int32_t tb = plan->rows[tasks[k].row].tok_begin;
-            const int32_t begin = tasks[k].tok_begin == tb ? tb - tb % problem->page_size : tasks[k].tok_begin;
+            const int32_t begin = tasks[k].tok_begin == tb ? page_floor(problem, tb) : tasks[k].tok_begin;
             const int32_t len = tasks[k].tok_end - begin;
             if (len == chunk_tokens) {
                 tasks[w++] = tasks[k];
