@@ -126,6 +126,12 @@ typedef struct pkv_context_config {
     pkv_backend_kind backend;
     int32_t device;      /* CUDA device ordinal */
     int32_t num_threads; /* CPU backend threads; <= 0: number of online processors */
+    /* CUDA backend on sm_90 and newer: 1 (the default) launches a run's kernels as programmatic
+     * dependents (PDL) of the kernel before them on the stream, so their CTAs are scheduled while that
+     * kernel drains instead of after it; they read q, the pages, K, V and write outputs only once it
+     * has completed, so any kernel may come before a run.  0: plain stream order (the merge kernel
+     * still follows the attention kernel by PDL).  The environment variable PKV_NO_PDL turns both off. */
+    int32_t pdl;
 } pkv_context_config;
 
 void pkv_context_config_default(pkv_context_config *cfg);

@@ -2,7 +2,8 @@
  * (G 1..16 including 7, head dims 64/128/256, fp16/bf16, NHD/HND, page sizes 1..256, lengths 0 and
  * 1, scattered pages, NaN in every KV slot no row may read), logits soft caps and sliding windows,
  * outputs poisoned before each run;
- * bitwise repeatability; CUDA graph capture and replay; errors.  Skips (77) without a GPU.
+ * bitwise repeatability; CUDA graph capture and replay; every route right behind a kernel that writes q
+ * late (programmatic dependent launch); errors.  Skips (77) without a GPU.
  * PKV_TEST_CASES=N sets the number of random problems (default 60); PKV_TEST_SMALL=1 keeps every row
  * short (for compute-sanitizer runs). */
 #include "pkv_test.h"
@@ -234,6 +235,61 @@ static void repeat_and_graph(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     pkv_test_case_free(&tc);
 }
 
+/* Every route queued right behind a kernel that writes q late: it lets its programmatic dependents start
+ * at once, spins 20 us, then writes new values.  A run whose kernels touched q (or the outputs) before
+ * their dependency wait would use the old q; with PDL off (pdl = 0) the same runs in stream order. */
+static void behind_a_producer(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng, const char *what) {
+    pkv_problem p;
+    pkv_problem_default(&p);
+    int32_t lens[5] = {9000, 300, 0, 1, 4500};
+    pkv_test_case tc;
+    CHECK(pkv_test_case_build(rng, &p, 5, lens, 0.1, 1, &tc));
+    if (!tc.ok) return;
+    size_t qb = (size_t)tc.q_elems * 2, kvb = (size_t)tc.kv_elems * 2, lb = (size_t)tc.lse_elems * 4;
+    size_t ib = (size_t)tc.kv_indptr[tc.batch_size] * 4;
+    void *q = NULL, *k = NULL, *v = NULL, *o = NULL, *lse = NULL, *idx = NULL;
+    CHECK_OK(pkv_dev_malloc(ctx, qb, &q));
+    CHECK_OK(pkv_dev_malloc(ctx, kvb, &k));
+    CHECK_OK(pkv_dev_malloc(ctx, kvb, &v));
+    CHECK_OK(pkv_dev_malloc(ctx, qb, &o));
+    CHECK_OK(pkv_dev_malloc(ctx, lb, &lse));
+    CHECK_OK(pkv_dev_malloc(ctx, ib, &idx));
+    pkv_dev_copy_h2d(ctx, k, tc.k_cache, kvb);
+    pkv_dev_copy_h2d(ctx, v, tc.v_cache, kvb);
+    pkv_dev_copy_h2d(ctx, idx, tc.kv_page_indices, ib);
+    pkv_tensors t = {q, k, v, (const int32_t *)idx, o, (float *)lse, 0};
+    for (size_t r = 0; r < sizeof routes / sizeof routes[0]; r++) {
+        pkv_plan_options opts;
+        pkv_plan_options_default(&opts);
+        opts.route = routes[r];
+        CHECK_OK(pkv_plan_step(ctx, &tc.problem, &tc.table, &opts, plan));
+        const size_t wsb = pkv_plan_workspace_size(plan);
+        void *ws = NULL;
+        CHECK_OK(pkv_dev_malloc(ctx, wsb, &ws));
+        if (!ws) break;
+        CHECK_OK(pkv_plan_upload(ctx, plan, ws, wsb, NULL));
+        CHECK_OK(pkv_dev_fill_random(ctx, q, tc.q_elems, p.dtype, 1000 + r)); /* the old q */
+        CHECK_OK(pkv_dev_memset(ctx, o, 0xff, qb));
+        CHECK_OK(pkv_dev_memset(ctx, lse, 0xff, lb));
+        CHECK_OK(pkv_dev_synchronize(ctx));
+        CHECK_OK(pkv_dev_fill_random_late(ctx, q, tc.q_elems, p.dtype, 2000 + r, 20000));
+        CHECK_OK(pkv_run(ctx, plan, ws, wsb, &t, NULL));
+        CHECK_OK(pkv_dev_synchronize(ctx));
+        pkv_dev_copy_d2h(ctx, tc.q, q, qb); /* the new q: the reference's */
+        pkv_dev_copy_d2h(ctx, tc.o, o, qb);
+        pkv_dev_copy_d2h(ctx, tc.lse, lse, lb);
+        CHECK_OK(pkv_test_case_reference(&tc));
+        const double err = pkv_test_rel_l2(&tc), lerr = pkv_test_lse_err(&tc);
+        const int64_t unwritten = pkv_test_unwritten(&tc);
+        CHECK_MSG(err < 2e-3 && lerr < 1e-2 && unwritten == 0, "%s, route %s behind a late producer: rel_l2=%.2e lse=%.2e unwritten=%lld",
+                  what, pkv_route_name(routes[r]), err, lerr, (long long)unwritten);
+        pkv_dev_free(ctx, ws);
+    }
+    void *bufs[] = {q, k, v, o, lse, idx};
+    for (size_t i = 0; i < 6; i++) pkv_dev_free(ctx, bufs[i]);
+    pkv_test_case_free(&tc);
+}
+
 int main(void) {
     if (!pkv_cuda_available()) PKV_TEST_SKIP("no CUDA device (or a build without CUDA): GPU tests not run");
     pkv_context_config cc;
@@ -250,6 +306,15 @@ int main(void) {
 
     fixed_cases(ctx, plan, &rng);
     repeat_and_graph(ctx, plan, &rng);
+    behind_a_producer(ctx, plan, &rng, "PDL on");
+    {
+        pkv_context_config off = cc;
+        off.pdl = 0;
+        pkv_context *ctx_off = NULL;
+        CHECK_OK(pkv_context_create(&off, &ctx_off));
+        if (ctx_off) behind_a_producer(ctx_off, plan, &rng, "PDL off");
+        pkv_context_free(ctx_off);
+    }
     score_option_cases(ctx, plan, &rng);
 
     static const int32_t groups[] = {1, 2, 3, 4, 7, 8, 12, 16}, dims[] = {64, 128, 256}, pages[] = {1, 8, 16, 64, 256},

@@ -27,6 +27,8 @@ typedef struct bench_opts {
     int32_t ctas_per_unit, min_chunk, parallelism;
     bool check, per_step, quiet, explain;
     bool kv_interleaved; /* K and V of each page side by side in one pool (pkv_tensors.kv_page_stride) */
+    bool behind;         /* also time each step behind a kernel that writes its q (pkv_dev_time_plan_behind) */
+    int pdl;             /* the context's pkv_context_config.pdl */
     pkv_cost_model model;
     const char *calibrate_out;
     int64_t rotate_bytes;
@@ -54,6 +56,9 @@ typedef struct row_result {
     pkv_counters c;
     double kernel_us, kernel_p10, kernel_p90, wall_us, plan_us, floor_us;
     double gather_us; /* the floor of the step's pages: a pure read of each K and V page, whole */
+    /* --behind-producer: the producer alone and producer + step (events around both), with a producer
+     * that does not trigger its dependents and one that does (NAN: not measured) */
+    double producer_us, pair_us, producer_trig_us, pair_trig_us;
     double gbps, frac_ceiling, step_eff, tokens_per_s;
     double rel_err, max_err;
     int nan_outputs;
@@ -525,6 +530,17 @@ static void measure(const bench_opts *o, buffers *b, const step_input *s, pkv_ro
     r->kernel_p10 = cli_percentile(samples, o->reps, 0.1);
     r->kernel_p90 = cli_percentile(samples, o->reps, 0.9);
     free(samples);
+    r->producer_us = r->pair_us = r->producer_trig_us = r->pair_trig_us = NAN;
+    if (o->cuda && o->behind) {
+        TRY(o->ctx,
+            pkv_dev_time_plan_behind(o->ctx, plan, b->ws, b->ws_bytes, &t, (const int32_t *const *)b->page_sets,
+                                     b->nsets, o->warmup, o->reps, 0, &r->producer_us, &r->pair_us),
+            "timing behind a producer");
+        TRY(o->ctx,
+            pkv_dev_time_plan_behind(o->ctx, plan, b->ws, b->ws_bytes, &t, (const int32_t *const *)b->page_sets,
+                                     b->nsets, o->warmup, o->reps, 1, &r->producer_trig_us, &r->pair_trig_us),
+            "timing behind a producer");
+    }
 
     /* whole step: plan + upload + launches + sync (host clock), and plan alone */
     int wr = o->wall_reps;
@@ -692,6 +708,12 @@ static void write_json(const char *path, const bench_opts *o, const ceilings *ce
         json_field_num(f, "frac_read_ceiling", r->frac_ceiling);
         json_field_num(f, "floor_us", r->floor_us > 0 ? r->floor_us : NAN);
         json_field_num(f, "pages_floor_us", r->gather_us > 0 ? r->gather_us : NAN);
+        if (!isnan(r->pair_us)) {
+            json_field_num(f, "producer_us", r->producer_us);
+            json_field_num(f, "producer_step_us", r->pair_us);
+            json_field_num(f, "producer_trigger_us", r->producer_trig_us);
+            json_field_num(f, "producer_trigger_step_us", r->pair_trig_us);
+        }
         json_field_num(f, "step_efficiency", r->step_eff);
         json_field_num(f, "tokens_per_s", r->tokens_per_s);
         json_field_num(f, "rel_err", r->rel_err);
@@ -779,6 +801,11 @@ static void usage(void) {
            "  --calibration-set         workload: the calibration traces (seed 20260622, five families, several B)\n"
            "  --heldout-set             workload: the held-out traces (seeds 20260623..27, five families, B 1..128)\n"
            "      --set-batches B1,B2.. --set-seeds N (first N of the five)\n"
+           "  --behind-producer         also time each step behind a kernel that writes its q (a model layer's order):\n"
+           "                            producer alone and producer + step, with a producer that does not and one that\n"
+           "                            does trigger its programmatic dependents\n"
+           "  --pdl 0|1                 launch the step's kernels as programmatic dependents of the kernel before them\n"
+           "                            (pkv_context_config.pdl; default 1)\n"
            "  --no-check                skip the comparison with the float64 reference\n"
            "  --per-step                print every trace step, not only the per-route summary\n"
            "  --json PATH               write every metric as JSON\n");
@@ -816,6 +843,8 @@ int cmd_bench(int argc, char **argv) {
         return 2;
     }
     cc.num_threads = (int32_t)cli_opt_int(argc, argv, "--threads", 0);
+    cc.pdl = (int32_t)cli_opt_int(argc, argv, "--pdl", 1);
+    o.pdl = cc.pdl;
     if (pkv_context_create(&cc, &o.ctx) != PKV_OK) {
         fprintf(stderr, "pkv bench: %s\n", pkv_last_error());
         return 1;
@@ -868,6 +897,7 @@ int cmd_bench(int argc, char **argv) {
     o.rotate_bytes = (int64_t)(cli_opt_double(argc, argv, "--rotate-gib", 2.0) * (double)(1 << 30));
     o.check = !cli_flag(argc, argv, "--no-check");
     o.kv_interleaved = cli_flag(argc, argv, "--kv-interleaved");
+    o.behind = cli_flag(argc, argv, "--behind-producer");
     o.ctas_per_unit = (int32_t)cli_opt_int(argc, argv, "--ctas-per-unit", 0);
     o.min_chunk = (int32_t)cli_opt_int(argc, argv, "--min-chunk", 0);
     o.parallelism = (int32_t)cli_opt_int(argc, argv, "--parallelism", 0);
@@ -1099,6 +1129,21 @@ int cmd_bench(int argc, char **argv) {
     if (o.cuda)
         printf("read ceiling %.0f GB/s, empty launch %.2f us, graph replay %.2f us (measured in this run)\n", ce.read_gbps,
                ce.launch_us, ce.graph_us);
+    if (o.cuda && o.behind) {
+        printf("\nBehind a kernel that writes q (PDL %s): CUDA events around the producer alone and around the "
+               "producer and the step; step = the difference\n\n",
+               o.pdl ? "on: the step's kernels are scheduled while the producer drains" : "off");
+        printf("| step | route | kernel us | producer us | producer + step us | step us | triggering producer us | "
+               "+ step us | step us |\n| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+        for (int i = 0; i < res.n; i++) {
+            const row_result *r = &res.rows[i];
+            char rl[32];
+            route_label(r, rl, sizeof rl);
+            printf("| %s | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f |\n", r->step, rl, r->kernel_us,
+                   r->producer_us, r->pair_us, r->pair_us - r->producer_us, r->producer_trig_us, r->pair_trig_us,
+                   r->pair_trig_us - r->producer_trig_us);
+        }
+    }
     int bad = 0;
     for (int i = 0; i < res.n; i++) {
         double tol = o.prob.dtype == PKV_DTYPE_BF16 ? 2e-2 : 4e-3;

@@ -122,7 +122,8 @@ class Counters(ctypes.Structure):
 
 
 class ContextConfig(ctypes.Structure):
-    _fields_ = [("backend", c_enum), ("device", ctypes.c_int32), ("num_threads", ctypes.c_int32)]
+    _fields_ = [("backend", c_enum), ("device", ctypes.c_int32), ("num_threads", ctypes.c_int32),
+                ("pdl", ctypes.c_int32)]
 
 
 class Task(ctypes.Structure):

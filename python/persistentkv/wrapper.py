@@ -56,10 +56,14 @@ class BatchDecodeWithPagedKVCacheWrapper:
     "auto" (cuda when the library has CUDA, a GPU is visible and torch can use it, else cpu).
     workspace_bytes: initial workspace; plan() grows it when a plan needs more (run() never
     allocates a workspace).  num_threads: CPU backend threads (<= 0: all processors).
+    pdl: on sm_90 GPUs, run()'s kernels are programmatic dependents of the kernel before them on the
+    stream (scheduled while it drains; they touch q, the cache and the outputs only after it completed);
+    False keeps plain stream order.
     Not thread-safe: use one wrapper per thread.
     """
 
-    def __init__(self, workspace_bytes=None, kv_layout="NHD", backend="auto", device=0, num_threads=0, policy=None):
+    def __init__(self, workspace_bytes=None, kv_layout="NHD", backend="auto", device=0, num_threads=0, policy=None,
+                 pdl=True):
         if kv_layout not in _LAYOUTS:
             raise ValueError(f"kv_layout must be 'NHD' or 'HND', not {kv_layout!r}")
         if backend not in _BACKENDS:
@@ -73,6 +77,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         cfg.backend = L.BACKEND_CUDA if backend == "cuda" else L.BACKEND_CPU
         cfg.device = self._device
         cfg.num_threads = int(num_threads)
+        cfg.pdl = 1 if pdl else 0
         ctx = ctypes.c_void_p()
         check(lib.pkv_context_create(ctypes.byref(cfg), ctypes.byref(ctx)), call="pkv_context_create")
         self._ctx = ctx

@@ -102,7 +102,7 @@ C_LAYOUT = {
     _lib.PlanOptions: (28, [0, 4, 8, 12, 16, 20, 24]),
     _lib.Tensors: (56, [0, 8, 16, 24, 32, 40, 48]),
     _lib.Counters: (64, [0, 8, 16, 24, 32, 40, 48, 56]),
-    _lib.ContextConfig: (12, [0, 4, 8]),
+    _lib.ContextConfig: (16, [0, 4, 8, 12]),
     _lib.Task: (28, [0, 4, 8, 12, 16, 20, 24]),
     _lib.Merge: (16, [0, 4, 8, 12]),
     _lib.Phase: (28, [0, 4, 8, 12, 16, 20, 24]),

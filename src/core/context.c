@@ -17,6 +17,7 @@ void pkv_context_config_default(pkv_context_config *cfg) {
     cfg->backend = PKV_BACKEND_BEST;
     cfg->device = 0;
     cfg->num_threads = 0;
+    cfg->pdl = 1;
 }
 
 int pkv_cuda_available(void) { return pkv_cuda_device_count() > 0; }
@@ -37,7 +38,7 @@ pkv_status pkv_context_create(const pkv_context_config *cfg, pkv_context **out) 
     pkv_backend_kind kind = cfg->backend;
     if (kind == PKV_BACKEND_BEST) kind = pkv_cuda_available() ? PKV_BACKEND_CUDA : PKV_BACKEND_CPU;
     ctx->kind = kind;
-    pkv_status st = kind == PKV_BACKEND_CUDA ? pkv_cuda_backend_init(ctx, cfg->device)
+    pkv_status st = kind == PKV_BACKEND_CUDA ? pkv_cuda_backend_init(ctx, cfg->device, cfg->pdl != 0)
                                              : pkv_cpu_backend_init(ctx, cfg->num_threads);
     const char *policy = getenv("PKV_POLICY");
     if (st == PKV_OK && policy && policy[0]) {

@@ -4,8 +4,9 @@
 
 int pkv_cuda_device_count(void) { return 0; }
 
-pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device) {
+pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bool pdl) {
     (void)device;
+    (void)pdl;
     return pkv_fail(ctx, PKV_ERR_BACKEND_UNAVAILABLE, "this build of PersistentKV has no CUDA backend");
 }
 
@@ -49,6 +50,18 @@ pkv_status pkv_dev_time_plan(pkv_context *ctx, const pkv_plan *plan, void *ws, s
                              int32_t warmup, int32_t reps, double *samples_us) {
     (void)plan, (void)ws, (void)ws_bytes, (void)base, (void)page_sets, (void)nsets, (void)warmup, (void)reps,
         (void)samples_us;
+    return PKV_NO_CUDA(ctx);
+}
+pkv_status pkv_dev_fill_random_late(pkv_context *ctx, void *dst, int64_t count, pkv_dtype dtype, uint64_t seed,
+                                    int64_t delay_ns) {
+    (void)dst, (void)count, (void)dtype, (void)seed, (void)delay_ns;
+    return PKV_NO_CUDA(ctx);
+}
+pkv_status pkv_dev_time_plan_behind(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_bytes,
+                                    const pkv_tensors *base, const int32_t *const *page_sets, int32_t nsets,
+                                    int32_t warmup, int32_t reps, int trigger, double *producer_us, double *pair_us) {
+    (void)plan, (void)ws, (void)ws_bytes, (void)base, (void)page_sets, (void)nsets, (void)warmup, (void)reps,
+        (void)trigger, (void)producer_us, (void)pair_us;
     return PKV_NO_CUDA(ctx);
 }
 pkv_status pkv_dev_time_read(pkv_context *ctx, const void *buf, size_t buf_bytes, size_t bytes, int32_t reps,

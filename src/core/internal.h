@@ -126,7 +126,7 @@ void pkv_cost_fill_terms(double t[PKV_COST_TERMS], int64_t launches, double mb, 
 
 /* Backends. */
 pkv_status pkv_cpu_backend_init(pkv_context *ctx, int32_t num_threads);
-pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device); /* stub without CUDA */
+pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bool pdl); /* stub without CUDA */
 int pkv_cuda_device_count(void);
 
 #ifdef __cplusplus

@@ -17,6 +17,11 @@ pkv_status pkv_dev_memset(pkv_context *ctx, void *dst, int value, size_t bytes);
 pkv_status pkv_dev_synchronize(pkv_context *ctx);
 /* Fills count fp16/bf16 values with seeded pseudo-random numbers in [-1, 1] on the device. */
 pkv_status pkv_dev_fill_random(pkv_context *ctx, void *dst, int64_t count, pkv_dtype dtype, uint64_t seed);
+/* The same values, written late by one CTA on the default stream, asynchronously: the kernel first lets a
+ * programmatic dependent start (griddepcontrol.launch_dependents), spins delay_ns, then fills.  A run
+ * queued right behind it that touched dst before its dependency wait would see the old values (tests). */
+pkv_status pkv_dev_fill_random_late(pkv_context *ctx, void *dst, int64_t count, pkv_dtype dtype, uint64_t seed,
+                                    int64_t delay_ns);
 /* Device properties: name, SMs, L2 bytes, compute capability, CUDA runtime and driver versions. */
 typedef struct pkv_dev_info {
     char name[128];
@@ -31,6 +36,15 @@ pkv_status pkv_dev_get_info(pkv_context *ctx, pkv_dev_info *info);
 pkv_status pkv_dev_time_plan(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_bytes,
                              const pkv_tensors *base, const int32_t *const *page_sets, int32_t nsets,
                              int32_t warmup, int32_t reps, double *samples_us);
+/* A step behind the kernel that produces its q, as in a model's layer: a small kernel that rewrites
+ * q in place (grid of up to 2 CTAs per SM; trigger != 0: it calls griddepcontrol.launch_dependents at
+ * its start, as PDL-aware kernels do), then pkv_run; CUDA events around the producer alone
+ * (*producer_us) and around the producer and the run (*pair_us), medians over reps, timed like
+ * pkv_dev_time_plan.  With the context's PDL on, the run's kernels are scheduled while the producer
+ * drains. */
+pkv_status pkv_dev_time_plan_behind(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_bytes,
+                                    const pkv_tensors *base, const int32_t *const *page_sets, int32_t nsets,
+                                    int32_t warmup, int32_t reps, int trigger, double *producer_us, double *pair_us);
 /* Streaming read of `bytes` from buf (16-byte loads), timed like a step; the window moves through
  * buf_bytes so L2 does not help.  Best of a few grid sizes; median over reps. */
 pkv_status pkv_dev_time_read(pkv_context *ctx, const void *buf, size_t buf_bytes, size_t bytes, int32_t reps,

@@ -84,7 +84,7 @@ extern "C" int pkv_cuda_device_count(void) {
     return n;
 }
 
-extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device) {
+extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bool pdl) {
     int n = pkv_cuda_device_count();
     if (n <= 0) return pkv_fail(ctx, PKV_ERR_BACKEND_UNAVAILABLE, "no CUDA device is visible");
     if (device < 0 || device >= n)
@@ -110,6 +110,7 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device) {
     /* PDL needs the kernels' griddepcontrol instructions, in sm_90 code only (a compute_80 PTX build
      * JIT-compiled here has none, and its merge must wait for the decode grid the ordinary way) */
     s->launch.use_pdl = sm90_code && getenv("PKV_NO_PDL") == nullptr;
+    s->launch.entry_pdl = s->launch.use_pdl && pdl;
     const char *kernel = getenv("PKV_DECODE_KERNEL");
     s->launch.allow_n8 = !(kernel && strcmp(kernel, "m") == 0);
     /* PKV_MERGE_KERNEL=head|row forces one merge kernel (A/B runs); default: chosen per plan */

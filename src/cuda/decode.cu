@@ -239,6 +239,7 @@ template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) merge_kernel_row(const merge_params p) {
     PKV_TL_SCOPE(1);
     const pkv_merge m = p.merges[blockIdx.x]; // the plan's (uploaded before): read before the wait
+    pdl_launch_dependents();
     pdl_wait(); // the partial states come from the previous launch
     PKV_TL_MARK(1, 0);
     merge_one<T, D, kMergeBatch>(m.row, m.kv_head, m.first_slot, m.count, p.state_o, p.state_lse, p.o, p.lse,
@@ -262,6 +263,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const merge_params p) {
     const pkv_merge m = p.merges[blockIdx.x / G]; // the plan's (uploaded before): read before the wait
     const int j = blockIdx.x % G;
     const int grp = threadIdx.x / (D / 4), col = threadIdx.x % (D / 4);
+    pdl_launch_dependents(); // a dependent waits for this grid's completion before it reads o
     pdl_wait(); // the partial states come from the previous launch
     PKV_TL_MARK(1, 0);
     merge_acc r = merge_accumulate<D, kMergeBatch>(p.state_o, p.state_lse, m.first_slot, m.count, grp, NG, G, j, col);
@@ -327,6 +329,7 @@ __device__ __forceinline__ bool load_task(const decode_params &p, task_info &ti)
     } else {
         if (p.fused && (int32_t)blockIdx.x >= p.num_tasks) {
             pdl_launch_dependents();
+            pdl_wait(); // o of the kernel before (a programmatic dependent of it) is not ours to write yet
             const pkv_merge m = p.merges[p.num_split_merges + (blockIdx.x - p.num_tasks)]; // count 0: o = 0, lse = -inf
             merge_one<T, D, 1>(m.row, m.kv_head, m.first_slot, m.count, p.state_o, p.state_lse, p.o, p.lse,
                                p.num_qo_heads, p.group);
@@ -1148,24 +1151,46 @@ template <typename T> static cudaError_t set_attrs_t() {
     return e;
 }
 
+// A launch configuration; pdl: a programmatic dependent of the kernel before it on the stream (its CTAs
+// may be scheduled while that kernel drains; every kernel here reads and writes the step's memory only
+// after griddepcontrol.wait, i.e. after that kernel has completed).
+struct launch_cfg {
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    launch_cfg(dim3 grid, int smem, cudaStream_t stream, bool pdl) {
+        cfg.gridDim = grid;
+        cfg.blockDim = dim3(kThreads);
+        cfg.dynamicSmemBytes = (size_t)smem;
+        cfg.stream = stream;
+        attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        cfg.attrs = attr;
+        cfg.numAttrs = pdl ? 1 : 0;
+    }
+};
+
 template <typename T, int D>
-static cudaError_t launch_decode(kernel_kind kind, const decode_params &p, dim3 grid, cudaStream_t stream) {
+static cudaError_t launch_decode(kernel_kind kind, const decode_params &p, dim3 grid, cudaStream_t stream, bool pdl) {
     int smem = 0;
     const decode_fn f = kernel_of<T, D>(kind, &smem);
-    f<<<grid, kThreads, smem, stream>>>(p);
-    return cudaGetLastError();
+    launch_cfg lc(grid, smem, stream, pdl);
+    const cudaError_t e = cudaLaunchKernelEx(&lc.cfg, f, p);
+    return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 // The tensor-copy kernel on a grid (two n-tiles of heads for G > 8; tma_maps_for hands d = 256 no maps there).
 template <typename T, int D>
-static cudaError_t launch_decode_tma(const decode_params &p, const tma_maps &maps, dim3 grid, cudaStream_t stream) {
+static cudaError_t launch_decode_tma(const decode_params &p, const tma_maps &maps, dim3 grid, cudaStream_t stream,
+                                     bool pdl) {
+    launch_cfg lc(grid, tma_smem_bytes<D>(p.stages), stream, pdl);
+    cudaError_t e;
     if (p.group <= 8) {
-        decode_kernel_tma<T, D, 1><<<grid, kThreads, tma_smem_bytes<D>(p.stages), stream>>>(p, maps);
+        e = cudaLaunchKernelEx(&lc.cfg, decode_kernel_tma<T, D, 1>, p, maps);
     } else {
         if constexpr (D > 128) return cudaErrorInvalidValue;
-        else decode_kernel_tma<T, D, 2><<<grid, kThreads, tma_smem_bytes<D>(p.stages), stream>>>(p, maps);
+        else e = cudaLaunchKernelEx(&lc.cfg, decode_kernel_tma<T, D, 2>, p, maps);
     }
-    return cudaGetLastError();
+    return e != cudaSuccess ? e : cudaGetLastError();
 }
 
 template <typename T, int D> static int resident_ctas_d(kernel_kind kind) {
@@ -1303,18 +1328,9 @@ static bool tma_maps_for(const pkv_plan *plan, const pkv_tensors *t, const pkv_k
 
 template <typename T, int D>
 static cudaError_t launch_merge(const merge_params &p, int32_t n, cudaStream_t stream, bool pdl, bool per_head) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(per_head ? (unsigned)n * (unsigned)p.group : (unsigned)n);
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = 0;
-    cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = pdl ? 1 : 0;
-    cudaError_t e = per_head ? cudaLaunchKernelEx(&cfg, merge_kernel<T, D>, p)
-                             : cudaLaunchKernelEx(&cfg, merge_kernel_row<T, D>, p);
+    launch_cfg lc(dim3(per_head ? (unsigned)n * (unsigned)p.group : (unsigned)n), 0, stream, pdl);
+    cudaError_t e = per_head ? cudaLaunchKernelEx(&lc.cfg, merge_kernel<T, D>, p)
+                             : cudaLaunchKernelEx(&lc.cfg, merge_kernel_row<T, D>, p);
     if (e != cudaSuccess) return e;
     return cudaGetLastError();
 }
@@ -1370,13 +1386,13 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
             }
             cudaError_t e;
             if (maps) {
-                e = launch_decode_tma<T, D>(p, *maps, grid, stream); // p.stages set with the maps
+                e = launch_decode_tma<T, D>(p, *maps, grid, stream, o.entry_pdl); // p.stages set with the maps
             } else {
                 // a grid that leaves the third resident slot of every SM empty runs the two-tiles-in-flight kernel
                 const int64_t ctas = (int64_t)grid.x * grid.y * grid.z;
                 const kernel_kind kind =
                     base_kind == kHeadsInN && ctas <= o.deep_max_ctas ? kHeadsInNDeep : base_kind;
-                e = launch_decode<T, D>(kind, p, grid, stream);
+                e = launch_decode<T, D>(kind, p, grid, stream, o.entry_pdl);
             }
             if (e != cudaSuccess) return e;
         }

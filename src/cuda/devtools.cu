@@ -12,7 +12,14 @@
 
 namespace {
 
-__global__ void fill_random_kernel(uint16_t *dst, int64_t n, uint64_t seed, int bf16) {
+__global__ void fill_random_kernel(uint16_t *dst, int64_t n, uint64_t seed, int bf16, int64_t delay_ns) {
+    if (delay_ns > 0) { // a late producer: its dependents may start now, it writes after delay_ns
+        pkv::pdl_launch_dependents();
+        uint64_t t0, t1;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+        do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+        while ((int64_t)(t1 - t0) < delay_ns);
+    }
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         uint64_t z = seed + (uint64_t)i * 0x9E3779B97F4A7C15ull;
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -41,6 +48,16 @@ __global__ void spin_kernel(int64_t ns) {
 }
 
 __global__ void empty_kernel() {}
+
+// A stand-in for the kernel that writes q before an attention step (RoPE, a projection's epilogue):
+// q[i] ^= x over the whole q tensor (x = 0: q keeps its values).  trigger: it lets a programmatic
+// dependent be scheduled from its start (griddepcontrol.launch_dependents), as PDL-aware kernels do;
+// else the dependent is scheduled as its CTAs exit.
+__global__ void producer_kernel(uint32_t *q, int64_t n32, uint32_t x, int trigger) {
+    if (trigger) pkv::pdl_launch_dependents();
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n32; i += (int64_t)gridDim.x * blockDim.x)
+        q[i] ^= x;
+}
 
 __global__ void read_kernel(const uint4 *__restrict__ src, int64_t n16, uint32_t *sink) {
     uint32_t x = 0;
@@ -164,9 +181,18 @@ pkv_status pkv_dev_synchronize(pkv_context *ctx) {
 
 pkv_status pkv_dev_fill_random(pkv_context *ctx, void *dst, int64_t count, pkv_dtype dtype, uint64_t seed) {
     if (count <= 0) return PKV_OK;
-    fill_random_kernel<<<1024, 256>>>(static_cast<uint16_t *>(dst), count, seed, dtype == PKV_DTYPE_BF16);
+    fill_random_kernel<<<1024, 256>>>(static_cast<uint16_t *>(dst), count, seed, dtype == PKV_DTYPE_BF16, 0);
     PKV_CUDA_TRY(ctx, cudaGetLastError());
     PKV_CUDA_TRY(ctx, cudaDeviceSynchronize());
+    return PKV_OK;
+}
+
+pkv_status pkv_dev_fill_random_late(pkv_context *ctx, void *dst, int64_t count, pkv_dtype dtype, uint64_t seed,
+                                    int64_t delay_ns) {
+    if (!dst || count <= 0 || delay_ns <= 0)
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "a late fill needs a buffer, a count and a delay");
+    fill_random_kernel<<<1, 256>>>(static_cast<uint16_t *>(dst), count, seed, dtype == PKV_DTYPE_BF16, delay_ns);
+    PKV_CUDA_TRY(ctx, cudaGetLastError());
     return PKV_OK;
 }
 
@@ -226,6 +252,60 @@ pkv_status pkv_dev_time_plan(pkv_context *ctx, const pkv_plan *plan, void *ws, s
         samples_us[r] = ms * 1000.0;
     }
     for (auto &x : ev) cudaEventDestroy(x);
+    return result;
+}
+
+pkv_status pkv_dev_time_plan_behind(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_bytes,
+                                    const pkv_tensors *base, const int32_t *const *page_sets, int32_t nsets,
+                                    int32_t warmup, int32_t reps, int trigger, double *producer_us, double *pair_us) {
+    if (!plan || !base || !producer_us || !pair_us || (nsets > 0 && !page_sets))
+        return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "plan, tensors, page sets and outputs must not be NULL");
+    if (reps <= 0) return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "reps must be positive");
+    const pkv_problem *pr = pkv_plan_problem(plan);
+    const int64_t n32 = (int64_t)pkv_plan_batch_size(plan) * pr->num_qo_heads * pr->head_dim / 2;
+    int dev = 0, sms = 0;
+    PKV_CUDA_TRY(ctx, cudaGetDevice(&dev));
+    PKV_CUDA_TRY(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const unsigned grid = (unsigned)std::max<int64_t>(1, std::min<int64_t>(2 * (int64_t)sms, (n32 + 255) / 256));
+    uint32_t *q = static_cast<uint32_t *>(const_cast<void *>(base->q));
+    pkv_tensors t = *base;
+    pkv_status st = pkv_plan_upload(ctx, plan, ws, ws_bytes, nullptr);
+    for (int32_t r = 0; r < warmup && st == PKV_OK; r++) {
+        if (nsets > 0) t.kv_page_indices = page_sets[r % nsets];
+        producer_kernel<<<grid, 256>>>(q, n32, 0u, trigger);
+        st = pkv_run(ctx, plan, ws, ws_bytes, &t, nullptr);
+    }
+    if (st != PKV_OK) return st;
+    std::vector<cudaEvent_t> ev(2 * (size_t)reps);
+    for (auto &e : ev) PKV_CUDA_TRY(ctx, cudaEventCreate(&e));
+    pkv_status result = PKV_OK;
+    std::vector<double> alone, pair;
+    // pass 0: the producer alone; pass 1: producer then the step, events around the pair
+    for (int pass = 0; pass < 2 && result == PKV_OK; pass++) {
+        for (int32_t r = 0; r < reps && result == PKV_OK; r++) {
+            if (r % 16 == 0) spin_kernel<<<1, 1>>>(kSpinNs * 4);
+            if (nsets > 0) t.kv_page_indices = page_sets[(warmup + r) % nsets];
+            cudaEventRecord(ev[2 * r], nullptr);
+            producer_kernel<<<grid, 256>>>(q, n32, 0u, trigger);
+            if (cudaGetLastError() != cudaSuccess) result = pkv_fail(ctx, PKV_ERR_CUDA, "producer launch failed");
+            if (pass == 1 && result == PKV_OK) result = pkv_run(ctx, plan, ws, ws_bytes, &t, nullptr);
+            cudaEventRecord(ev[2 * r + 1], nullptr);
+        }
+        cudaError_t e = cudaDeviceSynchronize();
+        if (e != cudaSuccess && result == PKV_OK)
+            result = pkv_fail(ctx, PKV_ERR_CUDA, "timed runs failed: %s", cudaGetErrorString(e));
+        for (int32_t r = 0; r < reps && result == PKV_OK; r++) {
+            float ms = 0;
+            e = cudaEventElapsedTime(&ms, ev[2 * r], ev[2 * r + 1]);
+            if (e != cudaSuccess) result = pkv_fail(ctx, PKV_ERR_CUDA, "event timing failed: %s", cudaGetErrorString(e));
+            (pass ? pair : alone).push_back(ms * 1000.0);
+        }
+    }
+    for (auto &x : ev) cudaEventDestroy(x);
+    if (result == PKV_OK) {
+        *producer_us = median(alone);
+        *pair_us = median(pair);
+    }
     return result;
 }
 

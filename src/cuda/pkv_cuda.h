@@ -24,6 +24,7 @@ cudaError_t pkv_cuda_decode_init_attributes(int cc_major, size_t smem_optin,
 /* How the kernels run (fixed per context, from the device and the PKV_* variables). */
 typedef struct pkv_cuda_launch_opts {
     int use_pdl;           /* programmatic dependent launch of the merge kernel (sm_90) */
+    int entry_pdl;         /* and of the decode kernels: scheduled while the kernel before them drains (sm_90) */
     int allow_n8;          /* the heads-in-N kernel for G <= 8 (else heads in M everywhere) */
     int merge_kernel;      /* 0: by the merges' width; 1: a CTA per (merge, query head); 2: a CTA per merge */
     int32_t deep_max_ctas; /* heads-in-N grids of at most this many CTAs run the two-tiles-in-flight variant */
