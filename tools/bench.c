@@ -816,7 +816,7 @@ int cmd_bench(int argc, char **argv) {
                                         "--page-size", "--trace", "--seed", "--batch", "--requests", "--steps",
                                         "--step", "--trace-file", "--anchor", "--lens", "--reps", "--warmup",
                                         "--wall-reps", "--rotate-gib", "--no-check!", "--per-step!", "--json",
-                                        "--quiet!", "--help!", "--ctas-per-unit", "--min-chunk", "--explain!", "--policy", "--calibrate-out", "--calibration-set!", "--heldout-set!", "--set-batches", "--set-seeds", "--parallelism", "--kv-interleaved!", "--window", "--soft-cap", NULL};
+                                        "--quiet!", "--help!", "--ctas-per-unit", "--min-chunk", "--explain!", "--policy", "--calibrate-out", "--calibration-set!", "--heldout-set!", "--set-batches", "--set-seeds", "--parallelism", "--kv-interleaved!", "--window", "--soft-cap", "--behind-producer!", "--pdl", NULL};
     if (cli_flag(argc, argv, "--help")) {
         usage();
         return 0;
@@ -844,6 +844,10 @@ int cmd_bench(int argc, char **argv) {
     }
     cc.num_threads = (int32_t)cli_opt_int(argc, argv, "--threads", 0);
     cc.pdl = (int32_t)cli_opt_int(argc, argv, "--pdl", 1);
+    if (cc.pdl != 0 && cc.pdl != 1) {
+        fprintf(stderr, "pkv bench: --pdl takes 0 or 1\n");
+        return 2;
+    }
     o.pdl = cc.pdl;
     if (pkv_context_create(&cc, &o.ctx) != PKV_OK) {
         fprintf(stderr, "pkv bench: %s\n", pkv_last_error());
