@@ -178,11 +178,6 @@ typedef struct pkv_plan_options {
     int32_t chunk_pages;       /* WORKQUEUE: > 0 forces the chunk size in pages; <= 0 chooses */
     int32_t min_chunk_tokens;  /* smallest split worth making; <= 0: 128 tokens */
     int32_t max_splits;        /* cap on splits of one (row, KV head); <= 0: 256 */
-    /* WORKQUEUE/FUSED (also when auto picks them): 1 cuts the step's (row, KV head) pairs, laid end to
-     * end, into spans of equal work, one per CTA, that may cross pairs: a CTA runs its span's tasks
-     * in order (pkv_plan_spans), so no CTA's share is a pair's rounded-up chunk; 0 (default): a task
-     * per CTA, every pair cut in chunks of one size */
-    int32_t balance;
 } pkv_plan_options;
 
 void pkv_plan_options_default(pkv_plan_options *opts);
@@ -248,9 +243,6 @@ pkv_route pkv_plan_route(const pkv_plan *plan);
 const pkv_counters *pkv_plan_counters(const pkv_plan *plan);
 int32_t pkv_plan_num_tasks(const pkv_plan *plan);
 const pkv_task *pkv_plan_tasks(const pkv_plan *plan);
-/* A balanced plan's CTAs (pkv_plan_options.balance): CTA c runs tasks [spans[c], spans[c + 1]) in
- * order; *num_spans CTAs (0 and NULL: a task per CTA). */
-const int32_t *pkv_plan_spans(const pkv_plan *plan, int32_t *num_spans);
 int32_t pkv_plan_num_merges(const pkv_plan *plan);
 const pkv_merge *pkv_plan_merges(const pkv_plan *plan);
 int32_t pkv_plan_num_phases(const pkv_plan *plan);

@@ -122,7 +122,6 @@ static void check_case(pkv_context *ctx1, pkv_context *ctx4, pkv_test_case *tc, 
         if (pkv_rng_uniform01(rng) < 0.25) opts.num_splits = (int32_t)pkv_rng_uniform_int(rng, 1, 40);
         if (pkv_rng_uniform01(rng) < 0.25) opts.chunk_pages = (int32_t)pkv_rng_uniform_int(rng, 1, 8);
         if (pkv_rng_uniform01(rng) < 0.25) opts.min_chunk_tokens = (int32_t)pkv_rng_uniform_int(rng, 1, 64);
-        if (pkv_rng_uniform01(rng) < 0.4) opts.balance = 1; /* work queue and fused: balanced spans */
         char label[512];
         describe(tc, label, sizeof label, pkv_route_name((pkv_route)r), case_id);
         pkv_status st = pkv_plan_step(ctx4, &tc->problem, &tc->table, &opts, plan);

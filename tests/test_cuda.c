@@ -19,24 +19,22 @@ static const pkv_route routes[] = {PKV_ROUTE_AUTO, PKV_ROUTE_SINGLE, PKV_ROUTE_S
 static void check_case(pkv_context *ctx, pkv_plan *plan, pkv_test_case *tc, const char *what, int64_t pad) {
     const pkv_problem *p = &tc->problem;
     double tol = p->dtype == PKV_DTYPE_BF16 ? 1.5e-2 : 2e-3;
-    const size_t nroutes = sizeof routes / sizeof routes[0];
-    for (size_t r = 0; r < nroutes + 2; r++) { /* every route, then the work queue and fused balanced */
+    for (size_t r = 0; r < sizeof routes / sizeof routes[0]; r++) {
         pkv_plan_options opts;
         pkv_plan_options_default(&opts);
-        opts.route = r < nroutes ? routes[r] : r == nroutes ? PKV_ROUTE_WORKQUEUE : PKV_ROUTE_FUSED;
-        opts.balance = r >= nroutes;
+        opts.route = routes[r];
         pkv_test_poison(tc);
         pkv_status st = pkv_plan_step(ctx, p, &tc->table, &opts, plan);
         if (st == PKV_OK) st = pkv_test_run_kv(ctx, plan, tc, pad);
-        const char *bal = opts.balance ? " balanced" : "";
-        CHECK_MSG(st == PKV_OK, "%s route %s%s: %s", what, pkv_route_name(opts.route), bal, pkv_context_last_error(ctx));
+        CHECK_MSG(st == PKV_OK, "%s route %s: %s", what, pkv_route_name(routes[r]), pkv_context_last_error(ctx));
         if (st != PKV_OK) continue;
         double err = pkv_test_rel_l2(tc), lerr = pkv_test_lse_err(tc);
         int64_t unwritten = pkv_test_unwritten(tc);
         CHECK_MSG(err < tol && lerr < 1e-2 && unwritten == 0 && pkv_test_empty_rows_nonzero(tc) == 0,
-                  "%s route %s%s: B=%d G=%d Hkv=%d d=%d page=%d %s %s kv pad %lld window %d cap %g rel_l2=%.2e lse=%.2e "
+                  "%s route %s: B=%d G=%d Hkv=%d d=%d page=%d %s %s kv pad %lld window %d cap %g rel_l2=%.2e lse=%.2e "
                   "unwritten=%lld",
-                  what, pkv_route_name(opts.route), bal, tc->batch_size, p->num_qo_heads / p->num_kv_heads, p->num_kv_heads,
+                  what,
+                  pkv_route_name(routes[r]), tc->batch_size, p->num_qo_heads / p->num_kv_heads, p->num_kv_heads,
                   p->head_dim, p->page_size, p->layout == PKV_LAYOUT_HND ? "HND" : "NHD",
                   p->dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", (long long)pad, p->window, (double)p->logits_soft_cap, err,
                   lerr, (long long)unwritten);

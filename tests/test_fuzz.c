@@ -89,7 +89,6 @@ int main(void) {
         if (one_in(4)) o.chunk_pages = edge();
         if (one_in(4)) o.min_chunk_tokens = edge();
         if (one_in(4)) o.max_splits = edge();
-        if (one_in(3)) o.balance = one_in(2) ? 1 : edge();
         if (one_in(4)) o.ctas_per_unit = edge();
         const bool broken = one_in(4);
         if (broken) {

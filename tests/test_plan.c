@@ -325,35 +325,7 @@ static bool check_rules(int case_id, const pkv_problem *pb, const batch *b, cons
     }
     if (route == PKV_ROUTE_FUSED)
         RULE(c->launches == (nt > 0 || empty > 0), "fused launches %lld", (long long)c->launches);
-    int32_t nspans = 0;
-    const int32_t *spans = pkv_plan_spans(plan, &nspans);
-    RULE(nspans == 0 || (opts->balance > 0 && (route == PKV_ROUTE_WORKQUEUE || route == PKV_ROUTE_FUSED)),
-         "%d spans in a plan of route %s, balance %d", nspans, pkv_route_name(route), opts->balance);
-    if ((route == PKV_ROUTE_WORKQUEUE || route == PKV_ROUTE_FUSED) && opts->balance > 0) {
-        /* balanced spans: a CTA each, at most a wave, every task in one; each within a few units of
-         * granularity (half a minimum chunk, a page, a task's start) of the mean work */
-        RULE(nph == 1 && phases[0].grid_splits == 0, "balanced workqueue phases");
-        RULE((nspans > 0) == (nt > 0) && nspans <= P, "%d spans for %d tasks and a wave of %lld", nspans, nt, (long long)P);
-        if (any_split && route == PKV_ROUTE_WORKQUEUE)
-            RULE(c->launches == 2, "balanced workqueue with splits launches %lld", (long long)c->launches);
-        int32_t empties = 0;
-        for (int32_t m = 0; m < nm; m++) empties += merges[m].count == 0;
-        RULE(c->grid_ctas == nspans + (route == PKV_ROUTE_FUSED ? empties : 0), "grid_ctas %lld for %d spans",
-             (long long)c->grid_ctas, nspans);
-        if (nspans > 0) {
-            const int64_t tb = 2 * (int64_t)d * 2, seg = (16384 + tb - 1) / tb, ps = pb->page_size;
-            const int64_t min_tok = ((opts->min_chunk_tokens > 0 ? opts->min_chunk_tokens : 128) + ps - 1) / ps * ps;
-            int64_t sum = 0, mx = 0;
-            for (int32_t s = 0; s < nspans; s++) {
-                int64_t w = seg * (spans[s + 1] - spans[s]);
-                for (int32_t k = spans[s]; k < spans[s + 1]; k++) w += tasks[k].tok_end - tasks[k].tok_begin;
-                sum += w;
-                mx = w > mx ? w : mx;
-            }
-            RULE(mx * nspans <= sum + 3 * (min_tok / 2 + ps + seg) * nspans,
-                 "balanced: the largest span holds %lld of %lld work in %d spans", (long long)mx, (long long)sum, nspans);
-        }
-    } else if (route == PKV_ROUTE_WORKQUEUE || route == PKV_ROUTE_FUSED) { /* the same task list */
+    if (route == PKV_ROUTE_WORKQUEUE || route == PKV_ROUTE_FUSED) { /* the same task list */
         RULE(nph == 1 && phases[0].grid_splits == 0, "workqueue phases");
         if (any_split && route == PKV_ROUTE_WORKQUEUE)
             RULE(c->launches == 2, "workqueue with splits launches %lld", (long long)c->launches);
@@ -489,7 +461,6 @@ static void test_coverage(void) {
         if (pkv_rng_uniform01(&rng) < 0.2) opts.chunk_pages = (int32_t)pkv_rng_uniform_int(&rng, 1, 512);
         if (pkv_rng_uniform01(&rng) < 0.15) opts.min_chunk_tokens = (int32_t)pkv_rng_uniform_int(&rng, 1, 4096);
         if (pkv_rng_uniform01(&rng) < 0.15) opts.max_splits = (int32_t)pkv_rng_uniform_int(&rng, 1, 64);
-        if (pkv_rng_uniform01(&rng) < 0.25) opts.balance = 1;
         pkv_status st = pkv_plan_step_host(&pb, &b.table, &opts, plan);
         CHECK_MSG(st == PKV_OK, "case %d: pkv_plan_host: %s", case_id, pkv_last_error());
         if (st == PKV_OK) {
@@ -782,59 +753,6 @@ static void test_anchor_b8_bimodal(void) {
     batch_free(&b);
 }
 
-/* Balanced spans on the B8_uniform anchor (one wave of 3 per SM): the work queue's chunks of one size
- * leave its longest task 12% above a CTA's fair share (rows of 12K-30K tokens rounded up to whole
- * chunks); the balanced plan's 396 spans are within 1% of it, and the cost terms see the shorter
- * critical path. */
-static void test_balanced_b8_uniform(void) {
-    static const int32_t lens[] = {12349, 24525, 30497, 16786, 17280, 23566, 23502, 23916};
-    pkv_problem pb;
-    pkv_problem_default(&pb);
-    batch b;
-    batch_make(&b, lens, 8, &pb, NULL, true);
-    pkv_plan *plan = NULL;
-    CHECK_OK(pkv_plan_create(&plan));
-    int64_t total = 0;
-    for (int i = 0; i < 8; i++) total += lens[i];
-    const double fair = (double)total * 8 / 396; /* tokens per CTA */
-    for (int r = 0; r < 2; r++) {
-        pkv_plan_options opts;
-        pkv_plan_options_default(&opts);
-        opts.parallelism = 132;
-        opts.ctas_per_unit = 3;
-        opts.route = r ? PKV_ROUTE_FUSED : PKV_ROUTE_WORKQUEUE;
-        CHECK_OK(pkv_plan_step_host(&pb, &b.table, &opts, plan));
-        double t_plain[PKV_COST_TERMS], t_bal[PKV_COST_TERMS];
-        CHECK_OK(pkv_cost_terms(plan, t_plain));
-        int32_t longest = 0;
-        for (int32_t k = 0; k < pkv_plan_num_tasks(plan); k++) {
-            const pkv_task *t = &pkv_plan_tasks(plan)[k];
-            longest = t->tok_end - t->tok_begin > longest ? t->tok_end - t->tok_begin : longest;
-        }
-        CHECK_MSG(longest > 1.1 * fair, "unbalanced: longest task %d tokens, fair share %.0f", longest, fair);
-        opts.balance = 1;
-        CHECK_OK(pkv_plan_step_host(&pb, &b.table, &opts, plan));
-        const char *why = NULL;
-        CHECK_MSG(pkv_plan_validate(plan, lens, &why) == PKV_OK, "%s", why);
-        int32_t ns = 0;
-        const int32_t *sp = pkv_plan_spans(plan, &ns);
-        CHECK_MSG(ns == 396 && sp != NULL, "%d spans", ns);
-        CHECK(pkv_plan_counters(plan)->grid_ctas == ns);
-        int64_t most = 0;
-        for (int32_t s = 0; s < ns; s++) {
-            int64_t n = 0;
-            for (int32_t k = sp[s]; k < sp[s + 1]; k++) n += pkv_plan_tasks(plan)[k].tok_end - pkv_plan_tasks(plan)[k].tok_begin;
-            most = n > most ? n : most;
-        }
-        CHECK_MSG(most < 1.01 * fair, "balanced: largest span %lld tokens, fair share %.0f", (long long)most, fair);
-        CHECK_OK(pkv_cost_terms(plan, t_bal));
-        CHECK(t_bal[PKV_TERM_LONGEST_MB] < 0.93 * t_plain[PKV_TERM_LONGEST_MB]);
-        CHECK(t_bal[PKV_TERM_TASKS] == 396 && t_bal[PKV_TERM_MB] > t_plain[PKV_TERM_MB]); /* more partial states */
-    }
-    pkv_plan_free(plan);
-    batch_free(&b);
-}
-
 /* ---- (d) plan reuse ---------------------------------------------------------------------------------- */
 static bool plans_equal(const pkv_plan *a, const pkv_plan *b) {
     if (a->num_tasks != b->num_tasks || a->num_merges != b->num_merges || a->num_phases != b->num_phases ||
@@ -845,9 +763,6 @@ static bool plans_equal(const pkv_plan *a, const pkv_plan *b) {
     if (a->num_tasks && memcmp(a->tasks, b->tasks, (size_t)a->num_tasks * sizeof(pkv_task)) != 0) return false;
     if (a->num_merges && memcmp(a->merges, b->merges, (size_t)a->num_merges * sizeof(pkv_merge)) != 0) return false;
     if (a->num_rows && memcmp(a->rows, b->rows, (size_t)a->num_rows * sizeof(pkv_row_sched)) != 0) return false;
-    if (a->num_spans != b->num_spans ||
-        (a->num_spans && memcmp(a->spans, b->spans, (size_t)(a->num_spans + 1) * sizeof(int32_t)) != 0))
-        return false;
     return memcmp(a->phases, b->phases, (size_t)a->num_phases * sizeof(pkv_phase)) == 0;
 }
 
@@ -1103,7 +1018,6 @@ int main(void) {
     test_window();
     test_block_table();
     test_anchor_b8_bimodal();
-    test_balanced_b8_uniform();
     test_even_batch_waves();
     test_split_wave();
     test_plan_reuse();

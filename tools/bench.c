@@ -25,7 +25,6 @@ typedef struct bench_opts {
     int nroutes;
     int reps, warmup, wall_reps;
     int32_t ctas_per_unit, min_chunk, parallelism;
-    bool balance;        /* balanced work-queue spans (pkv_plan_options.balance) */
     bool check, per_step, quiet, explain;
     bool kv_interleaved; /* K and V of each page side by side in one pool (pkv_tensors.kv_page_stride) */
     bool behind;         /* also time each step behind a kernel that writes its q (pkv_dev_time_plan_behind) */
@@ -485,7 +484,6 @@ static void measure(const bench_opts *o, buffers *b, const step_input *s, pkv_ro
     opts.ctas_per_unit = o->ctas_per_unit;
     opts.parallelism = o->parallelism;
     opts.min_chunk_tokens = o->min_chunk;
-    opts.balance = o->balance ? 1 : 0;
     TRY(o->ctx, pkv_plan_step(o->ctx, &prob, &tab, &opts, plan), "plan");
     ensure_workspace(o, b, pkv_plan_workspace_size(plan));
     snprintf(r->step, sizeof r->step, "%s", s->name);
@@ -576,7 +574,6 @@ static void measure(const bench_opts *o, buffers *b, const step_input *s, pkv_ro
     if (o->prob.window > 0) snprintf(score, sizeof score, " --window %d", o->prob.window);
     if (o->prob.logits_soft_cap > 0.0f)
         snprintf(score + strlen(score), sizeof score - strlen(score), " --soft-cap %g", (double)o->prob.logits_soft_cap);
-    if (o->balance) snprintf(score + strlen(score), sizeof score - strlen(score), " --balance");
     snprintf(r->repro, sizeof r->repro, "pkv bench --backend %s --shape %s --dtype %s --layout %s --page-size %d%s %s --route %s",
              o->cuda ? "cuda" : "cpu", o->shape->name, o->prob.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16",
              o->prob.layout == PKV_LAYOUT_HND ? "hnd" : "nhd", o->prob.page_size, score, s->workload_arg,
@@ -679,9 +676,8 @@ static void write_json(const char *path, const bench_opts *o, const ceilings *ce
     json_field_str(f, "command", o->cmdline);
     json_field_str(f, "workload", workload);
     /* what the plans were made for (pkv calibrate --replay-auto re-plans with it) */
-    fprintf(f, ", \"parallelism\": %d, \"ctas_per_unit\": %d, \"balance\": %s",
-            o->parallelism > 0 ? o->parallelism : pkv_context_parallelism(o->ctx), o->ctas_per_unit > 0 ? o->ctas_per_unit : 0,
-            o->balance ? "true" : "false");
+    fprintf(f, ", \"parallelism\": %d, \"ctas_per_unit\": %d",
+            o->parallelism > 0 ? o->parallelism : pkv_context_parallelism(o->ctx), o->ctas_per_unit > 0 ? o->ctas_per_unit : 0);
     fprintf(f, ",\n    \"shape\": {\"name\": \"%s\", \"num_qo_heads\": %d, \"num_kv_heads\": %d, \"head_dim\": %d, \"page_size\": %d, "
                "\"layout\": \"%s\", \"dtype\": \"%s\", \"kv_interleaved\": %s, \"window\": %d, \"logits_soft_cap\": %g}, "
                "\"reps\": %d, \"wall_reps\": %d, \"terms_version\": 2},\n",
@@ -796,8 +792,6 @@ static void usage(void) {
            "  --kv-interleaved          K and V of each page side by side in one pool (kv_page_stride)\n"
            "  --ctas-per-unit N         planner: tasks per SM in one wave (default: the backend's)\n"
            "  --min-chunk N             planner: smallest split in tokens (default 128)\n"
-           "  --balance                 planner: work-queue and fused plans in spans of equal work per CTA that may\n"
-           "                            cross (row, KV head) pairs (pkv_plan_options.balance)\n"
            "  --parallelism N           planner: plan as for N SMs (default: the backend's SMs or threads;\n"
            "                            e.g. 132 on the CPU backend to run the plans an H200 would get)\n"
            "  --explain                 each route's predicted time (cost model) next to its measured time\n"
@@ -822,7 +816,7 @@ int cmd_bench(int argc, char **argv) {
                                         "--page-size", "--trace", "--seed", "--batch", "--requests", "--steps",
                                         "--step", "--trace-file", "--anchor", "--lens", "--reps", "--warmup",
                                         "--wall-reps", "--rotate-gib", "--no-check!", "--per-step!", "--json",
-                                        "--quiet!", "--help!", "--ctas-per-unit", "--min-chunk", "--explain!", "--policy", "--calibrate-out", "--calibration-set!", "--heldout-set!", "--set-batches", "--set-seeds", "--parallelism", "--kv-interleaved!", "--window", "--soft-cap", "--behind-producer!", "--pdl", "--balance!", NULL};
+                                        "--quiet!", "--help!", "--ctas-per-unit", "--min-chunk", "--explain!", "--policy", "--calibrate-out", "--calibration-set!", "--heldout-set!", "--set-batches", "--set-seeds", "--parallelism", "--kv-interleaved!", "--window", "--soft-cap", "--behind-producer!", "--pdl", NULL};
     if (cli_flag(argc, argv, "--help")) {
         usage();
         return 0;
@@ -910,7 +904,6 @@ int cmd_bench(int argc, char **argv) {
     o.behind = cli_flag(argc, argv, "--behind-producer");
     o.ctas_per_unit = (int32_t)cli_opt_int(argc, argv, "--ctas-per-unit", 0);
     o.min_chunk = (int32_t)cli_opt_int(argc, argv, "--min-chunk", 0);
-    o.balance = cli_flag(argc, argv, "--balance");
     o.parallelism = (int32_t)cli_opt_int(argc, argv, "--parallelism", 0);
     o.per_step = cli_flag(argc, argv, "--per-step");
     o.quiet = cli_flag(argc, argv, "--quiet");

@@ -103,7 +103,7 @@ class PageTable(ctypes.Structure):
 class PlanOptions(ctypes.Structure):
     _fields_ = [("route", c_enum), ("parallelism", ctypes.c_int32), ("ctas_per_unit", ctypes.c_int32),
                 ("num_splits", ctypes.c_int32), ("chunk_pages", ctypes.c_int32),
-                ("min_chunk_tokens", ctypes.c_int32), ("max_splits", ctypes.c_int32), ("balance", ctypes.c_int32)]
+                ("min_chunk_tokens", ctypes.c_int32), ("max_splits", ctypes.c_int32)]
 
 
 class Tensors(ctypes.Structure):
@@ -197,7 +197,6 @@ _protos = {
     "pkv_plan_num_rows": (ctypes.c_int32, [_vp]),
     "pkv_plan_rows": (_P(RowSched), [_vp]),
     "pkv_plan_num_state_slots": (ctypes.c_int32, [_vp]),
-    "pkv_plan_spans": (_P(ctypes.c_int32), [_vp, _P(ctypes.c_int32)]),
     "pkv_plan_problem": (_P(Problem), [_vp]),
     "pkv_plan_batch_size": (ctypes.c_int32, [_vp]),
     "pkv_plan_workspace_size": (ctypes.c_size_t, [_vp]),

@@ -151,16 +151,13 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
     @property
     def plan_info(self):
-        """Sizes of the current plan: batch_size, tasks, merges, phases, state_slots, spans (a balanced
-        plan's CTAs; 0: a task per CTA)."""
+        """Sizes of the current plan: batch_size, tasks, merges, phases, state_slots."""
         if not self._planned:
             return None
         p = self._plan
-        spans = ctypes.c_int32(0)
-        lib.pkv_plan_spans(p, ctypes.byref(spans))
         return {"batch_size": int(lib.pkv_plan_batch_size(p)), "tasks": int(lib.pkv_plan_num_tasks(p)),
                 "merges": int(lib.pkv_plan_num_merges(p)), "phases": int(lib.pkv_plan_num_phases(p)),
-                "state_slots": int(lib.pkv_plan_num_state_slots(p)), "spans": int(spans.value)}
+                "state_slots": int(lib.pkv_plan_num_state_slots(p))}
 
     def validate_plan(self):
         """Checks the plan's internal consistency (pkv_plan_validate); raises PkvError."""
@@ -211,7 +208,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
     def plan(self, indptr, indices, seq_lens=None, num_qo_heads=None, num_kv_heads=None, head_dim=None,
              page_size=None, num_pages=None, q_data_type="float16", kv_data_type=None, sm_scale=None,
              route="auto", num_splits=0, chunk_pages=0, ctas_per_unit=0, min_chunk_tokens=0, max_splits=0,
-             parallelism=0, last_page_len=None, logits_soft_cap=None, window_left=-1, balance=False):
+             parallelism=0, last_page_len=None, logits_soft_cap=None, window_left=-1):
         """Plans one decode step from the page table (CSR: indptr [B+1], indices [nnz], seq_lens [B]).
 
         seq_lens is the number of tokens of each row; a row may hold more pages than that needs (the
@@ -226,9 +223,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         'workqueue'; the other keywords are pkv_plan_options (0 = the library's choice).
         logits_soft_cap: as FlashInfer's (Gemma-2: 50), each score s -> cap * tanh(s / cap).
         window_left: as FlashInfer's, a sliding window (-1: none; w >= 0: each row attends to its
-        last w + 1 tokens).  Both on either backend.  balance: the work queue and fused routes (and auto
-        when it picks them) cut the step into spans of equal work per CTA that may cross (row, KV head)
-        pairs (pkv_plan_options.balance).
+        last w + 1 tokens).  Both on either backend.
         Grows the workspace when the plan needs more.  Raises PkvError, ValueError, TypeError.
         """
         self._planned = False
@@ -271,7 +266,6 @@ class BatchDecodeWithPagedKVCacheWrapper:
         opts.parallelism, opts.ctas_per_unit = int(parallelism), int(ctas_per_unit)
         opts.num_splits, opts.chunk_pages = int(num_splits), int(chunk_pages)
         opts.min_chunk_tokens, opts.max_splits = int(min_chunk_tokens), int(max_splits)
-        opts.balance = 1 if balance else 0
 
         table = L.PageTable(B, h_indptr.c_ptr(), h_indices.c_ptr(), h_lens.c_ptr())
         check(lib.pkv_plan_step(self._ctx, ctypes.byref(prob), ctypes.byref(table), ctypes.byref(opts),

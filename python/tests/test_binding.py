@@ -99,7 +99,7 @@ def test_library_not_found_names_what_was_tried(tmp_path):
 C_LAYOUT = {
     _lib.Problem: (48, [0, 4, 8, 12, 16, 24, 28, 32, 36, 40]),
     _lib.PageTable: (32, [0, 8, 16, 24]),
-    _lib.PlanOptions: (32, [0, 4, 8, 12, 16, 20, 24, 28]),
+    _lib.PlanOptions: (28, [0, 4, 8, 12, 16, 20, 24]),
     _lib.Tensors: (56, [0, 8, 16, 24, 32, 40, 48]),
     _lib.Counters: (64, [0, 8, 16, 24, 32, 40, 48, 56]),
     _lib.ContextConfig: (16, [0, 4, 8, 12]),
@@ -157,21 +157,6 @@ def test_routes_match_reference(cpus, route, group, layout, dtype, ps):
     assert o.dtype == p["q"].dtype and o.shape == p["q"].shape
     assert lse.dtype == np.float32 and lse.shape == (len(LENS), p["hq"])
     assert_close(o, lse, ref_of(p), dtype, LENS)
-
-
-@pytest.mark.parametrize("route", ["workqueue", "fused", "auto"])
-def test_balanced_spans_match_reference(cpu, route):
-    # ragged rows on 16 threads' worth of CTAs: the balanced plan's spans cross (row, KV head) pairs
-    lens = [5, 0, 700, 64, 1900, 33]
-    p = make_problem(21, lens, hq=8, hkv=2, ps=16)
-    plan(cpu, p, route=route, parallelism=16, balance=True)
-    cpu.validate_plan()
-    info = cpu.plan_info
-    assert 0 < info["spans"] < info["tasks"] and info["state_slots"] > 0
-    o, lse = cpu.run(p["q"], p["k"], p["v"], return_lse=True)
-    assert_close(o, lse, ref_of(p), "float16", lens)
-    plan(cpu, p, route=route, parallelism=16)  # and without: a task per CTA
-    assert cpu.plan_info["spans"] == 0
 
 
 @pytest.mark.parametrize("d", [128, 256])

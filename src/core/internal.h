@@ -55,10 +55,6 @@ struct pkv_context {
 
 /* Plan storage: tasks, rows and merges live in one host blob so the CUDA backend uploads the
  * whole plan with one copy; the partial states follow it in the workspace. */
-/* A balanced plan's cost of a task in a span beyond its KV: its pipeline start and final combine, in KV
- * bytes a CTA reads meanwhile (~1.5 us at 3 CTAs per SM on the H200; planner.c emit_balanced). */
-#define PKV_SPAN_TASK_BYTES 16384
-
 struct pkv_plan {
     pkv_problem problem;
     int32_t batch_size;
@@ -71,8 +67,6 @@ struct pkv_plan {
     int32_t num_rows;
     pkv_merge *merges;       /* points into blob */
     int32_t num_merges;
-    int32_t *spans;          /* points into blob: [num_spans + 1] task offsets of a balanced plan's CTAs */
-    int32_t num_spans;       /* 0: a task per CTA */
     pkv_phase *phases;       /* separate, host only */
     int32_t num_phases, cap_phases;
 
@@ -81,9 +75,9 @@ struct pkv_plan {
     int64_t slots;           /* resident task slots it was planned for (parallelism x CTAs per unit) */
     pkv_counters counters;
 
-    void *blob;              /* [tasks | rows | merges + counters | spans], each part PKV_WS_ALIGN aligned */
+    void *blob;              /* [tasks | rows | merges], each part PKV_WS_ALIGN aligned */
     size_t blob_cap, blob_bytes;
-    size_t off_tasks, off_rows, off_merges, off_counters, off_spans;
+    size_t off_tasks, off_rows, off_merges, off_counters;
     size_t off_state_o, off_state_lse, workspace_bytes;
 
     uint64_t generation;     /* unique per successful pkv_plan call */

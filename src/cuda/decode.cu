@@ -58,7 +58,6 @@ struct decode_params {
     float *state_o;           // [slots, G, D]
     float *state_lse;         // [slots, G]
     const pkv_task *tasks;    // this phase's tasks (workqueue)
-    const int32_t *spans;     // a balanced plan's CTAs: CTA c runs tasks [spans[c], spans[c + 1]); NULL: task c
     const pkv_row_sched *rows;// this phase's rows (rectangular routes)
     pkv_row_sched row0;       // a one-row phase's schedule by value (one_row): no dependent read first
     int32_t one_row;
@@ -68,8 +67,7 @@ struct decode_params {
     int32_t num_qo_heads, group, page_size, page_shift; // page_shift < 0: page_size not a power of 2
     int32_t rect;
     int32_t stages;           // the tensor-copy kernel: stages of each warp's ring (tma_min_stages..kMaxStages)
-    // fused route: the last task of a split (row, KV head) merges it; CTAs past num_tasks (the CTAs that
-    // run tasks) fill empty rows
+    // fused route: the last task of a split (row, KV head) merges it; CTAs past num_tasks fill empty rows
     int32_t fused, num_tasks, num_split_merges;
     const pkv_merge *merges;
     int32_t *counters;
@@ -309,23 +307,10 @@ struct task_info {
     int32_t row, head, tb, te, slot, page_base, merge_idx;
 };
 
-// The tasks this CTA runs, [k0, k1): one (its grid position) in a rectangular grid, in a work queue and
-// for the fused route's empty-row CTAs; a balanced plan's span of tasks, run in order.
-__device__ __forceinline__ void cta_tasks(const decode_params &p, int32_t &k0, int32_t &k1) {
-    if (p.rect || !p.spans || (int32_t)blockIdx.x >= p.num_tasks) {
-        k0 = (int32_t)blockIdx.x;
-        k1 = k0 + 1;
-    } else { // the plan's (uploaded before): read before the dependency wait
-        k0 = p.spans[blockIdx.x];
-        k1 = p.spans[blockIdx.x + 1];
-    }
-}
-
-// Reads task k of the CTA (work queue: the phase's task k; rectangular grids: the CTA's).  false:
-// nothing to compute (an empty split, which exits before reading any KV, or an empty row of the fused
-// route, which this call writes).
+// Reads the CTA's task.  false: nothing to compute (an empty split, which exits before reading any
+// KV, or an empty row of the fused route, which this call writes).
 template <typename T, int D>
-__device__ __forceinline__ bool load_task(const decode_params &p, int32_t k, task_info &ti) {
+__device__ __forceinline__ bool load_task(const decode_params &p, task_info &ti) {
     ti.merge_idx = -1;
     if (p.rect) {
         // d = 256 reads the schedule (its heads-in-N kernel sits at 255 registers; the select spills)
@@ -350,7 +335,7 @@ __device__ __forceinline__ bool load_task(const decode_params &p, int32_t k, tas
                                p.num_qo_heads, p.group);
             return false;
         }
-        const pkv_task t = p.tasks[k];
+        const pkv_task t = p.tasks[blockIdx.x];
         ti.row = t.row;
         ti.head = t.kv_head;
         ti.tb = t.tok_begin;
@@ -655,15 +640,10 @@ template <typename T, int D, bool G16>
 __global__ void __launch_bounds__(kThreads, 2) decode_kernel(const decode_params p) {
     extern __shared__ float smem[];
     PKV_TL_SCOPE(0);
-    int32_t k0, k1;
-    cta_tasks(p, k0, k1);
-    for (int32_t k = k0; k < k1; k++) {
-        task_info ti;
-        if (!load_task<T, D>(p, k, ti)) return;
-        if (k > k0) __syncthreads(); // the previous task's combine is done with the shared memory
-        if (p.cap_log2 > 0.f) decode_m_body<T, D, G16, true>(p, ti, smem);
-        else decode_m_body<T, D, G16, false>(p, ti, smem);
-    }
+    task_info ti;
+    if (!load_task<T, D>(p, ti)) return;
+    if (p.cap_log2 > 0.f) decode_m_body<T, D, G16, true>(p, ti, smem);
+    else decode_m_body<T, D, G16, false>(p, ti, smem);
 }
 
 // ---- heads in N: G <= 8, every head dim ----------------------------------------------------------------
@@ -861,15 +841,10 @@ template <typename T, int D, int NB>
 __global__ void __launch_bounds__(kThreads, NB == 1 && D <= 128 ? 3 : 2) decode_kernel_n8(const decode_params p) {
     extern __shared__ float smem[];
     PKV_TL_SCOPE(0);
-    int32_t k0, k1;
-    cta_tasks(p, k0, k1);
-    for (int32_t k = k0; k < k1; k++) {
-        task_info ti;
-        if (!load_task<T, D>(p, k, ti)) return;
-        if (k > k0) __syncthreads(); // the previous task's combine is done with the shared memory
-        if (p.cap_log2 > 0.f) decode_n8_body<T, D, NB, true>(p, ti, smem);
-        else decode_n8_body<T, D, NB, false>(p, ti, smem);
-    }
+    task_info ti;
+    if (!load_task<T, D>(p, ti)) return;
+    if (p.cap_log2 > 0.f) decode_n8_body<T, D, NB, true>(p, ti, smem);
+    else decode_n8_body<T, D, NB, false>(p, ti, smem);
 }
 
 // ---- heads in N, K and V through shared memory by tensor copies (sm_90) --------------------------------
@@ -1110,8 +1085,6 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
     // ---- this warp's output over the rings (every warp is done with them):
     // acc[nt][mt] = O[head 8 nt + 2c | + 1][dim 16 mt + g | + 8]
     __syncthreads();
-    if (lane == 0 && nmine > 0) // every phase completed: the barriers may be initialised again (a span's next task)
-        for (int s = 0; s < S; s++) asm volatile("mbarrier.inval.shared::cta.b64 [%0];\n" ::"r"(bar0 + 8u * s) : "memory");
     float *out = reinterpret_cast<float *>(sbase);
 #pragma unroll
     for (int nt = 0; nt < NT; nt++)
@@ -1128,17 +1101,10 @@ __global__ void __launch_bounds__(kThreads, NT == 2 || D > 128 ? 2 : D <= 64 ? 4
     extern __shared__ float smem[];
     __shared__ __align__(8) uint64_t bars[kWarps][kMaxStages];
     PKV_TL_SCOPE(0);
-    int32_t k0, k1;
-    cta_tasks(p, k0, k1);
-    for (int32_t k = k0; k < k1; k++) {
-        task_info ti;
-        if (!load_task<T, D>(p, k, ti)) return;
-        // the previous task's combine is done with the shared memory (its ring's barriers were
-        // invalidated, the next copies land where it read)
-        if (k > k0) __syncthreads();
-        if (p.cap_log2 > 0.f) decode_tma_body<T, D, NT, true>(p, maps, ti, smem, bars);
-        else decode_tma_body<T, D, NT, false>(p, maps, ti, smem, bars);
-    }
+    task_info ti;
+    if (!load_task<T, D>(p, ti)) return;
+    if (p.cap_log2 > 0.f) decode_tma_body<T, D, NT, true>(p, maps, ti, smem, bars);
+    else decode_tma_body<T, D, NT, false>(p, maps, ti, smem, bars);
 #endif
 }
 
@@ -1394,22 +1360,19 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
             if (plan->route == PKV_ROUTE_WORKQUEUE || plan->route == PKV_ROUTE_FUSED) {
                 p.rect = 0;
                 p.tasks = reinterpret_cast<const pkv_task *>(ws_dev + plan->off_tasks) + ph.task_begin;
-                // a balanced plan (one phase): a CTA per span
-                if (plan->num_spans > 0) p.spans = reinterpret_cast<const int32_t *>(ws_dev + plan->off_spans);
-                const int32_t ctas = plan->num_spans > 0 ? plan->num_spans : ph.task_end - ph.task_begin;
-                p.num_tasks = ctas;
-                grid = dim3((unsigned)ctas);
+                grid = dim3((unsigned)(ph.task_end - ph.task_begin));
                 if (plan->route == PKV_ROUTE_FUSED) {
                     int32_t split_merges = 0;
                     while (ph.merge_begin + split_merges < ph.merge_end &&
                            plan->merges[ph.merge_begin + split_merges].count > 0)
                         split_merges++;
                     p.fused = 1;
+                    p.num_tasks = ph.task_end - ph.task_begin;
                     p.num_split_merges = split_merges;
                     p.merges = reinterpret_cast<const pkv_merge *>(ws_dev + plan->off_merges) + ph.merge_begin;
                     p.counters = reinterpret_cast<int32_t *>(const_cast<char *>(ws_dev) + plan->off_counters) +
                                  ph.merge_begin;
-                    grid = dim3((unsigned)(ctas + (ph.merge_end - ph.merge_begin - split_merges)));
+                    grid = dim3((unsigned)(p.num_tasks + (ph.merge_end - ph.merge_begin - split_merges)));
                 }
             } else {
                 p.rect = 1;

@@ -32,27 +32,15 @@ pkv_status pkv_cost_terms(const pkv_plan *plan, double t[PKV_COST_TERMS]) {
     const pkv_problem *p = &plan->problem;
     const pkv_counters *c = &plan->counters;
     const double es = (double)pkv_dtype_size(p->dtype), d = p->head_dim;
-    const double token_mb = d * es * 2.0 / 1e6;
-    /* the longest CTA: a task, or a balanced plan's span (its tokens and, per task after its first, the
-     * planner's estimate of a task's start and end in tokens) */
-    int64_t longest = 0, ctas = c->tasks;
-    if (plan->num_spans > 0) {
-        const int64_t token_bytes = (int64_t)(d * es * 2.0), seg = (PKV_SPAN_TASK_BYTES + token_bytes - 1) / token_bytes;
-        for (int32_t s = 0; s < plan->num_spans; s++) {
-            int64_t n = seg * (plan->spans[s + 1] - plan->spans[s] - 1);
-            for (int32_t k = plan->spans[s]; k < plan->spans[s + 1]; k++) n += plan->tasks[k].tok_end - plan->tasks[k].tok_begin;
-            if (n > longest) longest = n;
-        }
-        ctas = plan->num_spans;
-    } else {
-        for (int32_t k = 0; k < plan->num_tasks; k++) {
-            int32_t n = plan->tasks[k].tok_end - plan->tasks[k].tok_begin;
-            if (n > longest) longest = n;
-        }
+    int32_t longest = 0;
+    for (int32_t k = 0; k < plan->num_tasks; k++) {
+        int32_t n = plan->tasks[k].tok_end - plan->tasks[k].tok_begin;
+        if (n > longest) longest = n;
     }
+    const double token_mb = d * es * 2.0 / 1e6;
     pkv_cost_fill_terms(t, c->launches, (double)(c->kv_bytes + c->qo_bytes + c->merge_state_bytes) / 1e6,
                         (double)longest * token_mb, (double)plan->max_merge_count * plan->group * (d + 1.0) * 4.0 / 1e6,
-                        ctas, plan->slots, (double)c->kv_bytes / 1e6, token_mb,
+                        c->tasks, plan->slots, (double)c->kv_bytes / 1e6, token_mb,
                         plan->route == PKV_ROUTE_SINGLE || plan->route == PKV_ROUTE_SPLIT,
                         plan->route == PKV_ROUTE_FUSED);
     return PKV_OK;

@@ -191,14 +191,13 @@ static int32_t choose_workqueue_chunk(const plan_params *pp, const pkv_problem *
 
 /* ---- storage ---------------------------------------------------------------------------------- */
 static pkv_status plan_reserve(pkv_context *ctx, pkv_plan *plan, int64_t ntasks, int64_t nrows, int64_t nmerges,
-                               int64_t nphases, int64_t nspans) {
+                               int64_t nphases) {
     if (ntasks > INT32_MAX || nmerges > INT32_MAX)
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "plan would have too many tasks (%lld)", (long long)ntasks);
     size_t off_tasks = 0;
     size_t off_rows = align_up(off_tasks + (size_t)ntasks * sizeof(pkv_task), PKV_WS_ALIGN);
     size_t off_merges = align_up(off_rows + (size_t)nrows * sizeof(pkv_row_sched), PKV_WS_ALIGN);
-    size_t off_spans = align_up(off_merges + (size_t)nmerges * (sizeof(pkv_merge) + sizeof(int32_t)), PKV_WS_ALIGN);
-    size_t bytes = align_up(off_spans + (nspans > 0 ? (size_t)(nspans + 1) * sizeof(int32_t) : 0), PKV_WS_ALIGN);
+    size_t bytes = align_up(off_merges + (size_t)nmerges * (sizeof(pkv_merge) + sizeof(int32_t)), PKV_WS_ALIGN);
     if (bytes > plan->blob_cap || !plan->blob) {
         size_t cap = plan->blob_cap ? plan->blob_cap : 4096;
         while (cap < bytes) cap *= 2;
@@ -223,9 +222,7 @@ static pkv_status plan_reserve(pkv_context *ctx, pkv_plan *plan, int64_t ntasks,
     plan->tasks = (pkv_task *)((char *)plan->blob + off_tasks);
     plan->rows = (pkv_row_sched *)((char *)plan->blob + off_rows);
     plan->merges = (pkv_merge *)((char *)plan->blob + off_merges);
-    plan->off_spans = off_spans;
-    plan->spans = (int32_t *)((char *)plan->blob + off_spans);
-    plan->num_tasks = plan->num_rows = plan->num_merges = plan->num_phases = plan->num_spans = 0;
+    plan->num_tasks = plan->num_rows = plan->num_merges = plan->num_phases = 0;
     plan->max_merge_count = 0;
     return PKV_OK;
 }
@@ -334,97 +331,6 @@ static void end_phase(pkv_plan *plan) {
     ph->row_end = plan->num_rows;
 }
 
-/* A balanced work queue (pkv_plan_options.balance): the non-empty (row, KV head) pairs laid end to end
- * (row-major, heads inner; a row from the start of the page that holds its first token) and cut into at
- * most nspans spans, one per CTA, at page boundaries.  A span's work is its tokens plus
- * PKV_SPAN_TASK_BYTES of KV per task it holds (a CTA pays a pipeline start and a final combine per task).
- * Each span's share is the work left over the spans left, so what one span leaves over goes to all the
- * others, not to the last; a pair is finished in the current span when at most half a minimum chunk
- * would be left over, and a span closes when less than that much room is left.  A pair cut into k > 1
- * tasks writes k partial states (consecutive slots, token order) and gets a merge; a span's tasks are
- * consecutive in the task list.  Returns the slots used. */
-static int32_t emit_balanced(pkv_plan *plan, const plan_params *pp, const pkv_page_table *t, const int32_t *starts,
-                             const int32_t *lens, int32_t B, int64_t nspans) {
-    const pkv_problem *p = &plan->problem;
-    const int32_t hkv = p->num_kv_heads, ps = p->page_size;
-    const int64_t token_bytes = 2 * (int64_t)p->head_dim * (int64_t)pkv_dtype_size(p->dtype);
-    const int64_t seg = (PKV_SPAN_TASK_BYTES + token_bytes - 1) / token_bytes; /* tokens */
-    const int64_t half_min = ((int64_t)pp->min_chunk_pages * ps + 1) / 2;     /* tokens */
-    int64_t left = 0, pairs_left = 0; /* tokens and pairs not yet (wholly) in a span */
-    for (int32_t i = 0; i < B; i++) { /* a windowed row's tokens before its window are not work */
-        const int32_t start = starts ? starts[i] : 0;
-        if (lens[i] > 0) left += (int64_t)(start + lens[i] - pkv_row_start(p, start + lens[i])) * hkv, pairs_left += hkv;
-    }
-    int32_t slots = 0, span = 0;
-    plan->spans[0] = 0;
-    /* a span's share: the work left - tokens, a task per pair left and one per span left - over the
-     * spans left */
-    int64_t room = (left + seg * (pairs_left + nspans) + nspans - 1) / nspans;
-    for (int32_t i = 0; i < B; i++) {
-        const int32_t n = lens[i], start = starts ? starts[i] : 0;
-        const int32_t first = pkv_row_start(p, start + n); /* a window's first token */
-        pkv_row_sched *rs = &plan->rows[plan->num_rows++];
-        rs->row = i;
-        rs->seq_len = start + n;
-        rs->tok_begin = first;
-        rs->page_base = t->kv_indptr[i];
-        rs->chunk_tokens = 0;
-        rs->num_splits = 0;
-        rs->slot_base = -1;
-        for (int32_t h = 0; h < hkv && n > 0; h++) {
-            const int32_t ft = plan->num_tasks;
-            int64_t pos = first - start; /* tokens from start (page-aligned); a window's first ones skipped */
-            while (pos < n) {
-                const int64_t rem = n - pos, avail = room - seg;
-                if (span + 1 < nspans && avail < half_min && avail < rem && plan->num_tasks > plan->spans[span]) {
-                    /* not worth a task: the next span */
-                    plan->spans[++span] = plan->num_tasks;
-                    const int64_t spans_left = nspans - span;
-                    room = (left + seg * (pairs_left + spans_left) + spans_left - 1) / spans_left;
-                    continue;
-                }
-                int64_t take = rem;
-                if (span + 1 < nspans && rem > avail + half_min) { /* cut at a page boundary */
-                    const int64_t end = (pos + (avail > 1 ? avail : 1)) / ps * ps;
-                    take = (end > pos ? end : (pos / ps + 1) * ps) - pos;
-                    take = take < rem ? take : rem;
-                }
-                pkv_task *tk = &plan->tasks[plan->num_tasks++];
-                tk->row = i;
-                tk->kv_head = h;
-                tk->tok_begin = start + (int32_t)pos;
-                tk->tok_end = start + (int32_t)(pos + take);
-                tk->page_base = t->kv_indptr[i];
-                tk->state_slot = -1;
-                tk->merge = -1;
-                pos += take;
-                room = take < rem ? 0 : room - take - seg; /* a pair cut here goes on in the next span */
-                left -= take;
-            }
-            pairs_left--;
-            const int32_t count = plan->num_tasks - ft;
-            if (count > rs->num_splits) rs->num_splits = count;
-            if (count > 1) {
-                pkv_merge *m = &plan->merges[plan->num_merges];
-                m->row = i;
-                m->kv_head = h;
-                m->first_slot = slots;
-                m->count = count;
-                for (int32_t k = 0; k < count; k++) {
-                    plan->tasks[ft + k].state_slot = slots + k;
-                    plan->tasks[ft + k].merge = plan->num_merges;
-                }
-                plan->num_merges++;
-                slots += count;
-                if (count > plan->max_merge_count) plan->max_merge_count = count;
-            }
-        }
-    }
-    plan->num_spans = plan->num_tasks > 0 ? span + 1 : 0;
-    plan->spans[plan->num_spans] = plan->num_tasks;
-    return slots;
-}
-
 /* One rectangular phase (single / split / a bucket) over the given rows. */
 static int32_t emit_rect_phase(pkv_plan *plan, const plan_params *pp, const pkv_page_table *t, const int32_t *starts,
                                const int32_t *rows, int32_t nrows, int32_t S) {
@@ -487,14 +393,14 @@ static void compute_counters(pkv_plan *plan) {
         if (plan->route == PKV_ROUTE_FUSED) { /* tasks and merges in one launch */
             int32_t empties = 0;
             for (int32_t m = ph->merge_begin; m < ph->merge_end; m++) empties += plan->merges[m].count == 0;
-            c->grid_ctas += (plan->num_spans > 0 ? plan->num_spans : ph->task_end - ph->task_begin) + empties;
+            c->grid_ctas += (ph->task_end - ph->task_begin) + empties;
             c->launches += (ph->task_end > ph->task_begin || empties > 0) ? 1 : 0;
             continue;
         }
         if (ph->task_end > ph->task_begin) {
             c->launches++;
             c->grid_ctas += plan->route == PKV_ROUTE_WORKQUEUE
-                                ? (int64_t)(plan->num_spans > 0 ? plan->num_spans : ph->task_end - ph->task_begin)
+                                ? (int64_t)(ph->task_end - ph->task_begin)
                                 : (int64_t)(ph->row_end - ph->row_begin) * hkv * ph->grid_splits;
         }
         if (ph->merge_end > ph->merge_begin) c->launches++;
@@ -806,7 +712,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
             ntasks += ns * hkv;
             if (ns > 1) nmerges += hkv;
         }
-        st = plan_reserve(ctx, plan, ntasks, B, nmerges, 1, 0);
+        st = plan_reserve(ctx, plan, ntasks, B, nmerges, 1);
         if (st != PKV_OK) return st;
         slots = emit_rect_phase(plan, &pp, table, row_starts, order, B, S);
     } else if (route == PKV_ROUTE_BUCKETED) {
@@ -836,27 +742,13 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
                 if (ns != 1) nmerges += hkv;
             }
         }
-        st = plan_reserve(ctx, plan, ntasks, B, nmerges, nb, 0);
+        st = plan_reserve(ctx, plan, ntasks, B, nmerges, nb);
         if (st != PKV_OK) return st;
         for (int b = 0; b < 34; b++) {
             if (!counts[b]) continue;
             int32_t s = emit_rect_phase(plan, &pp, table, row_starts, order + starts[b], counts[b], Sb[b]);
             if (s > slots) slots = s; /* buckets run in sequence: slots are reused */
         }
-    } else if (opts.balance > 0) { /* WORKQUEUE and FUSED, balanced spans */
-        int64_t total = 0;
-        for (int32_t i = 0; i < B; i++) total += lens[i];
-        /* spans of at least a minimum chunk of work, at most one wave */
-        int64_t nspans = total * hkv / ((int64_t)pp.min_chunk_pages * problem->page_size);
-        if (nspans > pp.P) nspans = pp.P;
-        if (nspans < 1) nspans = 1;
-        const int64_t pairs = pp.nonempty * hkv;
-        st = plan_reserve(ctx, plan, pairs + nspans, B, pairs + empty * hkv, 1, nspans);
-        if (st != PKV_OK) return st;
-        begin_phase(plan, 0);
-        slots = emit_balanced(plan, &pp, table, row_starts, lens, B, nspans);
-        emit_empty_merges(plan, lens, NULL, B);
-        end_phase(plan);
     } else { /* WORKQUEUE and FUSED */
         int32_t c = wq_chunk > 0 ? wq_chunk : choose_workqueue_chunk(&pp, problem, lens, B);
         int32_t chunk_tokens = c * problem->page_size;
@@ -866,7 +758,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
             ntasks += ns * hkv;
             if (ns > 1) nmerges += hkv;
         }
-        st = plan_reserve(ctx, plan, ntasks, B, nmerges, 1, 0);
+        st = plan_reserve(ctx, plan, ntasks, B, nmerges, 1);
         if (st != PKV_OK) return st;
         begin_phase(plan, 0);
         for (int32_t i = 0; i < B; i++)
@@ -977,8 +869,7 @@ pkv_status pkv_workspace_size(pkv_context *ctx, const pkv_problem *problem, int3
     int64_t tasks = slots + (int64_t)(max_batch < 34 ? max_batch : 34) * P + (int64_t)max_batch * hkv;
     size_t blob = align_up((size_t)tasks * sizeof(pkv_task), PKV_WS_ALIGN) +
                   align_up((size_t)max_batch * sizeof(pkv_row_sched), PKV_WS_ALIGN) +
-                  align_up((size_t)max_batch * hkv * (sizeof(pkv_merge) + sizeof(int32_t)), PKV_WS_ALIGN) +
-                  align_up((size_t)(P + 1) * sizeof(int32_t), PKV_WS_ALIGN); /* a balanced plan's spans */
+                  align_up((size_t)max_batch * hkv * (sizeof(pkv_merge) + sizeof(int32_t)), PKV_WS_ALIGN);
     size_t so = align_up((size_t)slots * G * problem->head_dim * sizeof(float), PKV_WS_ALIGN);
     size_t sl = align_up((size_t)slots * G * sizeof(float), PKV_WS_ALIGN);
     *bytes = blob + so + sl + PKV_WS_ALIGN;
@@ -990,11 +881,6 @@ pkv_route pkv_plan_route(const pkv_plan *p) { return p ? p->route : PKV_ROUTE_AU
 const pkv_counters *pkv_plan_counters(const pkv_plan *p) { return p ? &p->counters : NULL; }
 int32_t pkv_plan_num_tasks(const pkv_plan *p) { return p ? p->num_tasks : 0; }
 const pkv_task *pkv_plan_tasks(const pkv_plan *p) { return p ? p->tasks : NULL; }
-const int32_t *pkv_plan_spans(const pkv_plan *p, int32_t *num_spans) {
-    const int32_t n = p ? p->num_spans : 0;
-    if (num_spans) *num_spans = n;
-    return n > 0 ? p->spans : NULL;
-}
 int32_t pkv_plan_num_merges(const pkv_plan *p) { return p ? p->num_merges : 0; }
 const pkv_merge *pkv_plan_merges(const pkv_plan *p) { return p ? p->merges : NULL; }
 int32_t pkv_plan_num_phases(const pkv_plan *p) { return p ? p->num_phases : 0; }

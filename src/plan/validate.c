@@ -75,14 +75,6 @@ pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens, cons
         mb = ph->merge_end;
     }
     if (tb != nt || mb != plan->num_merges) BAD("phases do not cover the task and merge lists");
-    /* a balanced plan's spans: CTAs that cover the task list in order, none empty */
-    if (plan->num_spans > 0) {
-        if ((plan->route != PKV_ROUTE_WORKQUEUE && plan->route != PKV_ROUTE_FUSED) || plan->num_phases != 1)
-            BAD("spans in a plan of route %s with %d phases", pkv_route_name(plan->route), plan->num_phases);
-        if (plan->spans[0] != 0 || plan->spans[plan->num_spans] != nt) BAD("spans do not cover the %d tasks", nt);
-        for (int32_t s = 0; s < plan->num_spans; s++)
-            if (plan->spans[s + 1] <= plan->spans[s]) BAD("span %d is empty or out of order", s);
-    }
 
     for (int32_t k = 0; k < nt; k++) {
         const pkv_task *t = &plan->tasks[k];
