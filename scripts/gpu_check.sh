@@ -14,7 +14,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build="$root/build-gpu"
 jobs=$(nproc 2>/dev/null || echo 8)
 status=0
-say() { printf '\n== %s\n' "$*"; }
+say() { printf '\n== %s  [%d s]\n' "$*" "$SECONDS"; }
 
 say "build (CUDA, sm_90a for this machine)"
 arch=${PKV_CUDA_ARCH:-90a-real}
@@ -27,7 +27,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --f
 
 say "tests (ctest: CPU and GPU)"
 cases=60; [ $quick = 1 ] && cases=20
-if ! PKV_TEST_CASES=$cases ctest --test-dir "$build" --output-on-failure >"$log/tests.log" 2>&1; then status=1; fi
+# in parallel: the CPU tests (test_fuzz ~50 s) run beside test_cuda, so the whole check fits one 10-minute call
+if ! PKV_TEST_CASES=$cases ctest --test-dir "$build" -j 6 --output-on-failure >"$log/tests.log" 2>&1; then status=1; fi
 grep -E "tests passed|Passed|Failed|SKIP|passed, " "$log/tests.log" | tail -n 20
 "$build/pkv" check --backend cuda --count $((cases / 2)) 2>/dev/null | tail -n 5 | tee -a "$log/tests.log" || status=1
 # the register kernels where sm_90 runs the tensor-copy kernel (PKV_DECODE_TMA=0), the opt-in
@@ -105,6 +106,7 @@ if [ -n "${PKV_COMPARE_VARIANT:-}" ]; then
 fi
 
 say "summary"
+echo "elapsed: $SECONDS s"
 cat "$log/gpu.txt" "$log/build.log" "$log/tests.log" "$log/sanitizer.log" "$log/bench.log" >"$out/log.txt" 2>/dev/null
 python3 "$root/scripts/summarize.py" "$out" "$log"/trace_*.json || true
 exit $status
