@@ -172,33 +172,65 @@ static void score_option_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     }
 }
 
-/* The same plan twice, and as a captured CUDA graph: bitwise identical outputs. */
-static void repeat_and_graph(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
+/* A case's tensors on the device: q, K, V and the page ids uploaded, o and lse allocated. */
+typedef struct dev_case {
+    void *q, *k, *v, *o, *lse, *idx;
+    size_t qb, kvb, lb, ib; /* bytes of q and o, of K and of V, of lse, of the page ids */
+} dev_case;
+
+static bool dev_case_upload(pkv_context *ctx, const pkv_test_case *tc, dev_case *d) {
+    memset(d, 0, sizeof *d);
+    d->qb = (size_t)tc->q_elems * 2, d->kvb = (size_t)tc->kv_elems * 2, d->lb = (size_t)tc->lse_elems * 4;
+    d->ib = (size_t)tc->kv_indptr[tc->batch_size] * 4;
+    CHECK_OK(pkv_dev_malloc(ctx, d->qb, &d->q));
+    CHECK_OK(pkv_dev_malloc(ctx, d->kvb, &d->k));
+    CHECK_OK(pkv_dev_malloc(ctx, d->kvb, &d->v));
+    CHECK_OK(pkv_dev_malloc(ctx, d->qb, &d->o));
+    CHECK_OK(pkv_dev_malloc(ctx, d->lb, &d->lse));
+    CHECK_OK(pkv_dev_malloc(ctx, d->ib, &d->idx));
+    if (!d->q || !d->k || !d->v || !d->o || !d->lse || !d->idx) return false;
+    CHECK_OK(pkv_dev_copy_h2d(ctx, d->q, tc->q, d->qb));
+    CHECK_OK(pkv_dev_copy_h2d(ctx, d->k, tc->k_cache, d->kvb));
+    CHECK_OK(pkv_dev_copy_h2d(ctx, d->v, tc->v_cache, d->kvb));
+    CHECK_OK(pkv_dev_copy_h2d(ctx, d->idx, tc->kv_page_indices, d->ib));
+    return true;
+}
+
+static void dev_case_free(pkv_context *ctx, dev_case *d) {
+    void *bufs[] = {d->q, d->k, d->v, d->o, d->lse, d->idx};
+    for (size_t i = 0; i < 6; i++) pkv_dev_free(ctx, bufs[i]);
+}
+
+/* The paper shape on rows of 9000, 300, 0, 1 and 4500 tokens (split, short, empty and one-token rows). */
+static bool mixed_case(pkv_rng *rng, pkv_test_case *tc) {
     pkv_problem p;
     pkv_problem_default(&p);
     int32_t lens[5] = {9000, 300, 0, 1, 4500};
+    CHECK(pkv_test_case_build(rng, &p, 5, lens, 0.1, 1, tc));
+    return tc->ok != 0;
+}
+
+/* The same plan twice, and as a captured CUDA graph: bitwise identical outputs. */
+static void repeat_and_graph(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     pkv_test_case tc;
-    CHECK(pkv_test_case_build(rng, &p, 5, lens, 0.1, 1, &tc));
-    if (!tc.ok) return;
+    if (!mixed_case(rng, &tc)) return;
     pkv_plan_options opts;
     pkv_plan_options_default(&opts);
     opts.route = PKV_ROUTE_WORKQUEUE;
     CHECK_OK(pkv_plan_step(ctx, &tc.problem, &tc.table, &opts, plan));
-    size_t qb = (size_t)tc.q_elems * 2, kvb = (size_t)tc.kv_elems * 2, lb = (size_t)tc.lse_elems * 4;
-    size_t ib = (size_t)tc.kv_indptr[tc.batch_size] * 4, wsb = pkv_plan_workspace_size(plan);
-    void *q, *k, *v, *o, *lse, *idx, *ws;
-    CHECK_OK(pkv_dev_malloc(ctx, qb, &q));
-    CHECK_OK(pkv_dev_malloc(ctx, kvb, &k));
-    CHECK_OK(pkv_dev_malloc(ctx, kvb, &v));
-    CHECK_OK(pkv_dev_malloc(ctx, qb, &o));
-    CHECK_OK(pkv_dev_malloc(ctx, lb, &lse));
-    CHECK_OK(pkv_dev_malloc(ctx, ib, &idx));
+    const size_t wsb = pkv_plan_workspace_size(plan);
+    dev_case dc;
+    void *ws = NULL;
     CHECK_OK(pkv_dev_malloc(ctx, wsb, &ws));
-    pkv_dev_copy_h2d(ctx, q, tc.q, qb);
-    pkv_dev_copy_h2d(ctx, k, tc.k_cache, kvb);
-    pkv_dev_copy_h2d(ctx, v, tc.v_cache, kvb);
-    pkv_dev_copy_h2d(ctx, idx, tc.kv_page_indices, ib);
-    pkv_tensors t = {q, k, v, (const int32_t *)idx, o, (float *)lse, 0};
+    if (!dev_case_upload(ctx, &tc, &dc) || !ws) {
+        dev_case_free(ctx, &dc);
+        pkv_dev_free(ctx, ws);
+        pkv_test_case_free(&tc);
+        return;
+    }
+    void *q = dc.q, *o = dc.o, *lse = dc.lse;
+    const size_t qb = dc.qb, lb = dc.lb;
+    pkv_tensors t = {q, dc.k, dc.v, (const int32_t *)dc.idx, o, (float *)lse, 0};
     uint16_t *o1 = (uint16_t *)malloc(qb), *o2 = (uint16_t *)malloc(qb), *o3 = (uint16_t *)malloc(qb);
     float *l1 = (float *)malloc(lb), *l3 = (float *)malloc(lb);
     pkv_dev_memset(ctx, o, 0xff, qb);
@@ -226,12 +258,12 @@ static void repeat_and_graph(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     CHECK(pkv_test_rel_l2(&tc) < 2e-3);
     /* a workspace too small is refused, and a page stride the 16-byte accesses cannot take */
     CHECK_STATUS(pkv_run(ctx, plan, ws, wsb - 1, &t, NULL), PKV_ERR_WORKSPACE_TOO_SMALL);
-    t.kv_page_stride = (int64_t)p.page_size * p.num_kv_heads * p.head_dim + 4;
+    t.kv_page_stride = (int64_t)tc.problem.page_size * tc.problem.num_kv_heads * tc.problem.head_dim + 4;
     CHECK_STATUS(pkv_run(ctx, plan, ws, wsb, &t, NULL), PKV_ERR_INVALID_ARGUMENT);
     t.kv_page_stride = 0;
     free(o1), free(o2), free(o3), free(l1), free(l3);
-    void *bufs[] = {q, k, v, o, lse, idx, ws};
-    for (size_t i = 0; i < 7; i++) pkv_dev_free(ctx, bufs[i]);
+    dev_case_free(ctx, &dc);
+    pkv_dev_free(ctx, ws);
     pkv_test_case_free(&tc);
 }
 
@@ -239,25 +271,17 @@ static void repeat_and_graph(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
  * at once, spins 20 us, then writes new values.  A run whose kernels touched q (or the outputs) before
  * their dependency wait would use the old q; with PDL off (pdl = 0) the same runs in stream order. */
 static void behind_a_producer(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng, const char *what) {
-    pkv_problem p;
-    pkv_problem_default(&p);
-    int32_t lens[5] = {9000, 300, 0, 1, 4500};
     pkv_test_case tc;
-    CHECK(pkv_test_case_build(rng, &p, 5, lens, 0.1, 1, &tc));
-    if (!tc.ok) return;
-    size_t qb = (size_t)tc.q_elems * 2, kvb = (size_t)tc.kv_elems * 2, lb = (size_t)tc.lse_elems * 4;
-    size_t ib = (size_t)tc.kv_indptr[tc.batch_size] * 4;
-    void *q = NULL, *k = NULL, *v = NULL, *o = NULL, *lse = NULL, *idx = NULL;
-    CHECK_OK(pkv_dev_malloc(ctx, qb, &q));
-    CHECK_OK(pkv_dev_malloc(ctx, kvb, &k));
-    CHECK_OK(pkv_dev_malloc(ctx, kvb, &v));
-    CHECK_OK(pkv_dev_malloc(ctx, qb, &o));
-    CHECK_OK(pkv_dev_malloc(ctx, lb, &lse));
-    CHECK_OK(pkv_dev_malloc(ctx, ib, &idx));
-    pkv_dev_copy_h2d(ctx, k, tc.k_cache, kvb);
-    pkv_dev_copy_h2d(ctx, v, tc.v_cache, kvb);
-    pkv_dev_copy_h2d(ctx, idx, tc.kv_page_indices, ib);
-    pkv_tensors t = {q, k, v, (const int32_t *)idx, o, (float *)lse, 0};
+    if (!mixed_case(rng, &tc)) return;
+    dev_case dc;
+    if (!dev_case_upload(ctx, &tc, &dc)) {
+        dev_case_free(ctx, &dc);
+        pkv_test_case_free(&tc);
+        return;
+    }
+    void *q = dc.q, *o = dc.o, *lse = dc.lse;
+    const size_t qb = dc.qb, lb = dc.lb;
+    pkv_tensors t = {q, dc.k, dc.v, (const int32_t *)dc.idx, o, (float *)lse, 0};
     for (size_t r = 0; r < sizeof routes / sizeof routes[0]; r++) {
         pkv_plan_options opts;
         pkv_plan_options_default(&opts);
@@ -268,11 +292,11 @@ static void behind_a_producer(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng, co
         CHECK_OK(pkv_dev_malloc(ctx, wsb, &ws));
         if (!ws) break;
         CHECK_OK(pkv_plan_upload(ctx, plan, ws, wsb, NULL));
-        CHECK_OK(pkv_dev_fill_random(ctx, q, tc.q_elems, p.dtype, 1000 + r)); /* the old q */
+        CHECK_OK(pkv_dev_fill_random(ctx, q, tc.q_elems, tc.problem.dtype, 1000 + r)); /* the old q */
         CHECK_OK(pkv_dev_memset(ctx, o, 0xff, qb));
         CHECK_OK(pkv_dev_memset(ctx, lse, 0xff, lb));
         CHECK_OK(pkv_dev_synchronize(ctx));
-        CHECK_OK(pkv_dev_fill_random_late(ctx, q, tc.q_elems, p.dtype, 2000 + r, 20000));
+        CHECK_OK(pkv_dev_fill_random_late(ctx, q, tc.q_elems, tc.problem.dtype, 2000 + r, 20000));
         CHECK_OK(pkv_run(ctx, plan, ws, wsb, &t, NULL));
         CHECK_OK(pkv_dev_synchronize(ctx));
         pkv_dev_copy_d2h(ctx, tc.q, q, qb); /* the new q: the reference's */
@@ -285,8 +309,7 @@ static void behind_a_producer(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng, co
                   what, pkv_route_name(routes[r]), err, lerr, (long long)unwritten);
         pkv_dev_free(ctx, ws);
     }
-    void *bufs[] = {q, k, v, o, lse, idx};
-    for (size_t i = 0; i < 6; i++) pkv_dev_free(ctx, bufs[i]);
+    dev_case_free(ctx, &dc);
     pkv_test_case_free(&tc);
 }
 

@@ -108,9 +108,40 @@ double median(std::vector<double> v) {
 
 constexpr int64_t kSpinNs = 30000;
 
-// Times one kernel like a step (CUDA events around each run, the runs queued in batches of 16
-// behind a spin) at three grid sizes - 2, 4 and 8 CTAs per SM, each capped at max_grid - and writes
-// the best of the three medians over reps.  launch(grid, r) enqueues run r; what names it in errors.
+// Times reps runs the way every step is timed here: CUDA events around each run on the default stream,
+// the runs queued in batches of 16 behind a spin so that the host's enqueueing is off the clock.
+// enqueue(r) queues run r and returns PKV_OK or why it could not; samples_us[r] is run r's time;
+// what names the runs in errors.
+template <typename Enqueue>
+pkv_status time_runs(pkv_context *ctx, int32_t reps, const char *what, Enqueue enqueue, double *samples_us) {
+    std::vector<cudaEvent_t> ev(2 * (size_t)reps);
+    for (auto &e : ev) PKV_CUDA_TRY(ctx, cudaEventCreate(&e));
+    pkv_status result = PKV_OK;
+    for (int32_t r = 0; r < reps && result == PKV_OK; r++) {
+        if (r % 16 == 0) {
+            spin_kernel<<<1, 1>>>(kSpinNs * 4);
+            if (cudaGetLastError() != cudaSuccess) result = pkv_fail(ctx, PKV_ERR_CUDA, "spin launch failed");
+        }
+        cudaEventRecord(ev[2 * r], nullptr);
+        if (result == PKV_OK) result = enqueue(r);
+        cudaEventRecord(ev[2 * r + 1], nullptr);
+    }
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess && result == PKV_OK)
+        result = pkv_fail(ctx, PKV_ERR_CUDA, "%s failed: %s", what, cudaGetErrorString(e));
+    for (int32_t r = 0; r < reps && result == PKV_OK; r++) {
+        float ms = 0;
+        e = cudaEventElapsedTime(&ms, ev[2 * r], ev[2 * r + 1]);
+        if (e != cudaSuccess) result = pkv_fail(ctx, PKV_ERR_CUDA, "event timing failed: %s", cudaGetErrorString(e));
+        samples_us[r] = ms * 1000.0;
+    }
+    for (auto &x : ev) cudaEventDestroy(x);
+    return result;
+}
+
+// Times one kernel like a step (time_runs) at three grid sizes - 2, 4 and 8 CTAs per SM, each capped at
+// max_grid - and writes the best of the three medians over reps.  launch(grid, r) enqueues run r; what
+// names it in errors.
 template <typename Launch>
 pkv_status best_median_over_grids(pkv_context *ctx, int32_t reps, int64_t max_grid, const char *what, Launch launch,
                                   double *median_us) {
@@ -119,33 +150,21 @@ pkv_status best_median_over_grids(pkv_context *ctx, int32_t reps, int64_t max_gr
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
     const int grids[3] = {sms * 2, sms * 4, sms * 8};
     double best = 1e30;
-    std::vector<cudaEvent_t> ev(2 * (size_t)reps);
-    for (auto &e : ev) PKV_CUDA_TRY(ctx, cudaEventCreate(&e));
-    pkv_status result = PKV_OK;
-    for (int gi = 0; gi < 3 && result == PKV_OK; gi++) {
+    std::vector<double> t(reps);
+    for (int gi = 0; gi < 3; gi++) {
         const int grid = (int)std::min<int64_t>(grids[gi], max_grid);
-        for (int32_t r = 0; r < reps; r++) {
-            if (r % 16 == 0) spin_kernel<<<1, 1>>>(kSpinNs * 4);
-            cudaEventRecord(ev[2 * r], nullptr);
-            launch(grid, r);
-            cudaEventRecord(ev[2 * r + 1], nullptr);
-        }
-        cudaError_t e = cudaDeviceSynchronize();
-        if (e != cudaSuccess) {
-            result = pkv_fail(ctx, PKV_ERR_CUDA, "%s kernel failed: %s", what, cudaGetErrorString(e));
-            break;
-        }
-        std::vector<double> t(reps);
-        for (int32_t r = 0; r < reps; r++) {
-            float ms = 0;
-            cudaEventElapsedTime(&ms, ev[2 * r], ev[2 * r + 1]);
-            t[r] = ms * 1000.0;
-        }
+        const pkv_status st = time_runs(
+            ctx, reps, what,
+            [&](int32_t r) {
+                launch(grid, r);
+                return cudaGetLastError() == cudaSuccess ? PKV_OK : pkv_fail(ctx, PKV_ERR_CUDA, "%s launch failed", what);
+            },
+            t.data());
+        if (st != PKV_OK) return st;
         best = std::min(best, median(t));
     }
-    for (auto &x : ev) cudaEventDestroy(x);
     *median_us = best;
-    return result;
+    return PKV_OK;
 }
 
 } // namespace
@@ -228,31 +247,13 @@ pkv_status pkv_dev_time_plan(pkv_context *ctx, const pkv_plan *plan, void *ws, s
         st = pkv_run(ctx, plan, ws, ws_bytes, &t, nullptr);
         if (st != PKV_OK) return st;
     }
-    std::vector<cudaEvent_t> ev(2 * (size_t)reps);
-    for (auto &e : ev) PKV_CUDA_TRY(ctx, cudaEventCreate(&e));
-    pkv_status result = PKV_OK;
-    // Batches of 16 runs behind one spin, so the queue never drains while the host launches.
-    for (int32_t r = 0; r < reps && result == PKV_OK; r++) {
-        if (r % 16 == 0) {
-            spin_kernel<<<1, 1>>>(kSpinNs * 4);
-            if (cudaGetLastError() != cudaSuccess) result = pkv_fail(ctx, PKV_ERR_CUDA, "spin launch failed");
-        }
-        if (nsets > 0) t.kv_page_indices = page_sets[(warmup + r) % nsets];
-        cudaEventRecord(ev[2 * r], nullptr);
-        if (result == PKV_OK) result = pkv_run(ctx, plan, ws, ws_bytes, &t, nullptr);
-        cudaEventRecord(ev[2 * r + 1], nullptr);
-    }
-    cudaError_t e = cudaDeviceSynchronize();
-    if (e != cudaSuccess && result == PKV_OK)
-        result = pkv_fail(ctx, PKV_ERR_CUDA, "timed runs failed: %s", cudaGetErrorString(e));
-    for (int32_t r = 0; r < reps && result == PKV_OK; r++) {
-        float ms = 0;
-        e = cudaEventElapsedTime(&ms, ev[2 * r], ev[2 * r + 1]);
-        if (e != cudaSuccess) result = pkv_fail(ctx, PKV_ERR_CUDA, "event timing failed: %s", cudaGetErrorString(e));
-        samples_us[r] = ms * 1000.0;
-    }
-    for (auto &x : ev) cudaEventDestroy(x);
-    return result;
+    return time_runs(
+        ctx, reps, "timed runs",
+        [&](int32_t r) {
+            if (nsets > 0) t.kv_page_indices = page_sets[(warmup + r) % nsets];
+            return pkv_run(ctx, plan, ws, ws_bytes, &t, nullptr);
+        },
+        samples_us);
 }
 
 pkv_status pkv_dev_time_plan_behind(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_bytes,
@@ -276,37 +277,23 @@ pkv_status pkv_dev_time_plan_behind(pkv_context *ctx, const pkv_plan *plan, void
         st = pkv_run(ctx, plan, ws, ws_bytes, &t, nullptr);
     }
     if (st != PKV_OK) return st;
-    std::vector<cudaEvent_t> ev(2 * (size_t)reps);
-    for (auto &e : ev) PKV_CUDA_TRY(ctx, cudaEventCreate(&e));
-    pkv_status result = PKV_OK;
-    std::vector<double> alone, pair;
-    // pass 0: the producer alone; pass 1: producer then the step, events around the pair
-    for (int pass = 0; pass < 2 && result == PKV_OK; pass++) {
-        for (int32_t r = 0; r < reps && result == PKV_OK; r++) {
-            if (r % 16 == 0) spin_kernel<<<1, 1>>>(kSpinNs * 4);
-            if (nsets > 0) t.kv_page_indices = page_sets[(warmup + r) % nsets];
-            cudaEventRecord(ev[2 * r], nullptr);
-            producer_kernel<<<grid, 256>>>(q, n32, 0u, trigger);
-            if (cudaGetLastError() != cudaSuccess) result = pkv_fail(ctx, PKV_ERR_CUDA, "producer launch failed");
-            if (pass == 1 && result == PKV_OK) result = pkv_run(ctx, plan, ws, ws_bytes, &t, nullptr);
-            cudaEventRecord(ev[2 * r + 1], nullptr);
-        }
-        cudaError_t e = cudaDeviceSynchronize();
-        if (e != cudaSuccess && result == PKV_OK)
-            result = pkv_fail(ctx, PKV_ERR_CUDA, "timed runs failed: %s", cudaGetErrorString(e));
-        for (int32_t r = 0; r < reps && result == PKV_OK; r++) {
-            float ms = 0;
-            e = cudaEventElapsedTime(&ms, ev[2 * r], ev[2 * r + 1]);
-            if (e != cudaSuccess) result = pkv_fail(ctx, PKV_ERR_CUDA, "event timing failed: %s", cudaGetErrorString(e));
-            (pass ? pair : alone).push_back(ms * 1000.0);
-        }
+    // pass 0: the producer alone; pass 1: the producer, then the step (events around the pair)
+    std::vector<double> samples[2] = {std::vector<double>(reps), std::vector<double>(reps)};
+    for (int pass = 0; pass < 2 && st == PKV_OK; pass++)
+        st = time_runs(
+            ctx, reps, "timed runs behind a producer",
+            [&](int32_t r) {
+                if (nsets > 0) t.kv_page_indices = page_sets[(warmup + r) % nsets];
+                producer_kernel<<<grid, 256>>>(q, n32, 0u, trigger);
+                if (cudaGetLastError() != cudaSuccess) return pkv_fail(ctx, PKV_ERR_CUDA, "producer launch failed");
+                return pass == 1 ? pkv_run(ctx, plan, ws, ws_bytes, &t, nullptr) : PKV_OK;
+            },
+            samples[pass].data());
+    if (st == PKV_OK) {
+        *producer_us = median(samples[0]);
+        *pair_us = median(samples[1]);
     }
-    for (auto &x : ev) cudaEventDestroy(x);
-    if (result == PKV_OK) {
-        *producer_us = median(alone);
-        *pair_us = median(pair);
-    }
-    return result;
+    return st;
 }
 
 pkv_status pkv_dev_time_read(pkv_context *ctx, const void *buf, size_t buf_bytes, size_t bytes, int32_t reps,
