@@ -159,6 +159,17 @@ def test_routes_match_reference(cpus, route, group, layout, dtype, ps):
     assert_close(o, lse, ref_of(p), dtype, LENS)
 
 
+def test_pdl_option():
+    # the library's default launches with PDL; pdl=False reaches the context (CPU: no launches to order)
+    cfg = _lib.ContextConfig()
+    _lib.lib.pkv_context_config_default(ctypes.byref(cfg))
+    assert cfg.pdl == 1
+    w = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cpu", num_threads=1, pdl=False)
+    p = make_problem(5, LENS, hq=8, hkv=2)
+    plan(w, p, route="fused", **SPLITTY)
+    assert_close(w.run(p["q"], p["k"], p["v"]), None, ref_of(p), "float16", LENS)
+
+
 @pytest.mark.parametrize("d", [128, 256])
 def test_head_dims_default_options(cpu, d):
     p = make_problem(d, [5, 0, 300, 64], hq=8, hkv=2, d=d)
