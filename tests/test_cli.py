@@ -32,6 +32,9 @@ for cmd in ("trace", "bench", "check"):
 run("nonsense", rc=2)
 run("bench", "--no-such-option", "1", rc=2)
 run("trace", "--family", "nope", rc=2)
+run("bench", "--backend", "cpu", "--lens", "5", "--pdl", "2", rc=2)
+p = run("bench", "--backend", "cpu", "--lens", "64", "--reps", "1", "--wall-reps", "1", "--pdl", "0", "--behind-producer")
+check("ignored on the CPU backend" in p.stderr and "| lens |" in p.stdout, "--behind-producer on the CPU: " + p.stderr[-200:])
 
 out = run("trace", "--family", "bimodal", "--seed", "20260623", "--show", "2").stdout
 check("checksum e54cc4d234228ff6" in out and "48 steps" in out, "bimodal trace checksum: " + out[:200])

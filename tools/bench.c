@@ -902,6 +902,7 @@ int cmd_bench(int argc, char **argv) {
     o.check = !cli_flag(argc, argv, "--no-check");
     o.kv_interleaved = cli_flag(argc, argv, "--kv-interleaved");
     o.behind = cli_flag(argc, argv, "--behind-producer");
+    if (o.behind && !o.cuda) fprintf(stderr, "pkv bench: --behind-producer times CUDA launches; ignored on the CPU backend\n");
     o.ctas_per_unit = (int32_t)cli_opt_int(argc, argv, "--ctas-per-unit", 0);
     o.min_chunk = (int32_t)cli_opt_int(argc, argv, "--min-chunk", 0);
     o.parallelism = (int32_t)cli_opt_int(argc, argv, "--parallelism", 0);
