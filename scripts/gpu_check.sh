@@ -23,6 +23,12 @@ if ! { cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCH
   tail -n 40 "$log/build.log"; cat "$log/build.log" >"$out/log.txt"; echo "build failed"; exit 1
 fi
 grep -E "spill|warning" "$log/build.log" | head -n 20
+if [ $quick = 0 ]; then
+  # the compute_80 PTX build of the portability check, in the background while the tests run
+  { cmake -S "$root" -B "$root/build-ptx80" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=80-virtual &&
+    cmake --build "$root/build-ptx80" -j "$(( (jobs + 1) / 2 ))" --target test_cuda; } >"$log/build_ptx80.log" 2>&1 &
+  ptx80_build=$!
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>/dev/null | tee "$log/gpu.txt"
 
 say "tests (ctest: CPU and GPU)"
@@ -45,8 +51,7 @@ done
 if [ $quick = 0 ]; then
   say "portability: compute_80 PTX alone, JIT-compiled for this GPU (tensor copies and PDL must switch off)"
   # what a build for older GPUs does on this one: the sm_90 kernels' bodies are compiled out there
-  if { cmake -S "$root" -B "$root/build-ptx80" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=80-virtual &&
-       cmake --build "$root/build-ptx80" -j "$jobs" --target test_cuda; } >"$log/build_ptx80.log" 2>&1; then
+  if wait "$ptx80_build"; then
     PKV_TEST_CASES=$((cases / 3)) timeout 400 "$root/build-ptx80/tests/test_cuda" >"$log/ptx80.log" 2>&1 || status=1
     grep -E "^device:" "$log/ptx80.log" | head -n 1
     echo "compute_80 PTX: $(tail -n 1 "$log/ptx80.log")" | tee -a "$log/tests.log"
