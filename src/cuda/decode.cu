@@ -1167,15 +1167,18 @@ struct launch_cfg {
         cfg.attrs = attr;
         cfg.numAttrs = pdl ? 1 : 0;
     }
+    // launches kernel(args...) with this configuration: the launch's error, else the last one
+    template <typename... Params, typename... Args> cudaError_t launch(void (*kernel)(Params...), Args &&...args) {
+        const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, static_cast<Args &&>(args)...);
+        return e != cudaSuccess ? e : cudaGetLastError();
+    }
 };
 
 template <typename T, int D>
 static cudaError_t launch_decode(kernel_kind kind, const decode_params &p, dim3 grid, cudaStream_t stream, bool pdl) {
     int smem = 0;
     const decode_fn f = kernel_of<T, D>(kind, &smem);
-    launch_cfg lc(grid, smem, stream, pdl);
-    const cudaError_t e = cudaLaunchKernelEx(&lc.cfg, f, p);
-    return e != cudaSuccess ? e : cudaGetLastError();
+    return launch_cfg(grid, smem, stream, pdl).launch(f, p);
 }
 
 // The tensor-copy kernel on a grid (two n-tiles of heads for G > 8; tma_maps_for hands d = 256 no maps there).
@@ -1183,14 +1186,9 @@ template <typename T, int D>
 static cudaError_t launch_decode_tma(const decode_params &p, const tma_maps &maps, dim3 grid, cudaStream_t stream,
                                      bool pdl) {
     launch_cfg lc(grid, tma_smem_bytes<D>(p.stages), stream, pdl);
-    cudaError_t e;
-    if (p.group <= 8) {
-        e = cudaLaunchKernelEx(&lc.cfg, decode_kernel_tma<T, D, 1>, p, maps);
-    } else {
-        if constexpr (D > 128) return cudaErrorInvalidValue;
-        else e = cudaLaunchKernelEx(&lc.cfg, decode_kernel_tma<T, D, 2>, p, maps);
-    }
-    return e != cudaSuccess ? e : cudaGetLastError();
+    if (p.group <= 8) return lc.launch(decode_kernel_tma<T, D, 1>, p, maps);
+    if constexpr (D > 128) return cudaErrorInvalidValue;
+    else return lc.launch(decode_kernel_tma<T, D, 2>, p, maps);
 }
 
 template <typename T, int D> static int resident_ctas_d(kernel_kind kind) {
@@ -1329,10 +1327,7 @@ static bool tma_maps_for(const pkv_plan *plan, const pkv_tensors *t, const pkv_k
 template <typename T, int D>
 static cudaError_t launch_merge(const merge_params &p, int32_t n, cudaStream_t stream, bool pdl, bool per_head) {
     launch_cfg lc(dim3(per_head ? (unsigned)n * (unsigned)p.group : (unsigned)n), 0, stream, pdl);
-    cudaError_t e = per_head ? cudaLaunchKernelEx(&lc.cfg, merge_kernel<T, D>, p)
-                             : cudaLaunchKernelEx(&lc.cfg, merge_kernel_row<T, D>, p);
-    if (e != cudaSuccess) return e;
-    return cudaGetLastError();
+    return per_head ? lc.launch(merge_kernel<T, D>, p) : lc.launch(merge_kernel_row<T, D>, p);
 }
 
 // The merge kernel of a plan: a CTA per (merge, query head) when a CTA per merge would take 3 or more
