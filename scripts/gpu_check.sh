@@ -18,46 +18,58 @@ say() { printf '\n== %s  [%d s]\n' "$*" "$SECONDS"; }
 
 say "build (CUDA, sm_90a for this machine)"
 arch=${PKV_CUDA_ARCH:-90a-real}
+cases=60; [ $quick = 1 ] && cases=20
 if ! { cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES="$arch" &&
        cmake --build "$build" -j "$jobs"; } >"$log/build.log" 2>&1; then
   tail -n 40 "$log/build.log"; cat "$log/build.log" >"$out/log.txt"; echo "build failed"; exit 1
 fi
 grep -E "spill|warning" "$log/build.log" | head -n 20
 if [ $quick = 0 ]; then
-  # the compute_80 PTX build of the portability check, in the background while the tests run
+  # the portability check in the background while the tests run: the compute_80 PTX build, then its
+  # test_cuda JIT-compiled for this GPU (what a build for older GPUs does on this one: the sm_90
+  # kernels' bodies are compiled out there)
   { cmake -S "$root" -B "$root/build-ptx80" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=80-virtual &&
-    cmake --build "$root/build-ptx80" -j "$(( (jobs + 1) / 2 ))" --target test_cuda; } >"$log/build_ptx80.log" 2>&1 &
-  ptx80_build=$!
+    cmake --build "$root/build-ptx80" -j "$(( (jobs + 1) / 2 ))" --target test_cuda; } >"$log/build_ptx80.log" 2>&1 &&
+    PKV_TEST_CASES=$((cases / 3)) timeout 400 "$root/build-ptx80/tests/test_cuda" >"$log/ptx80.log" 2>&1 &
+  ptx80_run=$!
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>/dev/null | tee "$log/gpu.txt"
 
-say "tests (ctest: CPU and GPU)"
-cases=60; [ $quick = 1 ] && cases=20
-# in parallel: the CPU tests (test_fuzz ~50 s) run beside test_cuda, so the whole check fits one 10-minute call
+say "tests (ctest: CPU and GPU; then pkv check and test_cuda in each setting side by side)"
+# ctest -j 6: the CPU tests (test_fuzz ~70 s) run beside test_cuda
 if ! PKV_TEST_CASES=$cases ctest --test-dir "$build" -j 6 --output-on-failure >"$log/tests.log" 2>&1; then status=1; fi
 grep -E "tests passed|Passed|Failed|SKIP|passed, " "$log/tests.log" | tail -n 20
-"$build/pkv" check --backend cuda --count $((cases / 2)) 2>/dev/null | tail -n 5 | tee -a "$log/tests.log" || status=1
-# the register kernels where sm_90 runs the tensor-copy kernel (PKV_DECODE_TMA=0), the opt-in
-# two-tiles-in-flight variant (off by default) and both merge kernels (the default picks one per plan
-# by the merges' width) stay checked
-# (and the tensor-copy kernel with a forced 3-stage ring: one CTA per SM at d = 256, 2 at d = 128)
-for setting in PKV_DECODE_TMA=0 PKV_DECODE_TMA=0,PKV_DECODE_DEEP=1 PKV_MERGE_KERNEL=head PKV_MERGE_KERNEL=row \
-               PKV_TMA_STAGES=3; do
-  echo "$setting: $(env ${setting//,/ } PKV_TEST_CASES=$((cases / 3)) "$build/tests/test_cuda" 2>&1 | tail -n 1)" |
-    tee -a "$log/tests.log"
-  grep -q "$setting: test_cuda: .* 0 failed" "$log/tests.log" || status=1
+# then, as concurrent processes on the one GPU (correctness runs, nothing timed; ~65 s together instead of
+# ~270 s one after the other): pkv check; test_cuda with the register kernels where sm_90 runs the
+# tensor-copy kernel (PKV_DECODE_TMA=0), the opt-in two-tiles-in-flight variant (off by default), both
+# merge kernels (the default picks one per plan by the merges' width), the tensor-copy kernel with a
+# forced 3-stage ring (one CTA per SM at d = 256, 2 at d = 128) and with its entry work before the
+# dependency wait (PKV_TMA_ENTRY=2)
+settings="PKV_DECODE_TMA=0 PKV_DECODE_TMA=0,PKV_DECODE_DEEP=1 PKV_MERGE_KERNEL=head PKV_MERGE_KERNEL=row PKV_TMA_STAGES=3 PKV_TMA_ENTRY=2"
+pids=""
+"$build/pkv" check --backend cuda --count $((cases / 2)) >"$log/check.log" 2>&1 & pids="$pids $!"
+i=0
+for setting in $settings; do
+  env ${setting//,/ } PKV_TEST_CASES=$((cases / 3)) "$build/tests/test_cuda" >"$log/setting_$i.log" 2>&1 & pids="$pids $!"
+  i=$((i + 1))
 done
-
+for pid in $pids; do wait "$pid" || status=1; done
+tail -n 5 "$log/check.log" | tee -a "$log/tests.log"
+grep -q " 0 failed" "$log/check.log" || status=1
+i=0
+for setting in $settings; do
+  echo "$setting: $(tail -n 1 "$log/setting_$i.log")" | tee -a "$log/tests.log"
+  grep -q "$setting: test_cuda: .* 0 failed" "$log/tests.log" || status=1
+  i=$((i + 1))
+done
 if [ $quick = 0 ]; then
   say "portability: compute_80 PTX alone, JIT-compiled for this GPU (tensor copies and PDL must switch off)"
-  # what a build for older GPUs does on this one: the sm_90 kernels' bodies are compiled out there
-  if wait "$ptx80_build"; then
-    PKV_TEST_CASES=$((cases / 3)) timeout 400 "$root/build-ptx80/tests/test_cuda" >"$log/ptx80.log" 2>&1 || status=1
+  if wait "$ptx80_run"; then
     grep -E "^device:" "$log/ptx80.log" | head -n 1
     echo "compute_80 PTX: $(tail -n 1 "$log/ptx80.log")" | tee -a "$log/tests.log"
     grep -q "no sm_90 code" "$log/ptx80.log" || { echo "compute_80 PTX: the sm_90 paths did not switch off"; status=1; }
   else
-    tail -n 20 "$log/build_ptx80.log"; status=1
+    tail -n 20 "$log/build_ptx80.log" "$log/ptx80.log"; status=1
   fi
 fi
 
@@ -65,9 +77,13 @@ say "compute-sanitizer (memcheck, racecheck) on a reduced set"
 if [ $quick = 1 ]; then
   echo "skipped in --quick" | tee "$log/sanitizer.log"
 elif command -v compute-sanitizer >/dev/null; then
-  { PKV_TEST_SMALL=1 PKV_TEST_CASES=4 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$build/tests/test_cuda" &&
-    PKV_TEST_SMALL=1 PKV_TEST_CASES=1 timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 "$build/tests/test_cuda"; } \
-    >"$log/sanitizer.log" 2>&1 || status=1
+  # the two tools side by side (two processes on the GPU)
+  PKV_TEST_SMALL=1 PKV_TEST_CASES=4 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$build/tests/test_cuda" >"$log/memcheck.log" 2>&1 & mc=$!
+  PKV_TEST_SMALL=1 PKV_TEST_CASES=1 timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 \
+    "$build/tests/test_cuda" >"$log/racecheck.log" 2>&1 || status=1
+  wait $mc || status=1
+  cat "$log/memcheck.log" "$log/racecheck.log" >"$log/sanitizer.log"
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed, " "$log/sanitizer.log"
 else
   echo "compute-sanitizer not found" | tee "$log/sanitizer.log"
