@@ -126,9 +126,6 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bo
     s->launch.tma = sm90_code && !(tma && strcmp(tma, "0") == 0);
     const char *stages = getenv("PKV_TMA_STAGES");
     s->launch.tma_stages = stages ? atoi(stages) : 0;
-    /* PKV_TMA_ENTRY=0|1|2: what the tensor-copy kernel does before its dependency wait (A/B runs) */
-    const char *entry = getenv("PKV_TMA_ENTRY");
-    s->launch.tma_entry = entry && entry[0] >= '0' && entry[0] <= '2' && entry[1] == 0 ? entry[0] - '0' : 0;
     for (int k = 0; k < PKV_TMA_HEAD_DIMS; k++) {
         s->launch.tma_default_stages[k][0] = tma_stages[k][0];
         s->launch.tma_default_stages[k][1] = tma_stages[k][1];

@@ -67,8 +67,6 @@ struct decode_params {
     int32_t num_qo_heads, group, page_size, page_shift; // page_shift < 0: page_size not a power of 2
     int32_t rect;
     int32_t stages;           // the tensor-copy kernel: stages of each warp's ring (tma_min_stages..kMaxStages)
-    int32_t tma_entry;        // the tensor-copy kernel, before its dependency wait: 1 prefetches the tensor
-                              // maps, 2 also sets up the warps' barriers (PKV_TMA_ENTRY; A/B runs)
     // fused route: the last task of a split (row, KV head) merges it; CTAs past num_tasks fill empty rows
     int32_t fused, num_tasks, num_split_merges;
     const pkv_merge *merges;
@@ -887,15 +885,6 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
                      : "memory");
     } while (!done);
 }
-// A warp's S stage barriers (one arrival each: lane 0's expect_tx), visible to the tensor copies.
-__device__ __forceinline__ void init_bars(uint32_t bar0, int S) {
-    for (int s = 0; s < S; s++) mbar_init(bar0 + 8u * s, 1);
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-}
-// Fetches a tensor map (a kernel parameter) into the descriptor cache ahead of the first copy.
-__device__ __forceinline__ void prefetch_map(const CUtensorMap *map) {
-    asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
 // One box of a tensor map at {0, c1 = token in page, 0, c3 = KV head, c4 = page} (every dim of the head
 // vector, 16 tokens) into shared memory (1024-byte aligned for the swizzle); its bytes complete the
 // transaction count of bar.
@@ -974,7 +963,8 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
     };
     int32_t npage = 0, noff = 0; // lane 0: the next tile to issue (it + S)
     if (lane == 0 && nmine > 0) {
-        if (p.tma_entry < 2) init_bars(bar0, S);
+        for (int s = 0; s < S; s++) mbar_init(bar0 + 8u * s, 1);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         int32_t pg[kMaxStages], of[kMaxStages]; // the first S page ids in flight together
 #pragma unroll
@@ -1111,15 +1101,6 @@ __global__ void __launch_bounds__(kThreads, NT == 2 || D > 128 ? 2 : D <= 64 ? 4
     extern __shared__ float smem[];
     __shared__ __align__(8) uint64_t bars[kWarps][kMaxStages];
     PKV_TL_SCOPE(0);
-    if (p.tma_entry > 0 && (threadIdx.x & 31) == 0) {
-        // before load_task's dependency wait and page-id reads: the first copies then find their
-        // descriptors cached (and their barriers ready) instead of fetching them after the page ids
-        if (threadIdx.x == 0) {
-            prefetch_map(&maps.k);
-            prefetch_map(&maps.v);
-        }
-        if (p.tma_entry > 1) init_bars(smem_addr(&bars[threadIdx.x >> 5][0]), p.stages);
-    }
     task_info ti;
     if (!load_task<T, D>(p, ti)) return;
     if (p.cap_log2 > 0.f) decode_tma_body<T, D, NT, true>(p, maps, ti, smem, bars);
@@ -1514,7 +1495,6 @@ extern "C" cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace
     m.lse = t->lse;
     m.num_qo_heads = pr.num_qo_heads;
     m.group = plan->group;
-    p.tma_entry = opts->tma_entry;
     pkv::tma_maps maps;
     const pkv::tma_maps *mp = pkv::tma_maps_for(plan, t, st, *opts, &maps, &p.stages) ? &maps : nullptr;
     if (pr.dtype == PKV_DTYPE_FP16)

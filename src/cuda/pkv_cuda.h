@@ -30,8 +30,6 @@ typedef struct pkv_cuda_launch_opts {
     int32_t deep_max_ctas; /* heads-in-N grids of at most this many CTAs run the two-tiles-in-flight variant */
     int tma;               /* sm_90: K/V through shared memory by tensor copies where the shape allows (decode.cu) */
     int32_t tma_stages;    /* the tensor-copy kernel's stages per warp; 0: the default (PKV_TMA_STAGES) */
-    int tma_entry;         /* the tensor-copy kernel's entry, before its dependency wait: 1 prefetches its tensor
-                              maps, 2 also sets up its barriers; 0 neither (PKV_TMA_ENTRY) */
     int32_t tma_default_stages[PKV_TMA_HEAD_DIMS][2]; /* that default per head dim, G <= 8 | 9..16; 0: registers */
     int32_t tma_max_stages[PKV_TMA_HEAD_DIMS];     /* the most stages that fit this device (PKV_TMA_STAGES clamped) */
 } pkv_cuda_launch_opts;
