@@ -19,12 +19,13 @@ from ._lib import (LibraryNotFoundError, PkvError, ROUTES, TRACE_FAMILIES, Statu
 from .reference import reference
 from .trace import Trace, generate_trace
 from .wrapper import BatchDecodeWithPagedKVCacheWrapper, cuda_available
+from . import flashinfer  # FlashInfer's decode wrapper (its plan/run order and lse base) on PersistentKV
 
 __version__ = "0.1.0"
 
 __all__ = ["BatchDecodeWithPagedKVCacheWrapper", "PkvError", "LibraryNotFoundError", "Status", "ROUTES",
            "TRACE_FAMILIES", "Trace", "generate_trace", "reference", "cuda_available", "library_path",
-           "status_string", "bf16_bits", "bf16_to_float32", "block_table_to_csr", "__version__"]
+           "status_string", "flashinfer", "bf16_bits", "bf16_to_float32", "block_table_to_csr", "__version__"]
 
 
 def bf16_bits(x):

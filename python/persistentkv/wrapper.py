@@ -78,6 +78,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         cfg.device = self._device
         cfg.num_threads = int(num_threads)
         cfg.pdl = 1 if pdl else 0
+        self._pdl = bool(pdl)
         ctx = ctypes.c_void_p()
         check(lib.pkv_context_create(ctypes.byref(cfg), ctypes.byref(ctx)), call="pkv_context_create")
         self._ctx = ctx
@@ -183,6 +184,26 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._ws = buf
         self._ws_ptr = base + (-base) % _WS_ALIGN
         self._ws_bytes = need
+
+    def _adopt_workspace(self, buf):
+        """Uses buf (a contiguous torch tensor on this wrapper's GPU, or a host numpy array / torch CPU
+        tensor for the CPU backend) as the workspace from now on; a plan that needs more grows it by
+        a new allocation, as before.  The library never needs it zeroed."""
+        a = A.describe(buf, "float_workspace_buffer")
+        want = f"cuda:{self._device}" if self._backend == "cuda" else "cpu"
+        if a.device != want:
+            raise ValueError(f"float_workspace_buffer is on {a.device}, the wrapper runs on {want}")
+        if not a.contiguous:
+            raise ValueError("float_workspace_buffer must be contiguous")
+        nbytes = int(buf.nbytes) if a.kind == "numpy" else int(buf.numel() * buf.element_size())
+        ptr = a.ptr + (-a.ptr) % _WS_ALIGN
+        usable = (nbytes - (ptr - a.ptr)) // _WS_ALIGN * _WS_ALIGN
+        if usable <= 0:
+            raise ValueError(f"float_workspace_buffer holds {nbytes} bytes, too few for a {_WS_ALIGN}-byte "
+                             "aligned workspace")
+        self._ws, self._ws_ptr, self._ws_bytes = buf, ptr, usable
+        if self._planned:
+            self._grow_workspace(int(lib.pkv_plan_workspace_size(self._plan)))
 
     # ---- plan -----------------------------------------------------------------------------------
     def _host_tables(self, indptr, indices, seq_lens):

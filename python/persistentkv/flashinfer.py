@@ -1,0 +1,225 @@
+"""FlashInfer's decode wrapper on PersistentKV: code written for
+
+    flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, kv_layout).plan(indptr, indices,
+        last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, ...).run(q, paged_kv_cache)
+
+runs unchanged with `from persistentkv import flashinfer` (or `import persistentkv.flashinfer as
+flashinfer`): the same positional order (last_page_len third), the same keywords, the same run()
+(a (k_cache, v_cache) tuple or one [num_pages, 2, ...] tensor; out=, lse=, return_lse=) and the same
+lse, base 2 (FlashInfer's; the native wrapper's is the natural log).  What FlashInfer offers and
+PersistentKV does not is refused with PkvError(Status.UNSUPPORTED) and a message that says what to do,
+never run with other semantics:
+  - pos_encoding_mode other than "NONE" (apply RoPE to q and k before writing the cache), ALiBi;
+  - q_len_per_req > 1 (decode is one query token per request), window_right other than 0 / -1;
+  - fp8 caches (kv_data_type or o_data_type other than q's), q_scale / k_scale / v_scale != 1, sinks;
+  - use_cuda_graph=True: FlashInfer's graphs replay whatever plan() last wrote into fixed buffers; a
+    PersistentKV graph replays the plan it was captured with, so capture after each plan() with the
+    native wrapper instead.
+Mapped: disable_split_kv=True -> the `single` route (no splits); fixed_split_size=P -> the `workqueue`
+route with chunks of P pages (split bounds then depend on each row alone, as FlashInfer's batch-invariant
+mode); block_tables, when given, must agree with the CSR table; non_blocking, rope_scale and rope_theta
+(with pos_encoding_mode "NONE"), use_tensor_cores, backend and jit_args choose nothing here (one engine).
+The float workspace buffer is used as the workspace (grown by a new allocation if a plan needs more).
+"""
+
+import math
+
+from . import _arrays as A
+from ._lib import PkvError, Status
+from .wrapper import BatchDecodeWithPagedKVCacheWrapper as _Native
+
+__all__ = ["BatchDecodeWithPagedKVCacheWrapper"]
+
+_LOG2E = 1.0 / math.log(2.0)
+# FlashInfer 0.7's optional plan() arguments after page_size, in its deprecated positional order
+_PLAN_POSITIONAL = ("pos_encoding_mode", "window_left", "logits_soft_cap", "q_data_type", "kv_data_type",
+                    "o_data_type", "data_type", "sm_scale", "rope_scale", "rope_theta", "non_blocking",
+                    "block_tables", "seq_lens", "fixed_split_size", "disable_split_kv", "q_len_per_req")
+_PLAN_DEFAULTS = dict(pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None, q_data_type="float16",
+                      kv_data_type=None, o_data_type=None, data_type=None, sm_scale=None, rope_scale=None,
+                      rope_theta=None, non_blocking=True, block_tables=None, seq_lens=None, fixed_split_size=None,
+                      disable_split_kv=False, q_len_per_req=1, window_right=0, is_causal=None)
+
+
+def _unsupported(what, instead):
+    return PkvError(Status.UNSUPPORTED, f"{what} is not supported by PersistentKV; {instead}", "flashinfer")
+
+
+def _host_ints(x, name):
+    """A 1-D or 2-D integer array (numpy, list or torch tensor, any device) as a host numpy array."""
+    np = A.numpy()
+    if A.is_torch(x):
+        x = x.detach().cpu().numpy()
+    a = np.asarray(x)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name} must hold integers, not {a.dtype}")
+    return a
+
+
+class BatchDecodeWithPagedKVCacheWrapper:
+    """flashinfer.BatchDecodeWithPagedKVCacheWrapper's constructor, plan() and run() on PersistentKV.
+
+    backend_device: 'auto' (CUDA when torch sees a GPU and the library has CUDA), 'cuda' or 'cpu'
+    (numpy arrays; not a FlashInfer argument).  pdl: PersistentKV's programmatic dependent launch of a
+    run's kernels (on by default; run(enable_pdl=...) cannot change it per call, see run).
+    """
+
+    def __init__(self, float_workspace_buffer=None, kv_layout="NHD", use_cuda_graph=False, use_tensor_cores=False,
+                 paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None,
+                 backend="auto", jit_args=None, backend_device="auto", pdl=True):
+        if use_cuda_graph:
+            raise _unsupported("use_cuda_graph=True (graphs that replay the latest plan from fixed buffers)",
+                               "plan, then capture pkv's run in a graph per plan with "
+                               "persistentkv.BatchDecodeWithPagedKVCacheWrapper, or run without a graph")
+        self._w = _Native(kv_layout=kv_layout, backend=backend_device, pdl=pdl)
+        self._use_tensor_cores = bool(use_tensor_cores)
+        if float_workspace_buffer is not None:
+            self._w._adopt_workspace(float_workspace_buffer)
+        self._window_left = -1
+
+    # ---- what FlashInfer's wrapper exposes ------------------------------------------------------
+    @property
+    def is_cuda_graph_enabled(self):
+        return False
+
+    @property
+    def use_tensor_cores(self):
+        return self._use_tensor_cores
+
+    @property
+    def native(self):
+        """The persistentkv.BatchDecodeWithPagedKVCacheWrapper underneath (route, counters, ...)."""
+        return self._w
+
+    def reset_workspace_buffer(self, float_workspace_buffer, int_workspace_buffer=None):
+        self._w._adopt_workspace(float_workspace_buffer)
+
+    # ---- plan -----------------------------------------------------------------------------------
+    def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+             *positional, **kwargs):
+        if len(positional) > len(_PLAN_POSITIONAL):
+            raise TypeError(f"plan() takes at most {len(_PLAN_POSITIONAL)} optional positional arguments after "
+                            f"page_size, got {len(positional)}")
+        unknown = set(kwargs) - set(_PLAN_DEFAULTS)
+        if unknown:
+            raise TypeError(f"plan() got unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+        a = dict(_PLAN_DEFAULTS)
+        for name, value in zip(_PLAN_POSITIONAL, positional):
+            if name in kwargs:
+                raise TypeError(f"plan() got multiple values for argument {name!r}")
+            a[name] = value
+        a.update(kwargs)
+
+        mode = a["pos_encoding_mode"]
+        if mode not in ("NONE", 0, None):
+            raise _unsupported(f"pos_encoding_mode={mode!r}", "apply the rotary embedding to q and k before "
+                               "writing them (pos_encoding_mode='NONE')")
+        if a["q_len_per_req"] not in (None, 1):
+            raise _unsupported(f"q_len_per_req={a['q_len_per_req']}", "decode takes one query token per request")
+        if a["window_right"] not in (0, -1, None):
+            raise _unsupported(f"window_right={a['window_right']}", "decode attends up to the query's own token")
+        q_dtype = a["q_data_type"]
+        if a["data_type"] is not None:  # FlashInfer's deprecated name for both
+            q_dtype = a["data_type"]
+        q_name = A.dtype_name(q_dtype)
+        for k in ("kv_data_type", "o_data_type"):
+            if a[k] is not None and A.dtype_name(a[k]) != q_name:
+                raise _unsupported(f"{k}={a[k]!r} with q_data_type {q_name}",
+                                   "q, the cache and the output share one dtype (float16 or bfloat16)")
+
+        h_indptr = _host_ints(indptr, "indptr")
+        h_indices = _host_ints(indices, "indices")
+        if a["block_tables"] is not None:
+            self._check_block_tables(_host_ints(a["block_tables"], "block_tables"), h_indptr, h_indices)
+
+        route, chunk_pages = "auto", 0
+        if a["disable_split_kv"]:
+            route = "single"
+        elif a["fixed_split_size"] is not None and int(a["fixed_split_size"]) > 0:
+            route, chunk_pages = "workqueue", int(a["fixed_split_size"])
+
+        lens = {}
+        if a["seq_lens"] is not None:
+            seq = _host_ints(a["seq_lens"], "seq_lens")
+            if last_page_len is not None:
+                self._check_lengths(seq, _host_ints(last_page_len, "last_page_len"), h_indptr, int(page_size))
+            lens["seq_lens"] = seq
+        else:
+            lens["last_page_len"] = last_page_len
+        soft_cap = a["logits_soft_cap"]
+        self._w.plan(indptr, indices, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                     page_size=page_size, q_data_type=q_name, sm_scale=a["sm_scale"],
+                     logits_soft_cap=soft_cap if soft_cap and soft_cap > 0 else None,
+                     window_left=-1 if a["window_left"] is None else int(a["window_left"]), route=route,
+                     chunk_pages=chunk_pages, **lens)
+        self._window_left = -1 if a["window_left"] is None else int(a["window_left"])
+
+    begin_forward = plan  # FlashInfer's older names
+
+    @staticmethod
+    def _check_block_tables(bt, h_indptr, h_indices):
+        if bt.ndim != 2 or bt.shape[0] != len(h_indptr) - 1:
+            raise ValueError(f"block_tables has shape {list(bt.shape)}, expected [batch_size = {len(h_indptr) - 1}, "
+                             "max_pages]")
+        for r in range(bt.shape[0]):
+            n = int(h_indptr[r + 1] - h_indptr[r])
+            if n > bt.shape[1] or (bt[r, :n] != h_indices[h_indptr[r]:h_indptr[r + 1]]).any():
+                raise ValueError(f"block_tables row {r} does not hold the pages indptr/indices give that row")
+
+    @staticmethod
+    def _check_lengths(seq, last, h_indptr, page_size):
+        for r in range(len(seq)):
+            pages = int(h_indptr[r + 1] - h_indptr[r])
+            want = (pages - 1) * page_size + int(last[r]) if pages > 0 else 0
+            if int(seq[r]) != want:
+                raise ValueError(f"seq_lens[{r}] = {int(seq[r])}, but its {pages} pages and last_page_len "
+                                 f"{int(last[r])} hold {want} tokens")
+
+    # ---- run ------------------------------------------------------------------------------------
+    def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None,
+            return_lse=False, enable_pdl=None, window_left=None, sinks=None, q_len_per_req=None,
+            skip_softmax_threshold_scale_factor=None, kv_cache_sf=None):
+        """o [B, Hq, d], or (o, lse) with lse [B, Hq] in base 2 as FlashInfer's, when return_lse.
+
+        enable_pdl: None or True run as the wrapper was made (PDL on by default); False is refused
+        (make the wrapper with pdl=False instead).
+        """
+        if args:
+            raise TypeError(f"run() takes no extra positional arguments here, got {len(args)}")
+        for name, value in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale)):
+            if value is not None and float(value) != 1.0:
+                raise _unsupported(f"{name}={value}", "scales belong to fp8 caches; pass float16 or bfloat16 data")
+        if sinks is not None:
+            raise _unsupported("sinks (attention-sink logits)", "run without sinks")
+        if kv_cache_sf is not None:
+            raise _unsupported("kv_cache_sf (nvfp4 caches)", "pass float16 or bfloat16 data")
+        if skip_softmax_threshold_scale_factor is not None:
+            raise _unsupported("skip_softmax_threshold_scale_factor", "leave it unset (every score is computed)")
+        if q_len_per_req not in (None, 1):
+            raise _unsupported(f"q_len_per_req={q_len_per_req}", "decode takes one query token per request")
+        if window_left is not None and int(window_left) != self._window_left:
+            raise ValueError(f"run(window_left={window_left}) differs from plan()'s {self._window_left}")
+        if enable_pdl is False and self._w._pdl:
+            raise _unsupported("enable_pdl=False on a wrapper made with pdl=True",
+                               "make the wrapper with pdl=False")
+        res = self._w.run(q, paged_kv_cache, return_lse=return_lse or lse is not None, out=out, lse=lse)
+        if not (return_lse or lse is not None):
+            return res
+        o, l_ = res
+        l_ *= _LOG2E  # natural log -> base 2, in place (lse= buffers included); -inf stays -inf
+        return (o, l_) if return_lse else o
+
+    def run_return_lse(self, q, paged_kv_cache, *args, **kwargs):
+        kwargs["return_lse"] = True
+        return self.run(q, paged_kv_cache, *args, **kwargs)
+
+    forward = run
+
+    def forward_return_lse(self, q, paged_kv_cache, *args, **kwargs):
+        return self.run_return_lse(q, paged_kv_cache, *args, **kwargs)
+
+    def end_forward(self):
+        """FlashInfer's old no-op."""
+
+    def __repr__(self):
+        return f"persistentkv.flashinfer.BatchDecodeWithPagedKVCacheWrapper({self._w!r})"
