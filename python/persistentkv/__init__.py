@@ -6,7 +6,8 @@
     o, lse = w.run(q, k_cache, v_cache, return_lse=True)
 
 The shared library is found through $PKV_LIBRARY, then ../build, ../build-gpu, ../build-cpu of
-this repository, then ctypes.util.find_library("persistentkv").  numpy is needed for the CPU
+this repository, then <sys.prefix>/lib (cmake --install build --prefix "$VIRTUAL_ENV"), then
+ctypes.util.find_library("persistentkv").  numpy is needed for the CPU
 backend, traces and the reference; torch for the CUDA backend.  numpy has no bfloat16: pass
 uint16 arrays holding bf16 bits (see bf16_bits) or ml_dtypes.bfloat16 arrays.
 """

@@ -4,6 +4,7 @@ import ctypes
 import ctypes.util
 import enum
 import os
+import sys
 from pathlib import Path
 
 __all__ = ["lib", "library_path", "LibraryNotFoundError", "PkvError", "Status", "check"]
@@ -30,6 +31,16 @@ def _load():
     tried.append("$PKV_LIBRARY (unset)")
     for d in _BUILD_DIRS:
         cand = _REPO_ROOT / d / _LIB_NAME
+        if cand.is_file():
+            try:
+                return ctypes.CDLL(str(cand)), str(cand)
+            except OSError as e:
+                tried.append(f"{cand} ({e})")
+        else:
+            tried.append(f"{cand} (missing)")
+    # an install into this environment (cmake --install build --prefix "$VIRTUAL_ENV" or a conda prefix)
+    for sub in ("lib", "lib64"):
+        cand = Path(sys.prefix) / sub / _LIB_NAME
         if cand.is_file():
             try:
                 return ctypes.CDLL(str(cand)), str(cand)

@@ -53,4 +53,16 @@ runpath=$(readelf -d "$prefix/bin/pkv" 2>/dev/null | grep -E "RUNPATH|RPATH" || 
 case "$runpath" in *'$ORIGIN/../'*) ;; *) echo "installed pkv has no \$ORIGIN-relative RPATH: $runpath"; exit 1 ;; esac
 case "$runpath" in *"$build"*) echo "installed pkv still points into the build tree: $runpath"; exit 1 ;; esac
 "$prefix/bin/pkv" check --backend cpu --count 2 | tail -n 1
+echo "== the Python binding from an environment the library was installed into"
+if command -v python3 >/dev/null && python3 -m venv --without-pip "$tmp/venv" 2>/dev/null; then
+  cmake --install "$build" --prefix "$tmp/venv" >/dev/null
+  mkdir -p "$tmp/site" && cp -r "$here/../../python/persistentkv" "$tmp/site/"  # as pip would place it
+  got=$(env -u PKV_LIBRARY PYTHONPATH="$tmp/site" PYTHONDONTWRITEBYTECODE=1 "$tmp/venv/bin/python" -c \
+        "import persistentkv as p; print(p.library_path); print(p.status_string(p.Status.PAGE_OUT_OF_RANGE))")
+  echo "$got"
+  case "$got" in "$tmp/venv/lib"*"/libpersistentkv.so"*"page id out of range"*) ;;
+    *) echo "the binding did not load the library installed into its environment"; exit 1 ;; esac
+else
+  echo "SKIP: python3 -m venv is not available; the installed-binding check did not run"
+fi
 echo "test_install: passed"
