@@ -127,10 +127,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 raise _unsupported(f"{k}={a[k]!r} with q_data_type {q_name}",
                                    "q, the cache and the output share one dtype (float16 or bfloat16)")
 
-        h_indptr = _host_ints(indptr, "indptr")
-        h_indices = _host_ints(indices, "indices")
+        # host copies of the table only for the cross-checks (the native plan copies it once itself)
         if a["block_tables"] is not None:
-            self._check_block_tables(_host_ints(a["block_tables"], "block_tables"), h_indptr, h_indices)
+            self._check_block_tables(_host_ints(a["block_tables"], "block_tables"), _host_ints(indptr, "indptr"),
+                                     _host_ints(indices, "indices"))
 
         route, chunk_pages = "auto", 0
         if a["disable_split_kv"]:
@@ -142,7 +142,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if a["seq_lens"] is not None:
             seq = _host_ints(a["seq_lens"], "seq_lens")
             if last_page_len is not None:
-                self._check_lengths(seq, _host_ints(last_page_len, "last_page_len"), h_indptr, int(page_size))
+                self._check_lengths(seq, _host_ints(last_page_len, "last_page_len"), _host_ints(indptr, "indptr"),
+                                    int(page_size))
             lens["seq_lens"] = seq
         else:
             lens["last_page_len"] = last_page_len
