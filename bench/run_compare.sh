@@ -83,6 +83,8 @@ sys.exit(0 if p.cuda_available() else 1)" || [ "${PKV_ALLOW_NO_CUDA:-0}" = 1 ] \
     || { say "the library has no CUDA backend or sees no GPU"; return 1; }
   say "library built; waiting for the FlashInfer JIT warm-up"
   wait "$jit_pid" || say "JIT warm-up exited with $? (the benchmark compiles what is missing on first use)"
+  # the same wrapper calls on FlashInfer and on persistentkv.flashinfer (drop-in parity), a few seconds
+  python3 bench/check_flashinfer_api.py || say "check_flashinfer_api.py: persistentkv.flashinfer disagrees with FlashInfer"
 
   # 4. the comparison, inside what is left of the time limit
   local left

@@ -316,7 +316,21 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if not self._planned:
             raise RuntimeError("call plan() (successfully) before run()")
 
-    def _check_placement(self, a, name):
+    @staticmethod
+    def _page_stride(a, name):
+        """Elements from one page to the next of a 4-D cache whose pages are each dense (a C-contiguous
+        cache, or a view such as kv_cache[:, 0] of one [num_pages, 2, ...] tensor); ValueError else."""
+        o = a.obj
+        st = list(o.stride()) if a.kind == "torch" else [s // o.itemsize for s in o.strides]
+        dense = 1
+        for i in range(len(a.shape) - 1, 0, -1):
+            if a.shape[i] > 1 and st[i] != dense:
+                raise ValueError(f"{name}: each page must be dense (strides {st} for shape {list(a.shape)}); "
+                                 "pages themselves may be strided")
+            dense *= a.shape[i]
+        return st[0] if a.shape[0] > 1 else dense
+
+    def _check_placement(self, a, name, paged=False):
         if self._backend == "cuda":
             want = f"cuda:{self._device}"
             if a.kind != "torch":
@@ -328,11 +342,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
         elif a.device != "cpu":
             raise ValueError(f"{name} is on {a.device}, the cpu backend needs host memory "
                              "(numpy arrays or torch CPU tensors)")
-        if not a.contiguous:
+        if not a.contiguous and not paged:
             raise ValueError(f"{name} must be C-contiguous")
 
-    def _check_data(self, a, name, shape, dtype):
-        self._check_placement(a, name)
+    def _check_data(self, a, name, shape, dtype, paged=False):
+        self._check_placement(a, name, paged)
         if dtype == "float32":
             if a.dtype != "float32":
                 raise TypeError(f"{name} must be float32, not {a.dtype}")
@@ -356,7 +370,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         [num_pages, Hkv, page_size, d]; dtype as planned (numpy bf16: uint16 bits or ml_dtypes).
         As in FlashInfer, run(q, (k_cache, v_cache)) and run(q, kv_cache) with one tensor that holds
         K and V of each page together, NHD [num_pages, 2, page_size, Hkv, d] or HND
-        [num_pages, 2, Hkv, page_size, d] (vLLM's FlashInfer layout), read in place too.
+        [num_pages, 2, Hkv, page_size, d] (vLLM's FlashInfer layout), read in place too; so are k and v
+        views whose pages are dense but strided (kv_cache[:, 0], kv_cache[:, 1]), one stride for both.
         Nothing is copied; out/lse, when given, are written in place (lse is written whenever it
         is given).  CUDA: runs on torch.cuda.current_stream().
         """
@@ -389,8 +404,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
             page_stride = 2 * page_elems
         else:
             ka, va = A.describe(k_cache, "k_cache"), A.describe(v_cache, "v_cache")
-            self._check_data(ka, "k_cache", None, m["dtype"])
-            self._check_data(va, "v_cache", None, m["dtype"])
+            self._check_data(ka, "k_cache", None, m["dtype"], paged=True)
+            self._check_data(va, "v_cache", None, m["dtype"], paged=True)
             if ka.dtype != qa.dtype or va.dtype != qa.dtype:
                 raise TypeError(f"q, k_cache and v_cache must share a dtype (got {qa.dtype}, {ka.dtype}, {va.dtype})")
             for a, name in ((ka, "k_cache"), (va, "v_cache")):
@@ -403,6 +418,14 @@ class BatchDecodeWithPagedKVCacheWrapper:
             if va.shape != ka.shape:
                 raise ValueError(f"v_cache has shape {list(va.shape)}, k_cache {list(ka.shape)}")
             k_ptr, v_ptr = ka.ptr, va.ptr
+            # views whose pages are dense but strided (kv_cache[:, 0] and kv_cache[:, 1] of one
+            # [num_pages, 2, ...] tensor): one page stride for both, checked by the library
+            ks, vs = self._page_stride(ka, "k_cache"), self._page_stride(va, "v_cache")
+            if ks != vs:
+                raise ValueError(f"k_cache and v_cache step {ks} and {vs} elements from page to page: they "
+                                 "must share one page stride")
+            if ks != page_elems:
+                page_stride = ks
 
         if out is None:
             out = self._alloc_like(qa, qa.shape)

@@ -280,6 +280,16 @@ def test_run_takes_a_kv_pair_or_one_interleaved_cache(cpu, layout):
         w.run(p["q"], np.ascontiguousarray(kv[:, :1]))
     with pytest.raises(ValueError, match="must be C-contiguous"):
         w.run(p["q"], np.stack([p["k"], p["v"]], axis=1)[:, :, ::-1])
+    # the two halves of the interleaved cache as views (dense pages, a page stride of two pages)
+    assert np.array_equal(w.run(p["q"], kv[:, 0], kv[:, 1]), o)
+    assert np.array_equal(w.run(p["q"], (kv[:, 0], kv[:, 1])), o)
+    # every other page of a pool twice the size: the same pages through a stride
+    big_k, big_v = np.repeat(p["k"], 2, axis=0), np.repeat(p["v"], 2, axis=0)
+    assert np.array_equal(w.run(p["q"], big_k[::2], big_v[::2]), o)
+    with pytest.raises(ValueError, match="share one page stride"):
+        w.run(p["q"], big_k[::2], p["v"])
+    with pytest.raises(ValueError, match="each page must be dense"):
+        w.run(p["q"], np.zeros(p["k"].shape[:3] + (2 * p["d"],), p["k"].dtype)[..., ::2], p["v"])
 
 
 def check_definition(p, ro, rl, cap=None, window_left=-1):
@@ -419,7 +429,7 @@ def test_run_errors(cpu):
         cpu.run(q, k, v[:3])
     with pytest.raises(ValueError, match="q must be C-contiguous"):
         cpu.run(np.zeros((8, 2, 64), np.float16).transpose(1, 0, 2), k, v)
-    with pytest.raises(ValueError, match="k_cache must be C-contiguous"):
+    with pytest.raises(ValueError, match="k_cache: each page must be dense"):
         cpu.run(q, np.zeros((k.shape[0], 16, 4, 64), np.float16)[:, :, ::2], v)
     with pytest.raises(TypeError, match="numpy array or a torch tensor"):
         cpu.run(q.tolist(), k, v)
