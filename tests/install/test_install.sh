@@ -27,6 +27,7 @@ echo "== find_package(PersistentKV) from a separate CMake project"
 cmake -S "$here" -B "$tmp/consumer" -DCMAKE_PREFIX_PATH="$prefix" -DCMAKE_C_COMPILER="$cc" >"$tmp/consumer.log" 2>&1 &&
   cmake --build "$tmp/consumer" >>"$tmp/consumer.log" 2>&1 || { cat "$tmp/consumer.log"; exit 1; }
 "$tmp/consumer/consumer"
+if [ -x "$tmp/consumer/consumer_cpp" ]; then "$tmp/consumer/consumer_cpp"; else echo "SKIP: no C++ compiler; the C++ consumer did not run"; fi
 # a version the package does not satisfy is refused
 mkdir -p "$tmp/old"
 printf 'cmake_minimum_required(VERSION 3.24)\nproject(p LANGUAGES C)\nfind_package(PersistentKV 9.0 REQUIRED)\n' \
