@@ -12,6 +12,12 @@
  * Math (for query head h of row i, KV head g = h / G, G = Hq / Hkv, N_i tokens):
  *   s_j = scale * dot(q[i,h,:], K[i,g,j,:]),  o[i,h,:] = sum_j softmax(s)_j V[i,g,j,:],
  *   lse[i,h] = ln(sum_j exp(s_j)); a row with N_i = 0 yields o = 0 and lse = -inf.
+ *
+ * Threads: a context, a plan and a workspace are each used by one thread at a time; distinct ones
+ * may be used by distinct threads at once (e.g. a context per GPU worker thread).  A plan is only
+ * read by pkv_run, so several contexts may run one plan at the same time, each with its own
+ * workspace.  pkv_last_error() is per thread, pkv_context_last_error() per context.  Checked by
+ * tests/test_threads.c, also under ThreadSanitizer (scripts/sanitize.sh).
  */
 #ifndef PERSISTENTKV_H
 #define PERSISTENTKV_H
