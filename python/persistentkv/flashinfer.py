@@ -123,7 +123,13 @@ class BatchDecodeWithPagedKVCacheWrapper:
             q_dtype = a["data_type"]
         q_name = A.dtype_name(q_dtype)
         for k in ("kv_data_type", "o_data_type"):
-            if a[k] is not None and A.dtype_name(a[k]) != q_name:
+            if a[k] is None:
+                continue
+            try:
+                same = A.dtype_name(a[k]) == q_name
+            except ValueError:  # fp8, nvfp4, ...: not a dtype of this library
+                same = False
+            if not same:
                 raise _unsupported(f"{k}={a[k]!r} with q_data_type {q_name}",
                                    "q, the cache and the output share one dtype (float16 or bfloat16)")
 
