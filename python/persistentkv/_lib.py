@@ -29,18 +29,11 @@ def _load():
         except OSError as e:
             raise LibraryNotFoundError(f"PKV_LIBRARY={env!r} could not be loaded: {e}") from None
     tried.append("$PKV_LIBRARY (unset)")
-    for d in _BUILD_DIRS:
-        cand = _REPO_ROOT / d / _LIB_NAME
-        if cand.is_file():
-            try:
-                return ctypes.CDLL(str(cand)), str(cand)
-            except OSError as e:
-                tried.append(f"{cand} ({e})")
-        else:
-            tried.append(f"{cand} (missing)")
-    # an install into this environment (cmake --install build --prefix "$VIRTUAL_ENV" or a conda prefix)
-    for sub in ("lib", "lib64"):
-        cand = Path(sys.prefix) / sub / _LIB_NAME
+    # this repository's build folders, then an install into this environment (cmake --install build
+    # --prefix "$VIRTUAL_ENV" or a conda prefix)
+    cands = [_REPO_ROOT / d / _LIB_NAME for d in _BUILD_DIRS]
+    cands += [Path(sys.prefix) / sub / _LIB_NAME for sub in ("lib", "lib64")]
+    for cand in cands:
         if cand.is_file():
             try:
                 return ctypes.CDLL(str(cand)), str(cand)
