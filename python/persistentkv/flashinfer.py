@@ -26,7 +26,7 @@ import math
 
 from . import _arrays as A
 from ._lib import PkvError, Status
-from .wrapper import BatchDecodeWithPagedKVCacheWrapper as _Native
+from .wrapper import BatchDecodeWithPagedKVCacheWrapper as _Native, _lens_from_last_page
 
 __all__ = ["BatchDecodeWithPagedKVCacheWrapper"]
 
@@ -175,12 +175,13 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
     @staticmethod
     def _check_lengths(seq, last, h_indptr, page_size):
+        want = _lens_from_last_page(h_indptr, last, page_size)  # how the native plan reads last_page_len
+        if len(seq) != len(want):
+            raise ValueError(f"seq_lens has {len(seq)} entries, last_page_len {len(want)}")
         for r in range(len(seq)):
-            pages = int(h_indptr[r + 1] - h_indptr[r])
-            want = (pages - 1) * page_size + int(last[r]) if pages > 0 else 0
-            if int(seq[r]) != want:
-                raise ValueError(f"seq_lens[{r}] = {int(seq[r])}, but its {pages} pages and last_page_len "
-                                 f"{int(last[r])} hold {want} tokens")
+            if int(seq[r]) != want[r]:
+                raise ValueError(f"seq_lens[{r}] = {int(seq[r])}, but indptr and last_page_len give that row "
+                                 f"{want[r]} tokens")
 
     # ---- run ------------------------------------------------------------------------------------
     def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None,
@@ -209,8 +210,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if enable_pdl is False and self._w._pdl:
             raise _unsupported("enable_pdl=False on a wrapper made with pdl=True",
                                "make the wrapper with pdl=False")
-        res = self._w.run(q, paged_kv_cache, return_lse=return_lse or lse is not None, out=out, lse=lse)
-        if not (return_lse or lse is not None):
+        with_lse = return_lse or lse is not None
+        res = self._w.run(q, paged_kv_cache, return_lse=with_lse, out=out, lse=lse)
+        if not with_lse:
             return res
         o, l_ = res
         l_ *= _LOG2E  # natural log -> base 2, in place (lse= buffers included); -inf stays -inf
