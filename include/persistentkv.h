@@ -30,7 +30,7 @@ extern "C" {
 #endif
 
 #define PKV_VERSION_MAJOR 0
-#define PKV_VERSION_MINOR 1
+#define PKV_VERSION_MINOR 2
 #define PKV_VERSION_PATCH 0
 
 /* ------------------------------------------------------------------------------------------------
@@ -184,6 +184,20 @@ typedef struct pkv_plan_options {
     int32_t chunk_pages;       /* WORKQUEUE: > 0 forces the chunk size in pages; <= 0 chooses */
     int32_t min_chunk_tokens;  /* smallest split worth making; <= 0: 128 tokens */
     int32_t max_splits;        /* cap on splits of one (row, KV head); <= 0: 256 */
+    /* > 0: a graph-stable plan for batches of up to graph_max_batch rows (CUDA graphs in serving:
+     * capture a step once, replay it for every later step).  Its launches - grid sizes, kernels,
+     * parameters, workspace layout - depend only on the problem, the tensors, graph_max_batch,
+     * graph_tasks and the context, never on the lengths: the tasks run on a fixed grid of
+     * graph_tasks CTAs (those past the step's task count exit before reading anything) and the merges
+     * on one of graph_max_batch x Hkv.  So a CUDA graph captured running one such plan replays any
+     * later one once it is uploaded (pkv_plan_upload, one copy, outside the graph), when both have the
+     * same pkv_plan_graph_signature.  The route is the work queue (route AUTO or WORKQUEUE; any other
+     * is PKV_ERR_UNSUPPORTED); the workspace is pkv_plan_workspace_size, the same for every step. */
+    int32_t graph_max_batch;
+    /* graph-stable plans: CTAs of the task grid; <= 0: the default (one wave of the resident CTAs, at
+     * least graph_max_batch x Hkv); raised to graph_max_batch x Hkv if below (every non-empty (row,
+     * KV head) has a task).  Steps are planned to fit: the work queue splits into at most this many tasks. */
+    int32_t graph_tasks;
 } pkv_plan_options;
 
 void pkv_plan_options_default(pkv_plan_options *opts);
@@ -260,6 +274,13 @@ const pkv_problem *pkv_plan_problem(const pkv_plan *plan);
 int32_t pkv_plan_batch_size(const pkv_plan *plan);
 /* Bytes of workspace this plan needs on its backend (plan data + partial states). */
 size_t pkv_plan_workspace_size(const pkv_plan *plan);
+/* A graph-stable plan's launch signature (pkv_plan_options.graph_max_batch): equal for two plans whose
+ * runs launch the same kernels with the same parameters (problem, capacities, route) on the same
+ * context and tensors, so a graph captured running one replays the other after pkv_plan_upload.
+ * 0 for other plans (a graph replays those only with the very plan it was captured with). */
+uint64_t pkv_plan_graph_signature(const pkv_plan *plan);
+/* Tasks the plan's grid holds (graph-stable plans: graph_tasks as resolved; else its task count). */
+int32_t pkv_plan_grid_tasks(const pkv_plan *plan);
 
 /* Checks the plan's internal consistency: every token of every (row, KV head) covered exactly once,
  * slots unique, merges consistent with tasks, counters consistent.  Returns PKV_ERR_INVALID_ARGUMENT
@@ -396,7 +417,8 @@ typedef struct pkv_tensors {
  * it changed (one async copy) and nothing is allocated, so a run can be captured in a CUDA graph
  * once its plan is uploaded (see pkv_plan_upload).  A captured graph replays the plan it was
  * captured with (its grid sizes, and for a one-row phase the row's schedule, are launch
- * parameters): capture again after planning a new step.  A workspace serves one stream at a time:
+ * parameters): capture again after planning a new step - or plan graph-stable steps
+ * (pkv_plan_options.graph_max_batch): upload each new one and replay.  A workspace serves one stream at a time:
  * the partial states (and the fused route's arrival counters) live in it. */
 pkv_status pkv_run(pkv_context *ctx, const pkv_plan *plan, void *workspace, size_t workspace_bytes,
                    const pkv_tensors *tensors, void *stream);

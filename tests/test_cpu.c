@@ -567,6 +567,45 @@ static void test_window(pkv_context *ctx4) {
     }
 }
 
+/* Graph-stable plans (the CUDA-graph layout) execute on the CPU backend too: steps of 0..6 rows,
+ * empty, short and split rows, each against the reference, all in one workspace of the size the
+ * first step gave. */
+static void test_graph_stable(pkv_context *ctx4) {
+    pkv_rng rng;
+    pkv_rng_seed(&rng, 61);
+    pkv_plan *plan = NULL;
+    CHECK_OK(pkv_plan_create(&plan));
+    if (!plan) return;
+    size_t ws0 = 0;
+    for (int step = 0; step < 12; step++) {
+        pkv_problem p;
+        pkv_problem_default(&p);
+        p.num_qo_heads = 8;
+        p.num_kv_heads = 2;
+        p.head_dim = 64;
+        p.dtype = step % 2 ? PKV_DTYPE_BF16 : PKV_DTYPE_FP16;
+        const int32_t B = (int32_t)pkv_rng_uniform_int(&rng, 0, 6);
+        int32_t lens[6];
+        for (int32_t i = 0; i < B; i++) lens[i] = (int32_t)pkv_rng_uniform_int(&rng, 0, 1) * (int32_t)pkv_rng_uniform_int(&rng, 1, 3000);
+        pkv_test_case tc;
+        CHECK(pkv_test_case_build(&rng, &p, B, lens, 0.2, 1, &tc));
+        if (!tc.ok) continue;
+        CHECK_OK(pkv_test_case_reference(&tc));
+        pkv_plan_options opts;
+        pkv_plan_options_default(&opts);
+        opts.graph_max_batch = 6;
+        opts.graph_tasks = 24;
+        CHECK_OK(pkv_plan_step(ctx4, &tc.problem, &tc.table, &opts, plan));
+        if (step == 0) ws0 = pkv_plan_workspace_size(plan);
+        CHECK(pkv_plan_grid_tasks(plan) == 24 && pkv_plan_workspace_size(plan) == ws0);
+        char what[48];
+        snprintf(what, sizeof what, "graph-stable step %d (B=%d)", step, B);
+        if (run_poisoned(ctx4, plan, &tc, true) == PKV_OK) check_outputs(&tc, what);
+        pkv_test_case_free(&tc);
+    }
+    pkv_plan_free(plan);
+}
+
 int main(void) {
     pkv_context *ctx1 = make_ctx(1), *ctx4 = make_ctx(4);
     if (!ctx1 || !ctx4) return pkv_test_finish("test_cpu");
@@ -579,6 +618,7 @@ int main(void) {
     test_page_stride(ctx4);
     test_soft_cap(ctx4);
     test_window(ctx4);
+    test_graph_stable(ctx4);
     test_random(ctx1, ctx4);
     printf("test_cpu: %d checked runs; worst relative L2 of o: fp16 %.3g, bf16 %.3g; worst max abs: fp16 %.3g, "
            "bf16 %.3g; worst lse error %.3g\n",

@@ -19,14 +19,17 @@ static const pkv_route routes[] = {PKV_ROUTE_AUTO, PKV_ROUTE_SINGLE, PKV_ROUTE_S
 static void check_case(pkv_context *ctx, pkv_plan *plan, pkv_test_case *tc, const char *what, int64_t pad) {
     const pkv_problem *p = &tc->problem;
     double tol = p->dtype == PKV_DTYPE_BF16 ? 1.5e-2 : 2e-3;
-    for (size_t r = 0; r < sizeof routes / sizeof routes[0]; r++) {
+    const size_t nroutes = sizeof routes / sizeof routes[0];
+    for (size_t r = 0; r <= nroutes; r++) { /* r == nroutes: a graph-stable plan (room for 3 more rows) */
         pkv_plan_options opts;
         pkv_plan_options_default(&opts);
-        opts.route = routes[r];
+        opts.route = r < nroutes ? routes[r] : PKV_ROUTE_AUTO;
+        if (r == nroutes) opts.graph_max_batch = tc->batch_size + 3;
+        const char *rname = r < nroutes ? pkv_route_name(routes[r]) : "graph-stable";
         pkv_test_poison(tc);
         pkv_status st = pkv_plan_step(ctx, p, &tc->table, &opts, plan);
         if (st == PKV_OK) st = pkv_test_run_kv(ctx, plan, tc, pad);
-        CHECK_MSG(st == PKV_OK, "%s route %s: %s", what, pkv_route_name(routes[r]), pkv_context_last_error(ctx));
+        CHECK_MSG(st == PKV_OK, "%s route %s: %s", what, rname, pkv_context_last_error(ctx));
         if (st != PKV_OK) continue;
         double err = pkv_test_rel_l2(tc), lerr = pkv_test_lse_err(tc);
         int64_t unwritten = pkv_test_unwritten(tc);
@@ -34,7 +37,7 @@ static void check_case(pkv_context *ctx, pkv_plan *plan, pkv_test_case *tc, cons
                   "%s route %s: B=%d G=%d Hkv=%d d=%d page=%d %s %s kv pad %lld window %d cap %g rel_l2=%.2e lse=%.2e "
                   "unwritten=%lld",
                   what,
-                  pkv_route_name(routes[r]), tc->batch_size, p->num_qo_heads / p->num_kv_heads, p->num_kv_heads,
+                  rname, tc->batch_size, p->num_qo_heads / p->num_kv_heads, p->num_kv_heads,
                   p->head_dim, p->page_size, p->layout == PKV_LAYOUT_HND ? "HND" : "NHD",
                   p->dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", (long long)pad, p->window, (double)p->logits_soft_cap, err,
                   lerr, (long long)unwritten);
@@ -267,6 +270,81 @@ static void repeat_and_graph(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     pkv_test_case_free(&tc);
 }
 
+/* Graph-stable plans as a server runs them: one CUDA graph captured on the first step, then steps of
+ * other lengths (0, 1, short, split) and batch sizes (0..6) each planned, uploaded and replayed with a
+ * new q in the same buffers, against the reference, outputs poisoned; a plan of other capacities is
+ * refused by the replay.  Two shapes: the paper shape (tensor copies on sm_90) and G = 7 bf16 on pages
+ * of 5 (register kernels). */
+static void graph_stable_replay(pkv_context *ctx, pkv_plan *plan_g, pkv_rng *rng) {
+    enum { MAXB = 6 };
+    for (int shape = 0; shape < 2; shape++) {
+        pkv_problem p;
+        pkv_problem_default(&p);
+        if (shape == 1) p.num_qo_heads = 28, p.num_kv_heads = 4, p.page_size = 5, p.dtype = PKV_DTYPE_BF16;
+        int32_t full[MAXB] = {9000, 4000, 3000, 700, 5000, 20000};
+        if (getenv("PKV_TEST_SMALL"))
+            for (int i = 0; i < MAXB; i++) full[i] = full[i] > 1500 ? 1500 : full[i];
+        pkv_test_case tc;
+        CHECK(pkv_test_case_build(rng, &p, MAXB, full, 0.1, 1, &tc));
+        if (!tc.ok) {
+            pkv_test_case_free(&tc);
+            continue;
+        }
+        dev_case dc;
+        void *ws = NULL, *graph = NULL;
+        pkv_plan_options opts;
+        pkv_plan_options_default(&opts);
+        opts.graph_max_batch = MAXB;
+        CHECK_OK(pkv_plan_step(ctx, &tc.problem, &tc.table, &opts, plan_g));
+        const size_t wsb = pkv_plan_workspace_size(plan_g);
+        CHECK_OK(pkv_dev_malloc(ctx, wsb, &ws));
+        const bool up = dev_case_upload(ctx, &tc, &dc);
+        pkv_tensors t = {dc.q, dc.k, dc.v, (const int32_t *)dc.idx, dc.o, (float *)dc.lse, 0};
+        if (up && ws) CHECK_OK(pkv_dev_graph_capture(ctx, plan_g, ws, wsb, &t, &graph));
+        const double tol = p.dtype == PKV_DTYPE_BF16 ? 1.5e-2 : 2e-3;
+        const int64_t q_full = tc.q_elems, lse_full = tc.lse_elems;
+        for (int step = 0; graph && step < 10; step++) {
+            const int32_t B = step == 0 ? MAXB : (int32_t)pkv_rng_uniform_int(rng, 0, MAXB);
+            for (int32_t i = 0; i < B; i++) {
+                const int64_t kind = pkv_rng_uniform_int(rng, 0, 3);
+                tc.seq_lens[i] = (int32_t)(kind == 0 ? 0 : kind == 1 ? 1 : kind == 2 ? pkv_rng_uniform_int(rng, 2, 200)
+                                                                               : pkv_rng_uniform_int(rng, 1, full[i]));
+            }
+            tc.batch_size = tc.table.batch_size = B;
+            tc.q_elems = (int64_t)B * p.num_qo_heads * p.head_dim;
+            tc.lse_elems = (int64_t)B * p.num_qo_heads;
+            CHECK_OK(pkv_dev_fill_random(ctx, dc.q, q_full, p.dtype, 500 + (uint64_t)step)); /* this step's q */
+            CHECK_OK(pkv_dev_memset(ctx, dc.o, 0xff, dc.qb));
+            CHECK_OK(pkv_dev_memset(ctx, dc.lse, 0xff, dc.lb));
+            pkv_status st = pkv_plan_step(ctx, &tc.problem, &tc.table, &opts, plan_g);
+            CHECK(st == PKV_OK && pkv_plan_workspace_size(plan_g) == wsb);
+            if (st == PKV_OK) st = pkv_dev_graph_replay(ctx, graph, plan_g, ws, wsb);
+            CHECK_MSG(st == PKV_OK, "graph-stable replay, shape %d step %d: %s", shape, step, pkv_context_last_error(ctx));
+            if (st != PKV_OK) break;
+            pkv_dev_copy_d2h(ctx, tc.q, dc.q, (size_t)tc.q_elems * 2);
+            pkv_dev_copy_d2h(ctx, tc.o, dc.o, (size_t)tc.q_elems * 2);
+            pkv_dev_copy_d2h(ctx, tc.lse, dc.lse, (size_t)tc.lse_elems * 4);
+            CHECK_OK(pkv_test_case_reference(&tc));
+            const double err = pkv_test_rel_l2(&tc), lerr = pkv_test_lse_err(&tc);
+            const int64_t unwritten = pkv_test_unwritten(&tc);
+            CHECK_MSG(err < tol && lerr < 1e-2 && unwritten == 0 && pkv_test_empty_rows_nonzero(&tc) == 0,
+                      "graph-stable replay, shape %d step %d (B=%d, %d tasks): rel_l2=%.2e lse=%.2e unwritten=%lld", shape,
+                      step, B, pkv_plan_num_tasks(plan_g), err, lerr, (long long)unwritten);
+        }
+        /* a plan of another grid is not the captured graph's */
+        pkv_plan_options other = opts;
+        other.graph_tasks = pkv_plan_grid_tasks(plan_g) + 1;
+        if (graph && pkv_plan_step(ctx, &tc.problem, &tc.table, &other, plan_g) == PKV_OK)
+            CHECK_STATUS(pkv_dev_graph_replay(ctx, graph, plan_g, ws, wsb), PKV_ERR_INVALID_ARGUMENT);
+        tc.batch_size = tc.table.batch_size = MAXB;
+        tc.q_elems = q_full, tc.lse_elems = lse_full;
+        pkv_dev_graph_free(graph);
+        dev_case_free(ctx, &dc);
+        pkv_dev_free(ctx, ws);
+        pkv_test_case_free(&tc);
+    }
+}
+
 /* Every route queued right behind a kernel that writes q late: it lets its programmatic dependents start
  * at once, spins 20 us, then writes new values.  A run whose kernels touched q (or the outputs) before
  * their dependency wait would use the old q; with PDL off (pdl = 0) the same runs in stream order. */
@@ -329,6 +407,7 @@ int main(void) {
 
     fixed_cases(ctx, plan, &rng);
     repeat_and_graph(ctx, plan, &rng);
+    graph_stable_replay(ctx, plan, &rng);
     behind_a_producer(ctx, plan, &rng, "PDL on");
     {
         pkv_context_config off = cc;

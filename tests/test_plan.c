@@ -1013,9 +1013,108 @@ static void test_window(void) {
     pkv_plan_free(pe);
 }
 
+/* Graph-stable plans: every step of a batch up to graph_max_batch (lengths 0 to 100K, windows) plans
+ * on the same layout, workspace and grids (so the same signature), valid, within the grid, with the
+ * counts the kernels read; pkv_workspace_size gives that workspace; the errors. */
+static void test_graph_stable(void) {
+    pkv_rng rng;
+    pkv_rng_seed(&rng, 20261201);
+    pkv_plan *plan = NULL;
+    CHECK_OK(pkv_plan_create(&plan));
+    if (!plan) return;
+    const int32_t max_batch = 16;
+    for (int shape = 0; shape < 3; shape++) {
+        pkv_problem pb;
+        pkv_problem_default(&pb);
+        if (shape == 1) pb.window = 300;
+        if (shape == 2) pb.num_kv_heads = 2, pb.num_qo_heads = 14, pb.page_size = 5; /* G = 7 */
+        pkv_plan_options opts;
+        pkv_plan_options_default(&opts);
+        opts.parallelism = 132;
+        opts.graph_max_batch = max_batch;
+        opts.graph_tasks = shape == 2 ? 20 : 0; /* below max_batch x Hkv = 32: raised to it */
+        const int64_t cap = shape == 2 ? 32 : 264; /* host planning: 2 resident CTAs per unit */
+        uint64_t sig = 0;
+        size_t ws = 0;
+        int steps = 0, valid = 0, same = 0, fit = 0, split = 0;
+        for (int step = 0; step < 120; step++) {
+            const int32_t B = (int32_t)pkv_rng_uniform_int(&rng, 0, max_batch);
+            int32_t lens[16];
+            for (int32_t i = 0; i < B; i++) {
+                const int64_t kind = pkv_rng_uniform_int(&rng, 0, 3);
+                lens[i] = (int32_t)(kind == 0 ? 0 : kind == 1 ? pkv_rng_uniform_int(&rng, 1, 40)
+                                            : kind == 2 ? pkv_rng_uniform_int(&rng, 1, 5000)
+                                                        : pkv_rng_uniform_int(&rng, 1, 100000));
+            }
+            batch b;
+            batch_make(&b, lens, B, &pb, &rng, true);
+            pb.num_pages = 1 << 20; /* the pool is the same for every step (it is in the signature) */
+            steps++;
+            if (pkv_plan_step_host(&pb, &b.table, &opts, plan) != PKV_OK) {
+                CHECK_MSG(0, "graph-stable step %d (B=%d): %s", step, B, pkv_last_error());
+                batch_free(&b);
+                continue;
+            }
+            const char *why = NULL;
+            valid += pkv_plan_validate(plan, b.lens, &why) == PKV_OK;
+            if (pkv_plan_validate(plan, b.lens, &why) != PKV_OK) printf("  invalid graph-stable plan: %s\n", why);
+            if (step == 0) sig = pkv_plan_graph_signature(plan), ws = pkv_plan_workspace_size(plan);
+            same += sig != 0 && pkv_plan_graph_signature(plan) == sig && pkv_plan_workspace_size(plan) == ws &&
+                    pkv_plan_route(plan) == PKV_ROUTE_WORKQUEUE;
+            fit += pkv_plan_grid_tasks(plan) == cap && pkv_plan_num_tasks(plan) <= cap;
+            split += pkv_plan_num_merges(plan) > 0 && pkv_plan_num_tasks(plan) > B * pb.num_kv_heads;
+            batch_free(&b);
+        }
+        CHECK_MSG(valid == steps && same == steps && fit == steps,
+                  "shape %d: %d steps, %d valid, %d on the first step's signature and workspace, %d on a grid of %lld",
+                  shape, steps, valid, same, fit, (long long)cap);
+        CHECK_MSG(split > 10, "shape %d: only %d of %d graph-stable steps split a row", shape, split, steps);
+        size_t bound = 0;
+        CHECK_OK(pkv_workspace_size(NULL, &pb, max_batch, &opts, &bound));
+        CHECK_MSG(bound == ws, "shape %d: pkv_workspace_size %zu, the plans' %zu", shape, bound, ws);
+        /* another shape, another signature; a plain plan has none */
+        pkv_problem other = pb;
+        other.page_size = pb.page_size == 16 ? 32 : 16;
+        const int32_t one = 700, indptr[2] = {0, (700 + other.page_size - 1) / other.page_size};
+        pkv_page_table t1 = {1, indptr, NULL, &one};
+        CHECK_OK(pkv_plan_step_host(&other, &t1, &opts, plan));
+        CHECK(pkv_plan_graph_signature(plan) != 0 && pkv_plan_graph_signature(plan) != sig);
+        pkv_plan_options plain = opts;
+        plain.graph_max_batch = 0;
+        CHECK_OK(pkv_plan_step_host(&other, &t1, &plain, plan));
+        CHECK(pkv_plan_graph_signature(plan) == 0 && pkv_plan_grid_tasks(plan) == pkv_plan_num_tasks(plan));
+    }
+    /* errors: a batch above the capacity, a route other than the work queue, a forced chunk that needs
+     * more tasks than the grid; a failed step leaves no signature */
+    pkv_problem pb;
+    pkv_problem_default(&pb);
+    pkv_plan_options opts;
+    pkv_plan_options_default(&opts);
+    opts.parallelism = 132;
+    opts.graph_max_batch = 2;
+    int32_t lens[3] = {100000, 5, 7}, indptr[4] = {0, 6250, 6251, 6252};
+    pb.num_pages = 6252;
+    pkv_page_table t = {3, indptr, NULL, lens};
+    CHECK_STATUS(pkv_plan_step_host(&pb, &t, &opts, plan), PKV_ERR_BATCH_SIZE);
+    CHECK(pkv_plan_graph_signature(plan) == 0);
+    t.batch_size = 2;
+    opts.route = PKV_ROUTE_SPLIT;
+    CHECK_STATUS(pkv_plan_step_host(&pb, &t, &opts, plan), PKV_ERR_UNSUPPORTED);
+    opts.route = PKV_ROUTE_WORKQUEUE;
+    opts.chunk_pages = 1; /* 6250 chunks x 8 heads */
+    CHECK_STATUS(pkv_plan_step_host(&pb, &t, &opts, plan), PKV_ERR_INVALID_ARGUMENT);
+    opts.chunk_pages = 0;
+    CHECK_OK(pkv_plan_step_host(&pb, &t, &opts, plan));
+    CHECK(pkv_plan_num_tasks(plan) <= pkv_plan_grid_tasks(plan) && pkv_plan_graph_signature(plan) != 0);
+    size_t bound = 0;
+    CHECK_STATUS(pkv_workspace_size(NULL, &pb, 3, &opts, &bound), PKV_ERR_BATCH_SIZE);
+    pkv_plan_free(plan);
+}
+
 int main(void) {
     test_route_names();
     test_window();
+    test_graph_stable();
     test_block_table();
     test_anchor_b8_bimodal();
     test_even_batch_waves();

@@ -25,6 +25,8 @@ typedef struct bench_opts {
     int nroutes;
     int reps, warmup, wall_reps;
     int32_t ctas_per_unit, min_chunk, parallelism;
+    int32_t graph_max_batch, graph_tasks; /* graph-stable plans: capacity (-1: the step's batch rounded up to
+                                           * a power of two, as servers capture per batch bucket); 0: off */
     bool check, per_step, quiet, explain;
     bool kv_interleaved; /* K and V of each page side by side in one pool (pkv_tensors.kv_page_stride) */
     bool behind;         /* also time each step behind a kernel that writes its q (pkv_dev_time_plan_behind) */
@@ -484,6 +486,12 @@ static void measure(const bench_opts *o, buffers *b, const step_input *s, pkv_ro
     opts.ctas_per_unit = o->ctas_per_unit;
     opts.parallelism = o->parallelism;
     opts.min_chunk_tokens = o->min_chunk;
+    if (o->graph_max_batch != 0) {
+        int32_t cap = 1;
+        while (cap < s->batch) cap *= 2;
+        opts.graph_max_batch = o->graph_max_batch > 0 ? o->graph_max_batch : cap;
+        opts.graph_tasks = o->graph_tasks;
+    }
     TRY(o->ctx, pkv_plan_step(o->ctx, &prob, &tab, &opts, plan), "plan");
     ensure_workspace(o, b, pkv_plan_workspace_size(plan));
     snprintf(r->step, sizeof r->step, "%s", s->name);
@@ -792,6 +800,9 @@ static void usage(void) {
            "  --kv-interleaved          K and V of each page side by side in one pool (kv_page_stride)\n"
            "  --ctas-per-unit N         planner: tasks per SM in one wave (default: the backend's)\n"
            "  --min-chunk N             planner: smallest split in tokens (default 128)\n"
+           "  --graph-max-batch N|pow2  graph-stable plans (CUDA-graph serving) for batches of up to N rows (pow2: the\n"
+           "                            step's batch rounded up to a power of two); routes auto and workqueue only\n"
+           "  --graph-tasks N           graph-stable plans: CTAs of the task grid (default: one resident wave)\n"
            "  --parallelism N           planner: plan as for N SMs (default: the backend's SMs or threads;\n"
            "                            e.g. 132 on the CPU backend to run the plans an H200 would get)\n"
            "  --explain                 each route's predicted time (cost model) next to its measured time\n"
@@ -816,7 +827,7 @@ int cmd_bench(int argc, char **argv) {
                                         "--page-size", "--trace", "--seed", "--batch", "--requests", "--steps",
                                         "--step", "--trace-file", "--anchor", "--lens", "--reps", "--warmup",
                                         "--wall-reps", "--rotate-gib", "--no-check!", "--per-step!", "--json",
-                                        "--quiet!", "--help!", "--ctas-per-unit", "--min-chunk", "--explain!", "--policy", "--calibrate-out", "--calibration-set!", "--heldout-set!", "--set-batches", "--set-seeds", "--parallelism", "--kv-interleaved!", "--window", "--soft-cap", "--behind-producer!", "--pdl", NULL};
+                                        "--quiet!", "--help!", "--ctas-per-unit", "--min-chunk", "--explain!", "--policy", "--calibrate-out", "--calibration-set!", "--heldout-set!", "--set-batches", "--set-seeds", "--parallelism", "--kv-interleaved!", "--window", "--soft-cap", "--behind-producer!", "--pdl", "--graph-max-batch", "--graph-tasks", NULL};
     if (cli_flag(argc, argv, "--help")) {
         usage();
         return 0;
@@ -906,6 +917,13 @@ int cmd_bench(int argc, char **argv) {
     o.ctas_per_unit = (int32_t)cli_opt_int(argc, argv, "--ctas-per-unit", 0);
     o.min_chunk = (int32_t)cli_opt_int(argc, argv, "--min-chunk", 0);
     o.parallelism = (int32_t)cli_opt_int(argc, argv, "--parallelism", 0);
+    const char *gmb = cli_opt(argc, argv, "--graph-max-batch");
+    o.graph_max_batch = gmb && strcmp(gmb, "pow2") == 0 ? -1 : (int32_t)cli_opt_int(argc, argv, "--graph-max-batch", 0);
+    o.graph_tasks = (int32_t)cli_opt_int(argc, argv, "--graph-tasks", 0);
+    if (o.graph_max_batch < -1 || o.graph_tasks < 0) {
+        fprintf(stderr, "pkv bench: --graph-max-batch takes N > 0 or pow2, --graph-tasks N >= 0\n");
+        BENCH_EXIT(2);
+    }
     o.per_step = cli_flag(argc, argv, "--per-step");
     o.quiet = cli_flag(argc, argv, "--quiet");
     o.explain = cli_flag(argc, argv, "--explain");

@@ -22,7 +22,7 @@ from .trace import Trace, generate_trace
 from .wrapper import BatchDecodeWithPagedKVCacheWrapper, cuda_available
 from . import flashinfer  # FlashInfer's decode wrapper (its plan/run order and lse base) on PersistentKV
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["BatchDecodeWithPagedKVCacheWrapper", "PkvError", "LibraryNotFoundError", "Status", "ROUTES",
            "TRACE_FAMILIES", "Trace", "generate_trace", "reference", "cuda_available", "library_path",

@@ -107,7 +107,8 @@ class PageTable(ctypes.Structure):
 class PlanOptions(ctypes.Structure):
     _fields_ = [("route", c_enum), ("parallelism", ctypes.c_int32), ("ctas_per_unit", ctypes.c_int32),
                 ("num_splits", ctypes.c_int32), ("chunk_pages", ctypes.c_int32),
-                ("min_chunk_tokens", ctypes.c_int32), ("max_splits", ctypes.c_int32)]
+                ("min_chunk_tokens", ctypes.c_int32), ("max_splits", ctypes.c_int32),
+                ("graph_max_batch", ctypes.c_int32), ("graph_tasks", ctypes.c_int32)]
 
 
 class Tensors(ctypes.Structure):
@@ -204,6 +205,8 @@ _protos = {
     "pkv_plan_problem": (_P(Problem), [_vp]),
     "pkv_plan_batch_size": (ctypes.c_int32, [_vp]),
     "pkv_plan_workspace_size": (ctypes.c_size_t, [_vp]),
+    "pkv_plan_graph_signature": (ctypes.c_uint64, [_vp]),
+    "pkv_plan_grid_tasks": (ctypes.c_int32, [_vp]),
     "pkv_plan_validate": (c_enum, [_vp, _i32p, _P(_cp)]),
     "pkv_workspace_size": (c_enum, [_vp, _P(Problem), ctypes.c_int32, _P(PlanOptions),
                                     _P(ctypes.c_size_t)]),
@@ -243,7 +246,7 @@ for _name, (_res, _args) in _protos.items():
     _fn.restype, _fn.argtypes = _res, _args
 
 # The structs above mirror this version of persistentkv.h: refuse a library of another version.
-ABI_VERSION = 100  # 0.1.0
+ABI_VERSION = 200  # 0.2.0
 lib.pkv_version.restype, lib.pkv_version.argtypes = ctypes.c_uint32, []
 if lib.pkv_version() != ABI_VERSION:
     raise LibraryNotFoundError(

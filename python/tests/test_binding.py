@@ -99,7 +99,7 @@ def test_library_not_found_names_what_was_tried(tmp_path):
 C_LAYOUT = {
     _lib.Problem: (48, [0, 4, 8, 12, 16, 24, 28, 32, 36, 40]),
     _lib.PageTable: (32, [0, 8, 16, 24]),
-    _lib.PlanOptions: (28, [0, 4, 8, 12, 16, 20, 24]),
+    _lib.PlanOptions: (36, [0, 4, 8, 12, 16, 20, 24, 28, 32]),
     _lib.Tensors: (56, [0, 8, 16, 24, 32, 40, 48]),
     _lib.Counters: (64, [0, 8, 16, 24, 32, 40, 48, 56]),
     _lib.ContextConfig: (16, [0, 4, 8, 12]),

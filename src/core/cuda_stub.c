@@ -84,3 +84,14 @@ pkv_status pkv_dev_graph_run(pkv_context *ctx, const pkv_plan *plan, void *ws, s
     (void)plan, (void)ws, (void)ws_bytes, (void)t, (void)replays;
     return PKV_NO_CUDA(ctx);
 }
+pkv_status pkv_dev_graph_capture(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_bytes,
+                                 const pkv_tensors *t, void **graph) {
+    (void)plan, (void)ws, (void)ws_bytes, (void)t;
+    if (graph) *graph = NULL;
+    return PKV_NO_CUDA(ctx);
+}
+pkv_status pkv_dev_graph_replay(pkv_context *ctx, void *graph, const pkv_plan *plan, void *ws, size_t ws_bytes) {
+    (void)graph, (void)plan, (void)ws, (void)ws_bytes;
+    return PKV_NO_CUDA(ctx);
+}
+void pkv_dev_graph_free(void *graph) { (void)graph; }

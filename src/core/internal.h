@@ -80,6 +80,12 @@ struct pkv_plan {
     size_t off_tasks, off_rows, off_merges, off_counters;
     size_t off_state_o, off_state_lse, workspace_bytes;
 
+    /* graph-stable plans (pkv_plan_options.graph_max_batch > 0): the fixed grids, where the step's task
+     * and merge counts live in the workspace (int32 [2] at off_counts), and the launch signature */
+    int32_t graph_tasks, graph_merges; /* 0: not graph-stable */
+    size_t off_counts;
+    uint64_t graph_signature;
+
     uint64_t generation;     /* unique per successful pkv_plan call */
     /* scratch of the planner */
     int32_t *scratch;

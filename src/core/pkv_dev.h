@@ -61,6 +61,14 @@ pkv_status pkv_dev_launch_latency(pkv_context *ctx, double *empty_us, double *gr
 /* Captures one pkv_run of an uploaded plan into a CUDA graph, replays it `replays` times. */
 pkv_status pkv_dev_graph_run(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_bytes,
                              const pkv_tensors *t, int32_t replays);
+/* Serving with graph-stable plans (pkv_plan_options.graph_max_batch): capture one pkv_run of the plan
+ * (uploaded first) on a stream of the graph's own into an instantiated graph (*graph); then each
+ * replay uploads the given plan on that stream (outside the graph) and replays the graph, synchronized.
+ * A replay refuses a plan whose pkv_plan_graph_signature is not the captured one's. */
+pkv_status pkv_dev_graph_capture(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_bytes,
+                                 const pkv_tensors *t, void **graph);
+pkv_status pkv_dev_graph_replay(pkv_context *ctx, void *graph, const pkv_plan *plan, void *ws, size_t ws_bytes);
+void pkv_dev_graph_free(void *graph); /* accepts NULL */
 
 #ifdef __cplusplus
 }

@@ -53,7 +53,9 @@ pkv_status cuda_upload(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t 
 pkv_status cuda_run(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_bytes, const pkv_tensors *t,
                     void *stream) {
     cuda_state *s = state_of(ctx);
-    if (plan->num_phases == 0 || (plan->num_tasks == 0 && plan->num_merges == 0)) return PKV_OK;
+    // nothing to launch - except for a graph-stable plan, whose launches must not depend on the step
+    if (plan->graph_tasks == 0 && (plan->num_phases == 0 || (plan->num_tasks == 0 && plan->num_merges == 0)))
+        return PKV_OK;
     pkv_status ps = cuda_upload(ctx, plan, ws, ws_bytes, stream);
     if (ps != PKV_OK) return ps;
     cudaError_t e = pkv_cuda_decode_run(plan, ws, t, static_cast<cudaStream_t>(stream), &s->launch);

@@ -71,6 +71,8 @@ struct decode_params {
     int32_t fused, num_tasks, num_split_merges;
     const pkv_merge *merges;
     int32_t *counters;
+    // graph-stable plans: the step's task count (in the uploaded plan); CTAs at or past it exit
+    const int32_t *task_count;
 };
 
 struct merge_params {
@@ -80,6 +82,7 @@ struct merge_params {
     void *o;
     float *lse;
     int32_t num_qo_heads, group;
+    const int32_t *merge_count; // graph-stable plans: the step's merge count; CTAs of merges past it exit
 };
 
 // Dev builds only (cmake -DPKV_TIMELINE=ON; dev/probe_timeline.sh): thread 0 of every CTA records
@@ -238,6 +241,7 @@ __device__ __forceinline__ void merge_one(int32_t row, int32_t kv_head, int64_t 
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) merge_kernel_row(const merge_params p) {
     PKV_TL_SCOPE(1);
+    if (p.merge_count && (int32_t)blockIdx.x >= *p.merge_count) return;
     const pkv_merge m = p.merges[blockIdx.x]; // the plan's (uploaded before): read before the wait
     pdl_launch_dependents();
     pdl_wait(); // the partial states come from the previous launch
@@ -260,6 +264,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const merge_params p) {
     __shared__ float m_sm[NG], l_sm[NG];
     PKV_TL_SCOPE(1);
     const int G = p.group;
+    if (p.merge_count && (int32_t)(blockIdx.x / G) >= *p.merge_count) return; // before any barrier: whole CTA
     const pkv_merge m = p.merges[blockIdx.x / G]; // the plan's (uploaded before): read before the wait
     const int j = blockIdx.x % G;
     const int grp = threadIdx.x / (D / 4), col = threadIdx.x % (D / 4);
@@ -327,6 +332,8 @@ __device__ __forceinline__ bool load_task(const decode_params &p, task_info &ti)
         ti.slot = rs.num_splits > 1 ? rs.slot_base + ti.head * rs.num_splits + s : -1;
         ti.page_base = rs.page_base;
     } else {
+        // a graph-stable plan's grid holds more CTAs than the step has tasks: the rest exit at once
+        if (p.task_count && (int32_t)blockIdx.x >= *p.task_count) return false;
         if (p.fused && (int32_t)blockIdx.x >= p.num_tasks) {
             pdl_launch_dependents();
             pdl_wait(); // o of the kernel before (a programmatic dependent of it) is not ours to write yet
@@ -1346,6 +1353,31 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
                               const char *ws_dev, cudaStream_t stream, const pkv_cuda_launch_opts &o,
                               const tma_maps *maps) {
     const kernel_kind base_kind = kernel_for(plan->group, o.allow_n8 != 0);
+    if (plan->graph_tasks > 0) {
+        // graph-stable (the work queue): the grids are the plan's capacities and the counts are read
+        // from the workspace, so the launches are the same for every step of the same capacities
+        const int32_t *counts = reinterpret_cast<const int32_t *>(ws_dev + plan->off_counts);
+        decode_params p = base;
+        p.rect = 0;
+        p.tasks = reinterpret_cast<const pkv_task *>(ws_dev + plan->off_tasks);
+        p.task_count = counts;
+        const dim3 grid((unsigned)plan->graph_tasks);
+        cudaError_t e;
+        if (maps) {
+            e = launch_decode_tma<T, D>(p, *maps, grid, stream, o.entry_pdl);
+        } else {
+            const kernel_kind kind = base_kind == kHeadsInN && (int64_t)plan->graph_tasks <= o.deep_max_ctas
+                                         ? kHeadsInNDeep
+                                         : base_kind;
+            e = launch_decode<T, D>(kind, p, grid, stream, o.entry_pdl);
+        }
+        if (e != cudaSuccess) return e;
+        merge_params m = mbase;
+        m.merges = reinterpret_cast<const pkv_merge *>(ws_dev + plan->off_merges);
+        m.merge_count = counts + 1;
+        // the per-head merge kernel whatever the step's widest merge (the per-merge one's pick depends on it)
+        return launch_merge<T, D>(m, plan->graph_merges, stream, o.use_pdl, o.merge_kernel != 2);
+    }
     for (int32_t k = 0; k < plan->num_phases; k++) {
         const pkv_phase &ph = plan->phases[k];
         const bool fused = plan->route == PKV_ROUTE_FUSED;

@@ -416,4 +416,69 @@ pkv_status pkv_dev_graph_run(pkv_context *ctx, const pkv_plan *plan, void *ws, s
     return st;
 }
 
+struct pkv_dev_graph {
+    cudaStream_t stream;
+    cudaGraphExec_t exec;
+    uint64_t signature;
+};
+
+pkv_status pkv_dev_graph_capture(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_bytes,
+                                 const pkv_tensors *t, void **graph) {
+    if (!graph) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "graph output is NULL");
+    *graph = nullptr;
+    pkv_dev_graph *h = static_cast<pkv_dev_graph *>(calloc(1, sizeof(pkv_dev_graph)));
+    if (!h) return pkv_fail(ctx, PKV_ERR_OUT_OF_MEMORY, "cannot allocate a graph handle");
+    h->signature = pkv_plan_graph_signature(plan);
+    if (cudaStreamCreateWithFlags(&h->stream, cudaStreamNonBlocking) != cudaSuccess) {
+        free(h);
+        return pkv_fail(ctx, PKV_ERR_CUDA, "cannot create the graph's stream");
+    }
+    pkv_status st = pkv_plan_upload(ctx, plan, ws, ws_bytes, h->stream);
+    if (st == PKV_OK && cudaStreamSynchronize(h->stream) != cudaSuccess) st = pkv_fail(ctx, PKV_ERR_CUDA, "upload failed");
+    cudaGraph_t g = nullptr;
+    if (st == PKV_OK && cudaStreamBeginCapture(h->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
+        st = pkv_fail(ctx, PKV_ERR_CUDA, "cannot begin capture");
+    if (st == PKV_OK) {
+        pkv_status rs = pkv_run(ctx, plan, ws, ws_bytes, t, h->stream);
+        cudaError_t e = cudaStreamEndCapture(h->stream, &g);
+        if (rs != PKV_OK)
+            st = rs;
+        else if (e != cudaSuccess)
+            st = pkv_fail(ctx, PKV_ERR_CUDA, "capture failed: %s", cudaGetErrorString(e));
+    }
+    if (st == PKV_OK && cudaGraphInstantiate(&h->exec, g, 0) != cudaSuccess)
+        st = pkv_fail(ctx, PKV_ERR_CUDA, "graph instantiation failed");
+    if (g) cudaGraphDestroy(g);
+    if (st != PKV_OK) {
+        pkv_dev_graph_free(h);
+        return st;
+    }
+    *graph = h;
+    return PKV_OK;
+}
+
+pkv_status pkv_dev_graph_replay(pkv_context *ctx, void *graph, const pkv_plan *plan, void *ws, size_t ws_bytes) {
+    pkv_dev_graph *h = static_cast<pkv_dev_graph *>(graph);
+    if (!h || !plan) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "graph or plan is NULL");
+    const uint64_t sig = pkv_plan_graph_signature(plan);
+    if (sig == 0 || sig != h->signature)
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT,
+                        "the plan's launches are not the captured ones (graph signature %llx, captured %llx)",
+                        (unsigned long long)sig, (unsigned long long)h->signature);
+    pkv_status st = pkv_plan_upload(ctx, plan, ws, ws_bytes, h->stream);
+    if (st != PKV_OK) return st;
+    if (cudaGraphLaunch(h->exec, h->stream) != cudaSuccess) return pkv_fail(ctx, PKV_ERR_CUDA, "graph launch failed");
+    cudaError_t e = cudaStreamSynchronize(h->stream);
+    if (e != cudaSuccess) return pkv_fail(ctx, PKV_ERR_CUDA, "graph replay failed: %s", cudaGetErrorString(e));
+    return PKV_OK;
+}
+
+void pkv_dev_graph_free(void *graph) {
+    pkv_dev_graph *h = static_cast<pkv_dev_graph *>(graph);
+    if (!h) return;
+    if (h->exec) cudaGraphExecDestroy(h->exec);
+    if (h->stream) cudaStreamDestroy(h->stream);
+    free(h);
+}
+
 } // extern "C"

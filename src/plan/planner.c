@@ -190,14 +190,17 @@ static int32_t choose_workqueue_chunk(const plan_params *pp, const pkv_problem *
 }
 
 /* ---- storage ---------------------------------------------------------------------------------- */
+/* counts: a graph-stable plan's [task count, merge count] after the merges (one aligned block) */
 static pkv_status plan_reserve(pkv_context *ctx, pkv_plan *plan, int64_t ntasks, int64_t nrows, int64_t nmerges,
-                               int64_t nphases) {
+                               int64_t nphases, bool counts) {
     if (ntasks > INT32_MAX || nmerges > INT32_MAX)
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "plan would have too many tasks (%lld)", (long long)ntasks);
     size_t off_tasks = 0;
     size_t off_rows = align_up(off_tasks + (size_t)ntasks * sizeof(pkv_task), PKV_WS_ALIGN);
     size_t off_merges = align_up(off_rows + (size_t)nrows * sizeof(pkv_row_sched), PKV_WS_ALIGN);
     size_t bytes = align_up(off_merges + (size_t)nmerges * (sizeof(pkv_merge) + sizeof(int32_t)), PKV_WS_ALIGN);
+    plan->off_counts = counts ? bytes : 0;
+    if (counts) bytes += PKV_WS_ALIGN;
     if (bytes > plan->blob_cap || !plan->blob) {
         size_t cap = plan->blob_cap ? plan->blob_cap : 4096;
         while (cap < bytes) cap *= 2;
@@ -405,6 +408,10 @@ static void compute_counters(pkv_plan *plan) {
         }
         if (ph->merge_end > ph->merge_begin) c->launches++;
     }
+    if (plan->graph_tasks > 0) { /* graph-stable: both kernels on their fixed grids, whatever the step */
+        c->launches = 2;
+        c->grid_ctas = plan->graph_tasks;
+    }
 }
 
 /* The planner's parameters for a step: P (tasks per wave; ragged batches - rows longer than 1.25 x
@@ -597,6 +604,34 @@ static pkv_route auto_rule(const plan_params *pp, const pkv_problem *p) {
     return PKV_ROUTE_FUSED;
 }
 
+/* Tasks of a graph-stable plan's grid: graph_tasks, else one wave of the resident slots; at least a
+ * task per (row, KV head) of the largest batch. */
+static int64_t graph_capacity(const pkv_plan_options *opts, int64_t slots, const pkv_problem *p) {
+    int64_t cap = opts->graph_tasks > 0 ? opts->graph_tasks : slots;
+    const int64_t pairs = (int64_t)opts->graph_max_batch * p->num_kv_heads;
+    return cap > pairs ? cap : pairs;
+}
+
+/* FNV-1a over what a graph-stable plan's launches depend on (field by field: no struct padding). */
+static uint64_t fnv_mix(uint64_t h, int64_t v) {
+    for (int i = 0; i < 8; i++) h = (h ^ (uint64_t)((v >> (8 * i)) & 0xff)) * 1099511628211ull;
+    return h;
+}
+static uint64_t graph_signature(const pkv_plan *plan, int32_t max_batch) {
+    const pkv_problem *p = &plan->problem;
+    float f[2] = {p->sm_scale, p->logits_soft_cap};
+    uint32_t fb[2];
+    memcpy(fb, f, sizeof fb);
+    const int64_t v[] = {p->num_qo_heads, p->num_kv_heads, p->head_dim, p->page_size, p->num_pages, (int64_t)p->layout,
+                         (int64_t)p->dtype, fb[0], fb[1], p->window, max_batch, plan->graph_tasks, plan->graph_merges,
+                         (int64_t)plan->route, (int64_t)plan->off_tasks, (int64_t)plan->off_merges,
+                         (int64_t)plan->off_counts, (int64_t)plan->off_state_o, (int64_t)plan->off_state_lse,
+                         (int64_t)plan->workspace_bytes, (int64_t)plan->blob_bytes};
+    uint64_t h = 14695981039346656037ull;
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) h = fnv_mix(h, v[i]);
+    return h ? h : 1;
+}
+
 static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t default_cpu, int32_t resident, int32_t resident_x,
                             const pkv_problem *problem,
                             const pkv_page_table *table, const pkv_plan_options *opts_in, pkv_plan *plan) {
@@ -642,8 +677,30 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
 
     const int64_t empty = B - pp.nonempty;
     pkv_route route = opts.route;
+    /* graph-stable: the work queue on a fixed grid of graph_cap tasks (see persistentkv.h) */
+    const bool graph = opts.graph_max_batch > 0;
+    int32_t graph_cap = 0;
+    plan->graph_tasks = plan->graph_merges = 0;
+    plan->graph_signature = 0;
+    if (graph) {
+        if (opts.graph_max_batch > PKV_MAX_BATCH)
+            return pkv_fail(ctx, PKV_ERR_BATCH_SIZE, "graph_max_batch %d is above %d", opts.graph_max_batch,
+                            PKV_MAX_BATCH);
+        if (B > opts.graph_max_batch)
+            return pkv_fail(ctx, PKV_ERR_BATCH_SIZE, "batch of %d rows above the graph-stable plan's graph_max_batch %d",
+                            B, opts.graph_max_batch);
+        if (route != PKV_ROUTE_AUTO && route != PKV_ROUTE_WORKQUEUE)
+            return pkv_fail(ctx, PKV_ERR_UNSUPPORTED, "graph-stable plans run the work queue (route auto or workqueue), not %s",
+                            pkv_route_name(route));
+        route = PKV_ROUTE_WORKQUEUE;
+        const int64_t cap = graph_capacity(&opts, pp.slots, problem);
+        if (cap > INT32_MAX / 2)
+            return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "graph-stable plan of %lld tasks is too large", (long long)cap);
+        graph_cap = (int32_t)cap;
+        if (pp.P > graph_cap) pp.P = graph_cap; /* the chunk search keeps the tasks within the wave */
+    }
     int32_t wq_chunk = -1; /* the work queue's chunk (pages), once searched */
-    if (route == PKV_ROUTE_AUTO && ctx && ctx->has_cost_model) {
+    if (route == PKV_ROUTE_AUTO && !graph && ctx && ctx->has_cost_model) {
         /* the policy: each candidate's predicted time from its terms (O(B) each, no plan built),
          * the lowest wins; ties keep the earlier candidate.  Candidates: the four routes at the
          * planner's wave P, and, when the step has fewer (row, KV head) pairs than resident task
@@ -712,7 +769,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
             ntasks += ns * hkv;
             if (ns > 1) nmerges += hkv;
         }
-        st = plan_reserve(ctx, plan, ntasks, B, nmerges, 1);
+        st = plan_reserve(ctx, plan, ntasks, B, nmerges, 1, false);
         if (st != PKV_OK) return st;
         slots = emit_rect_phase(plan, &pp, table, row_starts, order, B, S);
     } else if (route == PKV_ROUTE_BUCKETED) {
@@ -742,7 +799,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
                 if (ns != 1) nmerges += hkv;
             }
         }
-        st = plan_reserve(ctx, plan, ntasks, B, nmerges, nb);
+        st = plan_reserve(ctx, plan, ntasks, B, nmerges, nb, false);
         if (st != PKV_OK) return st;
         for (int b = 0; b < 34; b++) {
             if (!counts[b]) continue;
@@ -758,7 +815,17 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
             ntasks += ns * hkv;
             if (ns > 1) nmerges += hkv;
         }
-        st = plan_reserve(ctx, plan, ntasks, B, nmerges, 1);
+        if (graph) {
+            if (ntasks > graph_cap)
+                return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT,
+                                "this step needs %lld tasks, above the graph-stable plan's %d (raise graph_tasks, or "
+                                "leave chunk_pages to the planner)",
+                                (long long)ntasks, graph_cap);
+            /* the layout of the largest step: the same offsets and workspace for every step */
+            st = plan_reserve(ctx, plan, graph_cap, opts.graph_max_batch, (int64_t)opts.graph_max_batch * hkv, 1, true);
+        } else {
+            st = plan_reserve(ctx, plan, ntasks, B, nmerges, 1, false);
+        }
         if (st != PKV_OK) return st;
         begin_phase(plan, 0);
         for (int32_t i = 0; i < B; i++)
@@ -800,15 +867,25 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
     memset((char *)plan->blob + plan->off_merges + (size_t)plan->num_merges * sizeof(pkv_merge), 0,
            (size_t)plan->num_merges * sizeof(int32_t));
 
-    /* workspace layout: [plan blob | partial o (slots x G x d fp32) | partial lse (slots x G fp32)] */
-    size_t state_o = (size_t)slots * (size_t)plan->group * (size_t)problem->head_dim * sizeof(float);
-    size_t state_lse = (size_t)slots * (size_t)plan->group * sizeof(float);
+    /* workspace layout: [plan blob | partial o (slots x G x d fp32) | partial lse (slots x G fp32)];
+     * graph-stable: room for a slot per task of the grid */
+    const size_t layout_slots = graph ? (size_t)graph_cap : (size_t)slots;
+    size_t state_o = layout_slots * (size_t)plan->group * (size_t)problem->head_dim * sizeof(float);
+    size_t state_lse = layout_slots * (size_t)plan->group * sizeof(float);
     plan->off_state_o = align_up(plan->blob_bytes, PKV_WS_ALIGN);
     plan->off_state_lse = align_up(plan->off_state_o + state_o, PKV_WS_ALIGN);
     /* fused: one arrival counter per merge; zeros travel with the plan upload and the last task of
      * each merge resets its counter, so every run starts from zero */
     plan->off_counters = plan->off_merges + (size_t)plan->num_merges * sizeof(pkv_merge);
     plan->workspace_bytes = align_up(plan->off_state_lse + state_lse, PKV_WS_ALIGN);
+    if (graph) {
+        int32_t *counts = (int32_t *)(void *)((char *)plan->blob + plan->off_counts);
+        counts[0] = plan->num_tasks;
+        counts[1] = plan->num_merges;
+        plan->graph_tasks = graph_cap;
+        plan->graph_merges = opts.graph_max_batch * hkv;
+        plan->graph_signature = graph_signature(plan, opts.graph_max_batch);
+    }
     compute_counters(plan);
     plan->generation = atomic_fetch_add(&pkv_next_generation, 1);
     return PKV_OK;
@@ -850,6 +927,24 @@ pkv_status pkv_workspace_size(pkv_context *ctx, const pkv_problem *problem, int3
     if (par <= 0) return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "parallelism unknown: pass a context or set it");
     int64_t per = opts.ctas_per_unit > 0 ? opts.ctas_per_unit : default_ctas(ctx), res = resident_ctas(ctx, problem);
     const int64_t res_x = resident_exact(ctx, problem);
+    if (opts.graph_max_batch > 0) {
+        /* graph-stable: the plans' own fixed layout (plan_reserve + the states), whatever the step */
+        if (max_batch > opts.graph_max_batch)
+            return pkv_fail(ctx, PKV_ERR_BATCH_SIZE, "max_batch %d above graph_max_batch %d", max_batch, opts.graph_max_batch);
+        if (opts.graph_max_batch > PKV_MAX_BATCH)
+            return pkv_fail(ctx, PKV_ERR_BATCH_SIZE, "graph_max_batch %d is above %d", opts.graph_max_batch, PKV_MAX_BATCH);
+        int64_t r = res > per ? res : per;
+        if (res_x > r) r = res_x;
+        const int64_t cap = graph_capacity(&opts, par * r, problem), gm = opts.graph_max_batch;
+        const int64_t G = problem->num_qo_heads / problem->num_kv_heads;
+        size_t b = align_up((size_t)cap * sizeof(pkv_task), PKV_WS_ALIGN) +
+                   align_up((size_t)gm * sizeof(pkv_row_sched), PKV_WS_ALIGN) +
+                   align_up((size_t)(gm * problem->num_kv_heads) * (sizeof(pkv_merge) + sizeof(int32_t)), PKV_WS_ALIGN) +
+                   PKV_WS_ALIGN;
+        b = align_up(b + (size_t)cap * G * problem->head_dim * sizeof(float), PKV_WS_ALIGN);
+        *bytes = align_up(b + (size_t)cap * G * sizeof(float), PKV_WS_ALIGN);
+        return PKV_OK;
+    }
     if (res_x > res) res = res_x; /* bounds the one-wave P too */
     if (res < per || opts.ctas_per_unit > 0) res = per;
     /* up to 4 waves of the resident tasks for ragged batches unless ctas_per_unit is forced */
@@ -891,6 +986,8 @@ int32_t pkv_plan_num_state_slots(const pkv_plan *p) { return p ? p->num_state_sl
 const pkv_problem *pkv_plan_problem(const pkv_plan *p) { return p ? &p->problem : NULL; }
 int32_t pkv_plan_batch_size(const pkv_plan *p) { return p ? p->batch_size : 0; }
 size_t pkv_plan_workspace_size(const pkv_plan *p) { return p ? p->workspace_bytes : 0; }
+uint64_t pkv_plan_graph_signature(const pkv_plan *p) { return p && p->generation ? p->graph_signature : 0; }
+int32_t pkv_plan_grid_tasks(const pkv_plan *p) { return !p ? 0 : p->graph_tasks > 0 ? p->graph_tasks : p->num_tasks; }
 
 pkv_status pkv_plan_route_terms(const pkv_problem *problem, const pkv_page_table *table, const pkv_plan_options *opts,
                                 int32_t default_per_unit, double terms[PKV_COST_TERMS]) {

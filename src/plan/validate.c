@@ -156,6 +156,18 @@ pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens, cons
     if (plan->counters.kv_bytes != kv) BAD("kv_bytes counter %lld != %lld", (long long)plan->counters.kv_bytes, (long long)kv);
     if (plan->counters.tasks != nt) BAD("tasks counter wrong");
     if (plan->counters.merge_state_bytes != 2 * split_tasks * plan->group * (d + 1) * 4) BAD("merge_state_bytes counter wrong");
+    if (plan->graph_tasks > 0) {
+        /* graph-stable: the step fits the fixed grids and the counts the kernels read are the plan's */
+        const int32_t *counts = (const int32_t *)(const void *)((const char *)plan->blob + plan->off_counts);
+        if (plan->route != PKV_ROUTE_WORKQUEUE || plan->num_phases != 1) BAD("graph-stable plan is not one work-queue phase");
+        if (nt > plan->graph_tasks || plan->num_state_slots > plan->graph_tasks)
+            BAD("%d tasks (%d slots) on a grid of %d", nt, plan->num_state_slots, plan->graph_tasks);
+        if (plan->num_merges > plan->graph_merges) BAD("%d merges on a grid of %d", plan->num_merges, plan->graph_merges);
+        if (counts[0] != nt || counts[1] != plan->num_merges)
+            BAD("counts %d, %d in the workspace for %d tasks, %d merges", counts[0], counts[1], nt, plan->num_merges);
+        if (plan->off_counts + 2 * sizeof(int32_t) > plan->blob_bytes || plan->off_state_o < plan->blob_bytes)
+            BAD("graph-stable layout broken");
+    }
     free(idx);
     free(slot_phase);
     return PKV_OK;
