@@ -194,9 +194,12 @@ typedef struct pkv_plan_options {
      * same pkv_plan_graph_signature.  The route is the work queue (route AUTO or WORKQUEUE; any other
      * is PKV_ERR_UNSUPPORTED); the workspace is pkv_plan_workspace_size, the same for every step. */
     int32_t graph_max_batch;
-    /* graph-stable plans: CTAs of the task grid; <= 0: the default (one wave of the resident CTAs, at
-     * least graph_max_batch x Hkv); raised to graph_max_batch x Hkv if below (every non-empty (row,
-     * KV head) has a task).  Steps are planned to fit: the work queue splits into at most this many tasks. */
+    /* graph-stable plans: CTAs of the task grid; <= 0: the default, the most tasks the planner gives any
+     * batch of up to graph_max_batch rows (one wave of the resident CTAs below 128 (row, KV head) pairs,
+     * else 4 waves or more), so every step is planned as a plain work-queue step; raised to
+     * graph_max_batch x Hkv if below.  A smaller grid caps the step's tasks (fewer, longer splits).  The
+     * surplus CTAs cost 0-14% of kernel time against the plain work queue on the H200 (median ~3%,
+     * docs/benchmarks.md): the price of replaying one graph. */
     int32_t graph_tasks;
 } pkv_plan_options;
 

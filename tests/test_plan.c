@@ -1033,7 +1033,8 @@ static void test_graph_stable(void) {
         opts.parallelism = 132;
         opts.graph_max_batch = max_batch;
         opts.graph_tasks = shape == 2 ? 20 : 0; /* below max_batch x Hkv = 32: raised to it */
-        const int64_t cap = shape == 2 ? 32 : 264; /* host planning: 2 resident CTAs per unit */
+        /* host planning: 264 resident slots (2 per unit); 128 pairs: 4 waves, as a ragged batch's */
+        const int64_t cap = shape == 2 ? 32 : 4 * 264;
         uint64_t sig = 0;
         size_t ws = 0;
         int steps = 0, valid = 0, same = 0, fit = 0, split = 0;
@@ -1062,6 +1063,13 @@ static void test_graph_stable(void) {
             same += sig != 0 && pkv_plan_graph_signature(plan) == sig && pkv_plan_workspace_size(plan) == ws &&
                     pkv_plan_route(plan) == PKV_ROUTE_WORKQUEUE;
             fit += pkv_plan_grid_tasks(plan) == cap && pkv_plan_num_tasks(plan) <= cap;
+            if (shape < 2) { /* the default grid: the step is planned as a plain work-queue step */
+                const int32_t nt = pkv_plan_num_tasks(plan);
+                pkv_plan_options plain = opts;
+                plain.graph_max_batch = 0;
+                plain.route = PKV_ROUTE_WORKQUEUE;
+                CHECK(pkv_plan_step_host(&pb, &b.table, &plain, plan) == PKV_OK && pkv_plan_num_tasks(plan) == nt);
+            }
             split += pkv_plan_num_merges(plan) > 0 && pkv_plan_num_tasks(plan) > B * pb.num_kv_heads;
             batch_free(&b);
         }

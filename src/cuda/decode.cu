@@ -73,6 +73,7 @@ struct decode_params {
     int32_t *counters;
     // graph-stable plans: the step's task count (in the uploaded plan); CTAs at or past it exit
     const int32_t *task_count;
+    int32_t graph_spread;
 };
 
 struct merge_params {
@@ -332,8 +333,21 @@ __device__ __forceinline__ bool load_task(const decode_params &p, task_info &ti)
         ti.slot = rs.num_splits > 1 ? rs.slot_base + ti.head * rs.num_splits + s : -1;
         ti.page_base = rs.page_base;
     } else {
-        // a graph-stable plan's grid holds more CTAs than the step has tasks: the rest exit at once
-        if (p.task_count && (int32_t)blockIdx.x >= *p.task_count) return false;
+        int32_t idx = (int32_t)blockIdx.x;
+        if (p.task_count) {
+            // a graph-stable plan's grid holds more CTAs than the step has tasks: the rest exit at once.
+            // graph_spread: the n tasks spread evenly over the grid (CTA b runs task floor(b n / grid)
+            // when that floor steps up at b), else the first n CTAs run them
+            const int32_t n = *p.task_count;
+            if (p.graph_spread) {
+                const int64_t g = gridDim.x;
+                const int32_t lo = (int32_t)((int64_t)idx * n / g), hi = (int32_t)((int64_t)(idx + 1) * n / g);
+                if (hi == lo) return false;
+                idx = lo;
+            } else if (idx >= n) {
+                return false;
+            }
+        }
         if (p.fused && (int32_t)blockIdx.x >= p.num_tasks) {
             pdl_launch_dependents();
             pdl_wait(); // o of the kernel before (a programmatic dependent of it) is not ours to write yet
@@ -342,7 +356,7 @@ __device__ __forceinline__ bool load_task(const decode_params &p, task_info &ti)
                                p.num_qo_heads, p.group);
             return false;
         }
-        const pkv_task t = p.tasks[blockIdx.x];
+        const pkv_task t = p.tasks[idx];
         ti.row = t.row;
         ti.head = t.kv_head;
         ti.tb = t.tok_begin;
@@ -1361,6 +1375,7 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
         p.rect = 0;
         p.tasks = reinterpret_cast<const pkv_task *>(ws_dev + plan->off_tasks);
         p.task_count = counts;
+        p.graph_spread = o.graph_spread;
         const dim3 grid((unsigned)plan->graph_tasks);
         cudaError_t e;
         if (maps) {

@@ -604,11 +604,20 @@ static pkv_route auto_rule(const plan_params *pp, const pkv_problem *p) {
     return PKV_ROUTE_FUSED;
 }
 
-/* Tasks of a graph-stable plan's grid: graph_tasks, else one wave of the resident slots; at least a
- * task per (row, KV head) of the largest batch. */
+/* Tasks of a graph-stable plan's grid: graph_tasks, else the most the planner's wave rules give a batch
+ * of up to graph_max_batch rows (resolve_params: below 128 (row, KV head) pairs one wave of the resident
+ * slots; from 128, 4 waves for ragged batches and up to ceil(4 x pairs / slots) waves for even ones), so
+ * a graph-stable step is planned as a plain one is and only the grid's surplus CTAs differ; at least a
+ * task per pair of the largest batch. */
 static int64_t graph_capacity(const pkv_plan_options *opts, int64_t slots, const pkv_problem *p) {
-    int64_t cap = opts->graph_tasks > 0 ? opts->graph_tasks : slots;
     const int64_t pairs = (int64_t)opts->graph_max_batch * p->num_kv_heads;
+    int64_t cap = slots;
+    if (opts->graph_tasks > 0) {
+        cap = opts->graph_tasks;
+    } else if (pairs >= 128 && slots > 0) {
+        const int64_t even = (4 * pairs + slots - 1) / slots * slots;
+        cap = 4 * slots > even ? 4 * slots : even;
+    }
     return cap > pairs ? cap : pairs;
 }
 
