@@ -18,7 +18,7 @@ for st in B4_homo32K B1_N65536 B16_homo8K; do
   for v in plain g1 g4 g1s g4s; do
     extra=""; envs=""
     case $v in g1*) extra="--graph-max-batch pow2";; g4*) extra="--graph-max-batch pow2 --graph-tasks 1584";; esac
-    case $v in *s) envs="PKV_GRAPH_SPREAD=1";; esac
+    case $v in *s) envs="PKV_GRAPH_SPREAD=1";; *) envs="PKV_GRAPH_SPREAD=0";; esac
     env $envs PKV_TIMELINE_OUT="$r/tl_${st}_$v.csv" "$tl/pkv" bench --backend cuda --anchor $st --route workqueue \
       --reps 5 --warmup 1 --wall-reps 1 --no-check --quiet $extra >/dev/null 2>>"$r/tl.log"
   done
@@ -45,7 +45,7 @@ for k in 1; do
   for v in plain g1 g1s g4 g4s; do
     extra=""; envs=""
     case $v in g1*) extra="--graph-max-batch pow2";; g4*) extra="--graph-max-batch pow2 --graph-tasks 1584";; esac
-    case $v in *s) envs="PKV_GRAPH_SPREAD=1";; esac
+    case $v in *s) envs="PKV_GRAPH_SPREAD=1";; *) envs="PKV_GRAPH_SPREAD=0";; esac
     env $envs "$b/pkv" bench --backend cuda --anchor all --route workqueue --reps 50 --warmup 5 --wall-reps 5 --no-check \
       $extra --json "$r/a_$v.json" --quiet >/dev/null 2>>"$r/bench.log"
   done

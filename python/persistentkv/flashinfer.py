@@ -12,9 +12,11 @@ never run with other semantics:
   - pos_encoding_mode other than "NONE" (apply RoPE to q and k before writing the cache), ALiBi;
   - q_len_per_req > 1 (decode is one query token per request), window_right other than 0 / -1;
   - fp8 caches (kv_data_type or o_data_type other than q's), q_scale / k_scale / v_scale != 1, sinks;
-  - use_cuda_graph=True: FlashInfer's graphs replay whatever plan() last wrote into fixed buffers; a
-    PersistentKV graph replays the plan it was captured with, so capture after each plan() with the
-    native wrapper instead.
+use_cuda_graph=True works as FlashInfer's: the batch size is fixed by paged_kv_indptr_buffer
+(len - 1), plan() copies the table into the three given buffers and uploads a graph-stable plan
+(pkv_plan_options.graph_max_batch) into the workspace, so a CUDA graph captured around run() replays
+every later plan().  The page pool's size is not a plan() argument in FlashInfer: page ids are checked
+against the cache each run() is given, and a later plan()'s against the largest cache run() saw.
 Mapped: disable_split_kv=True -> the `single` route (no splits); fixed_split_size=P -> the `workqueue`
 route with chunks of P pages (split bounds then depend on each row alone, as FlashInfer's batch-invariant
 mode); block_tables, when given, must agree with the CSR table; non_blocking, rope_scale and rope_theta
@@ -67,10 +69,22 @@ class BatchDecodeWithPagedKVCacheWrapper:
     def __init__(self, float_workspace_buffer=None, kv_layout="NHD", use_cuda_graph=False, use_tensor_cores=False,
                  paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None,
                  backend="auto", jit_args=None, backend_device="auto", pdl=True):
+        self._graph = None
         if use_cuda_graph:
-            raise _unsupported("use_cuda_graph=True (graphs that replay the latest plan from fixed buffers)",
-                               "plan, then capture pkv's run in a graph per plan with "
-                               "persistentkv.BatchDecodeWithPagedKVCacheWrapper, or run without a graph")
+            bufs = dict(paged_kv_indptr_buffer=paged_kv_indptr_buffer,
+                        paged_kv_indices_buffer=paged_kv_indices_buffer,
+                        paged_kv_last_page_len_buffer=paged_kv_last_page_len_buffer)
+            for name, b in bufs.items():
+                if not (A.is_torch(b) and b.device.type == "cuda" and b.dim() == 1 and b.is_contiguous()
+                        and str(b.dtype) == "torch.int32"):
+                    raise ValueError(f"{name} must be a contiguous 1-D int32 CUDA tensor in cudagraph mode")
+            batch = paged_kv_indptr_buffer.numel() - 1
+            if batch < 1 or paged_kv_last_page_len_buffer.numel() < batch:
+                raise ValueError("paged_kv_indptr_buffer must hold batch_size + 1 entries and "
+                                 "paged_kv_last_page_len_buffer batch_size")
+            self._graph = dict(batch=batch, indptr=paged_kv_indptr_buffer, indices=paged_kv_indices_buffer,
+                               last=paged_kv_last_page_len_buffer, pool=None, max_page=-1)
+            backend_device = "cuda"
         self._w = _Native(kv_layout=kv_layout, backend=backend_device, pdl=pdl)
         self._use_tensor_cores = bool(use_tensor_cores)
         if float_workspace_buffer is not None:
@@ -80,7 +94,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
     # ---- what FlashInfer's wrapper exposes ------------------------------------------------------
     @property
     def is_cuda_graph_enabled(self):
-        return False
+        return self._graph is not None
 
     @property
     def use_tensor_cores(self):
@@ -154,14 +168,49 @@ class BatchDecodeWithPagedKVCacheWrapper:
         else:
             lens["last_page_len"] = last_page_len
         soft_cap = a["logits_soft_cap"]
+        graph_kw = {}
+        if self._graph is not None:
+            graph_kw = self._graph_plan(indptr, indices, last_page_len, route)
         self._w.plan(indptr, indices, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                      page_size=page_size, q_data_type=q_name, sm_scale=a["sm_scale"],
                      logits_soft_cap=soft_cap if soft_cap and soft_cap > 0 else None,
                      window_left=-1 if a["window_left"] is None else int(a["window_left"]), route=route,
-                     chunk_pages=chunk_pages, **lens)
+                     chunk_pages=chunk_pages, **lens, **graph_kw)
         self._window_left = -1 if a["window_left"] is None else int(a["window_left"])
 
     begin_forward = plan  # FlashInfer's older names
+
+    # the pool size a graph-stable plan is made for when the cache is not known (FlashInfer's plan() has no
+    # such argument): the page ids are checked against each run()'s cache instead
+    _GRAPH_POOL = 2**31 - 1
+
+    def _graph_plan(self, indptr, indices, last_page_len, route):
+        """cudagraph mode: the table into the fixed buffers (as FlashInfer's plan() does), the native
+        plan's graph keywords."""
+        g = self._graph
+        h_indptr = _host_ints(indptr, "indptr")
+        batch = len(h_indptr) - 1
+        if batch != g["batch"]:
+            raise ValueError(f"the batch size is fixed to {g['batch']} in cudagraph mode (paged_kv_indptr_buffer), "
+                             f"got {batch}")
+        if route not in ("auto", "workqueue"):
+            raise _unsupported("disable_split_kv=True in cudagraph mode", "graph-stable plans run the work queue")
+        nnz = int(h_indptr[-1]) if batch >= 0 else 0
+        if nnz > g["indices"].numel():
+            raise ValueError(f"the table has {nnz} page ids, paged_kv_indices_buffer holds {g['indices'].numel()}")
+        h_indices = _host_ints(indices, "indices")
+        top = int(max(h_indices[:nnz])) if nnz > 0 else -1
+        if g["pool"] is not None and top >= g["pool"]:
+            raise ValueError(f"page id {top} is outside the cache of {g['pool']} pages run() was given")
+        g["max_page"] = top
+        torch = A.torch()
+        g["indptr"].copy_(torch.as_tensor(h_indptr, dtype=torch.int32), non_blocking=False)
+        if nnz > 0:
+            g["indices"][:nnz].copy_(torch.as_tensor(h_indices[:nnz], dtype=torch.int32), non_blocking=False)
+        if last_page_len is not None:
+            g["last"][:batch].copy_(torch.as_tensor(_host_ints(last_page_len, "last_page_len"), dtype=torch.int32))
+        return dict(graph_max_batch=batch, indices_device=g["indices"], num_pages=self._GRAPH_POOL,
+                    _check_pages=top + 1)
 
     @staticmethod
     def _check_block_tables(bt, h_indptr, h_indices):
@@ -212,6 +261,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
                                "make the wrapper with pdl=False")
         with_lse = return_lse or lse is not None
         res = self._w.run(q, paged_kv_cache, return_lse=with_lse, out=out, lse=lse)
+        if self._graph is not None:  # the cache's pages: what later plans' page ids are checked against
+            c = paged_kv_cache[0] if isinstance(paged_kv_cache, (tuple, list)) else paged_kv_cache
+            self._graph["pool"] = max(self._graph["pool"] or 0, int(c.shape[0]))
         if not with_lse:
             return res
         o, l_ = res

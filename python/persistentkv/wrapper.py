@@ -100,6 +100,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._meta = None
         self._indices_dev = None  # kv_page_indices as run() passes them (backend memory)
         self._seq_lens = None
+        self._graph_key = None  # graph-stable plans: (signature, workspace, page-id buffer) of the first
         if workspace_bytes:
             self._grow_workspace(int(workspace_bytes))
 
@@ -229,7 +230,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
     def plan(self, indptr, indices, seq_lens=None, num_qo_heads=None, num_kv_heads=None, head_dim=None,
              page_size=None, num_pages=None, q_data_type="float16", kv_data_type=None, sm_scale=None,
              route="auto", num_splits=0, chunk_pages=0, ctas_per_unit=0, min_chunk_tokens=0, max_splits=0,
-             parallelism=0, last_page_len=None, logits_soft_cap=None, window_left=-1):
+             parallelism=0, last_page_len=None, logits_soft_cap=None, window_left=-1, graph_max_batch=0,
+             graph_tasks=0, indices_device=None, _check_pages=None):
         """Plans one decode step from the page table (CSR: indptr [B+1], indices [nnz], seq_lens [B]).
 
         seq_lens is the number of tokens of each row; a row may hold more pages than that needs (the
@@ -245,6 +247,13 @@ class BatchDecodeWithPagedKVCacheWrapper:
         logits_soft_cap: as FlashInfer's (Gemma-2: 50), each score s -> cap * tanh(s / cap).
         window_left: as FlashInfer's, a sliding window (-1: none; w >= 0: each row attends to its
         last w + 1 tokens).  Both on either backend.
+        graph_max_batch > 0: a graph-stable plan (CUDA graphs: capture run() once, then for each later
+        step plan() and replay the graph).  Its launches depend only on the shape, graph_max_batch and
+        graph_tasks, never on the lengths; plan() uploads it at once (outside any capture) into the
+        same workspace, and run() reads the page ids from the same device buffer: indices_device, or
+        indices itself when it is a CUDA int32 tensor (keep that buffer: the graph holds its address).
+        Pass num_pages (the pool's size, fixed); a plan whose launches differ from the first
+        graph-stable plan's (pkv_plan_graph_signature) raises ValueError.  Route: auto or workqueue.
         Grows the workspace when the plan needs more.  Raises PkvError, ValueError, TypeError.
         """
         self._planned = False
@@ -287,13 +296,27 @@ class BatchDecodeWithPagedKVCacheWrapper:
         opts.parallelism, opts.ctas_per_unit = int(parallelism), int(ctas_per_unit)
         opts.num_splits, opts.chunk_pages = int(num_splits), int(chunk_pages)
         opts.min_chunk_tokens, opts.max_splits = int(min_chunk_tokens), int(max_splits)
+        opts.graph_max_batch, opts.graph_tasks = int(graph_max_batch), int(graph_tasks)
+        graph = opts.graph_max_batch > 0
+        if graph and self._backend == "cuda":
+            fixed = indices_device if indices_device is not None else indices
+            t = self._torch
+            if not (A.is_torch(fixed) and fixed.device.type == "cuda" and fixed.device.index == self._device
+                    and fixed.dtype == t.int32 and fixed.is_contiguous() and fixed.dim() == 1):
+                raise ValueError("a graph-stable plan reads the page ids from one fixed buffer: pass a contiguous "
+                                 f"1-D int32 tensor on cuda:{self._device} as indices (or indices_device)")
+            if fixed.numel() < nnz:
+                raise ValueError(f"the page-id buffer holds {fixed.numel()} ids, the table {nnz}")
 
         table = L.PageTable(B, h_indptr.c_ptr(), h_indices.c_ptr(), h_lens.c_ptr())
         check(lib.pkv_plan_step(self._ctx, ctypes.byref(prob), ctypes.byref(table), ctypes.byref(opts),
                                 self._plan), self._ctx, "pkv_plan_step")
         self._grow_workspace(int(lib.pkv_plan_workspace_size(self._plan)))
 
-        if self._backend == "cuda":
+        if graph and self._backend == "cuda":
+            self._indices_dev = indices_device if indices_device is not None else indices
+            self._indices_ptr = self._indices_dev.data_ptr()
+        elif self._backend == "cuda":
             t, dev = self._torch, f"cuda:{self._device}"
             if (A.is_torch(indices) and indices.device.type == "cuda" and indices.device.index == self._device
                     and indices.dtype == t.int32 and indices.is_contiguous()):
@@ -309,6 +332,20 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._seq_lens = h_lens
         self._meta = dict(B=B, Hq=prob.num_qo_heads, Hkv=prob.num_kv_heads, d=prob.head_dim,
                           page_size=prob.page_size, num_pages=int(prob.num_pages), dtype=q_dtype)
+        if _check_pages is not None:  # the pool is not known (persistentkv.flashinfer's graphs): ids checked
+            self._meta["num_pages"] = int(_check_pages)
+        if graph:
+            key = (int(lib.pkv_plan_graph_signature(self._plan)), self._ws_ptr, self._ws_bytes,
+                   self._indices_ptr if self._backend == "cuda" else None)
+            if self._graph_key is not None and key != self._graph_key:
+                raise ValueError("this graph-stable plan does not launch what the first one did (another shape, "
+                                 "pool, capacity, workspace or page-id buffer): a graph captured before would not "
+                                 "replay it; use a new wrapper for it")
+            self._graph_key = key
+            if self._backend == "cuda":  # now, outside any capture: the graph replays what is in the workspace
+                stream = self._torch.cuda.current_stream(self._device).cuda_stream
+                check(lib.pkv_plan_upload(self._ctx, self._plan, self._ws_ptr, self._ws_bytes, stream), self._ctx,
+                      "pkv_plan_upload")
         self._planned = True
 
     # ---- run ------------------------------------------------------------------------------------

@@ -541,6 +541,31 @@ def test_torch_cpu_tensors(cpu, dtype):
     assert_close(_from_torch(torch, o), lse.numpy(), ref_of(p), dtype, LENS)
 
 
+
+def test_graph_stable_plans_cpu(cpu):
+    """graph_max_batch: steps of 0..6 rows planned on one fixed layout and workspace, each right; a step of
+    another shape would not replay a captured graph and is refused."""
+    p = make_problem(seed_of("graph-cpu"), [3000, 0, 1, 700, 40, 1500], hq=8, hkv=2)
+    w = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cpu")
+    rng = np.random.default_rng(5)
+    ws = None
+    for k in range(5):
+        B = int(rng.integers(0, 7)) if k else 6
+        lens = np.array([int(rng.integers(0, n + 1)) for n in p["lens"][:B]], np.int32)
+        q = p["q"][:B]
+        step = dict(p, lens=lens, indptr=p["indptr"][:B + 1], q=q)
+        w.plan(step["indptr"], p["indices"], lens, 8, 2, 64, 16, num_pages=p["pool"], graph_max_batch=6)
+        assert w.route == "workqueue"
+        ws = ws or w.plan_workspace_size
+        assert w.plan_workspace_size == ws
+        o, lse = w.run(q, p["k"], p["v"], return_lse=True)
+        assert_close(o, lse, ref_of(step), "float16", lens)
+    with pytest.raises(ValueError, match="does not launch what the first one did"):
+        w.plan(p["indptr"], p["indices"], p["lens"], 8, 2, 64, 16, num_pages=p["pool"] + 1, graph_max_batch=6)
+    with pytest.raises(pkv.PkvError):  # above the capacity
+        w.plan(p["indptr"], p["indices"], p["lens"], 8, 2, 64, 16, num_pages=p["pool"], graph_max_batch=5)
+
+
 @pytest.fixture(scope="module")
 def cuda_torch():
     torch = _torch()

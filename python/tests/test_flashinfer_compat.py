@@ -163,8 +163,8 @@ def test_what_persistentkv_lacks_is_refused():
     unsupported(lambda: w.plan(*args, kv_data_type="float32"))
     unsupported(lambda: w.plan(*args, kv_data_type="float8_e4m3fn"))
     unsupported(lambda: w.plan(*args, o_data_type="bfloat16"))
-    unsupported(lambda: flashinfer.BatchDecodeWithPagedKVCacheWrapper(None, use_cuda_graph=True,
-                                                                        backend_device="cpu"))
+    with pytest.raises(ValueError, match="int32 CUDA tensor in cudagraph mode"):  # FlashInfer's fixed buffers
+        flashinfer.BatchDecodeWithPagedKVCacheWrapper(None, use_cuda_graph=True, backend_device="cpu")
     w.plan(*args)
     kv = (p["k"], p["v"])
     unsupported(lambda: w.run(p["q"], kv, k_scale=0.5))
@@ -195,3 +195,56 @@ def test_cuda_as_flashinfer_is_called(cuda_torch, dtype):
     torch.cuda.synchronize()
     assert o.is_cuda and o.dtype == q.dtype and lse.is_cuda and lse.dtype == torch.float32
     assert_close(_from_torch(torch, o), lse.cpu().numpy().astype(np.float64) / LOG2E, ref_of(p), dtype, p["lens"])
+
+
+def test_cuda_graph_as_flashinfer(cuda_torch):
+    """use_cuda_graph=True as FlashInfer's users run it: fixed table buffers, a graph captured around run()
+    once, then each step plan() (new lengths: empty, one-token, short and split rows) and replay with a new
+    q in the captured buffer; against the reference.  A batch of another size is refused."""
+    torch = cuda_torch
+    from test_binding import to_dtype
+    dtype, B, hq, hkv, d = "float16", 4, 8, 2, 64
+    full = make_problem(seed_of("fi-graph"), [3000, 700, 40, 1500], hq, hkv, dtype=dtype)
+    ps = full["ps"]
+    kv = torch.stack([_to_torch(torch, full["k"], dtype, "cuda"), _to_torch(torch, full["v"], dtype, "cuda")], dim=1)
+    ws = torch.empty(64 << 20, dtype=torch.uint8, device="cuda")
+    bufs = dict(paged_kv_indptr_buffer=torch.zeros(B + 1, dtype=torch.int32, device="cuda"),
+                paged_kv_indices_buffer=torch.zeros(len(full["indices"]), dtype=torch.int32, device="cuda"),
+                paged_kv_last_page_len_buffer=torch.zeros(B, dtype=torch.int32, device="cuda"))
+    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_cuda_graph=True, **bufs)
+    assert w.is_cuda_graph_enabled
+    rng = np.random.default_rng(20261201)
+
+    def step(lens):
+        lens = np.asarray(lens, np.int32)
+        pages = (lens + ps - 1) // ps
+        indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+        indices = np.concatenate([full["indices"][full["indptr"][r]:full["indptr"][r] + pages[r]]
+                                  for r in range(B)]).astype(np.int32)
+        last = np.where(lens > 0, lens - (pages - 1) * ps, 0).astype(np.int32)
+        q = to_dtype(rng.standard_normal((B, hq, d), dtype=np.float32), dtype)
+        p = dict(full, indptr=indptr, indices=indices, lens=lens, q=q)
+        w.plan(torch.from_numpy(indptr).cuda(), torch.from_numpy(indices).cuda(), torch.from_numpy(last).cuda(),
+               hq, hkv, d, ps, q_data_type=torch.float16)
+        q_static.copy_(_to_torch(torch, q, dtype, "cuda"))
+        return p
+
+    q_static = torch.empty((B, hq, d), dtype=torch.float16, device="cuda")
+    step(full["lens"])
+    w.run(q_static, kv, return_lse=True)  # eager first (the cache's pool is learned here)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        o_static, lse_static = w.run(q_static, kv, return_lse=True)
+    for k in range(6):
+        lens = [int(rng.choice([0, 1, int(rng.integers(2, 60)), int(rng.integers(1, n + 1))])) for n in full["lens"]]
+        if k == 0:
+            lens = list(full["lens"])
+        p = step(lens)
+        g.replay()
+        torch.cuda.synchronize()
+        assert_close(_from_torch(torch, o_static), lse_static.cpu().numpy().astype(np.float64) / LOG2E, ref_of(p),
+                     dtype, p["lens"])
+    with pytest.raises(ValueError, match="fixed to 4"):
+        w.plan(np.array([0, 1, 2], np.int32), full["indices"][:2], np.array([3, 3], np.int32), hq, hkv, d, ps)
+
