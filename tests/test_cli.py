@@ -23,7 +23,8 @@ def check(cond, what):
 
 def run(*args, rc=0):
     p = subprocess.run([pkv, *args], capture_output=True, text=True, timeout=600)
-    check(p.returncode == rc, f"pkv {' '.join(args)} exited {p.returncode}, expected {rc}: {p.stderr[-500:]}")
+    if rc is not None:
+        check(p.returncode == rc, f"pkv {' '.join(args)} exited {p.returncode}, expected {rc}: {p.stderr[-500:]}")
     return p
 
 
@@ -62,6 +63,20 @@ with tempfile.TemporaryDirectory() as tmp:
         check(r["rel_err"] is not None and r["rel_err"] < 2e-3, f"{r['route']} rel_err {r['rel_err']}")
         check(r["unwritten_outputs"] == 0, "outputs written")
         check(r["kv_bytes"] == 2301 * 8 * 128 * 2 * 2, "kv bytes")
+
+    # graph-stable plans: the work queue on a fixed grid, 2 launches, right; other routes refused
+    js_g = os.path.join(tmp, "bg.json")
+    run("bench", "--backend", "cpu", "--lens", "300,0,1,2000", "--route", "workqueue", "--graph-max-batch", "pow2",
+        "--parallelism", "132", "--reps", "1", "--wall-reps", "1", "--json", js_g)
+    g = json.load(open(js_g))["rows"][0]
+    check(g["launches"] == 2 and g["grid_ctas"] >= g["tasks"] > 0 and g["rel_err"] < 2e-3,
+          f"graph-stable row: {g['launches']} launches, {g['grid_ctas']} CTAs for {g['tasks']} tasks, "
+          f"rel_err {g['rel_err']}")
+    out = run("bench", "--backend", "cpu", "--lens", "300,2000", "--route", "split", "--graph-max-batch", "4",
+              "--reps", "1", "--wall-reps", "1", rc=None)
+    check(out.returncode != 0 and "graph-stable plans run the work queue" in out.stdout + out.stderr,
+          "bench refuses a graph-stable split plan with the reason")
+    run("bench", "--backend", "cpu", "--lens", "5", "--graph-max-batch", "-3", rc=2)
 
     # K and V interleaved per page in one pool: the same rows, checked against the reference
     js2 = os.path.join(tmp, "bi.json")

@@ -1,4 +1,4 @@
-/* check.c - `pkv check`: every route on the chosen backend against the float64 reference on
+/* check.c - `pkv check`: every route (and a graph-stable plan) on the chosen backend against the float64 reference on
  * random problems (G, head dim, page size, layout, dtype, lengths including 0 and 1, scattered
  * pages, NaN in every KV slot no row may read), outputs poisoned before each run. */
 #include "cli.h"
@@ -76,10 +76,12 @@ int cmd_check(int argc, char **argv) {
         }
         const pkv_problem *p = &tc.problem;
         double tol = p->dtype == PKV_DTYPE_BF16 ? 1.5e-2 : 2e-3;
-        for (size_t r = 0; r < sizeof routes / sizeof routes[0]; r++) {
+        const size_t nroutes = sizeof routes / sizeof routes[0];
+        for (size_t r = 0; r <= nroutes; r++) { /* r == nroutes: a graph-stable plan (room for 2 more rows) */
             pkv_plan_options opts;
             pkv_plan_options_default(&opts);
-            opts.route = routes[r];
+            opts.route = r < nroutes ? routes[r] : PKV_ROUTE_AUTO;
+            if (r == nroutes) opts.graph_max_batch = tc.batch_size + 2;
             pkv_test_poison(&tc);
             pkv_status st = pkv_plan_step(ctx, p, &tc.table, &opts, plan);
             /* every third case with K and V interleaved per page in one buffer (kv_page_stride) */
@@ -96,7 +98,7 @@ int cmd_check(int argc, char **argv) {
                 failed++;
                 printf("FAIL case %d route %s: B=%d G=%d Hkv=%d d=%d page=%d %s %s%s window %d cap %g: %s "
                        "rel_l2=%.2e lse_err=%.2e unwritten=%lld\n",
-                       n, pkv_route_name(routes[r]), tc.batch_size, p->num_qo_heads / p->num_kv_heads, p->num_kv_heads,
+                       n, r < nroutes ? pkv_route_name(routes[r]) : "graph-stable", tc.batch_size, p->num_qo_heads / p->num_kv_heads, p->num_kv_heads,
                        p->head_dim, p->page_size, p->layout == PKV_LAYOUT_HND ? "HND" : "NHD",
                        p->dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", pad >= 0 ? " interleaved K/V" : "", p->window,
                        (double)p->logits_soft_cap,
