@@ -568,7 +568,7 @@ static void test_window(pkv_context *ctx4) {
 }
 
 /* Graph-stable plans (the CUDA-graph layout) execute on the CPU backend too: steps of 0..6 rows,
- * empty, short and split rows, each against the reference, all in one workspace of the size the
+ * empty, short and split rows, some windowed or capped, each against the reference, all in one workspace of the size the
  * first step gave. */
 static void test_graph_stable(pkv_context *ctx4) {
     pkv_rng rng;
@@ -584,12 +584,17 @@ static void test_graph_stable(pkv_context *ctx4) {
         p.num_kv_heads = 2;
         p.head_dim = 64;
         p.dtype = step % 2 ? PKV_DTYPE_BF16 : PKV_DTYPE_FP16;
+        if (step % 3 == 2) p.logits_soft_cap = 30.0f;
         const int32_t B = (int32_t)pkv_rng_uniform_int(&rng, 0, 6);
         int32_t lens[6];
         for (int32_t i = 0; i < B; i++) lens[i] = (int32_t)pkv_rng_uniform_int(&rng, 0, 1) * (int32_t)pkv_rng_uniform_int(&rng, 1, 3000);
         pkv_test_case tc;
         CHECK(pkv_test_case_build(&rng, &p, B, lens, 0.2, 1, &tc));
         if (!tc.ok) continue;
+        if (step % 4 == 1) { /* a sliding window, NaN before it */
+            tc.problem.window = 257;
+            pkv_test_poison_before_window(&tc);
+        }
         CHECK_OK(pkv_test_case_reference(&tc));
         pkv_plan_options opts;
         pkv_plan_options_default(&opts);

@@ -199,7 +199,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if nnz > g["indices"].numel():
             raise ValueError(f"the table has {nnz} page ids, paged_kv_indices_buffer holds {g['indices'].numel()}")
         h_indices = _host_ints(indices, "indices")
-        top = int(max(h_indices[:nnz])) if nnz > 0 else -1
+        top = int(h_indices[:nnz].max()) if nnz > 0 else -1
         if g["pool"] is not None and top >= g["pool"]:
             raise ValueError(f"page id {top} is outside the cache of {g['pool']} pages run() was given")
         g["max_page"] = top
