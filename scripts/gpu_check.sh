@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # gpu_check.sh OUT_DIR [--quick] - the GPU check, end to end on a bare machine with a GPU and the
 # CUDA toolkit: build, GPU tests (every route against the float64 CPU reference, outputs poisoned),
-# compute-sanitizer memcheck and racecheck on a reduced set, then the benchmark (anchor steps and
-# trace families).  Full logs and JSON go to OUT_DIR; a short table is printed last.
+# compute-sanitizer memcheck and racecheck on a reduced set, then the benchmark (anchor steps, trace
+# families, the anchors as graph-stable plans).  Full logs and JSON go to OUT_DIR; a short table is printed last.
 #   --quick   fewer random cases, fewer timing repetitions, anchors only (a smoke run)
 # PKV_COMPARE_M=1 also benches the anchors with the heads-in-M kernel for every shape (A/B in one run).
 set -u -o pipefail
@@ -105,6 +105,9 @@ if [ $quick = 0 ]; then
   say "benchmark: anchor steps, d256 shape with Gemma-2's soft cap 50 and 4096-token window (local layers)"
   "$build/pkv" bench --backend cuda --shape d256 --soft-cap 50 --window 4096 --anchor all --reps 50 --wall-reps 5 \
     --quiet --json "$out/anchors_gemma2_local.json" >"$out/anchors_gemma2_local.md" 2>>"$log/bench.log" || status=1
+  say "benchmark: anchor steps as graph-stable plans (work queue, capacity = batch rounded up to a power of two)"
+  "$build/pkv" bench --backend cuda --anchor all --route workqueue --graph-max-batch pow2 --reps 50 --wall-reps 5 \
+    --quiet --json "$out/anchors_graph_stable.json" >"$out/anchors_graph_stable.md" 2>>"$log/bench.log" || status=1
 fi
 
 if [ -n "${PKV_COMPARE_M:-}" ]; then

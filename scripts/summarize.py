@@ -4,6 +4,7 @@ best route's kernel time next to FlashInfer's best (anchors.md), its fraction of
 and its step efficiency; per trace family the per-route means.  Writes OUT_DIR/summary.md and
 OUT_DIR/traces.json (the trace runs merged)."""
 import json
+import math
 import os
 import sys
 
@@ -101,6 +102,21 @@ def score_options_line(path):
                 f"{max(errs) if errs else float('nan'):.1e} over {len(errs)} runs; unwritten outputs {unwritten}"]
 
 
+def graph_stable_line(plain_path, graph_path):
+    """Graph-stable plans against the plain work queue of the same check (kernel time, same tasks)."""
+    plain = {r["step"]: r for r in json.load(open(plain_path))["rows"] if r["route"] == "workqueue"}
+    rows = json.load(open(graph_path))["rows"]
+    ratios = sorted(r["kernel_us"] / plain[r["step"]]["kernel_us"] for r in rows if r["step"] in plain)
+    if not ratios:
+        return []
+    errs = [r["rel_err"] for r in rows if r.get("rel_err") is not None]
+    gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+    return ["", f"graph-stable plans (CUDA-graph replay) vs the plain work queue, {len(ratios)} anchors: kernel time "
+                f"geomean {gm:.3f}, min {ratios[0]:.3f}, max {ratios[-1]:.3f}; worst rel err "
+                f"{max(errs) if errs else float('nan'):.1e}; unwritten outputs "
+                f"{sum(r.get('unwritten_outputs', 0) or 0 for r in rows)}"]
+
+
 def main():
     out_dir = sys.argv[1]
     lines = []
@@ -110,6 +126,9 @@ def main():
     g = os.path.join(out_dir, "anchors_gemma2_local.json")
     if os.path.exists(g):
         lines += score_options_line(g)
+    gs = os.path.join(out_dir, "anchors_graph_stable.json")
+    if os.path.exists(a) and os.path.exists(gs):
+        lines += graph_stable_line(a, gs)
     traces = [p for p in sys.argv[2:] if os.path.exists(p)]
     if traces:
         t, merged = traces_table(traces)
