@@ -61,6 +61,9 @@ typedef struct row_result {
     /* --behind-producer: the producer alone and producer + step (events around both), with a producer
      * that does not trigger its dependents and one that does (NAN: not measured) */
     double producer_us, pair_us, producer_trig_us, pair_trig_us;
+    /* graph-stable plans on CUDA: a step as a server runs it with a CUDA graph captured once - plan +
+     * upload + graph launch + sync (host clock, median); NAN otherwise */
+    double graph_wall_us;
     double gbps, frac_ceiling, step_eff, tokens_per_s;
     double rel_err, max_err;
     int nan_outputs;
@@ -568,6 +571,24 @@ static void measure(const bench_opts *o, buffers *b, const step_input *s, pkv_ro
     }
     r->wall_us = cli_median(wall, wr);
     r->plan_us = cli_median(pl, wr);
+    /* graph-stable: the same step replayed from a graph captured once (one fixed page-id buffer, as a
+     * graph needs), each replay after a new plan and its upload */
+    r->graph_wall_us = NAN;
+    if (o->cuda && opts.graph_max_batch != 0) {
+        t.kv_page_indices = b->page_sets[0];
+        tab.kv_page_indices = s->pages;
+        TRY(o->ctx, pkv_plan_step(o->ctx, &prob, &tab, &opts, plan), "plan");
+        void *graph = NULL;
+        TRY(o->ctx, pkv_dev_graph_capture(o->ctx, plan, b->ws, b->ws_bytes, &t, &graph), "graph capture");
+        for (int i = 0; i < wr; i++) {
+            double t0 = cli_now_us();
+            TRY(o->ctx, pkv_plan_step(o->ctx, &prob, &tab, &opts, plan), "plan");
+            TRY(o->ctx, pkv_dev_graph_replay(o->ctx, graph, plan, b->ws, b->ws_bytes), "graph replay");
+            wall[i] = cli_now_us() - t0;
+        }
+        pkv_dev_graph_free(graph);
+        r->graph_wall_us = cli_median(wall, wr);
+    }
     free(wall);
     free(pl);
 
@@ -722,6 +743,7 @@ static void write_json(const char *path, const bench_opts *o, const ceilings *ce
             json_field_num(f, "producer_trigger_us", r->producer_trig_us);
             json_field_num(f, "producer_trigger_step_us", r->pair_trig_us);
         }
+        if (!isnan(r->graph_wall_us)) json_field_num(f, "graph_replay_wall_us", r->graph_wall_us);
         json_field_num(f, "step_efficiency", r->step_eff);
         json_field_num(f, "tokens_per_s", r->tokens_per_s);
         json_field_num(f, "rel_err", r->rel_err);
