@@ -153,13 +153,16 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
     @property
     def plan_info(self):
-        """Sizes of the current plan: batch_size, tasks, merges, phases, state_slots."""
+        """Sizes of the current plan: batch_size, tasks, merges, phases, state_slots, grid_tasks (the task
+        grid's CTAs: a graph-stable plan's fixed grid, else the tasks) and graph_signature (0 unless
+        graph-stable; equal signatures replay one captured graph)."""
         if not self._planned:
             return None
         p = self._plan
         return {"batch_size": int(lib.pkv_plan_batch_size(p)), "tasks": int(lib.pkv_plan_num_tasks(p)),
                 "merges": int(lib.pkv_plan_num_merges(p)), "phases": int(lib.pkv_plan_num_phases(p)),
-                "state_slots": int(lib.pkv_plan_num_state_slots(p))}
+                "state_slots": int(lib.pkv_plan_num_state_slots(p)), "grid_tasks": int(lib.pkv_plan_grid_tasks(p)),
+                "graph_signature": int(lib.pkv_plan_graph_signature(p))}
 
     def validate_plan(self):
         """Checks the plan's internal consistency (pkv_plan_validate); raises PkvError."""

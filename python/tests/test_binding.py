@@ -556,6 +556,9 @@ def test_graph_stable_plans_cpu(cpu):
         step = dict(p, lens=lens, indptr=p["indptr"][:B + 1], q=q)
         w.plan(step["indptr"], p["indices"], lens, 8, 2, 64, 16, num_pages=p["pool"], graph_max_batch=6)
         assert w.route == "workqueue"
+        info = w.plan_info
+        assert info["graph_signature"] != 0 and info["grid_tasks"] >= info["tasks"]
+        w.validate_plan()
         ws = ws or w.plan_workspace_size
         assert w.plan_workspace_size == ws
         o, lse = w.run(q, p["k"], p["v"], return_lse=True)
