@@ -2,6 +2,7 @@
  * bad shapes, bad lengths, bad page tables, a small workspace, unknown routes, an unavailable CUDA
  * backend; status strings for every code; the free functions accept NULL. */
 #include "persistentkv.h"
+#include "pkv_dev.h"
 #include "pkv_test.h"
 
 #include <math.h>
@@ -85,7 +86,40 @@ static void test_status_strings(void) {
 static void test_free_null(void) {
     pkv_context_free(NULL);
     pkv_plan_free(NULL);
-    CHECK(1); /* reached: no crash */
+    pkv_dev_graph_free(NULL);
+    CHECK(pkv_plan_graph_signature(NULL) == 0 && pkv_plan_grid_tasks(NULL) == 0); /* the views accept NULL */
+}
+
+/* Graph-stable plans: each bad option with its own status and message, on a context */
+static void test_graph_errors(pkv_context *ctx) {
+    fixture f;
+    fixture_init(&f);
+    pkv_plan *plan = NULL;
+    CHECK_OK(pkv_plan_create(&plan));
+    pkv_plan_options opts;
+    pkv_plan_options_default(&opts);
+    opts.graph_max_batch = 2; /* the fixture has 3 rows */
+    CHECK_ERR(pkv_plan_step(ctx, &f.problem, &f.table, &opts, plan), PKV_ERR_BATCH_SIZE, ctx);
+    CHECK(pkv_plan_graph_signature(plan) == 0);
+    opts.graph_max_batch = (1 << 20) + 1; /* above the batch limit */
+    CHECK_ERR(pkv_plan_step(ctx, &f.problem, &f.table, &opts, plan), PKV_ERR_BATCH_SIZE, ctx);
+    opts.graph_max_batch = 4;
+    opts.route = PKV_ROUTE_FUSED;
+    CHECK_ERR(pkv_plan_step(ctx, &f.problem, &f.table, &opts, plan), PKV_ERR_UNSUPPORTED, ctx);
+    opts.route = PKV_ROUTE_WORKQUEUE;
+    opts.graph_tasks = 12; /* 4 rows x 8 KV heads: raised to 32 */
+    opts.chunk_pages = 1;
+    opts.min_chunk_tokens = 16; /* 33 tokens in 3 chunks x 8 heads + 2 x 8: 40 tasks > 32 */
+    CHECK_ERR(pkv_plan_step(ctx, &f.problem, &f.table, &opts, plan), PKV_ERR_INVALID_ARGUMENT, ctx);
+    opts.chunk_pages = 0;
+    CHECK_OK(pkv_plan_step(ctx, &f.problem, &f.table, &opts, plan));
+    CHECK(pkv_plan_grid_tasks(plan) == 32 && pkv_plan_graph_signature(plan) != 0);
+    size_t bytes = 0;
+    CHECK_ERR(pkv_workspace_size(ctx, &f.problem, 5, &opts, &bytes), PKV_ERR_BATCH_SIZE, ctx);
+    CHECK_OK(pkv_workspace_size(ctx, &f.problem, 3, &opts, &bytes));
+    CHECK(bytes == pkv_plan_workspace_size(plan));
+    pkv_plan_free(plan);
+    fixture_free(&f);
 }
 
 static void test_context_errors(void) {
@@ -427,6 +461,7 @@ int main(void) {
         test_problem_errors(ctx);
         test_table_errors(ctx);
         test_null_and_run_errors(ctx);
+        test_graph_errors(ctx);
         pkv_context_free(ctx);
     }
     return pkv_test_finish("test_errors");
