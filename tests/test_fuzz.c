@@ -2,7 +2,7 @@
  *
  * Each case draws a problem (every head dim, G 1..16, pages 1..64, windows, soft caps, both dtypes
  * and layouts), a batch of up to 12 rows with a scattered pool, and plan options (every route, forced
- * splits, chunks, waves and parallelism, often absurd); one case in four then breaks one thing (a
+ * splits, chunks, waves and parallelism, graph-stable capacities, often absurd); one case in four then breaks one thing (a
  * shape field, a length, an indptr entry, a page id, the pool size, the batch size) to an edge value:
  * -1, 0, INT32_MIN, INT32_MAX or a small number.  What must hold: pkv_plan_step never crashes and
  * either fails with a status and a message or returns a plan that pkv_plan_validate accepts and that
@@ -54,7 +54,7 @@ int main(void) {
     pkv_plan *plan = NULL;
     CHECK_OK(pkv_plan_create(&plan));
     if (!ctx || !plan) return 1;
-    int planned = 0, refused = 0, ran = 0;
+    int planned = 0, refused = 0, ran = 0, graph_planned = 0;
     int32_t lens[MAX_B], indptr[MAX_B + 1], ids[MAX_IDS];
     for (int c = 0; c < cases; c++) {
         pkv_problem p;
@@ -90,6 +90,8 @@ int main(void) {
         if (one_in(4)) o.min_chunk_tokens = edge();
         if (one_in(4)) o.max_splits = edge();
         if (one_in(4)) o.ctas_per_unit = edge();
+        if (one_in(4)) o.graph_max_batch = one_in(2) ? edge() : (int32_t)ri(0, MAX_B + 2); /* graph-stable */
+        if (one_in(6)) o.graph_tasks = edge();
         const bool broken = one_in(4);
         if (broken) {
             const int32_t i = B > 0 ? (int32_t)ri(0, B - 1) : 0;
@@ -121,6 +123,7 @@ int main(void) {
             continue;
         }
         planned++;
+        graph_planned += pkv_plan_graph_signature(plan) != 0;
         const char *why = NULL;
         CHECK_MSG(pkv_plan_validate(plan, lens, &why) == PKV_OK, "case %d (%s): invalid plan: %s", c,
                   pkv_route_name(pkv_plan_route(plan)), why);
@@ -138,6 +141,7 @@ int main(void) {
         const size_t d = (size_t)p.head_dim, rows = (size_t)(t.batch_size > 0 ? t.batch_size : 1) * p.num_qo_heads;
         const size_t pool_elems = (size_t)p.num_pages * (size_t)p.page_size * (size_t)p.num_kv_heads * d;
         if (pool_elems > ((size_t)48 << 20)) continue;
+        if (pkv_plan_workspace_size(plan) > ((size_t)512 << 20)) continue; /* a graph-stable grid for thousands of rows */
         pkv_test_case tc = {.problem = p, .table = t, .batch_size = t.batch_size};
         tc.q_elems = (int64_t)(rows * d), tc.kv_elems = (int64_t)pool_elems, tc.lse_elems = (int64_t)rows;
         tc.q = malloc(rows * d * 2), tc.k_cache = malloc(pool_elems * 2), tc.v_cache = malloc(pool_elems * 2);
@@ -185,7 +189,9 @@ int main(void) {
         free(tc.q), free(tc.k_cache), free(tc.v_cache), free(tc.o), free(tc.lse), free(tc.o_ref), free(tc.lse_ref);
         free(ws);
     }
-    printf("fuzz: %d cases, %d planned, %d refused with a message, %d run and checked\n", cases, planned, refused, ran);
+    printf("fuzz: %d cases, %d planned (%d graph-stable), %d refused with a message, %d run and checked\n", cases, planned,
+           graph_planned, refused, ran);
+    CHECK_MSG(graph_planned > 0 || cases < 200, "no graph-stable plan in %d cases", cases);
     CHECK(planned > cases / 4 && refused > cases / 20 && ran > cases / 40); /* the mix exercises both sides */
     pkv_plan_free(plan);
     pkv_context_free(ctx);
