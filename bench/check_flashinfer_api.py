@@ -3,7 +3,8 @@
 persistentkv.flashinfer, on the GPU, compared output by output (o by relative L2 error, lse - base 2
 in both - by absolute error).  Calls: plain fp16 and bf16, NHD and HND, a (k, v) tuple and one
 [num_pages, 2, ...] cache, out=/lse= buffers, logits_soft_cap, window_left, sm_scale, disable_split_kv,
-deprecated positional arguments after page_size.  Prints a line per call and exits 1 on any mismatch.
+deprecated positional arguments after page_size; and use_cuda_graph=True (fixed table buffers, one
+CUDA graph captured around run(), replayed after each new plan()).  Prints a line per call and exits 1 on any mismatch.
 
   PKV_LIBRARY=build-gpu/libpersistentkv.so python3 bench/check_flashinfer_api.py [--json OUT.json]
 
@@ -88,6 +89,46 @@ def main():
         bad += not ok
         rows.append(dict(call=c["name"], rel_l2_o=rel, max_abs_lse=lse_err, ok=ok))
         print(f"{'ok ' if ok else 'BAD'} {c['name']:<48} o rel L2 {rel:.2e}  lse max abs {lse_err:.2e}")
+    # use_cuda_graph=True on both: FlashInfer's fixed table buffers, a CUDA graph captured around run() once,
+    # then new lengths planned (outside the graph) and the graph replayed with a new q, step after step
+    base = problem(lens, 32, 8, 128, 16, "NHD", torch.float16)
+    B, ps = len(lens), 16
+    graphs = {}
+    for mod_name, mod in (("flashinfer", fi), ("persistentkv", pfi)):
+        bufs = dict(paged_kv_indptr_buffer=torch.zeros(B + 1, dtype=torch.int32, device=dev),
+                    paged_kv_indices_buffer=torch.zeros(int(base["indptr"][-1]), dtype=torch.int32, device=dev),
+                    paged_kv_last_page_len_buffer=torch.zeros(B, dtype=torch.int32, device=dev))
+        w = mod.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(128 << 20, dtype=torch.uint8, device=dev), "NHD",
+                                                   use_cuda_graph=True, **bufs)
+        graphs[mod_name] = dict(w=w, q=torch.empty_like(base["q"]))
+    h_indptr, h_indices = base["indptr"].cpu(), base["indices"].cpu()
+    for step in range(4):
+        # rows of 1 .. their first length (FlashInfer's CSR form has no empty row)
+        step_lens = lens if step == 0 else [int(torch.randint(1, n + 1, (1,), generator=gen)) for n in lens]
+        pages = [(n + ps - 1) // ps for n in step_lens]
+        indptr = torch.tensor([0] + list(torch.tensor(pages).cumsum(0).tolist()), dtype=torch.int32)
+        indices = torch.cat([h_indices[int(h_indptr[r]):int(h_indptr[r]) + pages[r]] for r in range(B)])
+        last = torch.tensor([n - (p_ - 1) * ps if n > 0 else 0 for n, p_ in zip(step_lens, pages)], dtype=torch.int32)
+        q = torch.randn(base["q"].shape, generator=gen).to(torch.float16).to(dev)
+        outs = {}
+        for mod_name, g in graphs.items():
+            g["w"].plan(indptr.to(dev), indices.to(dev), last.to(dev), 32, 8, 128, ps, q_data_type=torch.float16)
+            g["q"].copy_(q)
+            if step == 0:  # eager once, then the capture
+                g["w"].run(g["q"], base["kv"])
+                torch.cuda.synchronize()
+                g["graph"] = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g["graph"]):
+                    g["o"] = g["w"].run(g["q"], base["kv"])
+            g["graph"].replay()
+        torch.cuda.synchronize()
+        fo, po = graphs["flashinfer"]["o"].float(), graphs["persistentkv"]["o"].float()
+        rel = ((po - fo).norm() / fo.norm().clamp_min(1e-30)).item()
+        ok = rel < 4e-3 and math.isfinite(rel)
+        bad += not ok
+        name = f"use_cuda_graph: replay {step} (lengths {step_lens[:4]}...)"
+        rows.append(dict(call=name, rel_l2_o=rel, max_abs_lse=None, ok=ok))
+        print(f"{'ok ' if ok else 'BAD'} {name:<48} o rel L2 {rel:.2e}")
     print(f"check_flashinfer_api: {len(rows) - bad} of {len(rows)} calls agree (flashinfer {fi.__version__})")
     if args.json:
         with open(args.json, "w") as f:
