@@ -17,6 +17,8 @@ use_cuda_graph=True works as FlashInfer's: the batch size is fixed by paged_kv_i
 (pkv_plan_options.graph_max_batch) into the workspace, so a CUDA graph captured around run() replays
 every later plan().  The page pool's size is not a plan() argument in FlashInfer: page ids are checked
 against the cache each run() is given, and a later plan()'s against the largest cache run() saw.
+FlashInfer's CUDAGraphBatchDecodeWithPagedKVCacheWrapper (the buffers as constructor arguments) is here
+too.
 Mapped: disable_split_kv=True -> the `single` route (no splits); fixed_split_size=P -> the `workqueue`
 route with chunks of P pages (split bounds then depend on each row alone, as FlashInfer's batch-invariant
 mode); block_tables, when given, must agree with the CSR table; non_blocking, rope_scale and rope_theta
@@ -30,7 +32,7 @@ from . import _arrays as A
 from ._lib import PkvError, Status
 from .wrapper import BatchDecodeWithPagedKVCacheWrapper as _Native, _lens_from_last_page
 
-__all__ = ["BatchDecodeWithPagedKVCacheWrapper"]
+__all__ = ["BatchDecodeWithPagedKVCacheWrapper", "CUDAGraphBatchDecodeWithPagedKVCacheWrapper"]
 
 _LOG2E = 1.0 / math.log(2.0)
 # FlashInfer 0.7's optional plan() arguments after page_size, in its deprecated positional order
@@ -284,3 +286,17 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
     def __repr__(self):
         return f"persistentkv.flashinfer.BatchDecodeWithPagedKVCacheWrapper({self._w!r})"
+
+
+class CUDAGraphBatchDecodeWithPagedKVCacheWrapper(BatchDecodeWithPagedKVCacheWrapper):
+    """flashinfer.CUDAGraphBatchDecodeWithPagedKVCacheWrapper: the decode wrapper with use_cuda_graph=True
+    and the three fixed table buffers as its constructor's positional arguments."""
+
+    def __init__(self, workspace_buffer, indptr_buffer, indices_buffer, last_page_len_buffer, kv_layout="NHD",
+                 use_tensor_cores=False, pdl=True):
+        super().__init__(workspace_buffer, kv_layout, use_cuda_graph=True, use_tensor_cores=use_tensor_cores,
+                         paged_kv_indptr_buffer=indptr_buffer, paged_kv_indices_buffer=indices_buffer,
+                         paged_kv_last_page_len_buffer=last_page_len_buffer, pdl=pdl)
+
+    def __repr__(self):
+        return f"persistentkv.flashinfer.CUDAGraphBatchDecodeWithPagedKVCacheWrapper({self._w!r})"

@@ -165,6 +165,9 @@ def test_what_persistentkv_lacks_is_refused():
     unsupported(lambda: w.plan(*args, o_data_type="bfloat16"))
     with pytest.raises(ValueError, match="int32 CUDA tensor in cudagraph mode"):  # FlashInfer's fixed buffers
         flashinfer.BatchDecodeWithPagedKVCacheWrapper(None, use_cuda_graph=True, backend_device="cpu")
+    with pytest.raises(ValueError, match="int32 CUDA tensor in cudagraph mode"):
+        flashinfer.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(None, np.zeros(3, np.int32), np.zeros(4, np.int32),
+                                                               np.zeros(2, np.int32))
     w.plan(*args)
     kv = (p["k"], p["v"])
     unsupported(lambda: w.run(p["q"], kv, k_scale=0.5))
@@ -197,7 +200,8 @@ def test_cuda_as_flashinfer_is_called(cuda_torch, dtype):
     assert_close(_from_torch(torch, o), lse.cpu().numpy().astype(np.float64) / LOG2E, ref_of(p), dtype, p["lens"])
 
 
-def test_cuda_graph_as_flashinfer(cuda_torch):
+@pytest.mark.parametrize("form", ["use_cuda_graph", "CUDAGraphBatchDecodeWithPagedKVCacheWrapper"])
+def test_cuda_graph_as_flashinfer(cuda_torch, form):
     """use_cuda_graph=True as FlashInfer's users run it: fixed table buffers, a graph captured around run()
     once, then each step plan() (new lengths: empty, one-token, short and split rows) and replay with a new
     q in the captured buffer; against the reference.  A batch of another size is refused."""
@@ -211,7 +215,10 @@ def test_cuda_graph_as_flashinfer(cuda_torch):
     bufs = dict(paged_kv_indptr_buffer=torch.zeros(B + 1, dtype=torch.int32, device="cuda"),
                 paged_kv_indices_buffer=torch.zeros(len(full["indices"]), dtype=torch.int32, device="cuda"),
                 paged_kv_last_page_len_buffer=torch.zeros(B, dtype=torch.int32, device="cuda"))
-    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_cuda_graph=True, **bufs)
+    if form == "use_cuda_graph":
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_cuda_graph=True, **bufs)
+    else:  # FlashInfer's older class: the buffers positional
+        w = flashinfer.CUDAGraphBatchDecodeWithPagedKVCacheWrapper(ws, *bufs.values(), "NHD")
     assert w.is_cuda_graph_enabled
     rng = np.random.default_rng(20261201)
 
