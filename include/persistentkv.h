@@ -7,7 +7,9 @@
  *   pkv_run(ctx, plan, workspace, bytes, &tensors, stream);   per layer, allocates nothing
  *
  * A plan is plain data (tasks, merges, counters) and is reused by every layer of the step.
- * The CPU backend and the CUDA backend execute the same plans.
+ * The CPU backend and the CUDA backend execute the same plans.  CUDA graphs: plan graph-stable steps
+ * (pkv_plan_options.graph_max_batch), capture pkv_run once, then per step pkv_plan_step,
+ * pkv_plan_upload and replay.
  *
  * Math (for query head h of row i, KV head g = h / G, G = Hq / Hkv, N_i tokens):
  *   s_j = scale * dot(q[i,h,:], K[i,g,j,:]),  o[i,h,:] = sum_j softmax(s)_j V[i,g,j,:],
