@@ -190,17 +190,34 @@ static int32_t choose_workqueue_chunk(const plan_params *pp, const pkv_problem *
 }
 
 /* ---- storage ---------------------------------------------------------------------------------- */
-/* counts: a graph-stable plan's [task count, merge count] after the merges (one aligned block) */
+/* The plan blob's layout: [tasks | rows | merges and their arrival counters | counts], each part
+ * PKV_WS_ALIGN aligned; counts (graph-stable plans only, else *off_counts = 0): [task count, merge
+ * count].  Returns the blob's bytes. */
+static size_t blob_layout(int64_t ntasks, int64_t nrows, int64_t nmerges, bool counts, size_t *off_rows,
+                          size_t *off_merges, size_t *off_counts) {
+    *off_rows = align_up((size_t)ntasks * sizeof(pkv_task), PKV_WS_ALIGN);
+    *off_merges = align_up(*off_rows + (size_t)nrows * sizeof(pkv_row_sched), PKV_WS_ALIGN);
+    const size_t bytes = align_up(*off_merges + (size_t)nmerges * (sizeof(pkv_merge) + sizeof(int32_t)), PKV_WS_ALIGN);
+    *off_counts = counts ? bytes : 0;
+    return counts ? bytes + PKV_WS_ALIGN : bytes;
+}
+
+/* The workspace after a blob of blob_bytes: partial o (slots x G x d fp32), then partial lse (slots x G
+ * fp32), each aligned (offsets in *off_o, *off_lse).  Returns the workspace's bytes. */
+static size_t states_layout(size_t blob_bytes, int64_t slots, int64_t group, int64_t head_dim, size_t *off_o,
+                            size_t *off_lse) {
+    *off_o = align_up(blob_bytes, PKV_WS_ALIGN);
+    *off_lse = align_up(*off_o + (size_t)slots * (size_t)group * (size_t)head_dim * sizeof(float), PKV_WS_ALIGN);
+    return align_up(*off_lse + (size_t)slots * (size_t)group * sizeof(float), PKV_WS_ALIGN);
+}
+
 static pkv_status plan_reserve(pkv_context *ctx, pkv_plan *plan, int64_t ntasks, int64_t nrows, int64_t nmerges,
                                int64_t nphases, bool counts) {
     if (ntasks > INT32_MAX || nmerges > INT32_MAX)
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "plan would have too many tasks (%lld)", (long long)ntasks);
-    size_t off_tasks = 0;
-    size_t off_rows = align_up(off_tasks + (size_t)ntasks * sizeof(pkv_task), PKV_WS_ALIGN);
-    size_t off_merges = align_up(off_rows + (size_t)nrows * sizeof(pkv_row_sched), PKV_WS_ALIGN);
-    size_t bytes = align_up(off_merges + (size_t)nmerges * (sizeof(pkv_merge) + sizeof(int32_t)), PKV_WS_ALIGN);
-    plan->off_counts = counts ? bytes : 0;
-    if (counts) bytes += PKV_WS_ALIGN;
+    const size_t off_tasks = 0;
+    size_t off_rows, off_merges;
+    const size_t bytes = blob_layout(ntasks, nrows, nmerges, counts, &off_rows, &off_merges, &plan->off_counts);
     if (bytes > plan->blob_cap || !plan->blob) {
         size_t cap = plan->blob_cap ? plan->blob_cap : 4096;
         while (cap < bytes) cap *= 2;
@@ -439,6 +456,13 @@ static int32_t resident_exact(const pkv_context *ctx, const pkv_problem *p) {
     return resident_ctas(ctx, p);
 }
 
+/* Resident task slots the planner's waves count: parallelism x the larger of the CTAs per unit (at least
+ * per_unit) and the kernel's exact residency. */
+static int64_t resident_slots(int64_t parallelism, int64_t per_unit, int64_t resident, int64_t resident_x) {
+    const int64_t r = resident > per_unit ? resident : per_unit;
+    return parallelism * (resident_x > r ? resident_x : r);
+}
+
 static void resolve_params(const pkv_plan_options *opts, int32_t parallelism, int32_t default_per_unit,
                            int32_t resident, int32_t resident_x, const pkv_problem *problem, const pkv_page_table *table,
                            plan_params *pp) {
@@ -446,7 +470,7 @@ static void resolve_params(const pkv_plan_options *opts, int32_t parallelism, in
     if (resident < per_unit) resident = per_unit;
     pp->P = (int64_t)parallelism * per_unit;
     pp->P_bucketed = 0;
-    pp->slots = (int64_t)parallelism * (resident_x > resident ? resident_x : resident);
+    pp->slots = resident_slots(parallelism, per_unit, resident, resident_x);
     int32_t min_tokens = opts->min_chunk_tokens > 0 ? opts->min_chunk_tokens : 128;
     pp->min_chunk_pages = (int32_t)ceil_div(min_tokens, problem->page_size);
     pp->max_splits = opts->max_splits > 0 ? opts->max_splits : 256;
@@ -876,17 +900,12 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
     memset((char *)plan->blob + plan->off_merges + (size_t)plan->num_merges * sizeof(pkv_merge), 0,
            (size_t)plan->num_merges * sizeof(int32_t));
 
-    /* workspace layout: [plan blob | partial o (slots x G x d fp32) | partial lse (slots x G fp32)];
-     * graph-stable: room for a slot per task of the grid */
-    const size_t layout_slots = graph ? (size_t)graph_cap : (size_t)slots;
-    size_t state_o = layout_slots * (size_t)plan->group * (size_t)problem->head_dim * sizeof(float);
-    size_t state_lse = layout_slots * (size_t)plan->group * sizeof(float);
-    plan->off_state_o = align_up(plan->blob_bytes, PKV_WS_ALIGN);
-    plan->off_state_lse = align_up(plan->off_state_o + state_o, PKV_WS_ALIGN);
+    /* workspace layout: [plan blob | partial states]; graph-stable: room for a slot per task of the grid */
+    plan->workspace_bytes = states_layout(plan->blob_bytes, graph ? graph_cap : slots, plan->group, problem->head_dim,
+                                          &plan->off_state_o, &plan->off_state_lse);
     /* fused: one arrival counter per merge; zeros travel with the plan upload and the last task of
      * each merge resets its counter, so every run starts from zero */
     plan->off_counters = plan->off_merges + (size_t)plan->num_merges * sizeof(pkv_merge);
-    plan->workspace_bytes = align_up(plan->off_state_lse + state_lse, PKV_WS_ALIGN);
     if (graph) {
         int32_t *counts = (int32_t *)(void *)((char *)plan->blob + plan->off_counts);
         counts[0] = plan->num_tasks;
@@ -942,16 +961,12 @@ pkv_status pkv_workspace_size(pkv_context *ctx, const pkv_problem *problem, int3
             return pkv_fail(ctx, PKV_ERR_BATCH_SIZE, "max_batch %d above graph_max_batch %d", max_batch, opts.graph_max_batch);
         if (opts.graph_max_batch > PKV_MAX_BATCH)
             return pkv_fail(ctx, PKV_ERR_BATCH_SIZE, "graph_max_batch %d is above %d", opts.graph_max_batch, PKV_MAX_BATCH);
-        int64_t r = res > per ? res : per;
-        if (res_x > r) r = res_x;
-        const int64_t cap = graph_capacity(&opts, par * r, problem), gm = opts.graph_max_batch;
-        const int64_t G = problem->num_qo_heads / problem->num_kv_heads;
-        size_t b = align_up((size_t)cap * sizeof(pkv_task), PKV_WS_ALIGN) +
-                   align_up((size_t)gm * sizeof(pkv_row_sched), PKV_WS_ALIGN) +
-                   align_up((size_t)(gm * problem->num_kv_heads) * (sizeof(pkv_merge) + sizeof(int32_t)), PKV_WS_ALIGN) +
-                   PKV_WS_ALIGN;
-        b = align_up(b + (size_t)cap * G * problem->head_dim * sizeof(float), PKV_WS_ALIGN);
-        *bytes = align_up(b + (size_t)cap * G * sizeof(float), PKV_WS_ALIGN);
+        const int64_t cap = graph_capacity(&opts, resident_slots(par, per, res, res_x), problem);
+        const int64_t gm = opts.graph_max_batch;
+        size_t o_rows, o_merges, o_counts, o_state, o_lse;
+        const size_t blob = blob_layout(cap, gm, gm * problem->num_kv_heads, true, &o_rows, &o_merges, &o_counts);
+        *bytes = states_layout(blob, cap, problem->num_qo_heads / problem->num_kv_heads, problem->head_dim, &o_state,
+                               &o_lse);
         return PKV_OK;
     }
     if (res_x > res) res = res_x; /* bounds the one-wave P too */
@@ -971,12 +986,10 @@ pkv_status pkv_workspace_size(pkv_context *ctx, const pkv_problem *problem, int3
     if (opts.chunk_pages > 0 && (int64_t)max_batch * hkv * max_splits > slots) slots = (int64_t)max_batch * hkv * max_splits;
     /* tasks: every phase holds at most P + its rows x Hkv; bucketed has up to 34 phases */
     int64_t tasks = slots + (int64_t)(max_batch < 34 ? max_batch : 34) * P + (int64_t)max_batch * hkv;
-    size_t blob = align_up((size_t)tasks * sizeof(pkv_task), PKV_WS_ALIGN) +
-                  align_up((size_t)max_batch * sizeof(pkv_row_sched), PKV_WS_ALIGN) +
-                  align_up((size_t)max_batch * hkv * (sizeof(pkv_merge) + sizeof(int32_t)), PKV_WS_ALIGN);
-    size_t so = align_up((size_t)slots * G * problem->head_dim * sizeof(float), PKV_WS_ALIGN);
-    size_t sl = align_up((size_t)slots * G * sizeof(float), PKV_WS_ALIGN);
-    *bytes = blob + so + sl + PKV_WS_ALIGN;
+    size_t o_rows, o_merges, o_counts, o_state, o_lse;
+    const size_t blob = blob_layout(tasks, max_batch, (int64_t)max_batch * hkv, false, &o_rows, &o_merges, &o_counts);
+    /* one alignment unit of slack on top of the layout */
+    *bytes = states_layout(blob, slots, G, problem->head_dim, &o_state, &o_lse) + PKV_WS_ALIGN;
     return PKV_OK;
 }
 
