@@ -30,7 +30,7 @@ import math
 
 from . import _arrays as A
 from ._lib import PkvError, Status
-from .wrapper import BatchDecodeWithPagedKVCacheWrapper as _Native, _lens_from_last_page
+from .wrapper import BatchDecodeWithPagedKVCacheWrapper as _Native, _cuda_int32_vector, _lens_from_last_page
 
 __all__ = ["BatchDecodeWithPagedKVCacheWrapper", "CUDAGraphBatchDecodeWithPagedKVCacheWrapper"]
 
@@ -77,15 +77,14 @@ class BatchDecodeWithPagedKVCacheWrapper:
                         paged_kv_indices_buffer=paged_kv_indices_buffer,
                         paged_kv_last_page_len_buffer=paged_kv_last_page_len_buffer)
             for name, b in bufs.items():
-                if not (A.is_torch(b) and b.device.type == "cuda" and b.dim() == 1 and b.is_contiguous()
-                        and str(b.dtype) == "torch.int32"):
+                if not _cuda_int32_vector(b):
                     raise ValueError(f"{name} must be a contiguous 1-D int32 CUDA tensor in cudagraph mode")
             batch = paged_kv_indptr_buffer.numel() - 1
             if batch < 1 or paged_kv_last_page_len_buffer.numel() < batch:
                 raise ValueError("paged_kv_indptr_buffer must hold batch_size + 1 entries and "
                                  "paged_kv_last_page_len_buffer batch_size")
             self._graph = dict(batch=batch, indptr=paged_kv_indptr_buffer, indices=paged_kv_indices_buffer,
-                               last=paged_kv_last_page_len_buffer, pool=None, max_page=-1)
+                               last=paged_kv_last_page_len_buffer, pool=None)
             backend_device = "cuda"
         self._w = _Native(kv_layout=kv_layout, backend=backend_device, pdl=pdl)
         self._use_tensor_cores = bool(use_tensor_cores)
@@ -171,8 +170,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
             lens["last_page_len"] = last_page_len
         soft_cap = a["logits_soft_cap"]
         graph_kw = {}
-        if self._graph is not None:
-            graph_kw = self._graph_plan(indptr, indices, last_page_len, route)
+        if self._graph is not None:  # the native plan takes the host copies _graph_plan made
+            indptr, indices, h_last, graph_kw = self._graph_plan(indptr, indices, last_page_len, route)
+            if "last_page_len" in lens:
+                lens["last_page_len"] = h_last
         self._w.plan(indptr, indices, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                      page_size=page_size, q_data_type=q_name, sm_scale=a["sm_scale"],
                      logits_soft_cap=soft_cap if soft_cap and soft_cap > 0 else None,
@@ -187,8 +188,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
     _GRAPH_POOL = 2**31 - 1
 
     def _graph_plan(self, indptr, indices, last_page_len, route):
-        """cudagraph mode: the table into the fixed buffers (as FlashInfer's plan() does), the native
-        plan's graph keywords."""
+        """cudagraph mode: the table into the fixed buffers (as FlashInfer's plan() does).  Returns the
+        host copies of indptr, indices and last_page_len (None when not given) and the native plan's
+        graph keywords."""
         g = self._graph
         h_indptr = _host_ints(indptr, "indptr")
         batch = len(h_indptr) - 1
@@ -197,22 +199,23 @@ class BatchDecodeWithPagedKVCacheWrapper:
                              f"got {batch}")
         if route not in ("auto", "workqueue"):
             raise _unsupported("disable_split_kv=True in cudagraph mode", "graph-stable plans run the work queue")
-        nnz = int(h_indptr[-1]) if batch >= 0 else 0
+        nnz = int(h_indptr[-1])
         if nnz > g["indices"].numel():
             raise ValueError(f"the table has {nnz} page ids, paged_kv_indices_buffer holds {g['indices'].numel()}")
         h_indices = _host_ints(indices, "indices")
         top = int(h_indices[:nnz].max()) if nnz > 0 else -1
         if g["pool"] is not None and top >= g["pool"]:
             raise ValueError(f"page id {top} is outside the cache of {g['pool']} pages run() was given")
-        g["max_page"] = top
         torch = A.torch()
         g["indptr"].copy_(torch.as_tensor(h_indptr, dtype=torch.int32), non_blocking=False)
         if nnz > 0:
             g["indices"][:nnz].copy_(torch.as_tensor(h_indices[:nnz], dtype=torch.int32), non_blocking=False)
+        h_last = None
         if last_page_len is not None:
-            g["last"][:batch].copy_(torch.as_tensor(_host_ints(last_page_len, "last_page_len"), dtype=torch.int32))
-        return dict(graph_max_batch=batch, indices_device=g["indices"], num_pages=self._GRAPH_POOL,
-                    _check_pages=top + 1)
+            h_last = _host_ints(last_page_len, "last_page_len")
+            g["last"][:batch].copy_(torch.as_tensor(h_last, dtype=torch.int32))
+        return h_indptr, h_indices, h_last, dict(graph_max_batch=batch, indices_device=g["indices"],
+                                                 num_pages=self._GRAPH_POOL, _check_pages=top + 1)
 
     @staticmethod
     def _check_block_tables(bt, h_indptr, h_indices):

@@ -18,6 +18,13 @@ def cuda_available():
     return bool(lib.pkv_cuda_available())
 
 
+def _cuda_int32_vector(x, device=None):
+    """x is a contiguous 1-D int32 torch tensor on a GPU (on cuda:device when device is given): one the
+    kernels can read in place as page ids or table entries."""
+    return (A.is_torch(x) and x.device.type == "cuda" and (device is None or x.device.index == device)
+            and x.dtype == A.torch().int32 and x.is_contiguous() and x.dim() == 1)
+
+
 def _route_code(route):
     return parse_code(lib.pkv_route_parse, route)
 
@@ -303,9 +310,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         graph = opts.graph_max_batch > 0
         if graph and self._backend == "cuda":
             fixed = indices_device if indices_device is not None else indices
-            t = self._torch
-            if not (A.is_torch(fixed) and fixed.device.type == "cuda" and fixed.device.index == self._device
-                    and fixed.dtype == t.int32 and fixed.is_contiguous() and fixed.dim() == 1):
+            if not _cuda_int32_vector(fixed, self._device):
                 raise ValueError("a graph-stable plan reads the page ids from one fixed buffer: pass a contiguous "
                                  f"1-D int32 tensor on cuda:{self._device} as indices (or indices_device)")
             if fixed.numel() < nnz:
@@ -321,8 +326,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             self._indices_ptr = self._indices_dev.data_ptr()
         elif self._backend == "cuda":
             t, dev = self._torch, f"cuda:{self._device}"
-            if (A.is_torch(indices) and indices.device.type == "cuda" and indices.device.index == self._device
-                    and indices.dtype == t.int32 and indices.is_contiguous()):
+            if _cuda_int32_vector(indices, self._device):
                 self._indices_dev = indices  # the user's device tensor, used in place
             else:
                 src = h_indices.data
