@@ -1362,6 +1362,18 @@ template <int D> static bool merge_per_head(const pkv_plan *plan, int mode) {
     return cols * batches >= 3;
 }
 
+// The decode kernel over a grid of tasks: the tensor-copy kernel when the step has maps, else the register
+// kernel of the plan's kind (a grid that leaves the third resident slot of every SM empty runs the
+// two-tiles-in-flight variant).
+template <typename T, int D>
+static cudaError_t launch_tasks(const decode_params &p, dim3 grid, kernel_kind base_kind, cudaStream_t stream,
+                                const pkv_cuda_launch_opts &o, const tma_maps *maps) {
+    if (maps) return launch_decode_tma<T, D>(p, *maps, grid, stream, o.entry_pdl); // p.stages set with the maps
+    const int64_t ctas = (int64_t)grid.x * grid.y * grid.z;
+    const kernel_kind kind = base_kind == kHeadsInN && ctas <= o.deep_max_ctas ? kHeadsInNDeep : base_kind;
+    return launch_decode<T, D>(kind, p, grid, stream, o.entry_pdl);
+}
+
 template <typename T, int D>
 static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, const merge_params &mbase,
                               const char *ws_dev, cudaStream_t stream, const pkv_cuda_launch_opts &o,
@@ -1376,16 +1388,7 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
         p.tasks = reinterpret_cast<const pkv_task *>(ws_dev + plan->off_tasks);
         p.task_count = counts;
         p.graph_spread = o.graph_spread;
-        const dim3 grid((unsigned)plan->graph_tasks);
-        cudaError_t e;
-        if (maps) {
-            e = launch_decode_tma<T, D>(p, *maps, grid, stream, o.entry_pdl);
-        } else {
-            const kernel_kind kind = base_kind == kHeadsInN && (int64_t)plan->graph_tasks <= o.deep_max_ctas
-                                         ? kHeadsInNDeep
-                                         : base_kind;
-            e = launch_decode<T, D>(kind, p, grid, stream, o.entry_pdl);
-        }
+        const cudaError_t e = launch_tasks<T, D>(p, dim3((unsigned)plan->graph_tasks), base_kind, stream, o, maps);
         if (e != cudaSuccess) return e;
         merge_params m = mbase;
         m.merges = reinterpret_cast<const pkv_merge *>(ws_dev + plan->off_merges);
@@ -1426,16 +1429,7 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
                 grid = dim3((unsigned)(ph.row_end - ph.row_begin), (unsigned)plan->problem.num_kv_heads,
                             (unsigned)ph.grid_splits);
             }
-            cudaError_t e;
-            if (maps) {
-                e = launch_decode_tma<T, D>(p, *maps, grid, stream, o.entry_pdl); // p.stages set with the maps
-            } else {
-                // a grid that leaves the third resident slot of every SM empty runs the two-tiles-in-flight kernel
-                const int64_t ctas = (int64_t)grid.x * grid.y * grid.z;
-                const kernel_kind kind =
-                    base_kind == kHeadsInN && ctas <= o.deep_max_ctas ? kHeadsInNDeep : base_kind;
-                e = launch_decode<T, D>(kind, p, grid, stream, o.entry_pdl);
-            }
+            const cudaError_t e = launch_tasks<T, D>(p, grid, base_kind, stream, o, maps);
             if (e != cudaSuccess) return e;
         }
         if (!fused && ph.merge_end > ph.merge_begin) {

@@ -387,35 +387,6 @@ pkv_status pkv_dev_launch_latency(pkv_context *ctx, double *empty_us, double *gr
     return PKV_OK;
 }
 
-pkv_status pkv_dev_graph_run(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_bytes, const pkv_tensors *t,
-                             int32_t replays) {
-    cudaStream_t s;
-    PKV_CUDA_TRY(ctx, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    pkv_status st = pkv_plan_upload(ctx, plan, ws, ws_bytes, s);
-    if (st == PKV_OK && cudaStreamSynchronize(s) != cudaSuccess) st = pkv_fail(ctx, PKV_ERR_CUDA, "upload failed");
-    cudaGraph_t g = nullptr;
-    cudaGraphExec_t ge = nullptr;
-    if (st == PKV_OK && cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
-        st = pkv_fail(ctx, PKV_ERR_CUDA, "cannot begin capture");
-    if (st == PKV_OK) {
-        pkv_status rs = pkv_run(ctx, plan, ws, ws_bytes, t, s);
-        cudaError_t e = cudaStreamEndCapture(s, &g);
-        if (rs != PKV_OK)
-            st = rs;
-        else if (e != cudaSuccess)
-            st = pkv_fail(ctx, PKV_ERR_CUDA, "capture failed: %s", cudaGetErrorString(e));
-    }
-    if (st == PKV_OK && cudaGraphInstantiate(&ge, g, 0) != cudaSuccess)
-        st = pkv_fail(ctx, PKV_ERR_CUDA, "graph instantiation failed");
-    for (int32_t r = 0; st == PKV_OK && r < replays; r++)
-        if (cudaGraphLaunch(ge, s) != cudaSuccess) st = pkv_fail(ctx, PKV_ERR_CUDA, "graph launch failed");
-    if (st == PKV_OK && cudaStreamSynchronize(s) != cudaSuccess) st = pkv_fail(ctx, PKV_ERR_CUDA, "graph replay failed");
-    if (ge) cudaGraphExecDestroy(ge);
-    if (g) cudaGraphDestroy(g);
-    cudaStreamDestroy(s);
-    return st;
-}
-
 struct pkv_dev_graph {
     cudaStream_t stream;
     cudaGraphExec_t exec;
@@ -471,6 +442,20 @@ pkv_status pkv_dev_graph_replay(pkv_context *ctx, void *graph, const pkv_plan *p
     cudaError_t e = cudaStreamSynchronize(h->stream);
     if (e != cudaSuccess) return pkv_fail(ctx, PKV_ERR_CUDA, "graph replay failed: %s", cudaGetErrorString(e));
     return PKV_OK;
+}
+
+pkv_status pkv_dev_graph_run(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_bytes, const pkv_tensors *t,
+                             int32_t replays) {
+    void *graph = nullptr;
+    pkv_status st = pkv_dev_graph_capture(ctx, plan, ws, ws_bytes, t, &graph);
+    if (st != PKV_OK) return st;
+    pkv_dev_graph *h = static_cast<pkv_dev_graph *>(graph);
+    for (int32_t r = 0; st == PKV_OK && r < replays; r++)
+        if (cudaGraphLaunch(h->exec, h->stream) != cudaSuccess) st = pkv_fail(ctx, PKV_ERR_CUDA, "graph launch failed");
+    if (st == PKV_OK && cudaStreamSynchronize(h->stream) != cudaSuccess)
+        st = pkv_fail(ctx, PKV_ERR_CUDA, "graph replay failed");
+    pkv_dev_graph_free(graph);
+    return st;
 }
 
 void pkv_dev_graph_free(void *graph) {
