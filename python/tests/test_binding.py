@@ -542,7 +542,7 @@ def test_torch_cpu_tensors(cpu, dtype):
 
 
 
-def test_graph_stable_plans_cpu(cpu):
+def test_graph_stable_plans_cpu():
     """graph_max_batch: steps of 0..6 rows planned on one fixed layout and workspace, each right; a step of
     another shape would not replay a captured graph and is refused."""
     p = make_problem(seed_of("graph-cpu"), [3000, 0, 1, 700, 40, 1500], hq=8, hkv=2)
