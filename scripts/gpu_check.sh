@@ -42,9 +42,11 @@ grep -E "tests passed|Passed|Failed|SKIP|passed, " "$log/tests.log" | tail -n 20
 # then, as concurrent processes on the one GPU (correctness runs, nothing timed; ~65 s together instead of
 # ~270 s one after the other): pkv check; test_cuda with the register kernels where sm_90 runs the
 # tensor-copy kernel (PKV_DECODE_TMA=0), the opt-in two-tiles-in-flight variant (off by default), both
-# merge kernels (the default picks one per plan by the merges' width) and the tensor-copy kernel with a
-# forced 3-stage ring (one CTA per SM at d = 256, 2 at d = 128)
-settings="PKV_DECODE_TMA=0 PKV_DECODE_TMA=0,PKV_DECODE_DEEP=1 PKV_MERGE_KERNEL=head PKV_MERGE_KERNEL=row PKV_TMA_STAGES=3"
+# merge kernels (the default picks one per plan by the merges' width), the tensor-copy kernel with a
+# forced 3-stage ring (one CTA per SM at d = 256, 2 at d = 128), graph-stable tasks dealt over 16 SMs
+# (more per SM than its CTAs: the unclaimed tasks must be found and run by the CTAs that wait for
+# them) and graph-stable grids without the claim by SM (the tasks spread over the grid)
+settings="PKV_DECODE_TMA=0 PKV_DECODE_TMA=0,PKV_DECODE_DEEP=1 PKV_MERGE_KERNEL=head PKV_MERGE_KERNEL=row PKV_TMA_STAGES=3 PKV_GRAPH_CLAIM_SMS=16 PKV_GRAPH_CLAIM=0"
 pids=""
 "$build/pkv" check --backend cuda --count $((cases / 2)) >"$log/check.log" 2>&1 & pids="$pids $!"
 i=0

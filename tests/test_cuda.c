@@ -6,6 +6,7 @@
  * late (programmatic dependent launch); errors.  Skips (77) without a GPU.
  * PKV_TEST_CASES=N sets the number of random problems (default 60); PKV_TEST_SMALL=1 keeps every row
  * short (for compute-sanitizer runs). */
+#include "internal.h" /* the graph-stable plan's work-claim words (PKV_COUNTS_*) */
 #include "pkv_test.h"
 #include "test_device.h"
 
@@ -213,6 +214,45 @@ static bool mixed_case(pkv_rng *rng, pkv_test_case *tc) {
     return tc->ok != 0;
 }
 
+/* After a graph-stable plan's run has completed: its work-claim words (arrivals, orphan list, a counter
+ * per SM) are back to zero for the next launch, and the step's counts are the plan's. */
+static bool claim_words_reset(pkv_context *ctx, const pkv_plan *plan, void *ws) {
+    int32_t w[PKV_COUNTS_WORDS];
+    if (pkv_dev_copy_d2h(ctx, w, (char *)ws + plan->off_counts, sizeof w) != PKV_OK) return false;
+    bool ok = w[PKV_COUNTS_TASKS] == plan->num_tasks && w[PKV_COUNTS_MERGES] == plan->num_merges;
+    for (int i = PKV_COUNTS_MERGES + 1; i < PKV_COUNTS_WORDS; i++) ok = ok && w[i] == 0;
+    return ok;
+}
+
+/* A graph-stable plan run twice on one upload (as each layer of a step runs it) and as a graph: the
+ * second run claims its tasks from counters the first one's merge kernel set back to zero. */
+static void repeat_graph_stable(pkv_context *ctx, pkv_plan *plan, pkv_test_case *tc, dev_case *dc) {
+    pkv_plan_options opts;
+    pkv_plan_options_default(&opts);
+    opts.graph_max_batch = tc->batch_size + 2;
+    CHECK_OK(pkv_plan_step(ctx, &tc->problem, &tc->table, &opts, plan));
+    const size_t wsb = pkv_plan_workspace_size(plan), qb = dc->qb;
+    void *ws = NULL;
+    CHECK_OK(pkv_dev_malloc(ctx, wsb, &ws));
+    uint16_t *o1 = (uint16_t *)malloc(qb), *o2 = (uint16_t *)malloc(qb);
+    pkv_tensors t = {dc->q, dc->k, dc->v, (const int32_t *)dc->idx, dc->o, (float *)dc->lse, 0};
+    for (int run = 0; ws && o1 && o2 && run < 3; run++) {
+        CHECK_OK(pkv_dev_memset(ctx, dc->o, 0xff, qb));
+        CHECK_OK(run < 2 ? pkv_run(ctx, plan, ws, wsb, &t, NULL) : pkv_dev_graph_run(ctx, plan, ws, wsb, &t, 2));
+        CHECK_OK(pkv_dev_synchronize(ctx));
+        CHECK_MSG(claim_words_reset(ctx, plan, ws), "graph-stable run %d: the work-claim words are not reset", run);
+        CHECK_OK(pkv_dev_copy_d2h(ctx, run == 0 ? o1 : o2, dc->o, qb));
+        if (run > 0) CHECK_MSG(memcmp(o1, o2, qb) == 0, "graph-stable run %d differs from the first", run);
+    }
+    memcpy(tc->o, o1, qb);
+    CHECK_OK(pkv_dev_copy_d2h(ctx, tc->lse, dc->lse, dc->lb));
+    CHECK_OK(pkv_test_case_reference(tc));
+    CHECK_MSG(pkv_test_rel_l2(tc) < 2e-3 && pkv_test_unwritten(tc) == 0, "graph-stable runs: rel_l2=%.2e",
+              pkv_test_rel_l2(tc));
+    free(o1), free(o2);
+    pkv_dev_free(ctx, ws);
+}
+
 /* The same plan twice, and as a captured CUDA graph: bitwise identical outputs. */
 static void repeat_and_graph(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     pkv_test_case tc;
@@ -264,6 +304,7 @@ static void repeat_and_graph(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     t.kv_page_stride = (int64_t)tc.problem.page_size * tc.problem.num_kv_heads * tc.problem.head_dim + 4;
     CHECK_STATUS(pkv_run(ctx, plan, ws, wsb, &t, NULL), PKV_ERR_INVALID_ARGUMENT);
     t.kv_page_stride = 0;
+    repeat_graph_stable(ctx, plan, &tc, &dc);
     free(o1), free(o2), free(o3), free(l1), free(l3);
     dev_case_free(ctx, &dc);
     pkv_dev_free(ctx, ws);
@@ -321,6 +362,8 @@ static void graph_stable_replay(pkv_context *ctx, pkv_plan *plan_g, pkv_rng *rng
             if (st == PKV_OK) st = pkv_dev_graph_replay(ctx, graph, plan_g, ws, wsb);
             CHECK_MSG(st == PKV_OK, "graph-stable replay, shape %d step %d: %s", shape, step, pkv_context_last_error(ctx));
             if (st != PKV_OK) break;
+            CHECK_MSG(claim_words_reset(ctx, plan_g, ws), "graph-stable replay, shape %d step %d: work-claim words not reset",
+                      shape, step);
             pkv_dev_copy_d2h(ctx, tc.q, dc.q, (size_t)tc.q_elems * 2);
             pkv_dev_copy_d2h(ctx, tc.o, dc.o, (size_t)tc.q_elems * 2);
             pkv_dev_copy_d2h(ctx, tc.lse, dc.lse, (size_t)tc.lse_elems * 4);

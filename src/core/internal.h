@@ -14,6 +14,18 @@ extern "C" {
 #define PKV_MAX_GROUP 16  /* largest G = Hq / Hkv the kernels handle */
 #define PKV_MAX_BATCH (1 << 20)
 #define PKV_WS_ALIGN 256
+/* Graph-stable plans: the int32 words at the plan's off_counts, uploaded with the plan (zeros but the
+ * counts): the step's task and merge counts, then the CUDA work claim's (decode.cu, "tasks claimed by
+ * SM"; set back to zero by the merge kernel after each launch): tasks claimed, arrivals, orphan cursor,
+ * and from PKV_COUNTS_SM a counter per SM for PKV_CLAIM_SMS SMs. */
+#define PKV_COUNTS_TASKS 0
+#define PKV_COUNTS_MERGES 1
+#define PKV_COUNTS_CLAIMED 2
+#define PKV_COUNTS_ARRIVED 3
+#define PKV_COUNTS_CURSOR 4
+#define PKV_COUNTS_SM 8
+#define PKV_CLAIM_SMS 256
+#define PKV_COUNTS_WORDS (PKV_COUNTS_SM + PKV_CLAIM_SMS)
 
 /* Loops that vectorise: on x86-64 Linux (GCC) an AVX2 clone of the function is picked at load time
  * where the CPU has it (twice the lanes of the SSE2 baseline, and the 32-bit min/max it lacks). */
@@ -81,7 +93,8 @@ struct pkv_plan {
     size_t off_state_o, off_state_lse, workspace_bytes;
 
     /* graph-stable plans (pkv_plan_options.graph_max_batch > 0): the fixed grids, where the step's task
-     * and merge counts live in the workspace (int32 [2] at off_counts), and the launch signature */
+     * and merge counts live in the workspace (PKV_COUNTS_WORDS int32 at off_counts, in the blob), and
+     * the launch signature */
     int32_t graph_tasks, graph_merges; /* 0: not graph-stable */
     size_t off_counts;
     uint64_t graph_signature;

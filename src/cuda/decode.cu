@@ -74,6 +74,11 @@ struct decode_params {
     // graph-stable plans: the step's task count (in the uploaded plan); CTAs at or past it exit
     const int32_t *task_count;
     int32_t graph_spread;
+    // graph-stable plans, tasks claimed by SM (claim_task): the claim words (PKV_COUNTS_*, task_count's
+    // array), the SMs the tasks are dealt over and the most tasks claimed this way (a resident wave);
+    // claim NULL: the spread or first-CTAs order
+    int32_t *claim;
+    int32_t claim_sms, claim_max, claim_mul;
 };
 
 struct merge_params {
@@ -84,6 +89,8 @@ struct merge_params {
     float *lse;
     int32_t num_qo_heads, group;
     const int32_t *merge_count; // graph-stable plans: the step's merge count; CTAs of merges past it exit
+    int32_t *claim;             // graph-stable plans that claim tasks by SM: the words claim_reset zeroes
+    int32_t claim_sms;
 };
 
 // Dev builds only (cmake -DPKV_TIMELINE=ON; dev/probe_timeline.sh): thread 0 of every CTA records
@@ -238,10 +245,21 @@ __device__ __forceinline__ void merge_one(int32_t row, int32_t kv_head, int64_t 
     }
 }
 
+// Graph-stable plans whose decode claims tasks by SM (decode_params.claim): the merge kernel's first
+// CTA, once the decode grid has completed, sets the claim's words back to zero for the next launch (not
+// the counts), before anything that could make it exit.
+__device__ __forceinline__ void claim_reset(int32_t *w, int32_t nsm) {
+    if (!w || blockIdx.x != 0) return;
+    pdl_wait();
+    for (int32_t i = PKV_COUNTS_MERGES + 1 + (int32_t)threadIdx.x; i < PKV_COUNTS_SM + nsm; i += (int32_t)blockDim.x)
+        w[i] = 0;
+}
+
 // The earlier merge kernel, one CTA per merge (PKV_MERGE_KERNEL=row, for A/B runs).
 template <typename T, int D>
 __global__ void __launch_bounds__(kThreads) merge_kernel_row(const merge_params p) {
     PKV_TL_SCOPE(1);
+    claim_reset(p.claim, p.claim_sms);
     if (p.merge_count && (int32_t)blockIdx.x >= *p.merge_count) return;
     const pkv_merge m = p.merges[blockIdx.x]; // the plan's (uploaded before): read before the wait
     pdl_launch_dependents();
@@ -265,6 +283,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const merge_params p) {
     __shared__ float m_sm[NG], l_sm[NG];
     PKV_TL_SCOPE(1);
     const int G = p.group;
+    claim_reset(p.claim, p.claim_sms);
     if (p.merge_count && (int32_t)(blockIdx.x / G) >= *p.merge_count) return; // before any barrier: whole CTA
     const pkv_merge m = p.merges[blockIdx.x / G]; // the plan's (uploaded before): read before the wait
     const int j = blockIdx.x % G;
@@ -313,6 +332,112 @@ struct task_info {
     int32_t row, head, tb, te, slot, page_base, merge_idx;
 };
 
+__device__ __forceinline__ void task_of(const pkv_task &t, task_info &ti) {
+    ti.row = t.row;
+    ti.head = t.kv_head;
+    ti.tb = t.tok_begin;
+    ti.te = t.tok_end;
+    ti.slot = t.state_slot;
+    ti.page_base = t.page_base;
+    ti.merge_idx = t.merge;
+}
+
+__device__ __forceinline__ uint32_t sm_id() {
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
+    return r;
+}
+
+// ---- graph-stable plans: tasks claimed by SM ---------------------------------------------------------
+// A graph-stable grid holds more CTAs than most steps have tasks, and the block scheduler, free to
+// place the surplus CTAs anywhere, gave 8-12 SMs three of a one-wave step's tasks where a plain grid
+// gives each SM one or two (docs/kernel-notes.md v13).  So when the step's n tasks are more than one
+// per SM and fit one resident wave, a CTA takes its task by the SM it landed on: the k-th CTA to arrive
+// on SM s (a counter per SM) runs task k x nsm + r(s) if that is below n, so SM s gets tasks r(s),
+// r(s) + nsm, ... - as even as a plain grid.  r(s) = s x claim_mul mod nsm deals the tasks of a round
+// to SMs far apart in %smid order (the host picks claim_mul as the inverse of a stride near nsm / 8),
+// so that the SMs left with one task less are spread over the GPCs rather than all in the last one
+// (H200: 256 tasks dealt in %smid order ran 3% longer than a plain grid, 264 did not).  A task can lose
+// its CTA (an SM that got fewer CTAs than it was dealt tasks: other kernels on
+// it, fewer SMs than nsm), so every CTA that claimed none while tasks were still unclaimed takes an
+// arrival ticket, and those among the grid's last n arrivals wait until every task is claimed (then
+// exit) or every CTA has arrived: then the SM counts are final, each of them lists the same unclaimed
+// tasks in (SM, k) order and runs the one a shared cursor hands it.  The last n arrivals hold at least
+// as many CTAs without a task as there are unclaimed tasks, and fewer than n <= the resident slots wait,
+// so a slot is always free for the CTAs still to come.  On a GPU with nothing else running every SM
+// gets its CTAs at the launch and every task is claimed within one round trip; CTAs that find every
+// task claimed leave at once.  The words are read after the dependency wait (the previous launch on this
+// workspace has completed) and zeroed by the merge kernel once this grid has completed.
+__device__ __forceinline__ bool claim_task(const decode_params &p, int32_t n, task_info &ti) {
+    __shared__ pkv_task s_task;
+    __shared__ int32_t s_state;
+    __shared__ uint16_t s_miss[PKV_CLAIM_SMS]; // unclaimed tasks per SM (at most a resident wave, < 2^16)
+    int32_t *w = p.claim;
+    const int32_t nsm = p.claim_sms, grid = (int32_t)gridDim.x;
+    auto rank = [&](uint32_t s) { return (int32_t)((uint64_t)s * (uint32_t)p.claim_mul % (uint32_t)nsm); };
+    const uint32_t sm = sm_id();
+    const bool dealt = sm < (uint32_t)nsm;
+    const int32_t r = dealt ? rank(sm) : 0;
+    // thread 0: the SM's first two tasks, read before the dependency wait (the plan's, uploaded before)
+    pkv_task c0 = {}, c1 = {};
+    if (threadIdx.x == 0 && dealt) {
+        if (r < n) c0 = p.tasks[r];
+        if (r + nsm < n) c1 = p.tasks[r + nsm];
+    }
+    pdl_launch_dependents();
+    pdl_wait();
+    if (threadIdx.x == 0) {
+        int32_t state = -1; // >= 0: the claimed task; -1: nothing to run; -2: wait for unclaimed tasks
+        const int32_t claimed = __ldcg(w + PKV_COUNTS_CLAIMED);
+        const int32_t k = dealt ? atomicAdd(w + PKV_COUNTS_SM + sm, 1) : INT32_MAX;
+        const int64_t task = (int64_t)k * nsm + r;
+        if (task < n) {
+            s_task = k == 0 ? c0 : k == 1 ? c1 : p.tasks[task];
+            __threadfence(); // the SM's count before the claim and the ticket
+            atomicAdd(w + PKV_COUNTS_CLAIMED, 1);
+            atomicAdd(w + PKV_COUNTS_ARRIVED, 1);
+            state = (int32_t)task;
+        } else if (claimed < n) {
+            __threadfence();
+            if (atomicAdd(w + PKV_COUNTS_ARRIVED, 1) >= grid - n) {
+                // one of the last n arrivals: every task claimed, or every CTA arrived (counts final)?
+                const volatile int32_t *vc = w + PKV_COUNTS_CLAIMED, *va = w + PKV_COUNTS_ARRIVED;
+                while (*vc < n && *va < grid) __nanosleep(256);
+                if (*vc < n) state = -2;
+            }
+        }
+        s_state = state;
+    }
+    __syncthreads();
+    const int32_t state = s_state;
+    if (state >= 0) {
+        task_of(s_task, ti);
+        return true;
+    }
+    if (state == -1) return false;
+    // every CTA has arrived: the unclaimed tasks in (SM, k) order, the same list in every waiting CTA
+    __threadfence();
+    auto want = [&](int32_t s) { return rank(s) < n ? (n - 1 - rank(s)) / nsm + 1 : 0; }; // tasks r(s) + k nsm < n
+    for (int32_t s = threadIdx.x; s < nsm; s += kThreads) {
+        const int32_t got = __ldcg(w + PKV_COUNTS_SM + s);
+        s_miss[s] = (uint16_t)(want(s) > got ? want(s) - got : 0);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int32_t o = atomicAdd(w + PKV_COUNTS_CURSOR, 1), task = -1;
+        for (int32_t s = 0; s < nsm && task < 0; s++) {
+            if (o < s_miss[s]) task = (want(s) - s_miss[s] + o) * nsm + rank(s);
+            else o -= s_miss[s];
+        }
+        if (task >= 0) s_task = p.tasks[task];
+        s_state = task;
+    }
+    __syncthreads();
+    if (s_state < 0) return false;
+    task_of(s_task, ti);
+    return true;
+}
+
 // Reads the CTA's task.  false: nothing to compute (an empty split, which exits before reading any
 // KV, or an empty row of the fused route, which this call writes).
 template <typename T, int D>
@@ -339,6 +464,7 @@ __device__ __forceinline__ bool load_task(const decode_params &p, task_info &ti)
             // graph_spread: the n tasks spread evenly over the grid (CTA b runs task floor(b n / grid)
             // when that floor steps up at b), else the first n CTAs run them
             const int32_t n = *p.task_count;
+            if (p.claim && n > p.claim_sms && n <= p.claim_max) return claim_task(p, n, ti);
             if (p.graph_spread) {
                 const int64_t g = gridDim.x;
                 const int32_t lo = (int32_t)((int64_t)idx * n / g), hi = (int32_t)((int64_t)(idx + 1) * n / g);
@@ -356,14 +482,7 @@ __device__ __forceinline__ bool load_task(const decode_params &p, task_info &ti)
                                p.num_qo_heads, p.group);
             return false;
         }
-        const pkv_task t = p.tasks[idx];
-        ti.row = t.row;
-        ti.head = t.kv_head;
-        ti.tb = t.tok_begin;
-        ti.te = t.tok_end;
-        ti.slot = t.state_slot;
-        ti.page_base = t.page_base;
-        ti.merge_idx = t.merge;
+        task_of(p.tasks[idx], ti);
     }
     pdl_launch_dependents();
     pdl_wait();
@@ -1388,11 +1507,21 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
         p.tasks = reinterpret_cast<const pkv_task *>(ws_dev + plan->off_tasks);
         p.task_count = counts;
         p.graph_spread = o.graph_spread;
+        if (o.claim_sms > 0) {
+            p.claim = const_cast<int32_t *>(counts);
+            p.claim_sms = o.claim_sms;
+            p.claim_mul = o.claim_mul;
+            // a grid of at least every resident slot: on an idle GPU each SM gets a CTA per slot at the
+            // launch, and no SM is dealt more tasks (ceil(n / SMs)) than it has slots
+            p.claim_max = plan->graph_tasks >= plan->slots ? (int32_t)plan->slots : 0;
+        }
         const cudaError_t e = launch_tasks<T, D>(p, dim3((unsigned)plan->graph_tasks), base_kind, stream, o, maps);
         if (e != cudaSuccess) return e;
         merge_params m = mbase;
         m.merges = reinterpret_cast<const pkv_merge *>(ws_dev + plan->off_merges);
-        m.merge_count = counts + 1;
+        m.merge_count = counts + PKV_COUNTS_MERGES;
+        m.claim = p.claim;
+        m.claim_sms = p.claim_sms;
         // the per-head merge kernel whatever the step's widest merge (the per-merge one's pick depends on it)
         return launch_merge<T, D>(m, plan->graph_merges, stream, o.use_pdl, o.merge_kernel != 2);
     }

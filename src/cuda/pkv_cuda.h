@@ -33,6 +33,9 @@ typedef struct pkv_cuda_launch_opts {
     int32_t tma_default_stages[PKV_TMA_HEAD_DIMS][2]; /* that default per head dim, G <= 8 | 9..16; 0: registers */
     int32_t tma_max_stages[PKV_TMA_HEAD_DIMS];     /* the most stages that fit this device (PKV_TMA_STAGES clamped) */
     int graph_spread;      /* graph-stable plans: the step's tasks spread over the fixed grid (PKV_GRAPH_SPREAD) */
+    int32_t claim_sms;     /* graph-stable plans: up to a resident wave of tasks claimed by SM over this many SMs
+                            * (decode.cu; 0: off, PKV_GRAPH_CLAIM=0; PKV_GRAPH_CLAIM_SMS=N for tests) */
+    int32_t claim_mul;     /* and the SMs' order in a round of tasks: r(s) = s x claim_mul mod claim_sms */
 } pkv_cuda_launch_opts;
 /* Launches every phase of an uploaded plan on the stream (attention, then merge). */
 cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace, const pkv_tensors *t, cudaStream_t stream,

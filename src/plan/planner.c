@@ -191,15 +191,15 @@ static int32_t choose_workqueue_chunk(const plan_params *pp, const pkv_problem *
 
 /* ---- storage ---------------------------------------------------------------------------------- */
 /* The plan blob's layout: [tasks | rows | merges and their arrival counters | counts], each part
- * PKV_WS_ALIGN aligned; counts (graph-stable plans only, else *off_counts = 0): [task count, merge
- * count].  Returns the blob's bytes. */
+ * PKV_WS_ALIGN aligned; counts (graph-stable plans only, else *off_counts = 0): PKV_COUNTS_WORDS int32
+ * (the task and merge counts, then the CUDA work claim's words).  Returns the blob's bytes. */
 static size_t blob_layout(int64_t ntasks, int64_t nrows, int64_t nmerges, bool counts, size_t *off_rows,
                           size_t *off_merges, size_t *off_counts) {
     *off_rows = align_up((size_t)ntasks * sizeof(pkv_task), PKV_WS_ALIGN);
     *off_merges = align_up(*off_rows + (size_t)nrows * sizeof(pkv_row_sched), PKV_WS_ALIGN);
     const size_t bytes = align_up(*off_merges + (size_t)nmerges * (sizeof(pkv_merge) + sizeof(int32_t)), PKV_WS_ALIGN);
     *off_counts = counts ? bytes : 0;
-    return counts ? bytes + PKV_WS_ALIGN : bytes;
+    return counts ? bytes + align_up(PKV_COUNTS_WORDS * sizeof(int32_t), PKV_WS_ALIGN) : bytes;
 }
 
 /* The workspace after a blob of blob_bytes: partial o (slots x G x d fp32), then partial lse (slots x G
@@ -908,8 +908,9 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
     plan->off_counters = plan->off_merges + (size_t)plan->num_merges * sizeof(pkv_merge);
     if (graph) {
         int32_t *counts = (int32_t *)(void *)((char *)plan->blob + plan->off_counts);
-        counts[0] = plan->num_tasks;
-        counts[1] = plan->num_merges;
+        memset(counts, 0, PKV_COUNTS_WORDS * sizeof(int32_t)); /* the work claim starts from zeros */
+        counts[PKV_COUNTS_TASKS] = plan->num_tasks;
+        counts[PKV_COUNTS_MERGES] = plan->num_merges;
         plan->graph_tasks = graph_cap;
         plan->graph_merges = opts.graph_max_batch * hkv;
         plan->graph_signature = graph_signature(plan, opts.graph_max_batch);

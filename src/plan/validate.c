@@ -163,9 +163,12 @@ pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens, cons
         if (nt > plan->graph_tasks || plan->num_state_slots > plan->graph_tasks)
             BAD("%d tasks (%d slots) on a grid of %d", nt, plan->num_state_slots, plan->graph_tasks);
         if (plan->num_merges > plan->graph_merges) BAD("%d merges on a grid of %d", plan->num_merges, plan->graph_merges);
-        if (counts[0] != nt || counts[1] != plan->num_merges)
-            BAD("counts %d, %d in the workspace for %d tasks, %d merges", counts[0], counts[1], nt, plan->num_merges);
-        if (plan->off_counts + 2 * sizeof(int32_t) > plan->blob_bytes || plan->off_state_o < plan->blob_bytes)
+        if (counts[PKV_COUNTS_TASKS] != nt || counts[PKV_COUNTS_MERGES] != plan->num_merges)
+            BAD("counts %d, %d in the workspace for %d tasks, %d merges", counts[PKV_COUNTS_TASKS],
+                counts[PKV_COUNTS_MERGES], nt, plan->num_merges);
+        for (int w = PKV_COUNTS_MERGES + 1; w < PKV_COUNTS_WORDS; w++)
+            if (counts[w] != 0) BAD("work claim word %d is %d, not 0", w, counts[w]);
+        if (plan->off_counts + PKV_COUNTS_WORDS * sizeof(int32_t) > plan->blob_bytes || plan->off_state_o < plan->blob_bytes)
             BAD("graph-stable layout broken");
     }
     free(idx);

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# probe_graph_claim.sh OUT - graph-stable plans whose tasks are claimed by SM (decode.cu) on the GPU in
+# one device call: test_cuda by default, with the tasks dealt over 16 SMs (PKV_GRAPH_CLAIM_SMS=16: more
+# tasks per SM than CTAs, the waiting CTAs must find and run the unclaimed ones) and without the claim
+# (PKV_GRAPH_CLAIM=0), compute-sanitizer memcheck and racecheck on the reduced set (default and 16
+# SMs), then the 26 anchor steps on the work queue, plain against graph-stable plans (capacity: the step's
+# batch rounded up to a power of two) with the claim and without it (the tasks spread over the grid),
+# alternating for up to ROUNDS rounds (default 2).  OUT/summary.txt: per anchor the kernel time of each
+# variant and its ratio to the plain work queue.
+set -u
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:?usage: dev/probe_graph_claim.sh OUT [ROUNDS]}
+rounds=${2:-2}
+mkdir -p "$out"
+r=$(mktemp -d)
+a=$root/build-gpu
+. "$root/dev/build.sh"
+t0=$(date +%s)
+dev_build "$a" "$r/build.log" "pkv test_cuda" || { tail -n 40 "$r/build.log"; exit 1; }
+echo "build: $(( $(date +%s) - t0 )) s"
+PKV_TEST_CASES=60 timeout 300 "$a/tests/test_cuda" >"$r/test_cuda.log" 2>&1 &
+tpid=$!
+PKV_GRAPH_CLAIM_SMS=16 PKV_TEST_CASES=30 timeout 300 "$a/tests/test_cuda" >"$r/test_cuda_16.log" 2>&1 &
+t2pid=$!
+PKV_GRAPH_CLAIM=0 PKV_TEST_CASES=30 timeout 300 "$a/tests/test_cuda" >"$r/test_cuda_spread.log" 2>&1 &
+t3pid=$!
+san() { # tool log [env]
+  { env ${3:-} PKV_TEST_SMALL=1 PKV_TEST_CASES=6 timeout 400 compute-sanitizer --tool "$1" --error-exitcode 3 \
+      "$a/tests/test_cuda" >"$r/$2.log" 2>&1; echo "$2 rc=$?" >>"$r/$2.log"; } &
+}
+san memcheck memcheck; p1=$!
+san racecheck racecheck; p2=$!
+san memcheck memcheck_16 PKV_GRAPH_CLAIM_SMS=16; p3=$!
+wait $tpid $t2pid $t3pid
+for f in test_cuda test_cuda_16 test_cuda_spread; do echo "$f: $(tail -n 1 "$r/$f.log")"; grep -E "FAIL" "$r/$f.log" | head -n 10; done
+wait $p1 $p2 $p3 # nothing else on the GPU while the steps are timed
+tail -n 3 "$r/memcheck.log" "$r/racecheck.log" "$r/memcheck_16.log"
+echo "tests done: $(( $(date +%s) - t0 )) s"
+# cap: the largest resident wave the planner sees (d 128, G 4); 0 = default
+variants="plain:PKV_GRAPH_CLAIM=1 claim:PKV_GRAPH_CLAIM=1 spread:PKV_GRAPH_CLAIM=0"
+for k in $(seq 1 "$rounds"); do
+  [ $(( $(date +%s) - t0 )) -lt 420 ] || { echo "round $k skipped (time)"; break; }
+  for v in $variants; do
+    name=${v%%:*}; envv=${v#*:}
+    extra=""
+    [ "$name" = plain ] || extra="--graph-max-batch pow2"
+    check="--no-check"; [ "$k" = 1 ] && [ "$name" != plain ] && check=""
+    env $envv "$a/pkv" bench --backend cuda --anchor all --route workqueue --reps 50 --warmup 5 --wall-reps 5 $check $extra \
+      --json "$r/${name}_$k.json" --quiet >"$r/${name}_$k.log" 2>&1 || echo "$name round $k: rc=$?"
+  done
+  echo "round $k done: $(( $(date +%s) - t0 )) s"
+done
+python3 - "$r" <<'EOF' | tee "$r/summary.txt"
+import json, glob, os, statistics, sys
+r = sys.argv[1]
+names = ["plain", "claim", "spread"]
+t, ctas, err = {}, {}, {}
+for n in names:
+    for f in sorted(glob.glob(os.path.join(r, f"{n}_*.json"))):
+        d = json.load(open(f))
+        for row in d["rows"]:
+            t.setdefault((row["step"], n), []).append(row["kernel_us"])
+            ctas[(row["step"], n)] = row.get("grid_ctas", row.get("tasks"))
+            if row.get("rel_err") is not None: err[(row["step"], n)] = row["rel_err"]
+steps = []
+for (s, n) in t:
+    if s not in steps: steps.append(s)
+print("| step | " + " | ".join(f"{n} us (CTAs)" for n in names) + " | " + " | ".join(f"{n}/plain" for n in names[1:]) + " | worst rel err |")
+print("| --- |" + " ---: |" * (2 * len(names)))
+ratios = {n: [] for n in names[1:]}
+for s in steps:
+    med = {n: statistics.median(t[(s, n)]) for n in names if (s, n) in t}
+    cells = [f"{med[n]:.1f} ({ctas.get((s, n))})" if n in med else "-" for n in names]
+    rs = []
+    for n in names[1:]:
+        if n in med and "plain" in med:
+            ratios[n].append(med[n] / med["plain"]); rs.append(f"{med[n] / med['plain']:.3f}")
+        else:
+            rs.append("-")
+    e = max([err[(s, n)] for n in names if (s, n) in err] or [float("nan")])
+    print(f"| {s} | " + " | ".join(cells) + " | " + " | ".join(rs) + f" | {e:.1e} |")
+for n, v in ratios.items():
+    if v:
+        g = 1.0
+        for x in v: g *= x
+        print(f"{n}/plain: geomean {g ** (1 / len(v)):.4f}, min {min(v):.3f}, max {max(v):.3f} over {len(v)} steps")
+EOF
+cp "$r/summary.txt" "$out/" 2>/dev/null
+tar czf "$out/probe.tgz" -C "$r" .
