@@ -15,7 +15,9 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
+import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
@@ -131,9 +133,23 @@ def main():
         print(f"{'ok ' if ok else 'BAD'} {name:<48} o rel L2 {rel:.2e}")
     print(f"check_flashinfer_api: {len(rows) - bad} of {len(rows)} calls agree (flashinfer {fi.__version__})")
     if args.json:
+        meta = dict(flashinfer=fi.__version__, commit=_commit(), gpu=torch.cuda.get_device_name(),
+                    cuda=torch.version.cuda, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                    command="python3 bench/check_flashinfer_api.py --json OUT.json")
         with open(args.json, "w") as f:
-            json.dump(dict(flashinfer=fi.__version__, rows=rows), f, indent=1)
+            json.dump(dict(meta, rows=rows), f, indent=1)
     return 1 if bad else 0
+
+
+def _commit():
+    """PKV_COMMIT, else the checkout's short hash (the GPU machine's copy may have no .git)."""
+    if os.environ.get("PKV_COMMIT"):
+        return os.environ["PKV_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=os.path.dirname(os.path.abspath(__file__))).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
 
 
 if __name__ == "__main__":

@@ -200,8 +200,9 @@ typedef struct pkv_plan_options {
      * batch of up to graph_max_batch rows (one wave of the resident CTAs below 128 (row, KV head) pairs,
      * else 4 waves or more), so every step is planned as a plain work-queue step; raised to
      * graph_max_batch x Hkv if below.  A smaller grid caps the step's tasks (fewer, longer splits).  The
-     * surplus CTAs cost 0-14% of kernel time against the plain work queue on the H200 (median ~3%,
-     * docs/benchmarks.md): the price of replaying one graph. */
+     * surplus CTAs cost kernel time against the plain work queue (H200, 26 anchor steps: geomean 2.1%,
+     * -2..+8% but +18% for a step of one task per SM or fewer; docs/benchmarks.md): the price of
+     * replaying one graph. */
     int32_t graph_tasks;
 } pkv_plan_options;
 
