@@ -24,6 +24,8 @@ PKV_GRAPH_CLAIM_SMS=16 PKV_TEST_CASES=30 timeout 300 "$a/tests/test_cuda" >"$r/t
 t2pid=$!
 PKV_GRAPH_CLAIM=0 PKV_TEST_CASES=30 timeout 300 "$a/tests/test_cuda" >"$r/test_cuda_spread.log" 2>&1 &
 t3pid=$!
+PKV_GRAPH_SPREAD=0 PKV_TEST_CASES=30 timeout 300 "$a/tests/test_cuda" >"$r/test_cuda_first.log" 2>&1 &
+t4pid=$!
 san() { # tool log [env]
   { env ${3:-} PKV_TEST_SMALL=1 PKV_TEST_CASES=6 timeout 400 compute-sanitizer --tool "$1" --error-exitcode 3 \
       "$a/tests/test_cuda" >"$r/$2.log" 2>&1; echo "$2 rc=$?" >>"$r/$2.log"; } &
@@ -31,13 +33,14 @@ san() { # tool log [env]
 san memcheck memcheck; p1=$!
 san racecheck racecheck; p2=$!
 san memcheck memcheck_16 PKV_GRAPH_CLAIM_SMS=16; p3=$!
-wait $tpid $t2pid $t3pid
-for f in test_cuda test_cuda_16 test_cuda_spread; do echo "$f: $(tail -n 1 "$r/$f.log")"; grep -E "FAIL" "$r/$f.log" | head -n 10; done
+wait $tpid $t2pid $t3pid $t4pid
+for f in test_cuda test_cuda_16 test_cuda_spread test_cuda_first; do echo "$f: $(tail -n 1 "$r/$f.log")"; grep -E "FAIL" "$r/$f.log" | head -n 10; done
 wait $p1 $p2 $p3 # nothing else on the GPU while the steps are timed
 tail -n 3 "$r/memcheck.log" "$r/racecheck.log" "$r/memcheck_16.log"
 echo "tests done: $(( $(date +%s) - t0 )) s"
 # cap: the largest resident wave the planner sees (d 128, G 4); 0 = default
-variants="plain:PKV_GRAPH_CLAIM=1 claim:PKV_GRAPH_CLAIM=1 spread:PKV_GRAPH_CLAIM=0"
+# VARIANTS="name:ENV=value ..." (plain: the plain work queue; the others graph-stable plans)
+variants=${VARIANTS:-"plain:PKV_GRAPH_CLAIM=1 claim:PKV_GRAPH_CLAIM=1 spread:PKV_GRAPH_CLAIM=0"}
 for k in $(seq 1 "$rounds"); do
   [ $(( $(date +%s) - t0 )) -lt 420 ] || { echo "round $k skipped (time)"; break; }
   for v in $variants; do
@@ -50,10 +53,10 @@ for k in $(seq 1 "$rounds"); do
   done
   echo "round $k done: $(( $(date +%s) - t0 )) s"
 done
-python3 - "$r" <<'EOF' | tee "$r/summary.txt"
+python3 - "$r" $(for v in $variants; do echo "${v%%:*}"; done) <<'EOF' | tee "$r/summary.txt"
 import json, glob, os, statistics, sys
 r = sys.argv[1]
-names = ["plain", "claim", "spread"]
+names = sys.argv[2:]
 t, ctas, err = {}, {}, {}
 for n in names:
     for f in sorted(glob.glob(os.path.join(r, f"{n}_*.json"))):
