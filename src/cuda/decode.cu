@@ -368,20 +368,25 @@ __device__ __forceinline__ uint32_t sm_id() {
 // gets its CTAs at the launch and every task is claimed within one round trip; CTAs that find every
 // task claimed leave at once.  The words are read after the dependency wait (the previous launch on this
 // workspace has completed) and zeroed by the merge kernel once this grid has completed.
-__device__ __forceinline__ int32_t claim_rank(const decode_params &p, uint32_t sm) {
-    return (int32_t)((uint64_t)sm * (uint32_t)p.claim_mul % (uint32_t)p.claim_sms);
-}
-
-// c0, c1: tasks r(sm) and r(sm) + nsm of the CTA's SM (thread 0; read with the task count, before the
-// dependency wait: the plan's, uploaded before); r: r(sm); dealt: sm < nsm.
-__device__ __forceinline__ bool claim_task(const decode_params &p, int32_t n, const pkv_task &c0, const pkv_task &c1,
-                                           int32_t r, bool dealt, task_info &ti) {
+__device__ __forceinline__ bool claim_task(const decode_params &p, int32_t n, task_info &ti) {
     __shared__ pkv_task s_task;
     __shared__ int32_t s_state;
     __shared__ uint16_t s_miss[PKV_CLAIM_SMS]; // unclaimed tasks per SM (at most a resident wave, < 2^16)
     int32_t *w = p.claim;
     const int32_t nsm = p.claim_sms, grid = (int32_t)gridDim.x;
+    auto rank = [&](uint32_t s) { return (int32_t)((uint64_t)s * (uint32_t)p.claim_mul % (uint32_t)nsm); };
+    // %smid read once: a preempted CTA can resume on another SM, and the counter it takes and the task
+    // it derives must name the same SM (a CTA that read it twice claimed one task twice and left one
+    // unclaimed under time-sliced processes on the H200; reading it once only costs balance there)
     const uint32_t sm = sm_id();
+    const bool dealt = sm < (uint32_t)nsm;
+    const int32_t r = dealt ? rank(sm) : 0;
+    // thread 0: the SM's first two tasks, read before the dependency wait (the plan's, uploaded before)
+    pkv_task c0 = {}, c1 = {};
+    if (threadIdx.x == 0 && dealt) {
+        if (r < n) c0 = p.tasks[r];
+        if (r + nsm < n) c1 = p.tasks[r + nsm];
+    }
     pdl_launch_dependents();
     pdl_wait();
     if (threadIdx.x == 0) {
@@ -415,7 +420,6 @@ __device__ __forceinline__ bool claim_task(const decode_params &p, int32_t n, co
     if (state == -1) return false;
     // every CTA has arrived: the unclaimed tasks in (SM, k) order, the same list in every waiting CTA
     __threadfence();
-    auto rank = [&](int32_t s) { return claim_rank(p, (uint32_t)s); };
     auto want = [&](int32_t s) { return rank(s) < n ? (n - 1 - rank(s)) / nsm + 1 : 0; }; // tasks r(s) + k nsm < n
     for (int32_t s = threadIdx.x; s < nsm; s += kThreads) {
         const int32_t got = __ldcg(w + PKV_COUNTS_SM + s);
@@ -457,43 +461,31 @@ __device__ __forceinline__ bool load_task(const decode_params &p, task_info &ti)
         ti.slot = rs.num_splits > 1 ? rs.slot_base + ti.head * rs.num_splits + s : -1;
         ti.page_base = rs.page_base;
     } else {
-        const int32_t idx = (int32_t)blockIdx.x;
+        int32_t idx = (int32_t)blockIdx.x;
         if (p.task_count) {
             // a graph-stable plan's grid holds more CTAs than the step has tasks: the rest exit at once.
-            // From more than one task per SM up to a resident wave, claimed by SM (above); else
             // graph_spread: the n tasks spread evenly over the grid (CTA b runs task floor(b n / grid)
-            // when that floor steps up at b), else the first n CTAs run them.  The entries the CTA may
-            // run in the first-CTAs order and the claim are read with the count, not after it (the
-            // plan's task array has an entry per CTA of the grid)
-            pkv_task t = p.tasks[idx], c0 = {}, c1 = {};
-            const bool dealt = p.claim && sm_id() < (uint32_t)p.claim_sms;
-            const int32_t r = dealt ? claim_rank(p, sm_id()) : 0;
-            if (dealt && threadIdx.x == 0) {
-                if (r < (int32_t)gridDim.x) c0 = p.tasks[r];
-                if (r + p.claim_sms < (int32_t)gridDim.x) c1 = p.tasks[r + p.claim_sms];
-            }
+            // when that floor steps up at b), else the first n CTAs run them
             const int32_t n = *p.task_count;
-            if (p.claim && n > p.claim_sms && n <= p.claim_max) return claim_task(p, n, c0, c1, r, dealt, ti);
+            if (p.claim && n > p.claim_sms && n <= p.claim_max) return claim_task(p, n, ti);
             if (p.graph_spread) {
                 const int64_t g = gridDim.x;
                 const int32_t lo = (int32_t)((int64_t)idx * n / g), hi = (int32_t)((int64_t)(idx + 1) * n / g);
                 if (hi == lo) return false;
-                if (lo != idx) t = p.tasks[lo];
+                idx = lo;
             } else if (idx >= n) {
                 return false;
             }
-            task_of(t, ti);
-        } else {
-            if (p.fused && idx >= p.num_tasks) {
-                pdl_launch_dependents();
-                pdl_wait(); // o of the kernel before (a programmatic dependent of it) is not ours to write yet
-                const pkv_merge m = p.merges[p.num_split_merges + (idx - p.num_tasks)]; // count 0: o = 0, lse = -inf
-                merge_one<T, D, 1>(m.row, m.kv_head, m.first_slot, m.count, p.state_o, p.state_lse, p.o, p.lse,
-                                   p.num_qo_heads, p.group);
-                return false;
-            }
-            task_of(p.tasks[idx], ti);
         }
+        if (p.fused && (int32_t)blockIdx.x >= p.num_tasks) {
+            pdl_launch_dependents();
+            pdl_wait(); // o of the kernel before (a programmatic dependent of it) is not ours to write yet
+            const pkv_merge m = p.merges[p.num_split_merges + (blockIdx.x - p.num_tasks)]; // count 0: o = 0, lse = -inf
+            merge_one<T, D, 1>(m.row, m.kv_head, m.first_slot, m.count, p.state_o, p.state_lse, p.o, p.lse,
+                               p.num_qo_heads, p.group);
+            return false;
+        }
+        task_of(p.tasks[idx], ti);
     }
     pdl_launch_dependents();
     pdl_wait();
