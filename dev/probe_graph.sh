@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# probe_graph.sh OUT - graph-stable plans (pkv_plan_options.graph_max_batch) on the GPU in one device call:
-# test_cuda (its graph-stable cases capture a CUDA graph once and replay it for steps of other lengths
-# and batch sizes) with compute-sanitizer memcheck and racecheck on the reduced set beside it, then the
-# 26 anchor steps on the work queue, plain against graph-stable plans (capacity: the step's batch rounded
-# up to a power of two, as servers capture per batch bucket) at grids of one resident wave (the default),
-# two and four, alternating for up to ROUNDS rounds (default 2).  OUT/summary.txt: per anchor the kernel
-# time of each variant and its ratio to the plain work queue; OUT/probe.tgz: JSON and logs.
+# probe_graph.sh OUT [ROUNDS] - graph-stable plans (pkv_plan_options.graph_max_batch) on the GPU in one
+# device call: test_cuda by default (its graph-stable cases capture a CUDA graph once and replay it for
+# steps of other lengths and batch sizes), with the tasks dealt over 16 SMs (PKV_GRAPH_CLAIM_SMS=16: more
+# tasks per SM than CTAs, the waiting CTAs must find and run the unclaimed ones), without the claim by SM
+# (PKV_GRAPH_CLAIM=0) and in the first-CTAs order (PKV_GRAPH_SPREAD=0); compute-sanitizer memcheck and
+# racecheck on the reduced set (memcheck also with 16 SMs); then the 26 anchor steps on the work queue,
+# plain against graph-stable plans (capacity: the step's batch rounded up to a power of two), each
+# variant of VARIANTS in turn for up to ROUNDS rounds (default 2).  OUT/summary.txt: per anchor the
+# kernel time of each variant and its ratio to the plain work queue.
+# VARIANTS="name:ENV:ARGS ...": ENV the variant's environment (NAME=value, comma-separated; - for none),
+# ARGS more pkv bench arguments (comma-separated; - for none); the variant named plain runs plain plans.
+# Default: plain, the claim by SM, and without it.  The grids of dfe7155's probe, for instance:
+# VARIANTS="plain:-:- graph1:-:- graph2:-:--graph-tasks,792 graph4:-:--graph-tasks,1584"
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?usage: dev/probe_graph.sh OUT [ROUNDS]}
@@ -19,35 +25,43 @@ dev_build "$a" "$r/build.log" "pkv test_cuda" || { tail -n 40 "$r/build.log"; ex
 echo "build: $(( $(date +%s) - t0 )) s"
 PKV_TEST_CASES=60 timeout 300 "$a/tests/test_cuda" >"$r/test_cuda.log" 2>&1 &
 tpid=$!
-{ PKV_TEST_SMALL=1 PKV_TEST_CASES=6 timeout 400 compute-sanitizer --tool memcheck --error-exitcode 3 \
-    "$a/tests/test_cuda" >"$r/memcheck.log" 2>&1; echo "memcheck rc=$?" >>"$r/memcheck.log"; } &
-mpid=$!
-{ PKV_TEST_SMALL=1 PKV_TEST_CASES=6 timeout 400 compute-sanitizer --tool racecheck --error-exitcode 3 \
-    "$a/tests/test_cuda" >"$r/racecheck.log" 2>&1; echo "racecheck rc=$?" >>"$r/racecheck.log"; } &
-rpid=$!
-wait $tpid
-echo "test_cuda: $(tail -n 1 "$r/test_cuda.log")"
-grep -E "graph-stable|FAIL" "$r/test_cuda.log" | head -n 20
-# cap: the largest resident wave the planner sees (d 128, G 4); 0 = default
-variants="plain:0 graph1:0 graph2:792 graph4:1584"
+PKV_GRAPH_CLAIM_SMS=16 PKV_TEST_CASES=30 timeout 300 "$a/tests/test_cuda" >"$r/test_cuda_16.log" 2>&1 &
+t2pid=$!
+PKV_GRAPH_CLAIM=0 PKV_TEST_CASES=30 timeout 300 "$a/tests/test_cuda" >"$r/test_cuda_spread.log" 2>&1 &
+t3pid=$!
+PKV_GRAPH_SPREAD=0 PKV_TEST_CASES=30 timeout 300 "$a/tests/test_cuda" >"$r/test_cuda_first.log" 2>&1 &
+t4pid=$!
+san() { # tool log [env]
+  { env ${3:-} PKV_TEST_SMALL=1 PKV_TEST_CASES=6 timeout 400 compute-sanitizer --tool "$1" --error-exitcode 3 \
+      "$a/tests/test_cuda" >"$r/$2.log" 2>&1; echo "$2 rc=$?" >>"$r/$2.log"; } &
+}
+san memcheck memcheck; p1=$!
+san racecheck racecheck; p2=$!
+san memcheck memcheck_16 PKV_GRAPH_CLAIM_SMS=16; p3=$!
+wait $tpid $t2pid $t3pid $t4pid
+for f in test_cuda test_cuda_16 test_cuda_spread test_cuda_first; do echo "$f: $(tail -n 1 "$r/$f.log")"; grep -E "FAIL" "$r/$f.log" | head -n 10; done
+wait $p1 $p2 $p3 # nothing else on the GPU while the steps are timed
+tail -n 3 "$r/memcheck.log" "$r/racecheck.log" "$r/memcheck_16.log"
+echo "tests done: $(( $(date +%s) - t0 )) s"
+variants=${VARIANTS:-"plain:-:- claim:-:- spread:PKV_GRAPH_CLAIM=0:-"}
 for k in $(seq 1 "$rounds"); do
-  [ $(( $(date +%s) - t0 )) -lt 330 ] || { echo "round $k skipped (time)"; break; }
+  [ $(( $(date +%s) - t0 )) -lt 420 ] || { echo "round $k skipped (time)"; break; }
   for v in $variants; do
-    name=${v%%:*}; tasks=${v#*:}
+    IFS=: read -r name envv args <<<"$v"
+    [ "$envv" = - ] && envv="" || envv=${envv//,/ }
+    [ "$args" = - ] && args="" || args=${args//,/ }
     extra=""
-    [ "$name" = plain ] || extra="--graph-max-batch pow2 --graph-tasks $tasks"
+    [ "$name" = plain ] || extra="--graph-max-batch pow2 $args"
     check="--no-check"; [ "$k" = 1 ] && [ "$name" != plain ] && check=""
-    "$a/pkv" bench --backend cuda --anchor all --route workqueue --reps 50 --warmup 5 --wall-reps 5 $check $extra \
+    env $envv "$a/pkv" bench --backend cuda --anchor all --route workqueue --reps 50 --warmup 5 --wall-reps 5 $check $extra \
       --json "$r/${name}_$k.json" --quiet >"$r/${name}_$k.log" 2>&1 || echo "$name round $k: rc=$?"
   done
   echo "round $k done: $(( $(date +%s) - t0 )) s"
 done
-wait $mpid $rpid
-tail -n 3 "$r/memcheck.log" "$r/racecheck.log"
-python3 - "$r" <<'EOF' | tee "$r/summary.txt"
+python3 - "$r" $(for v in $variants; do echo "${v%%:*}"; done) <<'EOF' | tee "$r/summary.txt"
 import json, glob, os, statistics, sys
 r = sys.argv[1]
-names = ["plain", "graph1", "graph2", "graph4"]
+names = sys.argv[2:]
 t, ctas, err = {}, {}, {}
 for n in names:
     for f in sorted(glob.glob(os.path.join(r, f"{n}_*.json"))):
