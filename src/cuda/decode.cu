@@ -358,9 +358,8 @@ __device__ __forceinline__ uint32_t sm_id() {
 // to SMs far apart in %smid order (the host picks claim_mul as the inverse of a stride near nsm / 8),
 // so that the SMs left with one task less are spread over the GPCs rather than all in the last one
 // (H200: 256 tasks dealt in %smid order ran 3% longer than a plain grid, 264 did not).  A task can lose
-// its CTA (an SM that got fewer CTAs than it was dealt tasks: other kernels on
-// it, fewer SMs than nsm), so every CTA that claimed none while tasks were still unclaimed takes an
-// arrival ticket, and those among the grid's last n arrivals wait until every task is claimed (then
+// its CTA (an SM that got fewer CTAs than it was dealt tasks: other kernels on it, fewer SMs than nsm),
+// so every CTA that claimed none while tasks were still unclaimed takes an arrival ticket, and those among the grid's last n arrivals wait until every task is claimed (then
 // exit) or every CTA has arrived: then the SM counts are final, each of them lists the same unclaimed
 // tasks in (SM, k) order and runs the one a shared cursor hands it.  The last n arrivals hold at least
 // as many CTAs without a task as there are unclaimed tasks, and fewer than n <= the resident slots wait,
