@@ -21,6 +21,11 @@ def check(cond, what):
         print("FAIL:", what)
 
 
+# every run: a PKV_* setting the bench JSON must record (quotes escaped), and a PKV_COMMIT it must not
+os.environ["PKV_TEST_MARK"] = 'a "b"'
+os.environ["PKV_COMMIT"] = "cli-test"
+
+
 def run(*args, rc=0):
     p = subprocess.run([pkv, *args], capture_output=True, text=True, timeout=600)
     if rc is not None:
@@ -85,6 +90,8 @@ with tempfile.TemporaryDirectory() as tmp:
     check("K/V interleaved per page" in out, "bench says the pool is interleaved")
     doc = json.load(open(js2))
     check(doc["meta"]["shape"]["kv_interleaved"] is True, "JSON records the interleaved pool")
+    check(doc["meta"]["env"].get("PKV_TEST_MARK") == "a \"b\"" and "PKV_COMMIT" not in doc["meta"]["env"],
+          "JSON records the run's PKV_* settings (not PKV_COMMIT)")
     for r in doc["rows"]:
         check(r["rel_err"] is not None and r["rel_err"] < 2e-3, f"interleaved {r['route']} rel_err {r['rel_err']}")
         check(r["unwritten_outputs"] == 0, "interleaved outputs written")

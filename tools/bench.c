@@ -14,6 +14,8 @@
 #include <string.h>
 #include <time.h>
 
+extern char **environ;
+
 #define MAX_ROUTES 6
 
 typedef struct bench_opts {
@@ -703,6 +705,21 @@ static void write_json(const char *path, const bench_opts *o, const ceilings *ce
                 info.name, info.sms, info.cc_major, info.cc_minor, (long long)info.l2_bytes, info.runtime_version,
                 info.driver_version);
     json_field_str(f, "command", o->cmdline);
+    /* the PKV_* settings of this run (kernel choices, A/B switches) besides PKV_COMMIT: the command alone
+     * does not say which kernels ran */
+    fprintf(f, ", \"env\": {");
+    int nenv = 0;
+    for (char **e = environ; e && *e; e++) {
+        const char *eq = strchr(*e, '=');
+        if (strncmp(*e, "PKV_", 4) != 0 || !eq || strncmp(*e, "PKV_COMMIT=", 11) == 0) continue;
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)(eq - *e < 127 ? eq - *e : 127), *e);
+        fprintf(f, "%s", nenv++ ? ", " : "");
+        json_str(f, name);
+        fprintf(f, ": ");
+        json_str(f, eq + 1);
+    }
+    fprintf(f, "}");
     json_field_str(f, "workload", workload);
     /* what the plans were made for (pkv calibrate --replay-auto re-plans with it) */
     fprintf(f, ", \"parallelism\": %d, \"ctas_per_unit\": %d",
