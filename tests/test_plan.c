@@ -1119,7 +1119,33 @@ static void test_graph_stable(void) {
     pkv_plan_free(plan);
 }
 
+/* The graph-stable claim's SM order (decode.cu): s -> s x a mod nsm must be a permutation of [0, nsm)
+ * for every SM count (else two SMs are dealt the same tasks and others none), and consecutive tasks of a
+ * round go to SMs at least nsm / 8 apart (b = a's inverse, the stride). */
+static void test_claim_order(void) {
+    enum { MAXN = 600 };
+    static unsigned char seen[MAXN + 1];
+    for (int32_t nsm = 1; nsm <= MAXN; nsm++) {
+        const int32_t a = pkv_graph_claim_multiplier(nsm);
+        memset(seen, 0, sizeof seen);
+        bool perm = a >= 0 && (nsm == 1 || a < nsm);
+        for (int32_t s = 0; perm && s < nsm; s++) {
+            const int32_t r = (int32_t)((int64_t)s * a % nsm);
+            perm = !seen[r];
+            seen[r] = 1;
+        }
+        CHECK_MSG(perm, "claim order for %d SMs (a = %d) is not a permutation", nsm, a);
+        if (nsm >= 2) {
+            int32_t b = 1;
+            while (b < nsm && (int64_t)a * b % nsm != 1) b++;
+            CHECK_MSG(b < nsm && b >= (nsm + 7) / 8, "claim stride for %d SMs: %d", nsm, b);
+        }
+    }
+    CHECK(pkv_graph_claim_multiplier(132) == 101); /* H200: stride 17 */
+}
+
 int main(void) {
+    test_claim_order();
     test_route_names();
     test_window();
     test_graph_stable();

@@ -26,6 +26,11 @@ extern "C" {
 #define PKV_COUNTS_SM 8
 #define PKV_CLAIM_SMS 256
 #define PKV_COUNTS_WORDS (PKV_COUNTS_SM + PKV_CLAIM_SMS)
+/* The claim's order of the SMs in a round of tasks (decode.cu, claim_task): task j of a round goes to SM
+ * j x b mod nsm, b the first stride from nsm / 8 up that is coprime with nsm (SMs far apart in %smid
+ * order, so in different GPCs); returns its inverse a, so SM s ranks s x a mod nsm - a permutation of
+ * [0, nsm), which the claim's coverage needs (planner.c; tested by test_plan). */
+int32_t pkv_graph_claim_multiplier(int32_t nsm);
 
 /* Loops that vectorise: on x86-64 Linux (GCC) an AVX2 clone of the function is picked at load time
  * where the CPU has it (twice the lanes of the SSE2 baseline, and the 32-bit min/max it lacks). */

@@ -73,26 +73,6 @@ void cuda_destroy(pkv_context *ctx) {
     ctx->backend_state = nullptr;
 }
 
-/* The graph-stable claim's order of the SMs in a round of tasks (decode.cu, claim_task): task j of a
- * round goes to SM j x b mod nsm, b the first stride from nsm / 8 up that is coprime with nsm (SMs far
- * apart in %smid order, so in different GPCs); returns its inverse a (r(s) = s x a mod nsm). */
-int32_t claim_multiplier(int32_t nsm) {
-    if (nsm <= 1) return 0;
-    int32_t b = (nsm + 7) / 8;
-    auto gcd = [](int32_t x, int32_t y) {
-        while (y) {
-            const int32_t t = x % y;
-            x = y;
-            y = t;
-        }
-        return x;
-    };
-    while (gcd(b, nsm) != 1) b++;
-    for (int32_t a = 1; a < nsm; a++)
-        if ((int64_t)a * b % nsm == 1) return a;
-    return 1;
-}
-
 const pkv_backend_ops cuda_ops = {"cuda", cuda_run, cuda_upload, cuda_supports, cuda_destroy};
 
 } // namespace
@@ -160,7 +140,7 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bo
     if (nsm < 1) nsm = 1;
     if (nsm > PKV_CLAIM_SMS) nsm = PKV_CLAIM_SMS;
     s->launch.claim_sms = claim && strcmp(claim, "0") == 0 ? 0 : nsm;
-    s->launch.claim_mul = claim_multiplier(nsm);
+    s->launch.claim_mul = pkv_graph_claim_multiplier(nsm);
     const char *stages = getenv("PKV_TMA_STAGES");
     s->launch.tma_stages = stages ? atoi(stages) : 0;
     for (int k = 0; k < PKV_TMA_HEAD_DIMS; k++) {

@@ -645,6 +645,23 @@ static int64_t graph_capacity(const pkv_plan_options *opts, int64_t slots, const
     return cap > pairs ? cap : pairs;
 }
 
+int32_t pkv_graph_claim_multiplier(int32_t nsm) {
+    if (nsm <= 1) return 0;
+    int32_t b = (nsm + 7) / 8;
+    for (;; b++) { /* the first b coprime with nsm (nsm - 1 is, so the search ends by then) */
+        int32_t x = b, y = nsm;
+        while (y) {
+            const int32_t t = x % y;
+            x = y;
+            y = t;
+        }
+        if (x == 1) break;
+    }
+    for (int32_t a = 1; a < nsm; a++)
+        if ((int64_t)a * b % nsm == 1) return a;
+    return 1;
+}
+
 /* FNV-1a over what a graph-stable plan's launches depend on (field by field: no struct padding). */
 static uint64_t fnv_mix(uint64_t h, int64_t v) {
     for (int i = 0; i < 8; i++) h = (h ^ (uint64_t)((v >> (8 * i)) & 0xff)) * 1099511628211ull;
