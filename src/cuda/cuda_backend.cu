@@ -132,8 +132,9 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bo
     const char *spread = getenv("PKV_GRAPH_SPREAD");
     s->launch.graph_spread = !(spread && strcmp(spread, "0") == 0);
     /* and up to a resident wave of tasks claimed by the SM a CTA lands on (decode.cu), over the device's
-     * SMs; PKV_GRAPH_CLAIM=0 turns it off, PKV_GRAPH_CLAIM_SMS=N deals the tasks over N (tests: more than
-     * the device has leaves tasks without a CTA, which the grid's last arrival must find and run) */
+     * SMs; PKV_GRAPH_CLAIM=0 turns it off, PKV_GRAPH_CLAIM_SMS=N deals the tasks over N SMs (tests: over
+     * fewer than the device has, an SM is dealt more tasks than it gets CTAs, and the CTAs that wait for
+     * unclaimed tasks must find and run them) */
     const char *claim = getenv("PKV_GRAPH_CLAIM");
     const char *claim_sms = getenv("PKV_GRAPH_CLAIM_SMS");
     int32_t nsm = claim_sms ? atoi(claim_sms) : prop.multiProcessorCount;
