@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # gpu_check.sh OUT_DIR [--quick] - the GPU check, end to end on a bare machine with a GPU and the
 # CUDA toolkit: build, GPU tests (every route against the float64 CPU reference, outputs poisoned),
-# compute-sanitizer memcheck and racecheck on a reduced set, then the benchmark (anchor steps, trace
-# families, the anchors as graph-stable plans).  Full logs and JSON go to OUT_DIR; a short table is printed last.
+# compute-sanitizer (memcheck, racecheck, initcheck, synccheck: scripts/gpu_sanitize.sh) on a reduced
+# set, then the benchmark (anchor steps, trace families, the anchors as graph-stable plans).  Full logs
+# and JSON go to OUT_DIR; a short table is printed last.
 #   --quick   fewer random cases, fewer timing repetitions, anchors only (a smoke run)
 # PKV_COMPARE_M=1 also benches the anchors with the heads-in-M kernel for every shape (A/B in one run).
 set -u -o pipefail
@@ -74,20 +75,11 @@ if [ $quick = 0 ]; then
   fi
 fi
 
-say "compute-sanitizer (memcheck, racecheck) on a reduced set"
+say "compute-sanitizer (memcheck, racecheck, initcheck, synccheck) on a reduced set"
 if [ $quick = 1 ]; then
   echo "skipped in --quick" | tee "$log/sanitizer.log"
-elif command -v compute-sanitizer >/dev/null; then
-  # the two tools side by side (two processes on the GPU)
-  PKV_TEST_SMALL=1 PKV_TEST_CASES=4 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
-    "$build/tests/test_cuda" >"$log/memcheck.log" 2>&1 & mc=$!
-  PKV_TEST_SMALL=1 PKV_TEST_CASES=1 timeout 300 compute-sanitizer --tool racecheck --error-exitcode 9 \
-    "$build/tests/test_cuda" >"$log/racecheck.log" 2>&1 || status=1
-  wait $mc || status=1
-  cat "$log/memcheck.log" "$log/racecheck.log" >"$log/sanitizer.log"
-  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed, " "$log/sanitizer.log"
 else
-  echo "compute-sanitizer not found" | tee "$log/sanitizer.log"
+  bash "$root/scripts/gpu_sanitize.sh" "$build" "$log" || status=1
 fi
 
 say "benchmark: anchor steps (paper shape)"
