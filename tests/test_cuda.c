@@ -374,6 +374,68 @@ static void graph_stable_replay(pkv_context *ctx, pkv_plan *plan_g, pkv_rng *rng
     }
 }
 
+/* A serving loop keeps its page table in one buffer and rewrites it between steps: a plan (and a
+ * captured graph) run again after the page ids changed in place must read the new ids, not copies left
+ * in an SM's caches by the run before (a graph-stable task entry read through the non-coherent path
+ * once came back stale on the register kernels; kernel-notes v13c).  Each round moves every row's pages
+ * one place along the buffer, so each row reads other pages; outputs poisoned, checked against the
+ * reference each time.  Two shapes (tensor copies on sm_90; G = 7 bf16 on pages of 5, register
+ * kernels), a work-queue plan and a graph-stable one replayed from its graph. */
+static void page_table_in_place(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
+    for (int shape = 0; shape < 2; shape++) {
+        pkv_problem p;
+        pkv_problem_default(&p);
+        if (shape == 1) p.num_qo_heads = 28, p.num_kv_heads = 4, p.page_size = 5, p.dtype = PKV_DTYPE_BF16;
+        int32_t lens[4] = {3000, 700, 1, 1500};
+        pkv_test_case tc; /* every slot of the pool random (no NaN poison): a moved page id reads real data */
+        CHECK(pkv_test_case_build(rng, &p, 4, lens, 0.1, 0, &tc));
+        dev_case dc;
+        if (!tc.ok || !dev_case_upload(ctx, &tc, &dc)) {
+            if (tc.ok) dev_case_free(ctx, &dc);
+            pkv_test_case_free(&tc);
+            continue;
+        }
+        const double tol = p.dtype == PKV_DTYPE_BF16 ? 1.5e-2 : 2e-3;
+        const int32_t npages = tc.kv_indptr[tc.batch_size];
+        for (int graph_stable = 0; graph_stable < 2; graph_stable++) {
+            pkv_plan_options opts;
+            pkv_plan_options_default(&opts);
+            opts.route = PKV_ROUTE_WORKQUEUE;
+            if (graph_stable) opts.graph_max_batch = tc.batch_size;
+            CHECK_OK(pkv_plan_step(ctx, &tc.problem, &tc.table, &opts, plan));
+            const size_t wsb = pkv_plan_workspace_size(plan);
+            void *ws = NULL, *graph = NULL;
+            CHECK_OK(pkv_dev_malloc(ctx, wsb, &ws));
+            pkv_tensors t = {dc.q, dc.k, dc.v, (const int32_t *)dc.idx, dc.o, (float *)dc.lse, 0};
+            if (ws && graph_stable) CHECK_OK(pkv_dev_graph_capture(ctx, plan, ws, wsb, &t, &graph));
+            for (int round = 0; ws && (graph || !graph_stable) && round < 3; round++) {
+                if (round > 0) { /* the same buffer, every id moved one place: rows read other pages */
+                    const int32_t first = tc.kv_page_indices[0];
+                    memmove(tc.kv_page_indices, tc.kv_page_indices + 1, (size_t)(npages - 1) * sizeof(int32_t));
+                    tc.kv_page_indices[npages - 1] = first;
+                    CHECK_OK(pkv_dev_copy_h2d(ctx, dc.idx, tc.kv_page_indices, dc.ib));
+                }
+                CHECK_OK(pkv_dev_memset(ctx, dc.o, 0xff, dc.qb));
+                CHECK_OK(pkv_dev_memset(ctx, dc.lse, 0xff, dc.lb));
+                CHECK_OK(graph ? pkv_dev_graph_replay(ctx, graph, plan, ws, wsb) : pkv_run(ctx, plan, ws, wsb, &t, NULL));
+                CHECK_OK(pkv_dev_synchronize(ctx));
+                CHECK_OK(pkv_dev_copy_d2h(ctx, tc.o, dc.o, dc.qb));
+                CHECK_OK(pkv_dev_copy_d2h(ctx, tc.lse, dc.lse, dc.lb));
+                CHECK_OK(pkv_test_case_reference(&tc));
+                const double err = pkv_test_rel_l2(&tc);
+                const int64_t unwritten = pkv_test_unwritten(&tc);
+                CHECK_MSG(err < tol && unwritten == 0, "page table rewritten in place, shape %d, %s, round %d: "
+                          "rel_l2=%.2e unwritten=%lld", shape, graph_stable ? "graph-stable replay" : "work queue",
+                          round, err, (long long)unwritten);
+            }
+            pkv_dev_graph_free(graph);
+            pkv_dev_free(ctx, ws);
+        }
+        dev_case_free(ctx, &dc);
+        pkv_test_case_free(&tc);
+    }
+}
+
 /* Every route queued right behind a kernel that writes q late: it lets its programmatic dependents start
  * at once, spins 20 us, then writes new values.  A run whose kernels touched q (or the outputs) before
  * their dependency wait would use the old q; with PDL off (pdl = 0) the same runs in stream order. */
@@ -437,6 +499,7 @@ int main(void) {
     fixed_cases(ctx, plan, &rng);
     repeat_and_graph(ctx, plan, &rng);
     graph_stable_replay(ctx, plan, &rng);
+    page_table_in_place(ctx, plan, &rng);
     behind_a_producer(ctx, plan, &rng, "PDL on");
     {
         pkv_context_config off = cc;

@@ -126,11 +126,16 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bo
      * (PKV_DECODE_TMA=0: the register kernel everywhere; PKV_TMA_STAGES=N forces the ring depth) */
     const char *tma = getenv("PKV_DECODE_TMA");
     s->launch.tma = sm90_code && !(tma && strcmp(tma, "0") == 0);
-    /* graph-stable plans: the step's tasks spread evenly over the fixed grid, not in its first CTAs (H200:
-     * geomean 1.025 against 1.036 of the plain work queue's time on the anchors at a 4-wave grid;
-     * PKV_GRAPH_SPREAD=0 for the other order) */
+    /* graph-stable plans: a step of more tasks than SMs (and not claimed by SM, below) spreads them evenly
+     * over the fixed grid, not in its first CTAs (H200: geomean 1.025 against 1.036 of the plain work
+     * queue's time on the anchors at a 4-wave grid); one of at most one task per SM runs them in the
+     * grid's first CTAs, which load their entries with the task count (decode.cu).  PKV_GRAPH_SPREAD=0:
+     * the first CTAs whatever the count; PKV_GRAPH_FIRST=0: spread whatever the count */
     const char *spread = getenv("PKV_GRAPH_SPREAD");
-    s->launch.graph_spread = !(spread && strcmp(spread, "0") == 0);
+    const char *first = getenv("PKV_GRAPH_FIRST");
+    s->launch.graph_first = spread && strcmp(spread, "0") == 0 ? INT32_MAX
+                            : first && strcmp(first, "0") == 0 ? 0
+                                                               : prop.multiProcessorCount;
     /* and up to a resident wave of tasks claimed by the SM a CTA lands on (decode.cu), over the device's
      * SMs; PKV_GRAPH_CLAIM=0 turns it off, PKV_GRAPH_CLAIM_SMS=N deals the tasks over N SMs (tests: over
      * fewer than the device has, an SM is dealt more tasks than it gets CTAs, and the CTAs that wait for

@@ -73,7 +73,8 @@ struct decode_params {
     int32_t *counters;
     // graph-stable plans: the step's task count (in the uploaded plan); CTAs at or past it exit
     const int32_t *task_count;
-    int32_t graph_spread;
+    int32_t graph_first;      // steps of at most this many tasks run them in the grid's first CTAs
+
     // graph-stable plans, tasks claimed by SM (claim_task): the claim words (PKV_COUNTS_*, task_count's
     // array), the SMs the tasks are dealt over and the most tasks claimed this way (a resident wave);
     // claim NULL: the spread or first-CTAs order
@@ -342,6 +343,24 @@ __device__ __forceinline__ void task_of(const pkv_task &t, task_info &ti) {
     ti.merge_idx = t.merge;
 }
 
+// A graph-stable CTA's candidate task entry and the step's task count, as volatile loads so that both
+// are issued before either is used (a plain load of the entry, used only past the count's test, may be
+// moved after it, making the two round trips dependent again).  The entry is plan data, read-only
+// while a grid runs; the count shares its array with the claim words, so it is an ordinary load.
+__device__ __forceinline__ pkv_task ld_task(const pkv_task *t) {
+    const int32_t *w = reinterpret_cast<const int32_t *>(t);
+    int32_t v[7];
+#pragma unroll
+    for (int i = 0; i < 7; i++) asm volatile("ld.global.s32 %0, [%1];" : "=r"(v[i]) : "l"(w + i));
+    return pkv_task{v[0], v[1], v[2], v[3], v[4], v[5], v[6]};
+}
+
+__device__ __forceinline__ int32_t ld_count(const int32_t *c) {
+    int32_t v;
+    asm volatile("ld.global.s32 %0, [%1];" : "=r"(v) : "l"(c));
+    return v;
+}
+
 __device__ __forceinline__ uint32_t sm_id() {
     uint32_t r;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(r));
@@ -463,18 +482,26 @@ __device__ __forceinline__ bool load_task(const decode_params &p, task_info &ti)
         int32_t idx = (int32_t)blockIdx.x;
         if (p.task_count) {
             // a graph-stable plan's grid holds more CTAs than the step has tasks: the rest exit at once.
-            // graph_spread: the n tasks spread evenly over the grid (CTA b runs task floor(b n / grid)
-            // when that floor steps up at b), else the first n CTAs run them
-            const int32_t n = *p.task_count;
+            // At most graph_first tasks (one per SM or fewer) run in the grid's first n CTAs, each CTA's
+            // entry loaded with the count, not after it (one round trip before the page ids, as in a
+            // plain work queue; the plan holds an entry per CTA of the grid, those past n unused); more
+            // are claimed by SM (claim_task) or spread evenly over the grid (CTA b runs task
+            // floor(b n / grid) when that floor steps up at b)
+            const pkv_task mine = ld_task(p.tasks + idx);
+            const int32_t n = ld_count(p.task_count);
             if (p.claim && n > p.claim_sms && n <= p.claim_max) return claim_task(p, n, ti);
-            if (p.graph_spread) {
+            if (n <= p.graph_first) {
+                if (idx >= n) return false;
+                task_of(mine, ti);
+            } else {
                 const int64_t g = gridDim.x;
                 const int32_t lo = (int32_t)((int64_t)idx * n / g), hi = (int32_t)((int64_t)(idx + 1) * n / g);
                 if (hi == lo) return false;
-                idx = lo;
-            } else if (idx >= n) {
-                return false;
+                task_of(p.tasks[lo], ti);
             }
+            pdl_launch_dependents();
+            pdl_wait();
+            return true;
         }
         if (p.fused && (int32_t)blockIdx.x >= p.num_tasks) {
             pdl_launch_dependents();
@@ -1508,7 +1535,7 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
         p.rect = 0;
         p.tasks = reinterpret_cast<const pkv_task *>(ws_dev + plan->off_tasks);
         p.task_count = counts;
-        p.graph_spread = o.graph_spread;
+        p.graph_first = o.graph_first;
         if (o.claim_sms > 0) {
             p.claim = const_cast<int32_t *>(counts);
             p.claim_sms = o.claim_sms;

@@ -32,7 +32,8 @@ typedef struct pkv_cuda_launch_opts {
     int32_t tma_stages;    /* the tensor-copy kernel's stages per warp; 0: the default (PKV_TMA_STAGES) */
     int32_t tma_default_stages[PKV_TMA_HEAD_DIMS][2]; /* that default per head dim, G <= 8 | 9..16; 0: registers */
     int32_t tma_max_stages[PKV_TMA_HEAD_DIMS];     /* the most stages that fit this device (PKV_TMA_STAGES clamped) */
-    int graph_spread;      /* graph-stable plans: the step's tasks spread over the fixed grid (PKV_GRAPH_SPREAD) */
+    int32_t graph_first;   /* graph-stable plans: steps of at most this many tasks run them in the grid's first
+                            * CTAs, more spread over the grid (PKV_GRAPH_SPREAD, PKV_GRAPH_FIRST) */
     int32_t claim_sms;     /* graph-stable plans: up to a resident wave of tasks claimed by SM over this many SMs
                             * (decode.cu; 0: off, PKV_GRAPH_CLAIM=0; PKV_GRAPH_CLAIM_SMS=N for tests) */
     int32_t claim_mul;     /* and the SMs' order in a round of tasks: r(s) = s x claim_mul mod claim_sms */
