@@ -46,8 +46,10 @@ grep -E "tests passed|Passed|Failed|SKIP|passed, " "$log/tests.log" | tail -n 20
 # merge kernels (the default picks one per plan by the merges' width), the tensor-copy kernel with a
 # forced 3-stage ring (one CTA per SM at d = 256, 2 at d = 128), graph-stable tasks dealt over 16 SMs
 # (more per SM than its CTAs: the unclaimed tasks must be found and run by the CTAs that wait for
-# them) and graph-stable grids without the claim by SM (the tasks spread over the grid)
-settings="PKV_DECODE_TMA=0 PKV_DECODE_TMA=0,PKV_DECODE_DEEP=1 PKV_MERGE_KERNEL=head PKV_MERGE_KERNEL=row PKV_TMA_STAGES=3 PKV_GRAPH_CLAIM_SMS=16 PKV_GRAPH_CLAIM=0"
+# them), graph-stable grids without the claim by SM (the tasks spread over the grid) and plan uploads
+# from pageable memory (the staging ring's fallback; test_cuda prints how long three uploads queued
+# behind a 300 ms kernel kept the host there)
+settings="PKV_DECODE_TMA=0 PKV_DECODE_TMA=0,PKV_DECODE_DEEP=1 PKV_MERGE_KERNEL=head PKV_MERGE_KERNEL=row PKV_TMA_STAGES=3 PKV_GRAPH_CLAIM_SMS=16 PKV_GRAPH_CLAIM=0 PKV_PAGEABLE_UPLOAD=1"
 pids=""
 "$build/pkv" check --backend cuda --count $((cases / 2)) >"$log/check.log" 2>&1 & pids="$pids $!"
 i=0
@@ -57,6 +59,7 @@ for setting in $settings; do
 done
 for pid in $pids; do wait "$pid" || status=1; done
 tail -n 5 "$log/check.log" | tee -a "$log/tests.log"
+grep -h "uploads from pageable memory" "$log"/setting_*.log | head -n 1 | tee -a "$log/tests.log"
 grep -q " 0 failed" "$log/check.log" || status=1
 i=0
 for setting in $settings; do

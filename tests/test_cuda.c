@@ -6,12 +6,14 @@
  * late (programmatic dependent launch); errors.  Skips (77) without a GPU.
  * PKV_TEST_CASES=N sets the number of random problems (default 60); PKV_TEST_SMALL=1 keeps every row
  * short (for compute-sanitizer runs). */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "internal.h" /* the graph-stable plan's work-claim words (PKV_COUNTS_*) */
 #include "pkv_test.h"
 #include "test_device.h"
 
 #include <stdbool.h>
 #include <string.h>
+#include <time.h>
 
 static const pkv_route routes[] = {PKV_ROUTE_AUTO, PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_BUCKETED,
                                    PKV_ROUTE_WORKQUEUE, PKV_ROUTE_FUSED};
@@ -436,6 +438,99 @@ static void page_table_in_place(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) 
     }
 }
 
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+/* A host that plans and uploads the next steps while the GPU still runs earlier work, as a serving
+ * loop that overlaps its scheduling with the GPU does: with a kernel holding the stream for 300 ms,
+ * the first three plan-and-run calls (fewer than the upload staging ring holds) return without waiting
+ * for it, and eight steps of other lengths queued back to back on one plan object and one workspace
+ * each give their own outputs (each upload took the plan as it was when uploaded).  Under
+ * PKV_PAGEABLE_UPLOAD=1 (uploads from pageable memory) and PKV_TEST_SMALL (the sanitizer runs, whose
+ * interception of each call costs time) the wait is printed, not checked. */
+static void upload_runs_ahead(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
+    enum { STEPS = 8, B = 3, AHEAD = 3 };
+    pkv_problem p;
+    pkv_problem_default(&p);
+    int32_t full[B] = {6000, 2000, 9000}, lens[STEPS][B];
+    pkv_test_case tc;
+    CHECK(pkv_test_case_build(rng, &p, B, full, 0.1, 1, &tc));
+    dev_case dc;
+    if (!tc.ok || !dev_case_upload(ctx, &tc, &dc)) {
+        if (tc.ok) dev_case_free(ctx, &dc);
+        pkv_test_case_free(&tc);
+        return;
+    }
+    pkv_plan_options opts;
+    pkv_plan_options_default(&opts);
+    void *o[STEPS] = {0}, *lse[STEPS] = {0}, *ws = NULL, *scratch = NULL;
+    size_t wsb = 0;
+    bool ok = true;
+    for (int k = 0; k < STEPS; k++) {
+        for (int i = 0; i < B; i++) /* a split, a short and an empty length among them */
+            lens[k][i] = k == 0 ? full[i] : (int32_t)pkv_rng_uniform_int(rng, k == 1 && i == 1 ? 0 : 1, full[i]);
+        memcpy(tc.seq_lens, lens[k], sizeof lens[k]);
+        CHECK_OK(pkv_plan_step(ctx, &tc.problem, &tc.table, &opts, plan));
+        if (pkv_plan_workspace_size(plan) > wsb) wsb = pkv_plan_workspace_size(plan);
+        CHECK_OK(pkv_dev_malloc(ctx, dc.qb, &o[k]));
+        CHECK_OK(pkv_dev_malloc(ctx, dc.lb, &lse[k]));
+        ok = ok && o[k] && lse[k];
+    }
+    CHECK_OK(pkv_dev_malloc(ctx, wsb, &ws));
+    CHECK_OK(pkv_dev_malloc(ctx, 4096, &scratch));
+    for (int warm = 0; ok && ws && scratch && warm < 2; warm++) {
+        /* warm = 0: each step once, synchronized (every kernel the steps use is loaded); warm = 1: all
+         * eight queued behind the long kernel */
+        for (int k = 0; k < STEPS; k++) {
+            CHECK_OK(pkv_dev_memset(ctx, o[k], 0xff, dc.qb));
+            CHECK_OK(pkv_dev_memset(ctx, lse[k], 0xff, dc.lb));
+        }
+        CHECK_OK(pkv_dev_synchronize(ctx));
+        if (warm) CHECK_OK(pkv_dev_fill_random_late(ctx, scratch, 2048, p.dtype, 1, 300 * 1000 * 1000));
+        const double t0 = now_ms();
+        double ahead_ms = 0;
+        for (int k = 0; k < STEPS; k++) {
+            memcpy(tc.seq_lens, lens[k], sizeof lens[k]);
+            CHECK_OK(pkv_plan_step(ctx, &tc.problem, &tc.table, &opts, plan));
+            pkv_tensors t = {dc.q, dc.k, dc.v, (const int32_t *)dc.idx, o[k], (float *)lse[k], 0};
+            CHECK_OK(pkv_run(ctx, plan, ws, wsb, &t, NULL));
+            if (!warm) CHECK_OK(pkv_dev_synchronize(ctx));
+            if (k == AHEAD - 1) ahead_ms = now_ms() - t0;
+        }
+        if (warm) {
+            const char *pg = getenv("PKV_PAGEABLE_UPLOAD");
+            if ((pg && strcmp(pg, "1") == 0) || getenv("PKV_TEST_SMALL")) /* pageable, or under a sanitizer */
+                printf("uploads from pageable memory: %d plan-and-run calls behind a 300 ms kernel took %.1f ms\n",
+                       AHEAD, ahead_ms);
+            else
+                CHECK_MSG(ahead_ms < 150, "%d plan-and-run calls behind a 300 ms kernel took %.1f ms: an upload "
+                          "waited for the stream", AHEAD, ahead_ms);
+        }
+        CHECK_OK(pkv_dev_synchronize(ctx));
+        for (int k = 0; k < STEPS; k++) {
+            memcpy(tc.seq_lens, lens[k], sizeof lens[k]);
+            tc.total_tokens = 0;
+            for (int i = 0; i < B; i++) tc.total_tokens += lens[k][i];
+            CHECK_OK(pkv_dev_copy_d2h(ctx, tc.o, o[k], dc.qb));
+            CHECK_OK(pkv_dev_copy_d2h(ctx, tc.lse, lse[k], dc.lb));
+            CHECK_OK(pkv_test_case_reference(&tc));
+            CHECK_MSG(pkv_test_rel_l2(&tc) < 2e-3 && pkv_test_unwritten(&tc) == 0 &&
+                          pkv_test_empty_rows_nonzero(&tc) == 0,
+                      "step %d of %d %s: rel_l2=%.2e unwritten=%lld", k, STEPS,
+                      warm ? "queued behind a long kernel" : "run one at a time", pkv_test_rel_l2(&tc),
+                      (long long)pkv_test_unwritten(&tc));
+        }
+    }
+    for (int k = 0; k < STEPS; k++) pkv_dev_free(ctx, o[k]), pkv_dev_free(ctx, lse[k]);
+    pkv_dev_free(ctx, ws);
+    pkv_dev_free(ctx, scratch);
+    dev_case_free(ctx, &dc);
+    pkv_test_case_free(&tc);
+}
+
 /* Every route queued right behind a kernel that writes q late: it lets its programmatic dependents start
  * at once, spins 20 us, then writes new values.  A run whose kernels touched q (or the outputs) before
  * their dependency wait would use the old q; with PDL off (pdl = 0) the same runs in stream order. */
@@ -500,6 +595,7 @@ int main(void) {
     repeat_and_graph(ctx, plan, &rng);
     graph_stable_replay(ctx, plan, &rng);
     page_table_in_place(ctx, plan, &rng);
+    upload_runs_ahead(ctx, plan, &rng);
     behind_a_producer(ctx, plan, &rng, "PDL on");
     {
         pkv_context_config off = cc;

@@ -9,6 +9,19 @@
 
 namespace {
 
+/* A plan's upload goes through page-locked staging buffers: cudaMemcpyAsync from pageable memory may
+ * wait for the stream's earlier work before it copies (CUDA's API synchronization rules), which would
+ * hold a host that plans the next step while the GPU still runs this one.  A ring of kStaging buffers,
+ * each reused once its copy has executed (an event per buffer): a host fewer than kStaging uploads
+ * ahead of the GPU never waits, and the plan's own storage is free again as soon as the upload returns. */
+constexpr int kStaging = 4;
+struct staging_buffer {
+    void *buf;        // page-locked, cap bytes
+    size_t cap;
+    cudaEvent_t done; // recorded after the copy out of buf
+    bool pending;     // done recorded and not yet waited for
+};
+
 struct cuda_state {
     int device;
     int cc_major, cc_minor;
@@ -16,7 +29,60 @@ struct cuda_state {
                                  // PKV_DECODE_DEEP, PKV_DECODE_TMA, PKV_TMA_STAGES)
     const void *uploaded_ws;  // workspace that holds uploaded_gen's plan
     uint64_t uploaded_gen;
+    staging_buffer stage[kStaging];
+    int next_stage;
+    bool pageable; // uploads straight from the plan (PKV_PAGEABLE_UPLOAD=1, or page-locked memory refused)
 };
+
+/* Copies the plan's blob into the next staging buffer and queues its upload on the stream.  false with
+ * the status in *st when a CUDA call fails; true with *st = PKV_OK and nothing queued when no page-locked
+ * buffer can be had (the caller then copies from the plan, and later uploads do the same). */
+bool staged_upload(pkv_context *ctx, cuda_state *s, const pkv_plan *plan, void *ws, cudaStream_t stream,
+                   pkv_status *st, bool *queued) {
+    *st = PKV_OK;
+    *queued = false;
+    staging_buffer &b = s->stage[s->next_stage];
+    if (b.pending) { // this buffer's last copy must have left it before it is refilled
+        const cudaError_t e = cudaEventSynchronize(b.done);
+        if (e != cudaSuccess) {
+            *st = pkv_fail(ctx, PKV_ERR_CUDA, "plan upload: waiting for an earlier upload failed: %s",
+                           cudaGetErrorString(e));
+            return false;
+        }
+        b.pending = false;
+    }
+    if (!b.done && cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming) != cudaSuccess) {
+        cudaGetLastError();
+        b.done = nullptr;
+        s->pageable = true;
+        return true;
+    }
+    if (b.cap < plan->blob_bytes) {
+        if (b.buf) cudaFreeHost(b.buf);
+        b.buf = nullptr;
+        b.cap = 0;
+        size_t cap = 64 * 1024;
+        while (cap < plan->blob_bytes) cap *= 2;
+        if (cudaHostAlloc(&b.buf, cap, cudaHostAllocDefault) != cudaSuccess) {
+            cudaGetLastError(); // e.g. a locked-memory limit: stay correct, copy from pageable memory
+            b.buf = nullptr;
+            s->pageable = true;
+            return true;
+        }
+        b.cap = cap;
+    }
+    memcpy(b.buf, plan->blob, plan->blob_bytes);
+    cudaError_t e = cudaMemcpyAsync(ws, b.buf, plan->blob_bytes, cudaMemcpyHostToDevice, stream);
+    if (e == cudaSuccess) e = cudaEventRecord(b.done, stream);
+    if (e != cudaSuccess) {
+        *st = pkv_fail(ctx, PKV_ERR_CUDA, "plan upload failed: %s", cudaGetErrorString(e));
+        return false;
+    }
+    b.pending = true;
+    s->next_stage = (s->next_stage + 1) % kStaging;
+    *queued = true;
+    return true;
+}
 
 cuda_state *state_of(pkv_context *ctx) { return static_cast<cuda_state *>(ctx->backend_state); }
 
@@ -43,8 +109,15 @@ pkv_status cuda_upload(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t 
                         "the plan is not in this workspace yet and a stream capture is active: call "
                         "pkv_plan_upload (or one pkv_run) before capturing");
     PKV_CUDA_TRY(ctx, cudaSetDevice(s->device));
-    if (plan->blob_bytes > 0)
-        PKV_CUDA_TRY(ctx, cudaMemcpyAsync(ws, plan->blob, plan->blob_bytes, cudaMemcpyHostToDevice, st));
+    if (plan->blob_bytes > 0) {
+        bool queued = false;
+        if (!s->pageable) {
+            pkv_status us = PKV_OK;
+            if (!staged_upload(ctx, s, plan, ws, st, &us, &queued)) return us;
+        }
+        if (!queued)
+            PKV_CUDA_TRY(ctx, cudaMemcpyAsync(ws, plan->blob, plan->blob_bytes, cudaMemcpyHostToDevice, st));
+    }
     s->uploaded_ws = ws;
     s->uploaded_gen = plan->generation;
     return PKV_OK;
@@ -69,6 +142,17 @@ void cuda_destroy(pkv_context *ctx) {
     const char *tl = getenv("PKV_TIMELINE_OUT");
     if (tl && pkv_cuda_timeline_dump(tl) != 0) fprintf(stderr, "persistentkv: cannot write the timeline to %s\n", tl);
 #endif
+    cuda_state *s = state_of(ctx);
+    if (s) {
+        cudaSetDevice(s->device);
+        for (int i = 0; i < kStaging; i++) { // a buffer is freed once its last copy has left it
+            staging_buffer &b = s->stage[i];
+            if (b.pending) cudaEventSynchronize(b.done);
+            if (b.done) cudaEventDestroy(b.done);
+            if (b.buf) cudaFreeHost(b.buf);
+        }
+        cudaGetLastError(); // nothing to report from a teardown
+    }
     free(ctx->backend_state);
     ctx->backend_state = nullptr;
 }
@@ -109,6 +193,9 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bo
     s->device = device;
     s->cc_major = prop.major;
     s->cc_minor = prop.minor;
+    /* PKV_PAGEABLE_UPLOAD=1: plan uploads copy straight from the plan's pageable storage (A/B runs) */
+    const char *pageable = getenv("PKV_PAGEABLE_UPLOAD");
+    s->pageable = pageable && strcmp(pageable, "1") == 0;
     /* PDL needs the kernels' griddepcontrol instructions, in sm_90 code only (a compute_80 PTX build
      * JIT-compiled here has none, and its merge must wait for the decode grid the ordinary way) */
     s->launch.use_pdl = sm90_code && getenv("PKV_NO_PDL") == nullptr;
