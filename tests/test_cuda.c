@@ -217,13 +217,14 @@ static bool mixed_case(pkv_rng *rng, pkv_test_case *tc) {
 }
 
 /* After a graph-stable plan's run has completed: its work-claim words (tasks claimed, arrivals, the
- * orphan cursor, a counter per SM) are back to zero for the next launch, and the step's counts are the
- * plan's. */
+ * orphan cursor, a counter per SM) are back to zero for the next launch, and the step's counts and
+ * widest merge are the plan's. */
 static bool claim_words_reset(pkv_context *ctx, const pkv_plan *plan, void *ws) {
     int32_t w[PKV_COUNTS_WORDS];
     if (pkv_dev_copy_d2h(ctx, w, (char *)ws + plan->off_counts, sizeof w) != PKV_OK) return false;
-    bool ok = w[PKV_COUNTS_TASKS] == plan->num_tasks && w[PKV_COUNTS_MERGES] == plan->num_merges;
-    for (int i = PKV_COUNTS_MERGES + 1; i < PKV_COUNTS_WORDS; i++) ok = ok && w[i] == 0;
+    bool ok = w[PKV_COUNTS_TASKS] == plan->num_tasks && w[PKV_COUNTS_MERGES] == plan->num_merges &&
+              w[PKV_COUNTS_WIDEST] == plan->max_merge_count;
+    for (int i = PKV_COUNTS_MERGES + 1; i < PKV_COUNTS_WORDS; i++) ok = ok && (i == PKV_COUNTS_WIDEST || w[i] == 0);
     return ok;
 }
 

@@ -1059,6 +1059,17 @@ static void test_graph_stable(void) {
             const char *why = NULL;
             valid += pkv_plan_validate(plan, b.lens, &why) == PKV_OK;
             if (pkv_plan_validate(plan, b.lens, &why) != PKV_OK) printf("  invalid graph-stable plan: %s\n", why);
+            if (step == 0) { /* planted bugs in the uploaded words: a wrong widest merge, a claim word not zero */
+                int32_t *w = (int32_t *)(void *)((char *)plan->blob + plan->off_counts);
+                const int32_t keep = w[PKV_COUNTS_WIDEST];
+                w[PKV_COUNTS_WIDEST] = keep + 1;
+                CHECK_MSG(pkv_plan_validate(plan, b.lens, &why) != PKV_OK, "a wrong widest merge was not detected");
+                w[PKV_COUNTS_WIDEST] = keep;
+                w[PKV_COUNTS_SM + 3] = 1;
+                CHECK_MSG(pkv_plan_validate(plan, b.lens, &why) != PKV_OK, "a claim word not zero was not detected");
+                w[PKV_COUNTS_SM + 3] = 0;
+                CHECK(pkv_plan_validate(plan, b.lens, &why) == PKV_OK);
+            }
             if (step == 0) sig = pkv_plan_graph_signature(plan), ws = pkv_plan_workspace_size(plan);
             same += sig != 0 && pkv_plan_graph_signature(plan) == sig && pkv_plan_workspace_size(plan) == ws &&
                     pkv_plan_route(plan) == PKV_ROUTE_WORKQUEUE;

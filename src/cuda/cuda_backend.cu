@@ -234,6 +234,10 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bo
     if (nsm > PKV_CLAIM_SMS) nsm = PKV_CLAIM_SMS;
     s->launch.claim_sms = claim && strcmp(claim, "0") == 0 ? 0 : nsm;
     s->launch.claim_mul = pkv_graph_claim_multiplier(nsm);
+    /* graph-stable merges: PKV_GRAPH_MERGE=adaptive lets a step of narrow merges run one CTA per merge
+     * on the per-head kernel's fixed grid, as a plain plan would (to be measured; off by default) */
+    const char *gm = getenv("PKV_GRAPH_MERGE");
+    s->launch.graph_merge_adapt = gm && strcmp(gm, "adaptive") == 0;
     const char *stages = getenv("PKV_TMA_STAGES");
     s->launch.tma_stages = stages ? atoi(stages) : 0;
     for (int k = 0; k < PKV_TMA_HEAD_DIMS; k++) {

@@ -92,6 +92,7 @@ struct merge_params {
     const int32_t *merge_count; // graph-stable plans: the step's merge count; CTAs of merges past it exit
     int32_t *claim;             // graph-stable plans that claim tasks by SM: the words claim_reset zeroes
     int32_t claim_sms;
+    int32_t graph_adapt;        // graph-stable plans: narrow steps merge one CTA per merge (merge_wide)
 };
 
 // Dev builds only (cmake -DPKV_TIMELINE=ON; dev/probe_timeline.sh): thread 0 of every CTA records
@@ -252,8 +253,17 @@ __device__ __forceinline__ void merge_one(int32_t row, int32_t kv_head, int64_t 
 __device__ __forceinline__ void claim_reset(int32_t *w, int32_t nsm) {
     if (!w || blockIdx.x != 0) return;
     pdl_wait();
-    for (int32_t i = PKV_COUNTS_MERGES + 1 + (int32_t)threadIdx.x; i < PKV_COUNTS_SM + nsm; i += (int32_t)blockDim.x)
-        w[i] = 0;
+    for (int32_t i = PKV_COUNTS_CLAIMED + (int32_t)threadIdx.x; i < PKV_COUNTS_SM + nsm; i += (int32_t)blockDim.x)
+        if (i <= PKV_COUNTS_CURSOR || i >= PKV_COUNTS_SM) w[i] = 0; // the step's counts and widest merge stay
+}
+
+// Whether a step's merges are wide enough for one CTA per (merge, query head) rather than one per merge:
+// the per-merge CTA walks G x D / 4 columns in ceil(G D / 4 / kThreads) passes, each ceil(widest /
+// kMergeBatch) dependent batches of state loads; from 3 such round trips in a row the per-head grid wins
+// (H200, docs/kernel-notes.md v5).  The plain plans' choice, and graph-stable steps' under
+// PKV_GRAPH_MERGE=adaptive (the widest merge is in the uploaded counts).
+__host__ __device__ constexpr bool merge_wide(int d, int group, int widest) {
+    return ((group * (d / 4) + kThreads - 1) / kThreads) * ((widest + kMergeBatch - 1) / kMergeBatch) >= 3;
 }
 
 // The earlier merge kernel, one CTA per merge (PKV_MERGE_KERNEL=row, for A/B runs).
@@ -285,6 +295,17 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const merge_params p) {
     PKV_TL_SCOPE(1);
     const int G = p.group;
     claim_reset(p.claim, p.claim_sms);
+    if (p.graph_adapt && !merge_wide(D, G, p.merge_count[PKV_COUNTS_WIDEST - PKV_COUNTS_MERGES])) {
+        // a graph-stable step of narrow merges (PKV_GRAPH_MERGE=adaptive): the grid's first n CTAs run a
+        // merge each, whole, as merge_kernel_row does; the rest exit (the same branch for the whole CTA)
+        if ((int32_t)blockIdx.x >= *p.merge_count) return;
+        const pkv_merge m = p.merges[blockIdx.x];
+        pdl_launch_dependents();
+        pdl_wait();
+        merge_one<T, D, kMergeBatch>(m.row, m.kv_head, m.first_slot, m.count, p.state_o, p.state_lse, p.o, p.lse,
+                                     p.num_qo_heads, G);
+        return;
+    }
     if (p.merge_count && (int32_t)(blockIdx.x / G) >= *p.merge_count) return; // before any barrier: whole CTA
     const pkv_merge m = p.merges[blockIdx.x / G]; // the plan's (uploaded before): read before the wait
     const int j = blockIdx.x % G;
@@ -1505,9 +1526,7 @@ static cudaError_t launch_merge(const merge_params &p, int32_t n, cudaStream_t s
 // 12.1 us, B4_homo8K 43.6 vs 45.5; with a CTA per head B1_N8192 18.8 vs 19.2, B1_N65536 74.4 vs 75.4).
 template <int D> static bool merge_per_head(const pkv_plan *plan, int mode) {
     if (mode != 0) return mode == 1;
-    const int64_t cols = ((int64_t)plan->group * (D / 4) + kThreads - 1) / kThreads;
-    const int64_t batches = ((int64_t)plan->max_merge_count + kMergeBatch - 1) / kMergeBatch;
-    return cols * batches >= 3;
+    return merge_wide(D, plan->group, plan->max_merge_count);
 }
 
 // The decode kernel over a grid of tasks: the tensor-copy kernel when the step has maps, else the register
@@ -1551,7 +1570,9 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
         m.merge_count = counts + PKV_COUNTS_MERGES;
         m.claim = p.claim;
         m.claim_sms = p.claim_sms;
-        // the per-head merge kernel whatever the step's widest merge (the per-merge one's pick depends on it)
+        // the per-head merge kernel's grid whatever the step's widest merge; under PKV_GRAPH_MERGE=adaptive
+        // its first CTAs merge a narrow step one merge each (the choice a plain plan makes at launch)
+        m.graph_adapt = o.graph_merge_adapt && o.merge_kernel == 0;
         return launch_merge<T, D>(m, plan->graph_merges, stream, o.use_pdl, o.merge_kernel != 2);
     }
     for (int32_t k = 0; k < plan->num_phases; k++) {

@@ -37,6 +37,8 @@ typedef struct pkv_cuda_launch_opts {
     int32_t claim_sms;     /* graph-stable plans: up to a resident wave of tasks claimed by SM over this many SMs
                             * (decode.cu; 0: off, PKV_GRAPH_CLAIM=0; PKV_GRAPH_CLAIM_SMS=N for tests) */
     int32_t claim_mul;     /* and the SMs' order in a round of tasks: r(s) = s x claim_mul mod claim_sms */
+    int graph_merge_adapt; /* graph-stable plans: steps of narrow merges merge one CTA per merge
+                            * (PKV_GRAPH_MERGE=adaptive; off: one per head, whatever the step) */
 } pkv_cuda_launch_opts;
 /* Launches every phase of an uploaded plan on the stream (attention, then merge). */
 cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace, const pkv_tensors *t, cudaStream_t stream,

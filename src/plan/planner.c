@@ -928,6 +928,7 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
         memset(counts, 0, PKV_COUNTS_WORDS * sizeof(int32_t)); /* the work claim starts from zeros */
         counts[PKV_COUNTS_TASKS] = plan->num_tasks;
         counts[PKV_COUNTS_MERGES] = plan->num_merges;
+        counts[PKV_COUNTS_WIDEST] = plan->max_merge_count;
         plan->graph_tasks = graph_cap;
         plan->graph_merges = opts.graph_max_batch * hkv;
         plan->graph_signature = graph_signature(plan, opts.graph_max_batch);

@@ -166,8 +166,10 @@ pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens, cons
         if (counts[PKV_COUNTS_TASKS] != nt || counts[PKV_COUNTS_MERGES] != plan->num_merges)
             BAD("counts %d, %d in the workspace for %d tasks, %d merges", counts[PKV_COUNTS_TASKS],
                 counts[PKV_COUNTS_MERGES], nt, plan->num_merges);
+        if (counts[PKV_COUNTS_WIDEST] != plan->max_merge_count)
+            BAD("widest merge %d in the workspace, the plan's is %d", counts[PKV_COUNTS_WIDEST], plan->max_merge_count);
         for (int w = PKV_COUNTS_MERGES + 1; w < PKV_COUNTS_WORDS; w++)
-            if (counts[w] != 0) BAD("work claim word %d is %d, not 0", w, counts[w]);
+            if (w != PKV_COUNTS_WIDEST && counts[w] != 0) BAD("work claim word %d is %d, not 0", w, counts[w]);
         if (plan->off_counts + PKV_COUNTS_WORDS * sizeof(int32_t) > plan->blob_bytes || plan->off_state_o < plan->blob_bytes)
             BAD("graph-stable layout broken");
     }
