@@ -17,8 +17,9 @@ extern "C" {
 /* Graph-stable plans: the int32 words at the plan's off_counts, uploaded with the plan (zeros but the
  * counts): the step's task and merge counts, then the CUDA work claim's (decode.cu, "tasks claimed by
  * SM"; set back to zero by the merge kernel after each launch): tasks claimed, arrivals, orphan cursor,
- * and from PKV_COUNTS_SM a counter per SM for PKV_CLAIM_SMS SMs; PKV_COUNTS_WIDEST, the step's widest
- * merge (its state count; the CUDA merge kernel's choice between one CTA per merge and one per head). */
+ * and from PKV_COUNTS_SM a counter per SM for PKV_CLAIM_SMS SMs.  Beside them, and kept like the counts,
+ * PKV_COUNTS_WIDEST: the step's widest merge (its state count), from which the CUDA merge kernel of a
+ * graph-stable step picks one CTA per merge or one per head (decode.cu, merge_wide). */
 #define PKV_COUNTS_TASKS 0
 #define PKV_COUNTS_MERGES 1
 #define PKV_COUNTS_CLAIMED 2
