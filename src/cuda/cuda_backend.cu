@@ -73,7 +73,8 @@ bool staged_upload(pkv_context *ctx, cuda_state *s, const pkv_plan *plan, void *
     }
     memcpy(b.buf, plan->blob, plan->blob_bytes);
     cudaError_t e = cudaMemcpyAsync(ws, b.buf, plan->blob_bytes, cudaMemcpyHostToDevice, stream);
-    if (e == cudaSuccess) e = cudaEventRecord(b.done, stream);
+    if (e == cudaSuccess && (e = cudaEventRecord(b.done, stream)) != cudaSuccess)
+        cudaStreamSynchronize(stream); // the copy was queued but cannot be tracked: let it leave the buffer now
     if (e != cudaSuccess) {
         *st = pkv_fail(ctx, PKV_ERR_CUDA, "plan upload failed: %s", cudaGetErrorString(e));
         return false;
