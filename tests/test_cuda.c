@@ -2,8 +2,9 @@
  * (G 1..16 including 7, head dims 64/128/256, fp16/bf16, NHD/HND, page sizes 1..256, lengths 0 and
  * 1, scattered pages, NaN in every KV slot no row may read), logits soft caps and sliding windows,
  * outputs poisoned before each run;
- * bitwise repeatability; CUDA graph capture and replay; every route right behind a kernel that writes q
- * late (programmatic dependent launch); errors.  Skips (77) without a GPU.
+ * bitwise repeatability; CUDA graph capture and replay; page ids rewritten in place between runs; uploads
+ * queued ahead of the GPU; every route right behind a kernel that writes q, K, V or the page ids late
+ * (programmatic dependent launch); errors.  Skips (77) without a GPU.
  * PKV_TEST_CASES=N sets the number of random problems (default 60); PKV_TEST_SMALL=1 keeps every row
  * short (for compute-sanitizer runs). */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
@@ -532,22 +533,36 @@ static void upload_runs_ahead(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     pkv_test_case_free(&tc);
 }
 
-/* Every route queued right behind a kernel that writes q late: it lets its programmatic dependents start
- * at once, spins 20 us, then writes new values.  A run whose kernels touched q (or the outputs) before
- * their dependency wait would use the old q; with PDL off (pdl = 0) the same runs in stream order. */
+/* Every route queued right behind a kernel that writes one of the run's inputs late, as a model's layer
+ * has one before attention (q from the projection, the new token's K and V appended to the cache, the
+ * block table of the step): it lets its programmatic dependents start at once, spins 20 us, then writes
+ * q, the whole K pool, the whole V pool, or the page ids (every id moved one place along the buffer).  A
+ * run whose kernels touched that input (or the outputs) before their dependency wait would use the old
+ * values; with PDL off (pdl = 0) the same runs in stream order.  Every pool slot holds real data here
+ * (no NaN poison), since moved page ids point rows at other pages. */
 static void behind_a_producer(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng, const char *what) {
     pkv_test_case tc;
     if (!mixed_case(rng, &tc)) return;
     dev_case dc;
+    void *ids_next = NULL;
     if (!dev_case_upload(ctx, &tc, &dc)) {
         dev_case_free(ctx, &dc);
         pkv_test_case_free(&tc);
         return;
     }
+    const pkv_dtype dt = tc.problem.dtype;
+    const size_t kvb = dc.kvb;
+    CHECK_OK(pkv_dev_fill_random(ctx, dc.k, tc.kv_elems, dt, 77));
+    CHECK_OK(pkv_dev_fill_random(ctx, dc.v, tc.kv_elems, dt, 78));
+    CHECK_OK(pkv_dev_copy_d2h(ctx, tc.k_cache, dc.k, kvb));
+    CHECK_OK(pkv_dev_copy_d2h(ctx, tc.v_cache, dc.v, kvb));
+    CHECK_OK(pkv_dev_malloc(ctx, dc.ib, &ids_next));
+    const int32_t npages = tc.kv_indptr[tc.batch_size];
     void *q = dc.q, *o = dc.o, *lse = dc.lse;
     const size_t qb = dc.qb, lb = dc.lb;
     pkv_tensors t = {q, dc.k, dc.v, (const int32_t *)dc.idx, o, (float *)lse, 0};
-    for (size_t r = 0; r < sizeof routes / sizeof routes[0]; r++) {
+    static const char *written[] = {"q", "K", "V", "the page ids"};
+    for (size_t r = 0; ids_next && r < sizeof routes / sizeof routes[0]; r++) {
         pkv_plan_options opts;
         pkv_plan_options_default(&opts);
         opts.route = routes[r];
@@ -557,23 +572,41 @@ static void behind_a_producer(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng, co
         CHECK_OK(pkv_dev_malloc(ctx, wsb, &ws));
         if (!ws) break;
         CHECK_OK(pkv_plan_upload(ctx, plan, ws, wsb, NULL));
-        CHECK_OK(pkv_dev_fill_random(ctx, q, tc.q_elems, tc.problem.dtype, 1000 + r)); /* the old q */
-        CHECK_OK(pkv_dev_memset(ctx, o, 0xff, qb));
-        CHECK_OK(pkv_dev_memset(ctx, lse, 0xff, lb));
-        CHECK_OK(pkv_dev_synchronize(ctx));
-        CHECK_OK(pkv_dev_fill_random_late(ctx, q, tc.q_elems, tc.problem.dtype, 2000 + r, 20000));
-        CHECK_OK(pkv_run(ctx, plan, ws, wsb, &t, NULL));
-        CHECK_OK(pkv_dev_synchronize(ctx));
-        pkv_dev_copy_d2h(ctx, tc.q, q, qb); /* the new q: the reference's */
-        pkv_dev_copy_d2h(ctx, tc.o, o, qb);
-        pkv_dev_copy_d2h(ctx, tc.lse, lse, lb);
-        CHECK_OK(pkv_test_case_reference(&tc));
-        const double err = pkv_test_rel_l2(&tc), lerr = pkv_test_lse_err(&tc);
-        const int64_t unwritten = pkv_test_unwritten(&tc);
-        CHECK_MSG(err < 2e-3 && lerr < 1e-2 && unwritten == 0, "%s, route %s behind a late producer: rel_l2=%.2e lse=%.2e unwritten=%lld",
-                  what, pkv_route_name(routes[r]), err, lerr, (long long)unwritten);
+        for (int target = 0; target < 4; target++) {
+            const uint64_t seed = 2000 + 10 * (uint64_t)r + (uint64_t)target;
+            if (target == 0) CHECK_OK(pkv_dev_fill_random(ctx, q, tc.q_elems, dt, 1000 + r)); /* the old q */
+            if (target == 3 && npages > 1) { /* the next ids, staged on the device */
+                const int32_t first = tc.kv_page_indices[0];
+                memmove(tc.kv_page_indices, tc.kv_page_indices + 1, (size_t)(npages - 1) * sizeof(int32_t));
+                tc.kv_page_indices[npages - 1] = first;
+                CHECK_OK(pkv_dev_copy_h2d(ctx, ids_next, tc.kv_page_indices, dc.ib));
+            }
+            CHECK_OK(pkv_dev_memset(ctx, o, 0xff, qb));
+            CHECK_OK(pkv_dev_memset(ctx, lse, 0xff, lb));
+            CHECK_OK(pkv_dev_synchronize(ctx));
+            const int64_t late_ns = 20000;
+            if (target == 0) CHECK_OK(pkv_dev_fill_random_late(ctx, q, tc.q_elems, dt, seed, late_ns));
+            if (target == 1) CHECK_OK(pkv_dev_fill_random_late(ctx, dc.k, tc.kv_elems, dt, seed, late_ns));
+            if (target == 2) CHECK_OK(pkv_dev_fill_random_late(ctx, dc.v, tc.kv_elems, dt, seed, late_ns));
+            if (target == 3) CHECK_OK(pkv_dev_copy_late(ctx, dc.idx, ids_next, dc.ib, late_ns));
+            CHECK_OK(pkv_run(ctx, plan, ws, wsb, &t, NULL));
+            CHECK_OK(pkv_dev_synchronize(ctx));
+            /* the producer's values: the reference's */
+            if (target == 0) CHECK_OK(pkv_dev_copy_d2h(ctx, tc.q, q, qb));
+            if (target == 1) CHECK_OK(pkv_dev_copy_d2h(ctx, tc.k_cache, dc.k, kvb));
+            if (target == 2) CHECK_OK(pkv_dev_copy_d2h(ctx, tc.v_cache, dc.v, kvb));
+            CHECK_OK(pkv_dev_copy_d2h(ctx, tc.o, o, qb));
+            CHECK_OK(pkv_dev_copy_d2h(ctx, tc.lse, lse, lb));
+            CHECK_OK(pkv_test_case_reference(&tc));
+            const double err = pkv_test_rel_l2(&tc), lerr = pkv_test_lse_err(&tc);
+            const int64_t unwritten = pkv_test_unwritten(&tc);
+            CHECK_MSG(err < 2e-3 && lerr < 1e-2 && unwritten == 0,
+                      "%s, route %s behind a producer that writes %s late: rel_l2=%.2e lse=%.2e unwritten=%lld", what,
+                      pkv_route_name(routes[r]), written[target], err, lerr, (long long)unwritten);
+        }
         pkv_dev_free(ctx, ws);
     }
+    pkv_dev_free(ctx, ids_next);
     dev_case_free(ctx, &dc);
     pkv_test_case_free(&tc);
 }

@@ -57,6 +57,10 @@ pkv_status pkv_dev_fill_random_late(pkv_context *ctx, void *dst, int64_t count, 
     (void)dst, (void)count, (void)dtype, (void)seed, (void)delay_ns;
     return PKV_NO_CUDA(ctx);
 }
+pkv_status pkv_dev_copy_late(pkv_context *ctx, void *dst, const void *src, size_t bytes, int64_t delay_ns) {
+    (void)dst, (void)src, (void)bytes, (void)delay_ns;
+    return PKV_NO_CUDA(ctx);
+}
 pkv_status pkv_dev_time_plan_behind(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_bytes,
                                     const pkv_tensors *base, const int32_t *const *page_sets, int32_t nsets,
                                     int32_t warmup, int32_t reps, int trigger, double *producer_us, double *pair_us) {

@@ -22,6 +22,9 @@ pkv_status pkv_dev_fill_random(pkv_context *ctx, void *dst, int64_t count, pkv_d
  * queued right behind it that touched dst before its dependency wait would see the old values (tests). */
 pkv_status pkv_dev_fill_random_late(pkv_context *ctx, void *dst, int64_t count, pkv_dtype dtype, uint64_t seed,
                                     int64_t delay_ns);
+/* A device-to-device copy of bytes (a multiple of 4) written late in the same way (tests: page ids that
+ * a kernel right before a run rewrites). */
+pkv_status pkv_dev_copy_late(pkv_context *ctx, void *dst, const void *src, size_t bytes, int64_t delay_ns);
 /* Device properties: name, SMs, L2 bytes, compute capability, CUDA runtime and driver versions. */
 typedef struct pkv_dev_info {
     char name[128];

@@ -12,14 +12,22 @@
 
 namespace {
 
+// A late producer: its dependents may start now (griddepcontrol.launch_dependents); it writes after delay_ns.
+__device__ __forceinline__ void start_dependents_then_wait(int64_t delay_ns) {
+    pkv::pdl_launch_dependents();
+    uint64_t t0, t1;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+    while ((int64_t)(t1 - t0) < delay_ns);
+}
+
+__global__ void copy_late_kernel(uint32_t *dst, const uint32_t *src, int64_t n, int64_t delay_ns) {
+    start_dependents_then_wait(delay_ns);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) dst[i] = src[i];
+}
+
 __global__ void fill_random_kernel(uint16_t *dst, int64_t n, uint64_t seed, int bf16, int64_t delay_ns) {
-    if (delay_ns > 0) { // a late producer: its dependents may start now, it writes after delay_ns
-        pkv::pdl_launch_dependents();
-        uint64_t t0, t1;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-        do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
-        while ((int64_t)(t1 - t0) < delay_ns);
-    }
+    if (delay_ns > 0) start_dependents_then_wait(delay_ns);
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
         uint64_t z = seed + (uint64_t)i * 0x9E3779B97F4A7C15ull;
         z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -211,6 +219,15 @@ pkv_status pkv_dev_fill_random_late(pkv_context *ctx, void *dst, int64_t count, 
     if (!dst || count <= 0 || delay_ns <= 0)
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "a late fill needs a buffer, a count and a delay");
     fill_random_kernel<<<1, 256>>>(static_cast<uint16_t *>(dst), count, seed, dtype == PKV_DTYPE_BF16, delay_ns);
+    PKV_CUDA_TRY(ctx, cudaGetLastError());
+    return PKV_OK;
+}
+
+pkv_status pkv_dev_copy_late(pkv_context *ctx, void *dst, const void *src, size_t bytes, int64_t delay_ns) {
+    if (!dst || !src || bytes == 0 || bytes % 4 != 0 || delay_ns <= 0)
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "a late copy needs buffers, a multiple of 4 bytes and a delay");
+    copy_late_kernel<<<1, 256>>>(static_cast<uint32_t *>(dst), static_cast<const uint32_t *>(src),
+                                 (int64_t)(bytes / 4), delay_ns);
     PKV_CUDA_TRY(ctx, cudaGetLastError());
     return PKV_OK;
 }
