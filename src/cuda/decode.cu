@@ -266,11 +266,8 @@ __host__ __device__ constexpr bool merge_wide(int d, int group, int widest) {
     return ((group * (d / 4) + kThreads - 1) / kThreads) * ((widest + kMergeBatch - 1) / kMergeBatch) >= 3;
 }
 
-// The earlier merge kernel, one CTA per merge (PKV_MERGE_KERNEL=row, for A/B runs).
-template <typename T, int D>
-__global__ void __launch_bounds__(kThreads) merge_kernel_row(const merge_params p) {
-    PKV_TL_SCOPE(1);
-    claim_reset(p.claim, p.claim_sms);
+// One CTA merges merge blockIdx.x whole (past a graph-stable step's merge count: nothing).
+template <typename T, int D> __device__ __forceinline__ void merge_whole(const merge_params &p) {
     if (p.merge_count && (int32_t)blockIdx.x >= *p.merge_count) return;
     const pkv_merge m = p.merges[blockIdx.x]; // the plan's (uploaded before): read before the wait
     pdl_launch_dependents();
@@ -278,6 +275,14 @@ __global__ void __launch_bounds__(kThreads) merge_kernel_row(const merge_params 
     PKV_TL_MARK(1, 0);
     merge_one<T, D, kMergeBatch>(m.row, m.kv_head, m.first_slot, m.count, p.state_o, p.state_lse, p.o, p.lse,
                                  p.num_qo_heads, p.group);
+}
+
+// The earlier merge kernel, one CTA per merge (PKV_MERGE_KERNEL=row, for A/B runs).
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads) merge_kernel_row(const merge_params p) {
+    PKV_TL_SCOPE(1);
+    claim_reset(p.claim, p.claim_sms);
+    merge_whole<T, D>(p);
 }
 
 // The merge kernel: one CTA per (merge, query head), so a step's merges spread over merges x G CTAs
@@ -298,12 +303,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const merge_params p) {
     if (p.graph_adapt && !merge_wide(D, G, p.merge_count[PKV_COUNTS_WIDEST - PKV_COUNTS_MERGES])) {
         // a graph-stable step of narrow merges (PKV_GRAPH_MERGE=adaptive): the grid's first n CTAs run a
         // merge each, whole, as merge_kernel_row does; the rest exit (the same branch for the whole CTA)
-        if ((int32_t)blockIdx.x >= *p.merge_count) return;
-        const pkv_merge m = p.merges[blockIdx.x];
-        pdl_launch_dependents();
-        pdl_wait();
-        merge_one<T, D, kMergeBatch>(m.row, m.kv_head, m.first_slot, m.count, p.state_o, p.state_lse, p.o, p.lse,
-                                     p.num_qo_heads, G);
+        merge_whole<T, D>(p);
         return;
     }
     if (p.merge_count && (int32_t)(blockIdx.x / G) >= *p.merge_count) return; // before any barrier: whole CTA
