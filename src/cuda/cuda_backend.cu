@@ -34,28 +34,25 @@ struct cuda_state {
     bool pageable; // uploads straight from the plan (PKV_PAGEABLE_UPLOAD=1, or page-locked memory refused)
 };
 
-/* Copies the plan's blob into the next staging buffer and queues its upload on the stream.  false with
- * the status in *st when a CUDA call fails; true with *st = PKV_OK and nothing queued when no page-locked
- * buffer can be had (the caller then copies from the plan, and later uploads do the same). */
-bool staged_upload(pkv_context *ctx, cuda_state *s, const pkv_plan *plan, void *ws, cudaStream_t stream,
-                   pkv_status *st, bool *queued) {
-    *st = PKV_OK;
+/* Copies the plan's blob into the next staging buffer and queues its upload on the stream (*queued).  When
+ * no page-locked buffer can be had it queues nothing and returns PKV_OK: the caller then copies from the
+ * plan, and later uploads do the same. */
+pkv_status staged_upload(pkv_context *ctx, cuda_state *s, const pkv_plan *plan, void *ws, cudaStream_t stream,
+                         bool *queued) {
     *queued = false;
     staging_buffer &b = s->stage[s->next_stage];
     if (b.pending) { // this buffer's last copy must have left it before it is refilled
         const cudaError_t e = cudaEventSynchronize(b.done);
-        if (e != cudaSuccess) {
-            *st = pkv_fail(ctx, PKV_ERR_CUDA, "plan upload: waiting for an earlier upload failed: %s",
-                           cudaGetErrorString(e));
-            return false;
-        }
+        if (e != cudaSuccess)
+            return pkv_fail(ctx, PKV_ERR_CUDA, "plan upload: waiting for an earlier upload failed: %s",
+                            cudaGetErrorString(e));
         b.pending = false;
     }
     if (!b.done && cudaEventCreateWithFlags(&b.done, cudaEventDisableTiming) != cudaSuccess) {
         cudaGetLastError();
         b.done = nullptr;
         s->pageable = true;
-        return true;
+        return PKV_OK;
     }
     if (b.cap < plan->blob_bytes) {
         if (b.buf) cudaFreeHost(b.buf);
@@ -67,7 +64,7 @@ bool staged_upload(pkv_context *ctx, cuda_state *s, const pkv_plan *plan, void *
             cudaGetLastError(); // e.g. a locked-memory limit: stay correct, copy from pageable memory
             b.buf = nullptr;
             s->pageable = true;
-            return true;
+            return PKV_OK;
         }
         b.cap = cap;
     }
@@ -75,14 +72,17 @@ bool staged_upload(pkv_context *ctx, cuda_state *s, const pkv_plan *plan, void *
     cudaError_t e = cudaMemcpyAsync(ws, b.buf, plan->blob_bytes, cudaMemcpyHostToDevice, stream);
     if (e == cudaSuccess && (e = cudaEventRecord(b.done, stream)) != cudaSuccess)
         cudaStreamSynchronize(stream); // the copy was queued but cannot be tracked: let it leave the buffer now
-    if (e != cudaSuccess) {
-        *st = pkv_fail(ctx, PKV_ERR_CUDA, "plan upload failed: %s", cudaGetErrorString(e));
-        return false;
-    }
+    if (e != cudaSuccess) return pkv_fail(ctx, PKV_ERR_CUDA, "plan upload failed: %s", cudaGetErrorString(e));
     b.pending = true;
     s->next_stage = (s->next_stage + 1) % kStaging;
     *queued = true;
-    return true;
+    return PKV_OK;
+}
+
+/* An environment setting equal to value (the A/B and test switches below). */
+bool env_is(const char *name, const char *value) {
+    const char *v = getenv(name);
+    return v && strcmp(v, value) == 0;
 }
 
 cuda_state *state_of(pkv_context *ctx) { return static_cast<cuda_state *>(ctx->backend_state); }
@@ -113,8 +113,8 @@ pkv_status cuda_upload(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t 
     if (plan->blob_bytes > 0) {
         bool queued = false;
         if (!s->pageable) {
-            pkv_status us = PKV_OK;
-            if (!staged_upload(ctx, s, plan, ws, st, &us, &queued)) return us;
+            const pkv_status us = staged_upload(ctx, s, plan, ws, st, &queued);
+            if (us != PKV_OK) return us;
         }
         if (!queued)
             PKV_CUDA_TRY(ctx, cudaMemcpyAsync(ws, plan->blob, plan->blob_bytes, cudaMemcpyHostToDevice, st));
@@ -195,50 +195,41 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bo
     s->cc_major = prop.major;
     s->cc_minor = prop.minor;
     /* PKV_PAGEABLE_UPLOAD=1: plan uploads copy straight from the plan's pageable storage (A/B runs) */
-    const char *pageable = getenv("PKV_PAGEABLE_UPLOAD");
-    s->pageable = pageable && strcmp(pageable, "1") == 0;
+    s->pageable = env_is("PKV_PAGEABLE_UPLOAD", "1");
     /* PDL needs the kernels' griddepcontrol instructions, in sm_90 code only (a compute_80 PTX build
      * JIT-compiled here has none, and its merge must wait for the decode grid the ordinary way) */
     s->launch.use_pdl = sm90_code && getenv("PKV_NO_PDL") == nullptr;
     s->launch.entry_pdl = s->launch.use_pdl && pdl;
-    const char *kernel = getenv("PKV_DECODE_KERNEL");
-    s->launch.allow_n8 = !(kernel && strcmp(kernel, "m") == 0);
+    s->launch.allow_n8 = !env_is("PKV_DECODE_KERNEL", "m");
     /* PKV_MERGE_KERNEL=head|row forces one merge kernel (A/B runs); default: chosen per plan */
-    const char *merge = getenv("PKV_MERGE_KERNEL");
-    s->launch.merge_kernel = merge && strcmp(merge, "head") == 0 ? 1 : merge && strcmp(merge, "row") == 0 ? 2 : 0;
+    s->launch.merge_kernel = env_is("PKV_MERGE_KERNEL", "head") ? 1 : env_is("PKV_MERGE_KERNEL", "row") ? 2 : 0;
     /* two tiles in flight per warp (2 CTAs per SM) for grids of at most 2 CTAs per SM: measured
      * slower on the H200 (B1 steps +2-9%, docs/kernel-notes.md v4), so off unless PKV_DECODE_DEEP=1 */
-    const char *deep = getenv("PKV_DECODE_DEEP");
-    s->launch.deep_max_ctas = deep && strcmp(deep, "1") == 0 ? 2 * prop.multiProcessorCount : 0;
+    s->launch.deep_max_ctas = env_is("PKV_DECODE_DEEP", "1") ? 2 * prop.multiProcessorCount : 0;
     /* sm_90: K and V through shared memory by TMA tensor copies where the shape allows
      * (PKV_DECODE_TMA=0: the register kernel everywhere; PKV_TMA_STAGES=N forces the ring depth) */
-    const char *tma = getenv("PKV_DECODE_TMA");
-    s->launch.tma = sm90_code && !(tma && strcmp(tma, "0") == 0);
+    s->launch.tma = sm90_code && !env_is("PKV_DECODE_TMA", "0");
     /* graph-stable plans: a step of more tasks than SMs (and not claimed by SM, below) spreads them evenly
      * over the fixed grid, not in its first CTAs (H200: geomean 1.025 against 1.036 of the plain work
      * queue's time on the anchors at a 4-wave grid); one of at most one task per SM runs them in the
      * grid's first CTAs, which load their entries with the task count (decode.cu).  PKV_GRAPH_SPREAD=0:
      * the first CTAs whatever the count; PKV_GRAPH_FIRST=0: spread whatever the count */
-    const char *spread = getenv("PKV_GRAPH_SPREAD");
-    const char *first = getenv("PKV_GRAPH_FIRST");
-    s->launch.graph_first = spread && strcmp(spread, "0") == 0 ? INT32_MAX
-                            : first && strcmp(first, "0") == 0 ? 0
-                                                               : prop.multiProcessorCount;
+    s->launch.graph_first = env_is("PKV_GRAPH_SPREAD", "0")  ? INT32_MAX
+                            : env_is("PKV_GRAPH_FIRST", "0") ? 0
+                                                             : prop.multiProcessorCount;
     /* and up to a resident wave of tasks claimed by the SM a CTA lands on (decode.cu), over the device's
      * SMs; PKV_GRAPH_CLAIM=0 turns it off, PKV_GRAPH_CLAIM_SMS=N deals the tasks over N SMs (tests: over
      * fewer than the device has, an SM is dealt more tasks than it gets CTAs, and the CTAs that wait for
      * unclaimed tasks must find and run them) */
-    const char *claim = getenv("PKV_GRAPH_CLAIM");
     const char *claim_sms = getenv("PKV_GRAPH_CLAIM_SMS");
     int32_t nsm = claim_sms ? atoi(claim_sms) : prop.multiProcessorCount;
     if (nsm < 1) nsm = 1;
     if (nsm > PKV_CLAIM_SMS) nsm = PKV_CLAIM_SMS;
-    s->launch.claim_sms = claim && strcmp(claim, "0") == 0 ? 0 : nsm;
+    s->launch.claim_sms = env_is("PKV_GRAPH_CLAIM", "0") ? 0 : nsm;
     s->launch.claim_mul = pkv_graph_claim_multiplier(nsm);
     /* graph-stable merges: PKV_GRAPH_MERGE=adaptive lets a step of narrow merges run one CTA per merge
      * on the per-head kernel's fixed grid, as a plain plan would (to be measured; off by default) */
-    const char *gm = getenv("PKV_GRAPH_MERGE");
-    s->launch.graph_merge_adapt = gm && strcmp(gm, "adaptive") == 0;
+    s->launch.graph_merge_adapt = env_is("PKV_GRAPH_MERGE", "adaptive");
     const char *stages = getenv("PKV_TMA_STAGES");
     s->launch.tma_stages = stages ? atoi(stages) : 0;
     for (int k = 0; k < PKV_TMA_HEAD_DIMS; k++) {
