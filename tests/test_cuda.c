@@ -208,6 +208,24 @@ static void dev_case_free(pkv_context *ctx, dev_case *d) {
     for (size_t i = 0; i < 6; i++) pkv_dev_free(ctx, bufs[i]);
 }
 
+/* The run's outputs (device o and lse, at the case's current sizes) into the case, and the float64
+ * reference for its current inputs. */
+static void fetch_and_reference(pkv_context *ctx, pkv_test_case *tc, const void *o, const void *lse) {
+    CHECK_OK(pkv_dev_copy_d2h(ctx, tc->o, o, (size_t)tc->q_elems * 2));
+    CHECK_OK(pkv_dev_copy_d2h(ctx, tc->lse, lse, (size_t)tc->lse_elems * 4));
+    CHECK_OK(pkv_test_case_reference(tc));
+}
+
+/* Moves every page id of the case one place along its buffer (the first to the end), so each row reads
+ * other pages of the pool. */
+static void rotate_page_ids(pkv_test_case *tc) {
+    const int32_t n = tc->kv_indptr[tc->batch_size];
+    if (n < 2) return;
+    const int32_t first = tc->kv_page_indices[0];
+    memmove(tc->kv_page_indices, tc->kv_page_indices + 1, (size_t)(n - 1) * sizeof(int32_t));
+    tc->kv_page_indices[n - 1] = first;
+}
+
 /* The paper shape on rows of 9000, 300, 0, 1 and 4500 tokens (split, short, empty and one-token rows). */
 static bool mixed_case(pkv_rng *rng, pkv_test_case *tc) {
     pkv_problem p;
@@ -354,10 +372,8 @@ static void graph_stable_replay(pkv_context *ctx, pkv_plan *plan_g, pkv_rng *rng
             if (st != PKV_OK) break;
             CHECK_MSG(claim_words_reset(ctx, plan_g, ws), "graph-stable replay, shape %d step %d: work-claim words not reset",
                       shape, step);
-            pkv_dev_copy_d2h(ctx, tc.q, dc.q, (size_t)tc.q_elems * 2);
-            pkv_dev_copy_d2h(ctx, tc.o, dc.o, (size_t)tc.q_elems * 2);
-            pkv_dev_copy_d2h(ctx, tc.lse, dc.lse, (size_t)tc.lse_elems * 4);
-            CHECK_OK(pkv_test_case_reference(&tc));
+            CHECK_OK(pkv_dev_copy_d2h(ctx, tc.q, dc.q, (size_t)tc.q_elems * 2));
+            fetch_and_reference(ctx, &tc, dc.o, dc.lse);
             const double err = pkv_test_rel_l2(&tc), lerr = pkv_test_lse_err(&tc);
             const int64_t unwritten = pkv_test_unwritten(&tc);
             CHECK_MSG(err < tol && lerr < 1e-2 && unwritten == 0 && pkv_test_empty_rows_nonzero(&tc) == 0,
@@ -400,7 +416,6 @@ static void page_table_in_place(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) 
             continue;
         }
         const double tol = p.dtype == PKV_DTYPE_BF16 ? 1.5e-2 : 2e-3;
-        const int32_t npages = tc.kv_indptr[tc.batch_size];
         for (int graph_stable = 0; graph_stable < 2; graph_stable++) {
             pkv_plan_options opts;
             pkv_plan_options_default(&opts);
@@ -414,18 +429,14 @@ static void page_table_in_place(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) 
             if (ws && graph_stable) CHECK_OK(pkv_dev_graph_capture(ctx, plan, ws, wsb, &t, &graph));
             for (int round = 0; ws && (graph || !graph_stable) && round < 3; round++) {
                 if (round > 0) { /* the same buffer, every id moved one place: rows read other pages */
-                    const int32_t first = tc.kv_page_indices[0];
-                    memmove(tc.kv_page_indices, tc.kv_page_indices + 1, (size_t)(npages - 1) * sizeof(int32_t));
-                    tc.kv_page_indices[npages - 1] = first;
+                    rotate_page_ids(&tc);
                     CHECK_OK(pkv_dev_copy_h2d(ctx, dc.idx, tc.kv_page_indices, dc.ib));
                 }
                 CHECK_OK(pkv_dev_memset(ctx, dc.o, 0xff, dc.qb));
                 CHECK_OK(pkv_dev_memset(ctx, dc.lse, 0xff, dc.lb));
                 CHECK_OK(graph ? pkv_dev_graph_replay(ctx, graph, plan, ws, wsb) : pkv_run(ctx, plan, ws, wsb, &t, NULL));
                 CHECK_OK(pkv_dev_synchronize(ctx));
-                CHECK_OK(pkv_dev_copy_d2h(ctx, tc.o, dc.o, dc.qb));
-                CHECK_OK(pkv_dev_copy_d2h(ctx, tc.lse, dc.lse, dc.lb));
-                CHECK_OK(pkv_test_case_reference(&tc));
+                fetch_and_reference(ctx, &tc, dc.o, dc.lse);
                 const double err = pkv_test_rel_l2(&tc);
                 const int64_t unwritten = pkv_test_unwritten(&tc);
                 CHECK_MSG(err < tol && unwritten == 0, "page table rewritten in place, shape %d, %s, round %d: "
@@ -504,9 +515,10 @@ static void upload_runs_ahead(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
         }
         if (warm) {
             const char *pg = getenv("PKV_PAGEABLE_UPLOAD");
-            if ((pg && strcmp(pg, "1") == 0) || getenv("PKV_TEST_SMALL")) /* pageable, or under a sanitizer */
-                printf("uploads from pageable memory: %d plan-and-run calls behind a 300 ms kernel took %.1f ms\n",
-                       AHEAD, ahead_ms);
+            const bool pageable = pg && strcmp(pg, "1") == 0;
+            if (pageable || getenv("PKV_TEST_SMALL")) /* pageable, or under a sanitizer */
+                printf("uploads from %s: %d plan-and-run calls behind a 300 ms kernel took %.1f ms\n",
+                       pageable ? "pageable memory" : "the staging ring (PKV_TEST_SMALL: not checked)", AHEAD, ahead_ms);
             else
                 CHECK_MSG(ahead_ms < 150, "%d plan-and-run calls behind a 300 ms kernel took %.1f ms: an upload "
                           "waited for the stream", AHEAD, ahead_ms);
@@ -516,9 +528,7 @@ static void upload_runs_ahead(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
             memcpy(tc.seq_lens, lens[k], sizeof lens[k]);
             tc.total_tokens = 0;
             for (int i = 0; i < B; i++) tc.total_tokens += lens[k][i];
-            CHECK_OK(pkv_dev_copy_d2h(ctx, tc.o, o[k], dc.qb));
-            CHECK_OK(pkv_dev_copy_d2h(ctx, tc.lse, lse[k], dc.lb));
-            CHECK_OK(pkv_test_case_reference(&tc));
+            fetch_and_reference(ctx, &tc, o[k], lse[k]);
             CHECK_MSG(pkv_test_rel_l2(&tc) < 2e-3 && pkv_test_unwritten(&tc) == 0 &&
                           pkv_test_empty_rows_nonzero(&tc) == 0,
                       "step %d of %d %s: rel_l2=%.2e unwritten=%lld", k, STEPS,
@@ -557,7 +567,6 @@ static void behind_a_producer(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng, co
     CHECK_OK(pkv_dev_copy_d2h(ctx, tc.k_cache, dc.k, kvb));
     CHECK_OK(pkv_dev_copy_d2h(ctx, tc.v_cache, dc.v, kvb));
     CHECK_OK(pkv_dev_malloc(ctx, dc.ib, &ids_next));
-    const int32_t npages = tc.kv_indptr[tc.batch_size];
     void *q = dc.q, *o = dc.o, *lse = dc.lse;
     const size_t qb = dc.qb, lb = dc.lb;
     pkv_tensors t = {q, dc.k, dc.v, (const int32_t *)dc.idx, o, (float *)lse, 0};
@@ -575,10 +584,8 @@ static void behind_a_producer(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng, co
         for (int target = 0; target < 4; target++) {
             const uint64_t seed = 2000 + 10 * (uint64_t)r + (uint64_t)target;
             if (target == 0) CHECK_OK(pkv_dev_fill_random(ctx, q, tc.q_elems, dt, 1000 + r)); /* the old q */
-            if (target == 3 && npages > 1) { /* the next ids, staged on the device */
-                const int32_t first = tc.kv_page_indices[0];
-                memmove(tc.kv_page_indices, tc.kv_page_indices + 1, (size_t)(npages - 1) * sizeof(int32_t));
-                tc.kv_page_indices[npages - 1] = first;
+            if (target == 3) { /* the next ids, staged on the device */
+                rotate_page_ids(&tc);
                 CHECK_OK(pkv_dev_copy_h2d(ctx, ids_next, tc.kv_page_indices, dc.ib));
             }
             CHECK_OK(pkv_dev_memset(ctx, o, 0xff, qb));
@@ -595,9 +602,7 @@ static void behind_a_producer(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng, co
             if (target == 0) CHECK_OK(pkv_dev_copy_d2h(ctx, tc.q, q, qb));
             if (target == 1) CHECK_OK(pkv_dev_copy_d2h(ctx, tc.k_cache, dc.k, kvb));
             if (target == 2) CHECK_OK(pkv_dev_copy_d2h(ctx, tc.v_cache, dc.v, kvb));
-            CHECK_OK(pkv_dev_copy_d2h(ctx, tc.o, o, qb));
-            CHECK_OK(pkv_dev_copy_d2h(ctx, tc.lse, lse, lb));
-            CHECK_OK(pkv_test_case_reference(&tc));
+            fetch_and_reference(ctx, &tc, o, lse);
             const double err = pkv_test_rel_l2(&tc), lerr = pkv_test_lse_err(&tc);
             const int64_t unwritten = pkv_test_unwritten(&tc);
             CHECK_MSG(err < 2e-3 && lerr < 1e-2 && unwritten == 0,
