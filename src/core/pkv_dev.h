@@ -11,6 +11,7 @@ extern "C" {
 
 pkv_status pkv_dev_malloc(pkv_context *ctx, size_t bytes, void **ptr);
 pkv_status pkv_dev_free(pkv_context *ctx, void *ptr);
+/* The host-to-device copy and the memset return when they are done on the device. */
 pkv_status pkv_dev_copy_h2d(pkv_context *ctx, void *dst, const void *src, size_t bytes);
 pkv_status pkv_dev_copy_d2h(pkv_context *ctx, void *dst, const void *src, size_t bytes);
 pkv_status pkv_dev_memset(pkv_context *ctx, void *dst, int value, size_t bytes);
@@ -66,7 +67,8 @@ pkv_status pkv_dev_graph_run(pkv_context *ctx, const pkv_plan *plan, void *ws, s
                              const pkv_tensors *t, int32_t replays);
 /* Serving with graph-stable plans (pkv_plan_options.graph_max_batch): capture one pkv_run of the plan
  * (uploaded first) on a stream of the graph's own into an instantiated graph (*graph); then each
- * replay uploads the given plan on that stream (outside the graph) and replays the graph, synchronized.
+ * replay waits for the work queued on the default stream before it, uploads the given plan on that
+ * stream (outside the graph) and replays the graph, synchronized.
  * A replay refuses a plan whose pkv_plan_graph_signature is not the captured one's. */
 pkv_status pkv_dev_graph_capture(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_bytes,
                                  const pkv_tensors *t, void **graph);

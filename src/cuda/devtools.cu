@@ -189,8 +189,13 @@ pkv_status pkv_dev_free(pkv_context *ctx, void *ptr) {
     if (ptr) PKV_CUDA_TRY(ctx, cudaFree(ptr));
     return PKV_OK;
 }
+// The copies and the memset return when they are done on the device: a pageable cudaMemcpy to the
+// device may return once the source is staged, and cudaMemset once it is queued, and neither orders
+// against a non-blocking stream (a graph replay's) that reads the buffer next.
 pkv_status pkv_dev_copy_h2d(pkv_context *ctx, void *dst, const void *src, size_t bytes) {
-    if (bytes) PKV_CUDA_TRY(ctx, cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    if (!bytes) return PKV_OK;
+    PKV_CUDA_TRY(ctx, cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    PKV_CUDA_TRY(ctx, cudaDeviceSynchronize());
     return PKV_OK;
 }
 pkv_status pkv_dev_copy_d2h(pkv_context *ctx, void *dst, const void *src, size_t bytes) {
@@ -198,7 +203,9 @@ pkv_status pkv_dev_copy_d2h(pkv_context *ctx, void *dst, const void *src, size_t
     return PKV_OK;
 }
 pkv_status pkv_dev_memset(pkv_context *ctx, void *dst, int value, size_t bytes) {
-    if (bytes) PKV_CUDA_TRY(ctx, cudaMemset(dst, value, bytes));
+    if (!bytes) return PKV_OK;
+    PKV_CUDA_TRY(ctx, cudaMemset(dst, value, bytes));
+    PKV_CUDA_TRY(ctx, cudaDeviceSynchronize());
     return PKV_OK;
 }
 pkv_status pkv_dev_synchronize(pkv_context *ctx) {
@@ -405,7 +412,8 @@ pkv_status pkv_dev_launch_latency(pkv_context *ctx, double *empty_us, double *gr
 }
 
 struct pkv_dev_graph {
-    cudaStream_t stream;
+    cudaStream_t stream; // non-blocking: a replay orders itself after the default stream's work (queued)
+    cudaEvent_t queued;
     cudaGraphExec_t exec;
     uint64_t signature;
 };
@@ -420,6 +428,10 @@ pkv_status pkv_dev_graph_capture(pkv_context *ctx, const pkv_plan *plan, void *w
     if (cudaStreamCreateWithFlags(&h->stream, cudaStreamNonBlocking) != cudaSuccess) {
         free(h);
         return pkv_fail(ctx, PKV_ERR_CUDA, "cannot create the graph's stream");
+    }
+    if (cudaEventCreateWithFlags(&h->queued, cudaEventDisableTiming) != cudaSuccess) {
+        pkv_dev_graph_free(h);
+        return pkv_fail(ctx, PKV_ERR_CUDA, "cannot create the graph's event");
     }
     pkv_status st = pkv_plan_upload(ctx, plan, ws, ws_bytes, h->stream);
     if (st == PKV_OK && cudaStreamSynchronize(h->stream) != cudaSuccess) st = pkv_fail(ctx, PKV_ERR_CUDA, "upload failed");
@@ -453,6 +465,10 @@ pkv_status pkv_dev_graph_replay(pkv_context *ctx, void *graph, const pkv_plan *p
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT,
                         "the plan's launches are not the captured ones (graph signature %llx, captured %llx)",
                         (unsigned long long)sig, (unsigned long long)h->signature);
+    // after what the caller queued on the default stream (its inputs, a poisoned output), as a replay
+    // on that stream would be; the stream is non-blocking, so nothing orders it otherwise
+    if (cudaEventRecord(h->queued, cudaStreamLegacy) != cudaSuccess || cudaStreamWaitEvent(h->stream, h->queued, 0) != cudaSuccess)
+        return pkv_fail(ctx, PKV_ERR_CUDA, "cannot order the replay after the default stream");
     pkv_status st = pkv_plan_upload(ctx, plan, ws, ws_bytes, h->stream);
     if (st != PKV_OK) return st;
     if (cudaGraphLaunch(h->exec, h->stream) != cudaSuccess) return pkv_fail(ctx, PKV_ERR_CUDA, "graph launch failed");
@@ -479,6 +495,7 @@ void pkv_dev_graph_free(void *graph) {
     pkv_dev_graph *h = static_cast<pkv_dev_graph *>(graph);
     if (!h) return;
     if (h->exec) cudaGraphExecDestroy(h->exec);
+    if (h->queued) cudaEventDestroy(h->queued);
     if (h->stream) cudaStreamDestroy(h->stream);
     free(h);
 }
