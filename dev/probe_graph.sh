@@ -9,7 +9,9 @@
 # variant of VARIANTS in turn for up to ROUNDS rounds (default 2).  OUT/summary.txt: per anchor the
 # kernel time of each variant and its ratio to the plain work queue.
 # VARIANTS="name:ENV:ARGS ...": ENV the variant's environment (NAME=value, comma-separated; - for none),
-# ARGS more pkv bench arguments (comma-separated; - for none); the variant named plain runs plain plans.
+# ARGS more pkv bench arguments (comma-separated; - for none); variants named plain* run plain plans, the
+# one named plain is the ratios' base.  TESTS=quick: instead of the tests above, test_cuda (20 random
+# cases) once under each variant's environment, side by side, no sanitizers.
 # Default: plain, the claim by SM, and without it.  The grids of dfe7155's probe, for instance:
 # VARIANTS="plain:-:- graph1:-:- graph2:-:--graph-tasks,792 graph4:-:--graph-tasks,1584"
 set -u
@@ -23,35 +25,48 @@ a=$root/build-gpu
 t0=$(date +%s)
 dev_build "$a" "$r/build.log" "pkv test_cuda" || { tail -n 40 "$r/build.log"; exit 1; }
 echo "build: $(( $(date +%s) - t0 )) s"
-PKV_TEST_CASES=60 timeout 300 "$a/tests/test_cuda" >"$r/test_cuda.log" 2>&1 &
-tpid=$!
-PKV_GRAPH_CLAIM_SMS=16 PKV_TEST_CASES=30 timeout 300 "$a/tests/test_cuda" >"$r/test_cuda_16.log" 2>&1 &
-t2pid=$!
-PKV_GRAPH_CLAIM=0 PKV_TEST_CASES=30 timeout 300 "$a/tests/test_cuda" >"$r/test_cuda_spread.log" 2>&1 &
-t3pid=$!
-PKV_GRAPH_SPREAD=0 PKV_TEST_CASES=30 timeout 300 "$a/tests/test_cuda" >"$r/test_cuda_first.log" 2>&1 &
-t4pid=$!
-san() { # tool log [env]
-  { env ${3:-} PKV_TEST_SMALL=1 PKV_TEST_CASES=6 timeout 400 compute-sanitizer --tool "$1" --error-exitcode 3 \
-      "$a/tests/test_cuda" >"$r/$2.log" 2>&1; echo "$2 rc=$?" >>"$r/$2.log"; } &
-}
-san memcheck memcheck; p1=$!
-san racecheck racecheck; p2=$!
-san memcheck memcheck_16 PKV_GRAPH_CLAIM_SMS=16; p3=$!
-wait $tpid $t2pid $t3pid $t4pid
-for f in test_cuda test_cuda_16 test_cuda_spread test_cuda_first; do echo "$f: $(tail -n 1 "$r/$f.log")"; grep -E "FAIL" "$r/$f.log" | head -n 10; done
-wait $p1 $p2 $p3 # nothing else on the GPU while the steps are timed
-tail -n 3 "$r/memcheck.log" "$r/racecheck.log" "$r/memcheck_16.log"
-echo "tests done: $(( $(date +%s) - t0 )) s"
 variants=${VARIANTS:-"plain:-:- claim:-:- spread:PKV_GRAPH_CLAIM=0:-"}
+if [ "${TESTS:-full}" = quick ]; then # test_cuda once under each variant's environment, side by side
+  pids=""
+  for v in $variants; do
+    IFS=: read -r name envv args <<<"$v"
+    [ "$envv" = - ] && envv="" || envv=${envv//,/ }
+    env $envv PKV_TEST_CASES=20 timeout 300 "$a/tests/test_cuda" >"$r/test_cuda_$name.log" 2>&1 & pids="$pids $!"
+  done
+  wait $pids
+  for v in $variants; do
+    n=${v%%:*}; echo "test_cuda ($n): $(tail -n 1 "$r/test_cuda_$n.log")"; grep -E "FAIL" "$r/test_cuda_$n.log" | head -n 10
+  done
+else
+  PKV_TEST_CASES=60 timeout 300 "$a/tests/test_cuda" >"$r/test_cuda.log" 2>&1 &
+  tpid=$!
+  PKV_GRAPH_CLAIM_SMS=16 PKV_TEST_CASES=30 timeout 300 "$a/tests/test_cuda" >"$r/test_cuda_16.log" 2>&1 &
+  t2pid=$!
+  PKV_GRAPH_CLAIM=0 PKV_TEST_CASES=30 timeout 300 "$a/tests/test_cuda" >"$r/test_cuda_spread.log" 2>&1 &
+  t3pid=$!
+  PKV_GRAPH_SPREAD=0 PKV_TEST_CASES=30 timeout 300 "$a/tests/test_cuda" >"$r/test_cuda_first.log" 2>&1 &
+  t4pid=$!
+  san() { # tool log [env]
+    { env ${3:-} PKV_TEST_SMALL=1 PKV_TEST_CASES=6 timeout 400 compute-sanitizer --tool "$1" --error-exitcode 3 \
+        "$a/tests/test_cuda" >"$r/$2.log" 2>&1; echo "$2 rc=$?" >>"$r/$2.log"; } &
+  }
+  san memcheck memcheck; p1=$!
+  san racecheck racecheck; p2=$!
+  san memcheck memcheck_16 PKV_GRAPH_CLAIM_SMS=16; p3=$!
+  wait $tpid $t2pid $t3pid $t4pid
+  for f in test_cuda test_cuda_16 test_cuda_spread test_cuda_first; do echo "$f: $(tail -n 1 "$r/$f.log")"; grep -E "FAIL" "$r/$f.log" | head -n 10; done
+  wait $p1 $p2 $p3 # nothing else on the GPU while the steps are timed
+  tail -n 3 "$r/memcheck.log" "$r/racecheck.log" "$r/memcheck_16.log"
+fi
+echo "tests done: $(( $(date +%s) - t0 )) s"
 for k in $(seq 1 "$rounds"); do
   [ $(( $(date +%s) - t0 )) -lt 420 ] || { echo "round $k skipped (time)"; break; }
   for v in $variants; do
     IFS=: read -r name envv args <<<"$v"
     [ "$envv" = - ] && envv="" || envv=${envv//,/ }
     [ "$args" = - ] && args="" || args=${args//,/ }
-    extra=""
-    [ "$name" = plain ] || extra="--graph-max-batch pow2 $args"
+    extra="--graph-max-batch pow2 $args"
+    case $name in plain*) extra=$args ;; esac
     check="--no-check"; [ "$k" = 1 ] && [ "$name" != plain ] && check=""
     env $envv "$a/pkv" bench --backend cuda --anchor all --route workqueue --reps 50 --warmup 5 --wall-reps 5 $check $extra \
       --json "$r/${name}_$k.json" --quiet >"$r/${name}_$k.log" 2>&1 || echo "$name round $k: rc=$?"

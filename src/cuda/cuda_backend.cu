@@ -227,9 +227,11 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bo
     if (nsm > PKV_CLAIM_SMS) nsm = PKV_CLAIM_SMS;
     s->launch.claim_sms = env_is("PKV_GRAPH_CLAIM", "0") ? 0 : nsm;
     s->launch.claim_mul = pkv_graph_claim_multiplier(nsm);
-    /* graph-stable merges: PKV_GRAPH_MERGE=adaptive lets a step of narrow merges run one CTA per merge
-     * on the per-head kernel's fixed grid, as a plain plan would (to be measured; off by default) */
-    s->launch.graph_merge_adapt = env_is("PKV_GRAPH_MERGE", "adaptive");
+    /* graph-stable merges: a step of narrow merges runs one CTA per merge on the per-head kernel's fixed
+     * grid, as a plain plan would (v13d; PKV_GRAPH_MERGE=head: the per-head grid whatever the step) */
+    s->launch.graph_merge_adapt = !env_is("PKV_GRAPH_MERGE", "head");
+    const char *wide_at = getenv("PKV_MERGE_WIDE_AT");
+    s->launch.merge_wide_at = wide_at && atoi(wide_at) > 0 ? atoi(wide_at) : 2; /* v13d: 3 before */
     const char *stages = getenv("PKV_TMA_STAGES");
     s->launch.tma_stages = stages ? atoi(stages) : 0;
     for (int k = 0; k < PKV_TMA_HEAD_DIMS; k++) {

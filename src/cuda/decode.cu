@@ -93,6 +93,7 @@ struct merge_params {
     int32_t *claim;             // graph-stable plans that claim tasks by SM: the words claim_reset zeroes
     int32_t claim_sms;
     int32_t graph_adapt;        // graph-stable plans: narrow steps merge one CTA per merge (merge_wide)
+    int32_t wide_at;            // merge_wide's threshold
 };
 
 // Dev builds only (cmake -DPKV_TIMELINE=ON; dev/probe_timeline.sh): thread 0 of every CTA records
@@ -259,11 +260,11 @@ __device__ __forceinline__ void claim_reset(int32_t *w, int32_t nsm) {
 
 // Whether a step's merges are wide enough for one CTA per (merge, query head) rather than one per merge:
 // the per-merge CTA walks G x D / 4 columns in ceil(G D / 4 / kThreads) passes, each ceil(widest /
-// kMergeBatch) dependent batches of state loads; from 3 such round trips in a row the per-head grid wins
-// (H200, docs/kernel-notes.md v5).  The plain plans' choice, and graph-stable steps' under
-// PKV_GRAPH_MERGE=adaptive (the widest merge is in the uploaded counts).
-__host__ __device__ constexpr bool merge_wide(int d, int group, int widest) {
-    return ((group * (d / 4) + kThreads - 1) / kThreads) * ((widest + kMergeBatch - 1) / kMergeBatch) >= 3;
+// kMergeBatch) dependent batches of state loads; from wide_at such round trips in a row the per-head
+// grid wins (pkv_cuda_launch_opts.merge_wide_at; docs/kernel-notes.md v5, v13d).  The plain plans'
+// choice, and graph-stable steps' (the widest merge is in the uploaded counts; v13d).
+__host__ __device__ constexpr bool merge_wide(int d, int group, int widest, int wide_at) {
+    return ((group * (d / 4) + kThreads - 1) / kThreads) * ((widest + kMergeBatch - 1) / kMergeBatch) >= wide_at;
 }
 
 // One CTA merges merge blockIdx.x whole (past a graph-stable step's merge count: nothing).
@@ -300,8 +301,8 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const merge_params p) {
     PKV_TL_SCOPE(1);
     const int G = p.group;
     claim_reset(p.claim, p.claim_sms);
-    if (p.graph_adapt && !merge_wide(D, G, p.merge_count[PKV_COUNTS_WIDEST - PKV_COUNTS_MERGES])) {
-        // a graph-stable step of narrow merges (PKV_GRAPH_MERGE=adaptive): the grid's first n CTAs run a
+    if (p.graph_adapt && !merge_wide(D, G, p.merge_count[PKV_COUNTS_WIDEST - PKV_COUNTS_MERGES], p.wide_at)) {
+        // a graph-stable step of narrow merges (unless PKV_GRAPH_MERGE=head): the grid's first n CTAs run a
         // merge each, whole, as merge_kernel_row does; the rest exit (the same branch for the whole CTA)
         merge_whole<T, D>(p);
         return;
@@ -1520,13 +1521,14 @@ static cudaError_t launch_merge(const merge_params &p, int32_t n, cudaStream_t s
     return per_head ? lc.launch(merge_kernel<T, D>, p) : lc.launch(merge_kernel_row<T, D>, p);
 }
 
-// The merge kernel of a plan: a CTA per (merge, query head) when a CTA per merge would take 3 or more
-// dependent batches of state loads per thread (ceil(G x D / 4 / threads) columns x ceil(count / 16));
-// for narrower merges the per-merge kernel is shorter (H200, kernel v7, split route: B1_N2048 11.6 vs
-// 12.1 us, B4_homo8K 43.6 vs 45.5; with a CTA per head B1_N8192 18.8 vs 19.2, B1_N65536 74.4 vs 75.4).
-template <int D> static bool merge_per_head(const pkv_plan *plan, int mode) {
-    if (mode != 0) return mode == 1;
-    return merge_wide(D, plan->group, plan->max_merge_count);
+// The merge kernel of a plan: a CTA per (merge, query head) when a CTA per merge would take
+// merge_wide_at (2) or more dependent batches of state loads per thread (ceil(G x D / 4 / threads)
+// columns x ceil(count / 16)); for narrower merges the per-merge kernel is shorter (H200, kernel v7,
+// split route: B1_N2048 11.6 vs 12.1 us, B4_homo8K 43.6 vs 45.5; with a CTA per head B1_N8192 18.8 vs
+// 19.2, B1_N65536 74.4 vs 75.4; v13d, work queue: B1_N8192's 2 batches 17.3 vs 17.9).
+template <int D> static bool merge_per_head(const pkv_plan *plan, const pkv_cuda_launch_opts &o) {
+    if (o.merge_kernel != 0) return o.merge_kernel == 1;
+    return merge_wide(D, plan->group, plan->max_merge_count, o.merge_wide_at);
 }
 
 // The decode kernel over a grid of tasks: the tensor-copy kernel when the step has maps, else the register
@@ -1570,8 +1572,8 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
         m.merge_count = counts + PKV_COUNTS_MERGES;
         m.claim = p.claim;
         m.claim_sms = p.claim_sms;
-        // the per-head merge kernel's grid whatever the step's widest merge; under PKV_GRAPH_MERGE=adaptive
-        // its first CTAs merge a narrow step one merge each (the choice a plain plan makes at launch)
+        // the per-head merge kernel's grid whatever the step's widest merge; its first CTAs merge a narrow
+        // step one merge each, the choice a plain plan makes at launch (PKV_GRAPH_MERGE=head: per head)
         m.graph_adapt = o.graph_merge_adapt && o.merge_kernel == 0;
         return launch_merge<T, D>(m, plan->graph_merges, stream, o.use_pdl, o.merge_kernel != 2);
     }
@@ -1616,7 +1618,7 @@ static cudaError_t run_phases(const pkv_plan *plan, const decode_params &base, c
             m.merges = reinterpret_cast<const pkv_merge *>(ws_dev + plan->off_merges) + ph.merge_begin;
             cudaError_t e = launch_merge<T, D>(m, ph.merge_end - ph.merge_begin, stream,
                                                o.use_pdl && ph.task_end > ph.task_begin,
-                                               merge_per_head<D>(plan, o.merge_kernel));
+                                               merge_per_head<D>(plan, o));
             if (e != cudaSuccess) return e;
         }
     }
@@ -1715,6 +1717,7 @@ extern "C" cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace
     m.lse = t->lse;
     m.num_qo_heads = pr.num_qo_heads;
     m.group = plan->group;
+    m.wide_at = opts->merge_wide_at;
     pkv::tma_maps maps;
     const pkv::tma_maps *mp = pkv::tma_maps_for(plan, t, st, *opts, &maps, &p.stages) ? &maps : nullptr;
     if (pr.dtype == PKV_DTYPE_FP16)

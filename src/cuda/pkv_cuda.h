@@ -27,6 +27,8 @@ typedef struct pkv_cuda_launch_opts {
     int entry_pdl;         /* and of the decode kernels: scheduled while the kernel before them drains (sm_90) */
     int allow_n8;          /* the heads-in-N kernel for G <= 8 (else heads in M everywhere) */
     int merge_kernel;      /* 0: by the merges' width; 1: a CTA per (merge, query head); 2: a CTA per merge */
+    int32_t merge_wide_at; /* by the width: a CTA per head from this many dependent state-load batches per
+                            * CTA per merge (decode.cu merge_wide; PKV_MERGE_WIDE_AT) */
     int32_t deep_max_ctas; /* heads-in-N grids of at most this many CTAs run the two-tiles-in-flight variant */
     int tma;               /* sm_90: K/V through shared memory by tensor copies where the shape allows (decode.cu) */
     int32_t tma_stages;    /* the tensor-copy kernel's stages per warp; 0: the default (PKV_TMA_STAGES) */
@@ -37,8 +39,8 @@ typedef struct pkv_cuda_launch_opts {
     int32_t claim_sms;     /* graph-stable plans: up to a resident wave of tasks claimed by SM over this many SMs
                             * (decode.cu; 0: off, PKV_GRAPH_CLAIM=0; PKV_GRAPH_CLAIM_SMS=N for tests) */
     int32_t claim_mul;     /* and the SMs' order in a round of tasks: r(s) = s x claim_mul mod claim_sms */
-    int graph_merge_adapt; /* graph-stable plans: steps of narrow merges merge one CTA per merge
-                            * (PKV_GRAPH_MERGE=adaptive; off: one per head, whatever the step) */
+    int graph_merge_adapt; /* graph-stable plans: steps of narrow merges merge one CTA per merge, as a plain
+                            * plan would (PKV_GRAPH_MERGE=head: one per head, whatever the step) */
 } pkv_cuda_launch_opts;
 /* Launches every phase of an uploaded plan on the stream (attention, then merge). */
 cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace, const pkv_tensors *t, cudaStream_t stream,
