@@ -253,7 +253,7 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bo
         ctx->resident[k][0] = pkv_cuda_decode_resident_ctas(8, dims[k], s->launch.allow_n8);
         ctx->resident[k][1] = pkv_cuda_decode_resident_ctas(16, dims[k], 0);
     }
-    snprintf(ctx->device_name, sizeof ctx->device_name, "%s (%d SMs, sm_%d%d%s)", prop.name, prop.multiProcessorCount,
+    snprintf(ctx->device_name, sizeof ctx->device_name, "%.64s (%d SMs, sm_%d%d%s)", prop.name, prop.multiProcessorCount,
              prop.major, prop.minor,
              prop.major >= 9 && !sm90_code ? "; this build has no sm_90 code: register kernels, no PDL" : "");
     /* auto's cost model until a policy file replaces it: the read bandwidth from the memory clock
@@ -266,7 +266,7 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bo
     }
     const double peak_gbps = 2.0 * mem_khz * 1e3 * (bus_bits / 8.0) / 1e9;
     pkv_cost_model_default(&ctx->cost_model, prop.multiProcessorCount, 0.92 * peak_gbps, 3.0);
-    snprintf(ctx->cost_model.device, sizeof ctx->cost_model.device, "defaults for %s (%.0f GB/s peak)", prop.name,
+    snprintf(ctx->cost_model.device, sizeof ctx->cost_model.device, "defaults for %.64s (%.0f GB/s peak)", prop.name,
              peak_gbps);
     ctx->has_cost_model = true;
     return PKV_OK;

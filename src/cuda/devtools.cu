@@ -246,7 +246,7 @@ pkv_status pkv_dev_get_info(pkv_context *ctx, pkv_dev_info *info) {
     PKV_CUDA_TRY(ctx, cudaGetDevice(&dev));
     cudaDeviceProp p;
     PKV_CUDA_TRY(ctx, cudaGetDeviceProperties(&p, dev));
-    snprintf(info->name, sizeof info->name, "%s", p.name);
+    snprintf(info->name, sizeof info->name, "%.127s", p.name);
     info->sms = p.multiProcessorCount;
     info->cc_major = p.major;
     info->cc_minor = p.minor;
