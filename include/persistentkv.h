@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 #define PKV_VERSION_MAJOR 0
-#define PKV_VERSION_MINOR 2
+#define PKV_VERSION_MINOR 3
 #define PKV_VERSION_PATCH 0
 
 /* ------------------------------------------------------------------------------------------------
@@ -403,11 +403,11 @@ int pkv_context_get_cost_model(const pkv_context *ctx, pkv_cost_model *m);
  * ---------------------------------------------------------------------------------------------- */
 typedef struct pkv_tensors {
     /* CUDA backend: q, k_cache, v_cache, o and the workspace must be 16-byte aligned. */
-    const void *q;                  /* [B, Hq, d] */
+    const void *q;                  /* [B, Hq, d]; rows q_row_stride elements apart */
     const void *k_cache;            /* NHD or HND pages, see pkv_layout */
     const void *v_cache;
     const int32_t *kv_page_indices; /* same content as the plan's table, in the backend's memory */
-    void *o;                        /* [B, Hq, d] */
+    void *o;                        /* [B, Hq, d]; rows o_row_stride elements apart */
     float *lse;                     /* [B, Hq] or NULL */
     /* Elements from one page to the next in k_cache and in v_cache; 0: dense pools, page_size x Hkv
      * x head_dim.  A cache that interleaves K and V per page (FlashInfer's and vLLM's [num_pages, 2,
@@ -415,6 +415,13 @@ typedef struct pkv_tensors {
      * kv_page_stride = 2 x page_size x Hkv x head_dim.  At least one dense page; a multiple of 8 on
      * the CUDA backend (16-byte accesses). */
     int64_t kv_page_stride;
+    /* Elements from one row (request) of q to the next, and of o; 0: dense, Hq x head_dim.  Each row's
+     * Hq x head_dim values stay contiguous, so a q that is the query part of a fused QKV projection
+     * ([B, (Hq + 2 Hkv) x head_dim], as serving stacks split it) is q = its start and q_row_stride =
+     * (Hq + 2 Hkv) x head_dim, read in place.  At least Hq x head_dim (rows do not overlap); a multiple
+     * of 8 on the CUDA backend.  Elements between the rows of o are never written; lse stays [B, Hq]. */
+    int64_t q_row_stride;
+    int64_t o_row_stride;
 } pkv_tensors;
 
 /* Executes the plan: tasks then merges, phase by phase.  CPU backend: host pointers, stream

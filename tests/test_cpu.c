@@ -201,7 +201,7 @@ static void test_edges(pkv_context *ctx1, pkv_context *ctx4) {
         pkv_plan *plan = NULL;
         CHECK_OK(pkv_plan_create(&plan));
         CHECK_OK(pkv_plan_step(ctx4, &tc.problem, &tc.table, NULL, plan));
-        pkv_tensors t = {NULL, NULL, NULL, NULL, NULL, NULL, 0};
+        pkv_tensors t = {0};
         void *ws = workspace_for(pkv_plan_workspace_size(plan) + 1);
         CHECK_OK(pkv_run(ctx4, plan, ws, pkv_plan_workspace_size(plan), &t, NULL));
         pkv_plan_free(plan);
@@ -375,10 +375,11 @@ static void test_run_errors(pkv_context *ctx4) {
     pkv_test_case_free(&tc);
 }
 
-/* K and V interleaved per page in one buffer (pkv_tensors.kv_page_stride): the same outputs, bit for
- * bit, as the dense pools on every route, with and without padding between pages; bad strides are
- * refused before anything is written. */
-static void test_page_stride(pkv_context *ctx4) {
+/* K and V interleaved per page in one buffer (pkv_tensors.kv_page_stride), with and without padding
+ * between pages, and rows of q and o further apart than Hq x d (q_row_stride, o_row_stride: q as the
+ * query part of a fused QKV projection): the same outputs, bit for bit, as the dense tensors on every
+ * route, nothing written between o's rows; bad strides are refused before anything is written. */
+static void test_strides(pkv_context *ctx4) {
     pkv_rng rng;
     pkv_rng_seed(&rng, 77);
     static const pkv_route routes[] = {PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_WORKQUEUE, PKV_ROUTE_FUSED};
@@ -411,14 +412,19 @@ static void test_page_stride(pkv_context *ctx4) {
             CHECK_OK(pkv_test_run_kv(ctx4, plan, &tc, -1));
             memcpy(o_dense, tc.o, ob);
             memcpy(l_dense, tc.lse, lb);
-            for (int64_t pad = 0; pad <= 9; pad += 9) { /* 9: any stride on the CPU backend */
-                char label[96];
-                snprintf(label, sizeof label, "interleaved K/V, case %d route %d pad %lld", c, (int)routes[r],
-                         (long long)pad);
+            /* K/V pad (-1: dense pools), q pad, o pad; odd pads: any stride on the CPU backend */
+            static const pkv_test_layout layouts[] = {{0, 0, 0}, {9, 0, 0}, {-1, 2 * 128, 0}, {-1, 0, 3}, {9, 7, 1}};
+            for (size_t l = 0; l < sizeof layouts / sizeof layouts[0]; l++) {
+                const pkv_test_layout *L = &layouts[l];
+                char label[112];
+                snprintf(label, sizeof label, "strides, case %d route %d: K/V pad %lld, q pad %lld, o pad %lld", c,
+                         (int)routes[r], (long long)L->kv_pad, (long long)L->q_pad, (long long)L->o_pad);
+                int64_t gap_writes = -1;
                 pkv_test_poison(&tc);
-                CHECK_OK(pkv_test_run_kv(ctx4, plan, &tc, pad));
-                CHECK_MSG(memcmp(tc.o, o_dense, ob) == 0 && memcmp(tc.lse, l_dense, lb) == 0,
-                          "%s: outputs differ from the dense pools", label);
+                CHECK_OK(pkv_test_run_layout(ctx4, plan, &tc, L, &gap_writes));
+                CHECK_MSG(memcmp(tc.o, o_dense, ob) == 0 && memcmp(tc.lse, l_dense, lb) == 0 && gap_writes == 0,
+                          "%s: outputs differ from the dense tensors' (%lld writes between o's rows)", label,
+                          (long long)gap_writes);
                 check_outputs(&tc, label);
             }
         }
@@ -438,6 +444,21 @@ static void test_page_stride(pkv_context *ctx4) {
         CHECK_STATUS(pkv_run(ctx4, plan, ws, need, &t, NULL), PKV_ERR_INVALID_ARGUMENT);
         t.kv_page_stride = page; /* one dense page: the same as 0 */
         CHECK_OK(pkv_run(ctx4, plan, ws, need, &t, NULL));
+        /* row strides below one row (rows would overlap), negative or overflowing are refused */
+        const int64_t row = (int64_t)p.num_qo_heads * p.head_dim;
+        const int64_t bad_rows[] = {row - 1, -row, INT64_MAX / 4};
+        for (int which = 0; which < 2; which++)
+            for (size_t i = 0; i < sizeof bad_rows / sizeof bad_rows[0]; i++) {
+                pkv_tensors tb = t;
+                *(which ? &tb.o_row_stride : &tb.q_row_stride) = bad_rows[i];
+                pkv_test_poison(&tc);
+                CHECK_STATUS(pkv_run(ctx4, plan, ws, need, &tb, NULL), PKV_ERR_INVALID_ARGUMENT);
+                CHECK(strstr(pkv_context_last_error(ctx4), which ? "o_row_stride" : "q_row_stride") != NULL);
+                CHECK(pkv_test_unwritten(&tc) == tc.q_elems + tc.lse_elems);
+            }
+        t.q_row_stride = t.o_row_stride = row; /* one dense row: the same as 0 */
+        CHECK_OK(pkv_run(ctx4, plan, ws, need, &t, NULL));
+        t.q_row_stride = t.o_row_stride = 0;
         /* a step that fails leaves no runnable plan behind (not the previous step's) */
         pkv_problem bad = tc.problem;
         bad.window = -5;
@@ -511,7 +532,8 @@ static void test_soft_cap(pkv_context *ctx4) {
         memcpy(plain, tc.o_ref, (size_t)tc.q_elems * sizeof(double));
         tc.problem.logits_soft_cap = caps[c];
         CHECK_OK(pkv_test_case_reference(&tc));
-        if (c == 0) CHECK_MSG(ref_moved(&tc, plain) > 1e-3 * (double)tc.q_elems, "a cap of 0.5 left the reference unchanged");
+        if (c == 0)
+            CHECK_MSG(ref_moved(&tc, plain) > 1e-3 * (double)tc.q_elems, "a cap of 0.5 left the reference unchanged");
         free(plain);
         char what[32];
         snprintf(what, sizeof what, "soft cap %g", (double)caps[c]);
@@ -568,8 +590,8 @@ static void test_window(pkv_context *ctx4) {
 }
 
 /* Graph-stable plans (the CUDA-graph layout) execute on the CPU backend too: steps of 0..6 rows,
- * empty, short and split rows, some windowed or capped, each against the reference, all in one workspace of the size the
- * first step gave. */
+ * empty, short and split rows, some windowed or capped, each against the reference, all in one workspace of the size
+ * the first step gave. */
 static void test_graph_stable(pkv_context *ctx4) {
     pkv_rng rng;
     pkv_rng_seed(&rng, 61);
@@ -587,7 +609,8 @@ static void test_graph_stable(pkv_context *ctx4) {
         if (step % 3 == 2) p.logits_soft_cap = 30.0f;
         const int32_t B = (int32_t)pkv_rng_uniform_int(&rng, 0, 6);
         int32_t lens[6];
-        for (int32_t i = 0; i < B; i++) lens[i] = (int32_t)pkv_rng_uniform_int(&rng, 0, 1) * (int32_t)pkv_rng_uniform_int(&rng, 1, 3000);
+        for (int32_t i = 0; i < B; i++)
+            lens[i] = (int32_t)pkv_rng_uniform_int(&rng, 0, 1) * (int32_t)pkv_rng_uniform_int(&rng, 1, 3000);
         pkv_test_case tc;
         CHECK(pkv_test_case_build(&rng, &p, B, lens, 0.2, 1, &tc));
         if (!tc.ok) continue;
@@ -620,7 +643,7 @@ int main(void) {
     CHECK(strcmp(pkv_context_device_name(ctx1), "cpu (1 thread)") == 0);
     test_edges(ctx1, ctx4);
     test_run_errors(ctx4);
-    test_page_stride(ctx4);
+    test_strides(ctx4);
     test_soft_cap(ctx4);
     test_window(ctx4);
     test_graph_stable(ctx4);

@@ -19,8 +19,11 @@
 static const pkv_route routes[] = {PKV_ROUTE_AUTO, PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_BUCKETED,
                                    PKV_ROUTE_WORKQUEUE, PKV_ROUTE_FUSED};
 
-/* pad < 0: K and V in dense pools; pad >= 0: interleaved per page in one buffer (kv_page_stride). */
-static void check_case(pkv_context *ctx, pkv_plan *plan, pkv_test_case *tc, const char *what, int64_t pad) {
+/* Every route and a graph-stable plan, the tensors laid out as L says (test_device.h: K and V dense or
+ * interleaved per page, rows of q and o dense or further apart); nothing may be written between o's
+ * rows. */
+static void check_case(pkv_context *ctx, pkv_plan *plan, pkv_test_case *tc, const char *what,
+                       pkv_test_layout L) {
     const pkv_problem *p = &tc->problem;
     double tol = p->dtype == PKV_DTYPE_BF16 ? 1.5e-2 : 2e-3;
     const size_t nroutes = sizeof routes / sizeof routes[0];
@@ -32,19 +35,20 @@ static void check_case(pkv_context *ctx, pkv_plan *plan, pkv_test_case *tc, cons
         const char *rname = r < nroutes ? pkv_route_name(routes[r]) : "graph-stable";
         pkv_test_poison(tc);
         pkv_status st = pkv_plan_step(ctx, p, &tc->table, &opts, plan);
-        if (st == PKV_OK) st = pkv_test_run_kv(ctx, plan, tc, pad);
+        int64_t gap_writes = 0;
+        if (st == PKV_OK) st = pkv_test_run_layout(ctx, plan, tc, &L, &gap_writes);
         CHECK_MSG(st == PKV_OK, "%s route %s: %s", what, rname, pkv_context_last_error(ctx));
         if (st != PKV_OK) continue;
         double err = pkv_test_rel_l2(tc), lerr = pkv_test_lse_err(tc);
         int64_t unwritten = pkv_test_unwritten(tc);
-        CHECK_MSG(err < tol && lerr < 1e-2 && unwritten == 0 && pkv_test_empty_rows_nonzero(tc) == 0,
-                  "%s route %s: B=%d G=%d Hkv=%d d=%d page=%d %s %s kv pad %lld window %d cap %g rel_l2=%.2e lse=%.2e "
-                  "unwritten=%lld",
-                  what,
-                  rname, tc->batch_size, p->num_qo_heads / p->num_kv_heads, p->num_kv_heads,
-                  p->head_dim, p->page_size, p->layout == PKV_LAYOUT_HND ? "HND" : "NHD",
-                  p->dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", (long long)pad, p->window, (double)p->logits_soft_cap, err,
-                  lerr, (long long)unwritten);
+        CHECK_MSG(err < tol && lerr < 1e-2 && unwritten == 0 && pkv_test_empty_rows_nonzero(tc) == 0 && gap_writes == 0,
+                  "%s route %s: B=%d G=%d Hkv=%d d=%d page=%d %s %s kv pad %lld q pad %lld o pad %lld window %d cap %g "
+                  "rel_l2=%.2e lse=%.2e unwritten=%lld written between o's rows=%lld",
+                  what, rname, tc->batch_size, p->num_qo_heads / p->num_kv_heads, p->num_kv_heads, p->head_dim,
+                  p->page_size, p->layout == PKV_LAYOUT_HND ? "HND" : "NHD",
+                  p->dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", (long long)L.kv_pad, (long long)L.q_pad,
+                  (long long)L.o_pad, p->window, (double)p->logits_soft_cap, err, lerr, (long long)unwritten,
+                  (long long)gap_writes);
     }
 }
 
@@ -106,8 +110,9 @@ static void fixed_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
         CHECK_OK(pkv_test_case_reference(&tc));
         char what[32];
         snprintf(what, sizeof what, "fixed case %zu", i);
-        check_case(ctx, plan, &tc, what, -1);
-        if (i % 3 == 0) check_case(ctx, plan, &tc, what, 8); /* K and V interleaved per page, padded */
+        check_case(ctx, plan, &tc, what, (pkv_test_layout){-1, 0, 0});
+        if (i % 3 == 0) /* K and V interleaved per page, padded; q the query part of a fused QKV output */
+            check_case(ctx, plan, &tc, what, (pkv_test_layout){8, 2 * (int64_t)cases[i].hkv * cases[i].d, 8});
         pkv_test_case_free(&tc);
     }
 }
@@ -174,7 +179,7 @@ static void score_option_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
         char what[64];
         snprintf(what, sizeof what, "cap %g scale %g window %d case %zu", (double)cases[i].cap,
                  (double)cases[i].sm_scale, tc.problem.window, i);
-        check_case(ctx, plan, &tc, what, i % 3 == 0 ? 8 : -1);
+        check_case(ctx, plan, &tc, what, (pkv_test_layout){i % 3 == 0 ? 8 : -1, i % 2 ? 16 : 0, 0});
         pkv_test_case_free(&tc);
     }
 }
@@ -255,7 +260,12 @@ static void repeat_runs(pkv_context *ctx, const pkv_plan *plan, pkv_test_case *t
                         size_t wsb, const char *what) {
     const size_t qb = dc->qb, lb = dc->lb;
     const bool graph_stable = pkv_plan_graph_signature(plan) != 0;
-    pkv_tensors t = {dc->q, dc->k, dc->v, (const int32_t *)dc->idx, dc->o, (float *)dc->lse, 0};
+    pkv_tensors t = {.q = dc->q,
+                     .k_cache = dc->k,
+                     .v_cache = dc->v,
+                     .kv_page_indices = (const int32_t *)dc->idx,
+                     .o = dc->o,
+                     .lse = (float *)dc->lse};
     uint16_t *o1 = (uint16_t *)malloc(qb), *on = (uint16_t *)malloc(qb);
     float *l1 = (float *)malloc(lb), *ln = (float *)malloc(lb);
     for (int run = 0; o1 && on && l1 && ln && run < 3; run++) {
@@ -307,11 +317,24 @@ static void repeat_and_graph(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
         if (!ws) break;
         repeat_runs(ctx, plan, &tc, &dc, ws, wsb, graph_stable ? "graph-stable plan" : "work-queue plan");
         if (!graph_stable) {
-            /* a workspace too small is refused, and a page stride the 16-byte accesses cannot take */
-            pkv_tensors t = {dc.q, dc.k, dc.v, (const int32_t *)dc.idx, dc.o, (float *)dc.lse, 0};
+            /* a workspace too small is refused, and page or row strides the 16-byte accesses cannot take */
+            pkv_tensors t = {.q = dc.q,
+                             .k_cache = dc.k,
+                             .v_cache = dc.v,
+                             .kv_page_indices = (const int32_t *)dc.idx,
+                             .o = dc.o,
+                             .lse = (float *)dc.lse};
             CHECK_STATUS(pkv_run(ctx, plan, ws, wsb - 1, &t, NULL), PKV_ERR_WORKSPACE_TOO_SMALL);
             t.kv_page_stride = (int64_t)tc.problem.page_size * tc.problem.num_kv_heads * tc.problem.head_dim + 4;
             CHECK_STATUS(pkv_run(ctx, plan, ws, wsb, &t, NULL), PKV_ERR_INVALID_ARGUMENT);
+            t.kv_page_stride = 0;
+            const int64_t row = (int64_t)tc.problem.num_qo_heads * tc.problem.head_dim;
+            t.q_row_stride = row + 4;
+            CHECK_STATUS(pkv_run(ctx, plan, ws, wsb, &t, NULL), PKV_ERR_INVALID_ARGUMENT);
+            CHECK(strstr(pkv_context_last_error(ctx), "q_row_stride") != NULL);
+            t.q_row_stride = 0, t.o_row_stride = row + 12;
+            CHECK_STATUS(pkv_run(ctx, plan, ws, wsb, &t, NULL), PKV_ERR_INVALID_ARGUMENT);
+            CHECK(strstr(pkv_context_last_error(ctx), "o_row_stride") != NULL);
         }
         pkv_dev_free(ctx, ws);
     }
@@ -348,7 +371,12 @@ static void graph_stable_replay(pkv_context *ctx, pkv_plan *plan_g, pkv_rng *rng
         const size_t wsb = pkv_plan_workspace_size(plan_g);
         CHECK_OK(pkv_dev_malloc(ctx, wsb, &ws));
         const bool up = dev_case_upload(ctx, &tc, &dc);
-        pkv_tensors t = {dc.q, dc.k, dc.v, (const int32_t *)dc.idx, dc.o, (float *)dc.lse, 0};
+        pkv_tensors t = {.q = dc.q,
+                         .k_cache = dc.k,
+                         .v_cache = dc.v,
+                         .kv_page_indices = (const int32_t *)dc.idx,
+                         .o = dc.o,
+                         .lse = (float *)dc.lse};
         if (up && ws) CHECK_OK(pkv_dev_graph_capture(ctx, plan_g, ws, wsb, &t, &graph));
         const double tol = p.dtype == PKV_DTYPE_BF16 ? 1.5e-2 : 2e-3;
         const int64_t q_full = tc.q_elems, lse_full = tc.lse_elems;
@@ -368,17 +396,18 @@ static void graph_stable_replay(pkv_context *ctx, pkv_plan *plan_g, pkv_rng *rng
             pkv_status st = pkv_plan_step(ctx, &tc.problem, &tc.table, &opts, plan_g);
             CHECK(st == PKV_OK && pkv_plan_workspace_size(plan_g) == wsb);
             if (st == PKV_OK) st = pkv_dev_graph_replay(ctx, graph, plan_g, ws, wsb);
-            CHECK_MSG(st == PKV_OK, "graph-stable replay, shape %d step %d: %s", shape, step, pkv_context_last_error(ctx));
+            CHECK_MSG(st == PKV_OK, "graph-stable replay, shape %d step %d: %s", shape, step,
+                      pkv_context_last_error(ctx));
             if (st != PKV_OK) break;
-            CHECK_MSG(claim_words_reset(ctx, plan_g, ws), "graph-stable replay, shape %d step %d: work-claim words not reset",
-                      shape, step);
+            CHECK_MSG(claim_words_reset(ctx, plan_g, ws),
+                      "graph-stable replay, shape %d step %d: work-claim words not reset", shape, step);
             CHECK_OK(pkv_dev_copy_d2h(ctx, tc.q, dc.q, (size_t)tc.q_elems * 2));
             fetch_and_reference(ctx, &tc, dc.o, dc.lse);
             const double err = pkv_test_rel_l2(&tc), lerr = pkv_test_lse_err(&tc);
             const int64_t unwritten = pkv_test_unwritten(&tc);
             CHECK_MSG(err < tol && lerr < 1e-2 && unwritten == 0 && pkv_test_empty_rows_nonzero(&tc) == 0,
-                      "graph-stable replay, shape %d step %d (B=%d, %d tasks): rel_l2=%.2e lse=%.2e unwritten=%lld", shape,
-                      step, B, pkv_plan_num_tasks(plan_g), err, lerr, (long long)unwritten);
+                      "graph-stable replay, shape %d step %d (B=%d, %d tasks): rel_l2=%.2e lse=%.2e unwritten=%lld",
+                      shape, step, B, pkv_plan_num_tasks(plan_g), err, lerr, (long long)unwritten);
         }
         /* a plan of another grid is not the captured graph's */
         pkv_plan_options other = opts;
@@ -425,7 +454,12 @@ static void page_table_in_place(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) 
             const size_t wsb = pkv_plan_workspace_size(plan);
             void *ws = NULL, *graph = NULL;
             CHECK_OK(pkv_dev_malloc(ctx, wsb, &ws));
-            pkv_tensors t = {dc.q, dc.k, dc.v, (const int32_t *)dc.idx, dc.o, (float *)dc.lse, 0};
+            pkv_tensors t = {.q = dc.q,
+                             .k_cache = dc.k,
+                             .v_cache = dc.v,
+                             .kv_page_indices = (const int32_t *)dc.idx,
+                             .o = dc.o,
+                             .lse = (float *)dc.lse};
             if (ws && graph_stable) CHECK_OK(pkv_dev_graph_capture(ctx, plan, ws, wsb, &t, &graph));
             for (int round = 0; ws && (graph || !graph_stable) && round < 3; round++) {
                 if (round > 0) { /* the same buffer, every id moved one place: rows read other pages */
@@ -434,7 +468,8 @@ static void page_table_in_place(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) 
                 }
                 CHECK_OK(pkv_dev_memset(ctx, dc.o, 0xff, dc.qb));
                 CHECK_OK(pkv_dev_memset(ctx, dc.lse, 0xff, dc.lb));
-                CHECK_OK(graph ? pkv_dev_graph_replay(ctx, graph, plan, ws, wsb) : pkv_run(ctx, plan, ws, wsb, &t, NULL));
+                CHECK_OK(graph ? pkv_dev_graph_replay(ctx, graph, plan, ws, wsb)
+                               : pkv_run(ctx, plan, ws, wsb, &t, NULL));
                 CHECK_OK(pkv_dev_synchronize(ctx));
                 fetch_and_reference(ctx, &tc, dc.o, dc.lse);
                 const double err = pkv_test_rel_l2(&tc);
@@ -508,7 +543,12 @@ static void upload_runs_ahead(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
         for (int k = 0; k < STEPS; k++) {
             memcpy(tc.seq_lens, lens[k], sizeof lens[k]);
             CHECK_OK(pkv_plan_step(ctx, &tc.problem, &tc.table, &opts, plan));
-            pkv_tensors t = {dc.q, dc.k, dc.v, (const int32_t *)dc.idx, o[k], (float *)lse[k], 0};
+            pkv_tensors t = {.q = dc.q,
+                             .k_cache = dc.k,
+                             .v_cache = dc.v,
+                             .kv_page_indices = (const int32_t *)dc.idx,
+                             .o = o[k],
+                             .lse = (float *)lse[k]};
             CHECK_OK(pkv_run(ctx, plan, ws, wsb, &t, NULL));
             if (!warm) CHECK_OK(pkv_dev_synchronize(ctx));
             if (k == AHEAD - 1) ahead_ms = now_ms() - t0;
@@ -518,7 +558,8 @@ static void upload_runs_ahead(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
             const bool pageable = pg && strcmp(pg, "1") == 0;
             if (pageable || getenv("PKV_TEST_SMALL")) /* pageable, or under a sanitizer */
                 printf("uploads from %s: %d plan-and-run calls behind a 300 ms kernel took %.1f ms\n",
-                       pageable ? "pageable memory" : "the staging ring (PKV_TEST_SMALL: not checked)", AHEAD, ahead_ms);
+                       pageable ? "pageable memory" : "the staging ring (PKV_TEST_SMALL: not checked)", AHEAD,
+                       ahead_ms);
             else
                 CHECK_MSG(ahead_ms < 150, "%d plan-and-run calls behind a 300 ms kernel took %.1f ms: an upload "
                           "waited for the stream", AHEAD, ahead_ms);
@@ -569,7 +610,12 @@ static void behind_a_producer(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng, co
     CHECK_OK(pkv_dev_malloc(ctx, dc.ib, &ids_next));
     void *q = dc.q, *o = dc.o, *lse = dc.lse;
     const size_t qb = dc.qb, lb = dc.lb;
-    pkv_tensors t = {q, dc.k, dc.v, (const int32_t *)dc.idx, o, (float *)lse, 0};
+    pkv_tensors t = {.q = q,
+                     .k_cache = dc.k,
+                     .v_cache = dc.v,
+                     .kv_page_indices = (const int32_t *)dc.idx,
+                     .o = o,
+                     .lse = (float *)lse};
     static const char *written[] = {"q", "K", "V", "the page ids"};
     for (size_t r = 0; ids_next && r < sizeof routes / sizeof routes[0]; r++) {
         pkv_plan_options opts;
@@ -677,7 +723,11 @@ int main(void) {
         CHECK_OK(pkv_test_case_reference(&tc));
         char what[32];
         snprintf(what, sizeof what, "random case %d", n);
-        check_case(ctx, plan, &tc, what, n % 3 == 0 ? -1 : n % 3 == 1 ? 0 : 8); /* dense or interleaved K/V */
+        /* dense or interleaved K/V; every other case with q as the query part of a fused QKV output,
+         * every fourth with o's rows further apart */
+        const int64_t qkv_pad = 2 * (int64_t)tc.problem.num_kv_heads * tc.problem.head_dim;
+        check_case(ctx, plan, &tc, what,
+                   (pkv_test_layout){n % 3 == 0 ? -1 : n % 3 == 1 ? 0 : 8, n % 2 ? qkv_pad : 0, n % 4 == 3 ? 24 : 0});
         pkv_test_case_free(&tc);
     }
     pkv_plan_free(plan);

@@ -65,7 +65,8 @@ static void fixture_free(fixture *f) {
 }
 
 static pkv_tensors fixture_tensors(fixture *f) {
-    pkv_tensors t = {f->q, f->k, f->v, f->pages, f->o, f->lse, 0};
+    pkv_tensors t = {
+        .q = f->q, .k_cache = f->k, .v_cache = f->v, .kv_page_indices = f->pages, .o = f->o, .lse = f->lse};
     return t;
 }
 
@@ -390,12 +391,18 @@ static void test_null_and_run_errors(pkv_context *ctx) {
     CHECK_OK(pkv_reference(&f.problem, &f.table, f.q, f.k, f.v, o_ref, lse_ref));
     CHECK(isinf(lse_ref[32]) && lse_ref[32] < 0); /* row 1 is empty */
     CHECK_ERR(pkv_reference(NULL, &f.table, f.q, f.k, f.v, o_ref, lse_ref), PKV_ERR_NULL_POINTER, (pkv_context *)NULL);
-    CHECK_ERR(pkv_reference(&f.problem, NULL, f.q, f.k, f.v, o_ref, lse_ref), PKV_ERR_NULL_POINTER, (pkv_context *)NULL);
-    CHECK_ERR(pkv_reference(&f.problem, &f.table, NULL, f.k, f.v, o_ref, lse_ref), PKV_ERR_NULL_POINTER, (pkv_context *)NULL);
-    CHECK_ERR(pkv_reference(&f.problem, &f.table, f.q, NULL, f.v, o_ref, lse_ref), PKV_ERR_NULL_POINTER, (pkv_context *)NULL);
-    CHECK_ERR(pkv_reference(&f.problem, &f.table, f.q, f.k, NULL, o_ref, lse_ref), PKV_ERR_NULL_POINTER, (pkv_context *)NULL);
-    CHECK_ERR(pkv_reference(&f.problem, &f.table, f.q, f.k, f.v, NULL, lse_ref), PKV_ERR_NULL_POINTER, (pkv_context *)NULL);
-    CHECK_ERR(pkv_reference(&f.problem, &f.table, f.q, f.k, f.v, o_ref, NULL), PKV_ERR_NULL_POINTER, (pkv_context *)NULL);
+    CHECK_ERR(pkv_reference(&f.problem, NULL, f.q, f.k, f.v, o_ref, lse_ref), PKV_ERR_NULL_POINTER,
+              (pkv_context *)NULL);
+    CHECK_ERR(pkv_reference(&f.problem, &f.table, NULL, f.k, f.v, o_ref, lse_ref), PKV_ERR_NULL_POINTER,
+              (pkv_context *)NULL);
+    CHECK_ERR(pkv_reference(&f.problem, &f.table, f.q, NULL, f.v, o_ref, lse_ref), PKV_ERR_NULL_POINTER,
+              (pkv_context *)NULL);
+    CHECK_ERR(pkv_reference(&f.problem, &f.table, f.q, f.k, NULL, o_ref, lse_ref), PKV_ERR_NULL_POINTER,
+              (pkv_context *)NULL);
+    CHECK_ERR(pkv_reference(&f.problem, &f.table, f.q, f.k, f.v, NULL, lse_ref), PKV_ERR_NULL_POINTER,
+              (pkv_context *)NULL);
+    CHECK_ERR(pkv_reference(&f.problem, &f.table, f.q, f.k, f.v, o_ref, NULL), PKV_ERR_NULL_POINTER,
+              (pkv_context *)NULL);
 
     /* with no token at all, K, V and page ids may be NULL */
     const int32_t zero_lens[3] = {0, 0, 0};

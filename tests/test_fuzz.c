@@ -2,17 +2,16 @@
  *
  * Each case draws a problem (every head dim, G 1..16, pages 1..64, windows, soft caps, both dtypes
  * and layouts), a batch of up to 12 rows with a scattered pool, and plan options (every route, forced
- * splits, chunks, waves and parallelism, graph-stable capacities, often absurd); one case in four then breaks one thing (a
- * shape field, a length, an indptr entry, a page id, the pool size, the batch size) to an edge value:
- * -1, 0, INT32_MIN, INT32_MAX or a small number.  What must hold: pkv_plan_step never crashes and
- * either fails with a status and a message or returns a plan that pkv_plan_validate accepts and that
- * honours the counters' invariants; one plan in four runs on the CPU backend and matches the float64
- * reference (a third of those with K and V interleaved per page in one buffer; a bad page stride is
- * refused first).  Arrays are always as large as the table they belong to says (kv_indptr is the length of
- * kv_page_indices by contract); everything else may lie.  A sanitizer build (-DPKV_SANITIZE=ON) turns
- * any out-of-bounds access or undefined behaviour into a failure; this test found an int overflow in
- * the chunk of an empty row under a huge min_chunk_tokens (UBSan).
- * PKV_FUZZ_CASES=N sets the number of cases (default 4000). */
+ * splits, chunks, waves and parallelism, graph-stable capacities, often absurd); one case in four then breaks one thing
+ * (a shape field, a length, an indptr entry, a page id, the pool size, the batch size) to an edge value: -1, 0,
+ * INT32_MIN, INT32_MAX or a small number.  What must hold: pkv_plan_step never crashes and either fails with a status
+ * and a message or returns a plan that pkv_plan_validate accepts and that honours the counters' invariants; one plan in
+ * four runs on the CPU backend and matches the float64 reference (a third of those with K and V interleaved per page in
+ * one buffer; a bad page stride is refused first).  Arrays are always as large as the table they belong to says
+ * (kv_indptr is the length of kv_page_indices by contract); everything else may lie.  A sanitizer build
+ * (-DPKV_SANITIZE=ON) turns any out-of-bounds access or undefined behaviour into a failure; this test found an int
+ * overflow in the chunk of an empty row under a huge min_chunk_tokens (UBSan). PKV_FUZZ_CASES=N sets the number of
+ * cases (default 4000). */
 #include "persistentkv.h"
 #include "pkv_test.h"
 #include "test_util.h"
@@ -141,7 +140,8 @@ int main(void) {
         const size_t d = (size_t)p.head_dim, rows = (size_t)(t.batch_size > 0 ? t.batch_size : 1) * p.num_qo_heads;
         const size_t pool_elems = (size_t)p.num_pages * (size_t)p.page_size * (size_t)p.num_kv_heads * d;
         if (pool_elems > ((size_t)48 << 20)) continue;
-        if (pkv_plan_workspace_size(plan) > ((size_t)512 << 20)) continue; /* a graph-stable grid for thousands of rows */
+        if (pkv_plan_workspace_size(plan) > ((size_t)512 << 20))
+            continue; /* a graph-stable grid for thousands of rows */
         pkv_test_case tc = {.problem = p, .table = t, .batch_size = t.batch_size};
         tc.q_elems = (int64_t)(rows * d), tc.kv_elems = (int64_t)pool_elems, tc.lse_elems = (int64_t)rows;
         tc.q = malloc(rows * d * 2), tc.k_cache = malloc(pool_elems * 2), tc.v_cache = malloc(pool_elems * 2);
@@ -154,12 +154,13 @@ int main(void) {
         for (size_t z = 0; z < pool_elems; z++)
             tc.k_cache[z] = pkv_test_random_value(&rng, p.dtype), tc.v_cache[z] = pkv_test_random_value(&rng, p.dtype);
         pkv_test_poison(&tc);
-        pkv_tensors x = {tc.q, tc.k_cache, tc.v_cache, ids, tc.o, tc.lse, 0};
+        pkv_tensors x = {
+            .q = tc.q, .k_cache = tc.k_cache, .v_cache = tc.v_cache, .kv_page_indices = ids, .o = tc.o, .lse = tc.lse};
         /* a page stride that is neither 0 nor at least one page is refused */
         const size_t dense = (size_t)p.page_size * (size_t)p.num_kv_heads * d;
         x.kv_page_stride = one_in(2) ? -1 - ri(0, 5) : (int64_t)ri(1, (int64_t)dense - 1);
-        CHECK_MSG(pkv_run(ctx, plan, ws, ws_bytes, &x, NULL) == PKV_ERR_INVALID_ARGUMENT, "case %d: page stride %lld ran",
-                  c, (long long)x.kv_page_stride);
+        CHECK_MSG(pkv_run(ctx, plan, ws, ws_bytes, &x, NULL) == PKV_ERR_INVALID_ARGUMENT,
+                  "case %d: page stride %lld ran", c, (long long)x.kv_page_stride);
         x.kv_page_stride = 0;
         /* one run in three reads K and V interleaved per page in one buffer ([pages, 2, page]) */
         uint16_t *kv = NULL;
@@ -180,17 +181,19 @@ int main(void) {
             ran++;
             const double rel = pkv_test_rel_l2(&tc), lerr = pkv_test_lse_err(&tc);
             const double tol = p.dtype == PKV_DTYPE_BF16 ? PKV_TEST_TOL_O_BF16 : PKV_TEST_TOL_O_FP16;
-            CHECK_MSG(pkv_test_unwritten(&tc) == 0 && rel < tol && lerr < PKV_TEST_TOL_LSE,
-                      "case %d (%s, B %d, d %d, G %d, page %d, window %d, cap %g, scale %g): rel L2 %.3g, lse error %.3g, "
-                      "%lld unwritten", c, pkv_route_name(pkv_plan_route(plan)), t.batch_size, p.head_dim,
-                      p.num_qo_heads / p.num_kv_heads, p.page_size, p.window, (double)p.logits_soft_cap,
-                      (double)p.sm_scale, rel, lerr, (long long)pkv_test_unwritten(&tc));
+            CHECK_MSG(
+                pkv_test_unwritten(&tc) == 0 && rel < tol && lerr < PKV_TEST_TOL_LSE,
+                "case %d (%s, B %d, d %d, G %d, page %d, window %d, cap %g, scale %g): rel L2 %.3g, lse error %.3g, "
+                "%lld unwritten",
+                c, pkv_route_name(pkv_plan_route(plan)), t.batch_size, p.head_dim, p.num_qo_heads / p.num_kv_heads,
+                p.page_size, p.window, (double)p.logits_soft_cap, (double)p.sm_scale, rel, lerr,
+                (long long)pkv_test_unwritten(&tc));
         }
         free(tc.q), free(tc.k_cache), free(tc.v_cache), free(tc.o), free(tc.lse), free(tc.o_ref), free(tc.lse_ref);
         free(ws);
     }
-    printf("fuzz: %d cases, %d planned (%d graph-stable), %d refused with a message, %d run and checked\n", cases, planned,
-           graph_planned, refused, ran);
+    printf("fuzz: %d cases, %d planned (%d graph-stable), %d refused with a message, %d run and checked\n", cases,
+           planned, graph_planned, refused, ran);
     CHECK_MSG(graph_planned > 0 || cases < 200, "no graph-stable plan in %d cases", cases);
     CHECK(planned > cases / 4 && refused > cases / 20 && ran > cases / 40); /* the mix exercises both sides */
     pkv_plan_free(plan);

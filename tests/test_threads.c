@@ -71,7 +71,11 @@ static void *work(void *arg) {
     uint16_t *o = (uint16_t *)malloc((size_t)sh->tc.q_elems * sizeof(uint16_t));
     for (int r = 0; r < SHARED_RUNS && ws && o; r++) {
         for (int64_t e = 0; e < sh->tc.q_elems; e++) o[e] = PKV_TEST_NAN_FP16;
-        const pkv_tensors t = {sh->tc.q, sh->tc.k_cache, sh->tc.v_cache, sh->tc.kv_page_indices, o, NULL, 0};
+        const pkv_tensors t = {.q = sh->tc.q,
+                               .k_cache = sh->tc.k_cache,
+                               .v_cache = sh->tc.v_cache,
+                               .kv_page_indices = sh->tc.kv_page_indices,
+                               .o = o};
         if (pkv_run(ctx, sh->plan, ws, ws_bytes, &t, NULL) != PKV_OK) continue;
         const double rel = rel_l2_of(&sh->tc, o);
         if (rel > w->worst_rel) w->worst_rel = rel;
@@ -104,7 +108,12 @@ static void *work(void *arg) {
         if (pkv_plan_step(ctx, &tc.problem, &tc.table, &opts, plan) == PKV_OK) {
             const size_t bytes = pkv_plan_workspace_size(plan);
             void *wsp = malloc(bytes + 1);
-            const pkv_tensors t = {tc.q, tc.k_cache, tc.v_cache, tc.kv_page_indices, tc.o, tc.lse, 0};
+            const pkv_tensors t = {.q = tc.q,
+                                   .k_cache = tc.k_cache,
+                                   .v_cache = tc.v_cache,
+                                   .kv_page_indices = tc.kv_page_indices,
+                                   .o = tc.o,
+                                   .lse = tc.lse};
             const double tol = tc.problem.dtype == PKV_DTYPE_FP16 ? PKV_TEST_TOL_O_FP16 : PKV_TEST_TOL_O_BF16;
             if (wsp && pkv_run(ctx, plan, wsp, bytes, &t, NULL) == PKV_OK && pkv_test_unwritten(&tc) == 0 &&
                 pkv_test_rel_l2(&tc) < tol && pkv_test_lse_err(&tc) < PKV_TEST_TOL_LSE)

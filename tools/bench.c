@@ -222,7 +222,8 @@ static int parse_int_list(const char *s, int32_t *out, int cap) {
  * arguments.  Returns the number of steps. */
 static int add_trace_set(const bench_opts *o, const uint64_t *seeds, int nseeds, const int32_t *bs, int nb,
                          step_input **out) {
-    step_input *steps = (step_input *)xmalloc((size_t)PKV_TRACE_FAMILY_COUNT_ * (size_t)(nb * nseeds) * 2 * sizeof *steps);
+    step_input *steps =
+        (step_input *)xmalloc((size_t)PKV_TRACE_FAMILY_COUNT_ * (size_t)(nb * nseeds) * 2 * sizeof *steps);
     int n = 0;
     for (int f = 0; f < PKV_TRACE_FAMILY_COUNT_; f++)
         for (int si = 0; si < nseeds; si++)
@@ -507,7 +508,13 @@ static void measure(const bench_opts *o, buffers *b, const step_input *s, pkv_ro
     r->total_tokens = r->c.total_tokens;
     pkv_cost_terms(plan, r->terms);
     r->flashinfer_us = s->flashinfer_us;
-    pkv_tensors t = {b->q, b->k, b->v, b->page_sets[0], b->o, b->lse, b->kv_page_stride};
+    pkv_tensors t = {.q = b->q,
+                     .k_cache = b->k,
+                     .v_cache = b->v,
+                     .kv_page_indices = b->page_sets[0],
+                     .o = b->o,
+                     .lse = b->lse,
+                     .kv_page_stride = b->kv_page_stride};
 
     /* correctness first: poisoned outputs, rotation 0 */
     size_t on = (size_t)s->batch * prob.num_qo_heads * prob.head_dim * 2;
@@ -604,8 +611,10 @@ static void measure(const bench_opts *o, buffers *b, const step_input *s, pkv_ro
     char score[64] = "";
     if (o->prob.window > 0) snprintf(score, sizeof score, " --window %d", o->prob.window);
     if (o->prob.logits_soft_cap > 0.0f)
-        snprintf(score + strlen(score), sizeof score - strlen(score), " --soft-cap %g", (double)o->prob.logits_soft_cap);
-    snprintf(r->repro, sizeof r->repro, "pkv bench --backend %s --shape %s --dtype %s --layout %s --page-size %d%s %s --route %s",
+        snprintf(score + strlen(score), sizeof score - strlen(score), " --soft-cap %g",
+                 (double)o->prob.logits_soft_cap);
+    snprintf(r->repro, sizeof r->repro,
+             "pkv bench --backend %s --shape %s --dtype %s --layout %s --page-size %d%s %s --route %s",
              o->cuda ? "cuda" : "cpu", o->shape->name, o->prob.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16",
              o->prob.layout == PKV_LAYOUT_HND ? "hnd" : "nhd", o->prob.page_size, score, s->workload_arg,
              pkv_route_name(route));
@@ -615,9 +624,11 @@ static void measure(const bench_opts *o, buffers *b, const step_input *s, pkv_ro
 
 /* ---- output -------------------------------------------------------------------------------------- */
 static void print_row_header(void) {
-    printf("| step | B | KV MB | route | kernel us | wall us | launches | tasks | merge KB | GB/s | of ceiling | floor us "
-           "| step eff | FlashInfer us | FI / ours | rel err | pages floor us |\n");
-    printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    printf(
+        "| step | B | KV MB | route | kernel us | wall us | launches | tasks | merge KB | GB/s | of ceiling | floor us "
+        "| step eff | FlashInfer us | FI / ours | rel err | pages floor us |\n");
+    printf("| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+           "---: | ---: |\n");
 }
 
 static void route_label(const row_result *r, char *buf, size_t n) {
@@ -674,7 +685,8 @@ static void json_field_str(FILE *f, const char *key, const char *text) {
     json_str(f, text);
 }
 
-static void write_json(const char *path, const bench_opts *o, const ceilings *ce, const results *res, const char *workload) {
+static void write_json(const char *path, const bench_opts *o, const ceilings *ce, const results *res,
+                       const char *workload) {
     FILE *f = fopen(path, "w");
     if (!f) {
         fprintf(stderr, "pkv bench: cannot write %s\n", path);
@@ -701,7 +713,9 @@ static void write_json(const char *path, const bench_opts *o, const ceilings *ce
     json_field_str(f, "device", pkv_context_device_name(o->ctx));
     pkv_dev_info info;
     if (o->cuda && pkv_dev_get_info(o->ctx, &info) == PKV_OK)
-        fprintf(f, ", \"gpu\": {\"name\": \"%s\", \"sms\": %d, \"cc\": \"%d.%d\", \"l2_bytes\": %lld, \"cuda_runtime\": %d, \"cuda_driver\": %d}",
+        fprintf(f,
+                ", \"gpu\": {\"name\": \"%s\", \"sms\": %d, \"cc\": \"%d.%d\", \"l2_bytes\": %lld, \"cuda_runtime\": "
+                "%d, \"cuda_driver\": %d}",
                 info.name, info.sms, info.cc_major, info.cc_minor, (long long)info.l2_bytes, info.runtime_version,
                 info.driver_version);
     json_field_str(f, "command", o->cmdline);
@@ -723,13 +737,17 @@ static void write_json(const char *path, const bench_opts *o, const ceilings *ce
     json_field_str(f, "workload", workload);
     /* what the plans were made for (pkv calibrate --replay-auto re-plans with it) */
     fprintf(f, ", \"parallelism\": %d, \"ctas_per_unit\": %d",
-            o->parallelism > 0 ? o->parallelism : pkv_context_parallelism(o->ctx), o->ctas_per_unit > 0 ? o->ctas_per_unit : 0);
-    fprintf(f, ",\n    \"shape\": {\"name\": \"%s\", \"num_qo_heads\": %d, \"num_kv_heads\": %d, \"head_dim\": %d, \"page_size\": %d, "
-               "\"layout\": \"%s\", \"dtype\": \"%s\", \"kv_interleaved\": %s, \"window\": %d, \"logits_soft_cap\": %g}, "
-               "\"reps\": %d, \"wall_reps\": %d, \"terms_version\": 2},\n",
+            o->parallelism > 0 ? o->parallelism : pkv_context_parallelism(o->ctx),
+            o->ctas_per_unit > 0 ? o->ctas_per_unit : 0);
+    fprintf(f,
+            ",\n    \"shape\": {\"name\": \"%s\", \"num_qo_heads\": %d, \"num_kv_heads\": %d, \"head_dim\": %d, "
+            "\"page_size\": %d, "
+            "\"layout\": \"%s\", \"dtype\": \"%s\", \"kv_interleaved\": %s, \"window\": %d, \"logits_soft_cap\": %g}, "
+            "\"reps\": %d, \"wall_reps\": %d, \"terms_version\": 2},\n",
             o->shape->name, o->prob.num_qo_heads, o->prob.num_kv_heads, o->prob.head_dim, o->prob.page_size,
             o->prob.layout == PKV_LAYOUT_HND ? "HND" : "NHD", o->prob.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16",
-            o->kv_interleaved ? "true" : "false", o->prob.window, (double)o->prob.logits_soft_cap, o->reps, o->wall_reps);
+            o->kv_interleaved ? "true" : "false", o->prob.window, (double)o->prob.logits_soft_cap, o->reps,
+            o->wall_reps);
     fprintf(f, "  \"ceilings\": {\"read_gbps\": ");
     json_num(f, ce->read_gbps);
     json_field_num(f, "empty_launch_us", ce->launch_us);
@@ -739,15 +757,20 @@ static void write_json(const char *path, const bench_opts *o, const ceilings *ce
         const row_result *r = &res->rows[i];
         char rl[32];
         route_label(r, rl, sizeof rl);
-        fprintf(f, "    {\"step\": \"%s\", \"batch\": %d, \"total_tokens\": %lld, \"route\": \"%s\", \"route_used\": \"%s\"",
-                r->step, r->batch, (long long)r->total_tokens, pkv_route_name(r->route_asked), pkv_route_name(r->route_used));
+        fprintf(
+            f,
+            "    {\"step\": \"%s\", \"batch\": %d, \"total_tokens\": %lld, \"route\": \"%s\", \"route_used\": \"%s\"",
+            r->step, r->batch, (long long)r->total_tokens, pkv_route_name(r->route_asked),
+            pkv_route_name(r->route_used));
         json_field_num(f, "kernel_us", r->kernel_us);
         json_field_num(f, "kernel_p10_us", r->kernel_p10);
         json_field_num(f, "kernel_p90_us", r->kernel_p90);
         json_field_num(f, "wall_us", r->wall_us);
         json_field_num(f, "plan_us", r->plan_us);
-        fprintf(f, ", \"kv_bytes\": %lld, \"qo_bytes\": %lld, \"merge_state_bytes\": %lld, \"launches\": %lld, \"tasks\": %lld, "
-                   "\"grid_ctas\": %lld, \"merges\": %lld",
+        fprintf(f,
+                ", \"kv_bytes\": %lld, \"qo_bytes\": %lld, \"merge_state_bytes\": %lld, \"launches\": %lld, \"tasks\": "
+                "%lld, "
+                "\"grid_ctas\": %lld, \"merges\": %lld",
                 (long long)r->c.kv_bytes, (long long)r->c.qo_bytes, (long long)r->c.merge_state_bytes,
                 (long long)r->c.launches, (long long)r->c.tasks, (long long)r->c.grid_ctas, (long long)r->c.merges);
         json_field_num(f, "achieved_gbps", r->gbps);
@@ -808,66 +831,105 @@ static void print_summary(const bench_opts *o, const results *res) {
         char fcs[16] = "-", ses[16] = "-";
         if (o->cuda) snprintf(fcs, sizeof fcs, "%.2f", fc / n);
         if (ne) snprintf(ses, sizeof ses, "%.2f", se / ne);
-        printf("| %s | %d | %.1f | %.1f | %.0f | %.2f | %.1f | %.1f | %s | %s | %.1e |\n", pkv_route_name(o->routes[k]), n,
-               kt / n, wt / n, wt > 0 ? tok / (wt * 1e-6) : 0, la / n, ta / n, gb / n, fcs, ses, worst);
+        printf("| %s | %d | %.1f | %.1f | %.0f | %.2f | %.1f | %.1f | %s | %s | %.1e |\n", pkv_route_name(o->routes[k]),
+               n, kt / n, wt / n, wt > 0 ? tok / (wt * 1e-6) : 0, la / n, ta / n, gb / n, fcs, ses, worst);
     }
 }
 
 static void usage(void) {
-    printf("usage: pkv bench [options]\n"
-           "Replays a trace, the anchor steps or one isolated step and prints a Markdown table.\n\n"
-           "backend and route:\n"
-           "  --backend best|cpu|cuda   (default best: cuda when a GPU is present)\n"
-           "  --route R|all             auto, single, split, bucketed, workqueue, fused or all (default all)\n"
-           "  --threads N               CPU backend threads\n"
-           "problem:\n"
-           "  --shape NAME              paper (default), g8, g7, mha, d256, d64, g16\n"
-           "  --dtype fp16|bf16         (default: the shape's)\n"
-           "  --layout nhd|hnd          (default nhd)\n"
-           "  --page-size N             (default 16)\n"
-           "  --window W                sliding window: each row attends to its last W tokens (default 0: all)\n"
-           "  --soft-cap C              logits soft cap (Gemma-2: 50; default 0: none)\n"
-           "workload (one of; default: --trace bimodal):\n"
-           "  --trace FAMILY            uniform, bimodal, zipf, bucketed, homogeneous\n"
-           "      --seed S --batch B --requests N --steps N (CPU default 2) --step S (one step only)\n"
-           "  --trace-file PATH         a trace written by `pkv trace --out`\n"
-           "  --anchor NAME|all         the anchor steps of anchors.md (paper shape)\n"
-           "  --lens N1,N2,...          one isolated step with these lengths\n"
-           "measuring:\n"
-           "  --reps N --warmup N --wall-reps N   (CUDA defaults 100 / 10 / 20; CPU 2 / 0 / 2)\n"
-           "  --rotate-gib X            KV rotated over at least X GiB (default 2)\n"
-           "  --kv-interleaved          K and V of each page side by side in one pool (kv_page_stride)\n"
-           "  --ctas-per-unit N         planner: tasks per SM in one wave (default: the backend's)\n"
-           "  --min-chunk N             planner: smallest split in tokens (default 128)\n"
-           "  --graph-max-batch N|pow2  graph-stable plans (CUDA-graph serving) for batches of up to N rows (pow2: the\n"
-           "                            step's batch rounded up to a power of two); routes auto and workqueue only\n"
-           "  --graph-tasks N           graph-stable plans: CTAs of the task grid (default: the most tasks the planner\n"
-           "                            gives a batch of that capacity)\n"
-           "  --parallelism N           planner: plan as for N SMs (default: the backend's SMs or threads;\n"
-           "                            e.g. 132 on the CPU backend to run the plans an H200 would get)\n"
-           "  --explain                 each route's predicted time (cost model) next to its measured time\n"
-           "  --policy FILE             cost model for auto and --explain (default: the context's: PKV_POLICY, else the\n"
-           "                            CUDA backend's device defaults; the CPU backend has none: auto uses its rule)\n"
-           "  --calibrate-out FILE      fit the cost model to this run's measurements and write a policy file\n"
-           "  --calibration-set         workload: the calibration traces (seed 20260622, five families, several B)\n"
-           "  --heldout-set             workload: the held-out traces (seeds 20260623..27, five families, B 1..128)\n"
-           "      --set-batches B1,B2.. --set-seeds N (first N of the five)\n"
-           "  --behind-producer         also time each step behind a kernel that writes its q (a model layer's order):\n"
-           "                            producer alone and producer + step, with a producer that does not and one that\n"
-           "                            does trigger its programmatic dependents\n"
-           "  --pdl 0|1                 launch the step's kernels as programmatic dependents of the kernel before them\n"
-           "                            (pkv_context_config.pdl; default 1)\n"
-           "  --no-check                skip the comparison with the float64 reference\n"
-           "  --per-step                print every trace step, not only the per-route summary\n"
-           "  --json PATH               write every metric as JSON\n");
+    printf(
+        "usage: pkv bench [options]\n"
+        "Replays a trace, the anchor steps or one isolated step and prints a Markdown table.\n\n"
+        "backend and route:\n"
+        "  --backend best|cpu|cuda   (default best: cuda when a GPU is present)\n"
+        "  --route R|all             auto, single, split, bucketed, workqueue, fused or all (default all)\n"
+        "  --threads N               CPU backend threads\n"
+        "problem:\n"
+        "  --shape NAME              paper (default), g8, g7, mha, d256, d64, g16\n"
+        "  --dtype fp16|bf16         (default: the shape's)\n"
+        "  --layout nhd|hnd          (default nhd)\n"
+        "  --page-size N             (default 16)\n"
+        "  --window W                sliding window: each row attends to its last W tokens (default 0: all)\n"
+        "  --soft-cap C              logits soft cap (Gemma-2: 50; default 0: none)\n"
+        "workload (one of; default: --trace bimodal):\n"
+        "  --trace FAMILY            uniform, bimodal, zipf, bucketed, homogeneous\n"
+        "      --seed S --batch B --requests N --steps N (CPU default 2) --step S (one step only)\n"
+        "  --trace-file PATH         a trace written by `pkv trace --out`\n"
+        "  --anchor NAME|all         the anchor steps of anchors.md (paper shape)\n"
+        "  --lens N1,N2,...          one isolated step with these lengths\n"
+        "measuring:\n"
+        "  --reps N --warmup N --wall-reps N   (CUDA defaults 100 / 10 / 20; CPU 2 / 0 / 2)\n"
+        "  --rotate-gib X            KV rotated over at least X GiB (default 2)\n"
+        "  --kv-interleaved          K and V of each page side by side in one pool (kv_page_stride)\n"
+        "  --ctas-per-unit N         planner: tasks per SM in one wave (default: the backend's)\n"
+        "  --min-chunk N             planner: smallest split in tokens (default 128)\n"
+        "  --graph-max-batch N|pow2  graph-stable plans (CUDA-graph serving) for batches of up to N rows (pow2: the\n"
+        "                            step's batch rounded up to a power of two); routes auto and workqueue only\n"
+        "  --graph-tasks N           graph-stable plans: CTAs of the task grid (default: the most tasks the planner\n"
+        "                            gives a batch of that capacity)\n"
+        "  --parallelism N           planner: plan as for N SMs (default: the backend's SMs or threads;\n"
+        "                            e.g. 132 on the CPU backend to run the plans an H200 would get)\n"
+        "  --explain                 each route's predicted time (cost model) next to its measured time\n"
+        "  --policy FILE             cost model for auto and --explain (default: the context's: PKV_POLICY, else the\n"
+        "                            CUDA backend's device defaults; the CPU backend has none: auto uses its rule)\n"
+        "  --calibrate-out FILE      fit the cost model to this run's measurements and write a policy file\n"
+        "  --calibration-set         workload: the calibration traces (seed 20260622, five families, several B)\n"
+        "  --heldout-set             workload: the held-out traces (seeds 20260623..27, five families, B 1..128)\n"
+        "      --set-batches B1,B2.. --set-seeds N (first N of the five)\n"
+        "  --behind-producer         also time each step behind a kernel that writes its q (a model layer's order):\n"
+        "                            producer alone and producer + step, with a producer that does not and one that\n"
+        "                            does trigger its programmatic dependents\n"
+        "  --pdl 0|1                 launch the step's kernels as programmatic dependents of the kernel before them\n"
+        "                            (pkv_context_config.pdl; default 1)\n"
+        "  --no-check                skip the comparison with the float64 reference\n"
+        "  --per-step                print every trace step, not only the per-route summary\n"
+        "  --json PATH               write every metric as JSON\n");
 }
 
 int cmd_bench(int argc, char **argv) {
-    static const char *const known[] = {"--backend", "--route", "--threads", "--shape", "--dtype", "--layout",
-                                        "--page-size", "--trace", "--seed", "--batch", "--requests", "--steps",
-                                        "--step", "--trace-file", "--anchor", "--lens", "--reps", "--warmup",
-                                        "--wall-reps", "--rotate-gib", "--no-check!", "--per-step!", "--json",
-                                        "--quiet!", "--help!", "--ctas-per-unit", "--min-chunk", "--explain!", "--policy", "--calibrate-out", "--calibration-set!", "--heldout-set!", "--set-batches", "--set-seeds", "--parallelism", "--kv-interleaved!", "--window", "--soft-cap", "--behind-producer!", "--pdl", "--graph-max-batch", "--graph-tasks", NULL};
+    static const char *const known[] = {"--backend",
+                                        "--route",
+                                        "--threads",
+                                        "--shape",
+                                        "--dtype",
+                                        "--layout",
+                                        "--page-size",
+                                        "--trace",
+                                        "--seed",
+                                        "--batch",
+                                        "--requests",
+                                        "--steps",
+                                        "--step",
+                                        "--trace-file",
+                                        "--anchor",
+                                        "--lens",
+                                        "--reps",
+                                        "--warmup",
+                                        "--wall-reps",
+                                        "--rotate-gib",
+                                        "--no-check!",
+                                        "--per-step!",
+                                        "--json",
+                                        "--quiet!",
+                                        "--help!",
+                                        "--ctas-per-unit",
+                                        "--min-chunk",
+                                        "--explain!",
+                                        "--policy",
+                                        "--calibrate-out",
+                                        "--calibration-set!",
+                                        "--heldout-set!",
+                                        "--set-batches",
+                                        "--set-seeds",
+                                        "--parallelism",
+                                        "--kv-interleaved!",
+                                        "--window",
+                                        "--soft-cap",
+                                        "--behind-producer!",
+                                        "--pdl",
+                                        "--graph-max-batch",
+                                        "--graph-tasks",
+                                        NULL};
     if (cli_flag(argc, argv, "--help")) {
         usage();
         return 0;
@@ -953,7 +1015,8 @@ int cmd_bench(int argc, char **argv) {
     o.check = !cli_flag(argc, argv, "--no-check");
     o.kv_interleaved = cli_flag(argc, argv, "--kv-interleaved");
     o.behind = cli_flag(argc, argv, "--behind-producer");
-    if (o.behind && !o.cuda) fprintf(stderr, "pkv bench: --behind-producer times CUDA launches; ignored on the CPU backend\n");
+    if (o.behind && !o.cuda)
+        fprintf(stderr, "pkv bench: --behind-producer times CUDA launches; ignored on the CPU backend\n");
     o.ctas_per_unit = (int32_t)cli_opt_int(argc, argv, "--ctas-per-unit", 0);
     o.min_chunk = (int32_t)cli_opt_int(argc, argv, "--min-chunk", 0);
     o.parallelism = (int32_t)cli_opt_int(argc, argv, "--parallelism", 0);
@@ -1005,7 +1068,8 @@ int cmd_bench(int argc, char **argv) {
             cli_anchor_get(i, &a);
             char arg[64];
             snprintf(arg, sizeof arg, "--anchor %s", a.name);
-            make_isolated_step(&o, a.name, a.lens, a.batch, paper && o.cuda ? a.flashinfer_us : 0, arg, 1000 + (uint64_t)i, &steps[nsteps++]);
+            make_isolated_step(&o, a.name, a.lens, a.batch, paper && o.cuda ? a.flashinfer_us : 0, arg,
+                               1000 + (uint64_t)i, &steps[nsteps++]);
         }
         snprintf(workload, sizeof workload, "anchor %s", anchor);
     } else if (lens) {
@@ -1085,7 +1149,8 @@ int cmd_bench(int argc, char **argv) {
         } else if (limit > 0 && limit < total) {
             last = limit;
             if (!o.cuda)
-                fprintf(stderr, "pkv bench: CPU backend replays the first %d of %d steps (--steps 0 for all)\n", limit, total);
+                fprintf(stderr, "pkv bench: CPU backend replays the first %d of %d steps (--steps 0 for all)\n", limit,
+                        total);
         }
         int64_t pool = pkv_trace_num_pages(tr) * o.prob.page_size * kv_bytes_per_token(&o.prob);
         int64_t min_step = INT64_MAX;
@@ -1112,16 +1177,21 @@ int cmd_bench(int argc, char **argv) {
         ce.read_buf_bytes = (size_t)4 << 30;
         for (int i = 0; i < nsteps; i++) { /* the floor of the largest step needs a buffer that large */
             size_t kvb = 0;
-            for (int32_t r = 0; r < steps[i].batch; r++) kvb += (size_t)steps[i].lens[r] * (size_t)kv_bytes_per_token(&o.prob);
+            for (int32_t r = 0; r < steps[i].batch; r++)
+                kvb += (size_t)steps[i].lens[r] * (size_t)kv_bytes_per_token(&o.prob);
             if (kvb + (kvb >> 4) > ce.read_buf_bytes) ce.read_buf_bytes = kvb + (kvb >> 4);
         }
         TRY(o.ctx, pkv_dev_malloc(o.ctx, ce.read_buf_bytes, &ce.read_buf), "ceiling buffer");
-        TRY(o.ctx, pkv_dev_fill_random(o.ctx, ce.read_buf, (int64_t)(ce.read_buf_bytes / 2), PKV_DTYPE_FP16, 7), "fill");
+        TRY(o.ctx, pkv_dev_fill_random(o.ctx, ce.read_buf, (int64_t)(ce.read_buf_bytes / 2), PKV_DTYPE_FP16, 7),
+            "fill");
         double us = 0;
-        TRY(o.ctx, pkv_dev_time_read(o.ctx, ce.read_buf, ce.read_buf_bytes, ce.read_buf_bytes, 10, &us), "read ceiling");
+        TRY(o.ctx, pkv_dev_time_read(o.ctx, ce.read_buf, ce.read_buf_bytes, ce.read_buf_bytes, 10, &us),
+            "read ceiling");
         ce.read_gbps = (double)ce.read_buf_bytes / (us * 1e3);
         TRY(o.ctx, pkv_dev_launch_latency(o.ctx, &ce.launch_us, &ce.graph_us), "launch latency");
-        fprintf(stderr, "pkv bench: %s; read ceiling %.0f GB/s (4 GiB streaming read); empty launch %.2f us; graph replay %.2f us\n",
+        fprintf(stderr,
+                "pkv bench: %s; read ceiling %.0f GB/s (4 GiB streaming read); empty launch %.2f us; graph replay %.2f "
+                "us\n",
                 pkv_context_device_name(o.ctx), ce.read_gbps, ce.launch_us, ce.graph_us);
     } else {
         fprintf(stderr, "pkv bench: %s (kernel time = wall time of pkv_run; no device ceilings)\n",
@@ -1186,12 +1256,13 @@ int cmd_bench(int argc, char **argv) {
     if (o.prob.window > 0) printf(", window %d", o.prob.window);
     if (o.prob.logits_soft_cap > 0.0f) printf(", soft cap %g", (double)o.prob.logits_soft_cap);
     printf("); workload: %s\n", workload);
-    printf("planned for parallelism %d x %d tasks per unit%s\n", o.parallelism > 0 ? o.parallelism : pkv_context_parallelism(o.ctx),
+    printf("planned for parallelism %d x %d tasks per unit%s\n",
+           o.parallelism > 0 ? o.parallelism : pkv_context_parallelism(o.ctx),
            o.ctas_per_unit > 0 ? o.ctas_per_unit : (o.cuda ? 2 : 4),
            o.ctas_per_unit > 0 ? "" : " (4 resident waves for ragged batches of >= 128 pairs)");
     if (o.cuda)
-        printf("read ceiling %.0f GB/s, empty launch %.2f us, graph replay %.2f us (measured in this run)\n", ce.read_gbps,
-               ce.launch_us, ce.graph_us);
+        printf("read ceiling %.0f GB/s, empty launch %.2f us, graph replay %.2f us (measured in this run)\n",
+               ce.read_gbps, ce.launch_us, ce.graph_us);
     if (o.cuda && o.behind) {
         printf("\nBehind a kernel that writes q (PDL %s): CUDA events around the producer alone and around the "
                "producer and the step; step = the difference\n\n",
@@ -1235,7 +1306,8 @@ int cmd_bench(int argc, char **argv) {
         pkv_dev_info info;
         fit.cuda_version = o.cuda && pkv_dev_get_info(o.ctx, &info) == PKV_OK ? info.runtime_version : 0;
         /* ranked by the route choice over this run's steps, as `pkv calibrate` fits */
-        if (pkv_cost_model_fit_steps(n, T, y, step, &fit) != PKV_OK || pkv_cost_model_save(&fit, o.calibrate_out) != PKV_OK) {
+        if (pkv_cost_model_fit_steps(n, T, y, step, &fit) != PKV_OK ||
+            pkv_cost_model_save(&fit, o.calibrate_out) != PKV_OK) {
             fprintf(stderr, "pkv bench: calibration failed: %s\n", pkv_last_error());
             return 1;
         }

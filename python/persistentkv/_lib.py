@@ -114,7 +114,8 @@ class PlanOptions(ctypes.Structure):
 class Tensors(ctypes.Structure):
     _fields_ = [("q", ctypes.c_void_p), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
                 ("kv_page_indices", ctypes.c_void_p), ("o", ctypes.c_void_p),
-                ("lse", ctypes.c_void_p), ("kv_page_stride", ctypes.c_int64)]
+                ("lse", ctypes.c_void_p), ("kv_page_stride", ctypes.c_int64),
+                ("q_row_stride", ctypes.c_int64), ("o_row_stride", ctypes.c_int64)]
 
 
 class Counters(ctypes.Structure):
@@ -246,7 +247,7 @@ for _name, (_res, _args) in _protos.items():
     _fn.restype, _fn.argtypes = _res, _args
 
 # The structs above mirror this version of persistentkv.h: refuse a library of another version.
-ABI_VERSION = 200  # 0.2.0
+ABI_VERSION = 300  # 0.3.0
 lib.pkv_version.restype, lib.pkv_version.argtypes = ctypes.c_uint32, []
 if lib.pkv_version() != ABI_VERSION:
     raise LibraryNotFoundError(

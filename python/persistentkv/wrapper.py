@@ -361,20 +361,30 @@ class BatchDecodeWithPagedKVCacheWrapper:
             raise RuntimeError("call plan() (successfully) before run()")
 
     @staticmethod
-    def _page_stride(a, name):
-        """Elements from one page to the next of a 4-D cache whose pages are each dense (a C-contiguous
-        cache, or a view such as kv_cache[:, 0] of one [num_pages, 2, ...] tensor); ValueError else."""
+    def _lead_stride(a, name, unit):
+        """Elements from one entry of the first dimension (a page of a cache, a row of q or out) to the
+        next, where each entry is dense (a C-contiguous tensor, or a view such as kv_cache[:, 0] of one
+        [num_pages, 2, ...] tensor or q = qkv[:, :Hq * d].view(B, Hq, d) of a fused projection's output);
+        ValueError for entries that are not dense or overlap."""
         o = a.obj
         st = list(o.stride()) if a.kind == "torch" else [s // o.itemsize for s in o.strides]
         dense = 1
+        if 0 in a.shape:  # nothing to read or write: any strides
+            for n in a.shape[1:]:
+                dense *= n
+            return dense
         for i in range(len(a.shape) - 1, 0, -1):
             if a.shape[i] > 1 and st[i] != dense:
-                raise ValueError(f"{name}: each page must be dense (strides {st} for shape {list(a.shape)}); "
-                                 "pages themselves may be strided")
+                raise ValueError(f"{name}: each {unit} must be dense (strides {st} for shape {list(a.shape)}); "
+                                 f"{unit}s themselves may be strided")
             dense *= a.shape[i]
-        return st[0] if a.shape[0] > 1 else dense
+        if a.shape[0] <= 1:
+            return dense
+        if st[0] < dense:
+            raise ValueError(f"{name}: {unit}s {st[0]} elements apart overlap (each holds {dense})")
+        return st[0]
 
-    def _check_placement(self, a, name, paged=False):
+    def _check_placement(self, a, name, strided=False):
         if self._backend == "cuda":
             want = f"cuda:{self._device}"
             if a.kind != "torch":
@@ -386,11 +396,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
         elif a.device != "cpu":
             raise ValueError(f"{name} is on {a.device}, the cpu backend needs host memory "
                              "(numpy arrays or torch CPU tensors)")
-        if not a.contiguous and not paged:
+        if not a.contiguous and not strided:
             raise ValueError(f"{name} must be C-contiguous")
 
-    def _check_data(self, a, name, shape, dtype, paged=False):
-        self._check_placement(a, name, paged)
+    def _check_data(self, a, name, shape, dtype, strided=False):
+        self._check_placement(a, name, strided)
         if dtype == "float32":
             if a.dtype != "float32":
                 raise TypeError(f"{name} must be float32, not {a.dtype}")
@@ -415,7 +425,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         As in FlashInfer, run(q, (k_cache, v_cache)) and run(q, kv_cache) with one tensor that holds
         K and V of each page together, NHD [num_pages, 2, page_size, Hkv, d] or HND
         [num_pages, 2, Hkv, page_size, d] (vLLM's FlashInfer layout), read in place too; so are k and v
-        views whose pages are dense but strided (kv_cache[:, 0], kv_cache[:, 1]), one stride for both.
+        views whose pages are dense but strided (kv_cache[:, 0], kv_cache[:, 1]), one stride for both,
+        and q and out whose rows are dense but strided (q = qkv[:, :Hq * d].view(B, Hq, d), the query
+        part of a fused QKV projection; CUDA: row strides a multiple of 8 elements).
         Nothing is copied; out/lse, when given, are written in place (lse is written whenever it
         is given).  CUDA: runs on torch.cuda.current_stream().
         """
@@ -426,7 +438,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         else:
             tail, names = (m["Hkv"], m["page_size"], m["d"]), "[num_pages, num_kv_heads, page_size, head_dim]"
         qa = A.describe(q, "q")
-        self._check_data(qa, "q", (m["B"], m["Hq"], m["d"]), m["dtype"])  # q [B, Hq, d]
+        self._check_data(qa, "q", (m["B"], m["Hq"], m["d"]), m["dtype"], strided=True)  # q [B, Hq, d]
+        row_elems = m["Hq"] * m["d"]
+        q_stride = self._lead_stride(qa, "q", "row")  # rows of a fused QKV output are read in place
         page_elems = tail[0] * tail[1] * tail[2]
         page_stride = 0
         if v_cache is None and isinstance(k_cache, (tuple, list)) and len(k_cache) == 2:
@@ -448,8 +462,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
             page_stride = 2 * page_elems
         else:
             ka, va = A.describe(k_cache, "k_cache"), A.describe(v_cache, "v_cache")
-            self._check_data(ka, "k_cache", None, m["dtype"], paged=True)
-            self._check_data(va, "v_cache", None, m["dtype"], paged=True)
+            self._check_data(ka, "k_cache", None, m["dtype"], strided=True)
+            self._check_data(va, "v_cache", None, m["dtype"], strided=True)
             if ka.dtype != qa.dtype or va.dtype != qa.dtype:
                 raise TypeError(f"q, k_cache and v_cache must share a dtype (got {qa.dtype}, {ka.dtype}, {va.dtype})")
             for a, name in ((ka, "k_cache"), (va, "v_cache")):
@@ -464,7 +478,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             k_ptr, v_ptr = ka.ptr, va.ptr
             # views whose pages are dense but strided (kv_cache[:, 0] and kv_cache[:, 1] of one
             # [num_pages, 2, ...] tensor): one page stride for both, checked by the library
-            ks, vs = self._page_stride(ka, "k_cache"), self._page_stride(va, "v_cache")
+            ks, vs = self._lead_stride(ka, "k_cache", "page"), self._lead_stride(va, "v_cache", "page")
             if ks != vs:
                 raise ValueError(f"k_cache and v_cache step {ks} and {vs} elements from page to page: they "
                                  "must share one page stride")
@@ -474,7 +488,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if out is None:
             out = self._alloc_like(qa, qa.shape)
         oa = A.describe(out, "out")
-        self._check_data(oa, "out", qa.shape, m["dtype"])
+        self._check_data(oa, "out", qa.shape, m["dtype"], strided=True)
+        o_stride = self._lead_stride(oa, "out", "row")
         if oa.dtype != qa.dtype:
             raise TypeError(f"out has dtype {oa.dtype}, q has {qa.dtype}")
         if oa.kind == "numpy" and not out.flags.writeable:
@@ -489,7 +504,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 raise ValueError("lse is read-only")
             lse_ptr = la.ptr
 
-        t = L.Tensors(qa.ptr, k_ptr, v_ptr, self._indices_ptr, oa.ptr, lse_ptr, page_stride)
+        t = L.Tensors(qa.ptr, k_ptr, v_ptr, self._indices_ptr, oa.ptr, lse_ptr, page_stride,
+                      q_stride if q_stride != row_elems else 0, o_stride if o_stride != row_elems else 0)
         stream = None
         if self._backend == "cuda":
             stream = self._torch.cuda.current_stream(self._device).cuda_stream

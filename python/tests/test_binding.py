@@ -100,7 +100,7 @@ C_LAYOUT = {
     _lib.Problem: (48, [0, 4, 8, 12, 16, 24, 28, 32, 36, 40]),
     _lib.PageTable: (32, [0, 8, 16, 24]),
     _lib.PlanOptions: (36, [0, 4, 8, 12, 16, 20, 24, 28, 32]),
-    _lib.Tensors: (56, [0, 8, 16, 24, 32, 40, 48]),
+    _lib.Tensors: (72, [0, 8, 16, 24, 32, 40, 48, 56, 64]),
     _lib.Counters: (64, [0, 8, 16, 24, 32, 40, 48, 56]),
     _lib.ContextConfig: (16, [0, 4, 8, 12]),
     _lib.Task: (28, [0, 4, 8, 12, 16, 20, 24]),
@@ -292,6 +292,38 @@ def test_run_takes_a_kv_pair_or_one_interleaved_cache(cpu, layout):
         w.run(p["q"], np.zeros(p["k"].shape[:3] + (2 * p["d"],), p["k"].dtype)[..., ::2], p["v"])
 
 
+def fused_qkv_view(q, hkv, fill):
+    """q [B, Hq, d] as the query part of a fused QKV projection's output [B, (Hq + 2 Hkv) d] (a view
+    with rows (Hq + 2 Hkv) d elements apart), and that whole buffer; the K and V parts hold `fill`."""
+    b, hq, d = q.shape
+    qkv = np.full((b, (hq + 2 * hkv) * d), fill, dtype=q.dtype)
+    qkv[:, : hq * d] = q.reshape(b, hq * d)
+    return qkv[:, : hq * d].reshape(b, hq, d), qkv
+
+
+def test_strided_rows_of_q_and_out(cpu):
+    """q read in place from a fused QKV output and out written into the rows of a wider buffer give
+    the dense run's outputs bit for bit and leave the rest of each row alone; overlapping rows (and
+    a cache whose pages overlap) are refused."""
+    p = make_problem(seed_of("rows"), LENS, 8, 2)
+    w = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cpu")
+    plan(w, p, **SPLITTY)
+    o, lse = w.run(p["q"], p["k"], p["v"], return_lse=True)
+    qv, _ = fused_qkv_view(p["q"], 2, np.nan)  # a kernel reading K or V's part as q would give NaN
+    assert not qv.flags.c_contiguous
+    wide = np.full((len(LENS), 8 * 64 + 40), 7.0, dtype=o.dtype)
+    ov = wide[:, : 8 * 64].reshape(o.shape)
+    o2, lse2 = w.run(qv, p["k"], p["v"], out=ov, return_lse=True)
+    assert o2 is ov and np.array_equal(ov, o) and np.array_equal(lse2, lse)
+    assert np.all(wide[:, 8 * 64:] == 7.0)
+    with pytest.raises(ValueError, match="overlap"):
+        w.run(np.lib.stride_tricks.as_strided(p["q"], strides=(128,) + p["q"].strides[1:]), p["k"], p["v"])
+    with pytest.raises(ValueError, match="each row must be dense"):
+        w.run(np.zeros(p["q"].shape[:2] + (128,), p["q"].dtype)[..., ::2], p["k"], p["v"])
+    with pytest.raises(ValueError, match="overlap"):
+        w.run(p["q"], np.broadcast_to(p["k"][:1], p["k"].shape), p["v"])
+
+
 def check_definition(p, ro, rl, cap=None, window_left=-1):
     """The float64 reference's (o, lse) against numpy straight from the definition (NHD problems):
     scores s = q.k / sqrt(d), capped to cap * tanh(s / cap), over a row's last window_left + 1 tokens."""
@@ -427,7 +459,7 @@ def test_run_errors(cpu):
         cpu.run(q, np.ascontiguousarray(k.transpose(0, 2, 1, 3)), v)  # an HND cache for an NHD plan
     with pytest.raises(ValueError, match="v_cache holds 3 pages"):
         cpu.run(q, k, v[:3])
-    with pytest.raises(ValueError, match="q must be C-contiguous"):
+    with pytest.raises(ValueError, match="q: each row must be dense"):
         cpu.run(np.zeros((8, 2, 64), np.float16).transpose(1, 0, 2), k, v)
     with pytest.raises(ValueError, match="k_cache: each page must be dense"):
         cpu.run(q, np.zeros((k.shape[0], 16, 4, 64), np.float16)[:, :, ::2], v)
@@ -621,6 +653,30 @@ def test_cuda_soft_cap_and_window(cuda_torch, cap, scale, window_left):
     assert_close(o.cpu().numpy(), lse.cpu().numpy(), ref, p["dtype"], p["lens"])
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_cuda_strided_rows_of_q_and_out(cuda_torch, dtype):
+    """On the GPU, q read in place from a fused QKV output and out written into a wider buffer: the
+    dense run's outputs bit for bit on every route, the rest of out's rows untouched."""
+    torch = cuda_torch
+    p = make_problem(seed_of("cuda-rows", dtype), LENS, 8, 2, dtype=dtype)
+    q, k, v = (_to_torch(torch, p[n], dtype, "cuda") for n in ("q", "k", "v"))
+    qkv = torch.full((len(LENS), 12 * 64), float("nan"), dtype=q.dtype, device="cuda")
+    qkv[:, : 8 * 64] = q.reshape(len(LENS), -1)
+    qv = qkv[:, : 8 * 64].view(len(LENS), 8, 64)
+    assert not qv.is_contiguous()
+    for route in pkv.ROUTES:
+        w = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cuda")
+        plan(w, p, route=route, **SPLITTY)
+        o, lse = w.run(q, k, v, return_lse=True)
+        wide = torch.full((len(LENS), 8 * 64 + 16), 7.0, dtype=q.dtype, device="cuda")
+        ov = wide[:, : 8 * 64].view(o.shape)
+        o2, lse2 = w.run(qv, k, v, out=ov, return_lse=True)
+        torch.cuda.synchronize()
+        assert torch.equal(ov, o) and torch.equal(lse2, lse), route
+        assert bool((wide[:, 8 * 64:] == 7.0).all()), route
+    assert_close(_from_torch(torch, o), lse.cpu().numpy(), ref_of(p), dtype, LENS)
+
+
 def test_cuda_two_layers_streams_and_errors(cuda_torch):
     torch = cuda_torch
     p = make_problem(21, LENS, hq=16, hkv=4, d=128)
@@ -639,8 +695,8 @@ def test_cuda_two_layers_streams_and_errors(cuda_torch):
         w.run(p["q"], k, v)
     with pytest.raises(ValueError, match="q is on cpu"):
         w.run(q.cpu(), k, v)
-    with pytest.raises(ValueError, match="C-contiguous"):
-        w.run(q.transpose(0, 1), k, v)
+    with pytest.raises(ValueError, match="each row must be dense"):
+        w.run(torch.empty(q.shape[:2] + (2 * q.shape[2],), dtype=q.dtype, device=q.device)[..., ::2], k, v)
     with pytest.raises(TypeError, match="dtype"):
         w.run(q.float(), k, v)
     with pytest.raises(ValueError, match="shape"):

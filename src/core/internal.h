@@ -141,6 +141,10 @@ static inline int32_t pkv_row_start(const pkv_problem *p, int32_t n) {
 }
 /* The strides of a run: pkv_kv_strides_of with the tensors' page stride when they set one. */
 pkv_kv_strides pkv_kv_strides_run(const pkv_problem *p, const pkv_tensors *t);
+/* Elements from one row of q (or o) to the next: the tensors' stride, or Hq x head_dim when 0. */
+static inline int64_t pkv_row_stride(const pkv_problem *p, int64_t given) {
+    return given > 0 ? given : (int64_t)p->num_qo_heads * p->head_dim;
+}
 
 /* Cost-model terms of a route without building its plan (the policy's fast path; tests compare
  * them with pkv_cost_terms of the built plan).  default_per_unit: ctas_per_unit when not forced. */

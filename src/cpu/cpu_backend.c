@@ -128,7 +128,7 @@ static void run_task(const cpu_job *job, int32_t k, cpu_scratch *sc) {
         state_o = (float *)(job->workspace + plan->off_state_o) + (int64_t)task->state_slot * G * d;
         state_lse = (float *)(job->workspace + plan->off_state_lse) + (int64_t)task->state_slot * G;
     }
-    uint16_t *o16 = (uint16_t *)t->o + ((int64_t)task->row * hq + h0) * d; // o [B, Hq, d]
+    uint16_t *o16 = (uint16_t *)t->o + task->row * pkv_row_stride(p, t->o_row_stride) + (int64_t)h0 * d;
     float *lse_out = t->lse ? t->lse + (int64_t)task->row * hq + h0 : NULL; // lse [B, Hq]
 
     if (task->tok_end <= task->tok_begin) { /* neutral state, read no KV (the planner makes none) */
@@ -144,7 +144,7 @@ static void run_task(const cpu_job *job, int32_t k, cpu_scratch *sc) {
         return;
     }
 
-    const uint16_t *q16 = (const uint16_t *)t->q + ((int64_t)task->row * hq + h0) * d; // q [B, Hq, d]
+    const uint16_t *q16 = (const uint16_t *)t->q + task->row * pkv_row_stride(p, t->q_row_stride) + (int64_t)h0 * d;
     for (int32_t j = 0; j < G; j++) {
         load_row(sc->q + (int64_t)j * d, q16 + (int64_t)j * d, d, dtype);
         sc->m[j] = -INFINITY;
@@ -228,7 +228,7 @@ static void run_merge(const cpu_job *job, int32_t k, cpu_scratch *sc) {
     const pkv_merge *mg = &plan->merges[k];
     const int32_t G = plan->group, d = p->head_dim, hq = p->num_qo_heads;
     const int32_t h0 = mg->kv_head * G;
-    uint16_t *o16 = (uint16_t *)t->o + ((int64_t)mg->row * hq + h0) * d; // o [B, Hq, d]
+    uint16_t *o16 = (uint16_t *)t->o + mg->row * pkv_row_stride(p, t->o_row_stride) + (int64_t)h0 * d;
     float *lse_out = t->lse ? t->lse + (int64_t)mg->row * hq + h0 : NULL; // lse [B, Hq]
     const float *state_o = mg->count > 0 ? (const float *)(job->workspace + plan->off_state_o) : NULL;
     const float *state_lse = mg->count > 0 ? (const float *)(job->workspace + plan->off_state_lse) : NULL;

@@ -49,11 +49,12 @@
 namespace pkv {
 
 struct decode_params {
-    const void *q;            // [B, Hq, D]
+    const void *q;            // [B, Hq, D], rows q_stride elements apart
     const void *k;            // pages, NHD or HND
     const void *v;
     const int32_t *page_indices;
-    void *o;                  // [B, Hq, D]
+    void *o;                  // [B, Hq, D], rows o_stride elements apart
+    int64_t q_stride, o_stride;
     float *lse;               // [B, Hq] or NULL
     float *state_o;           // [slots, G, D]
     float *state_lse;         // [slots, G]
@@ -88,6 +89,7 @@ struct merge_params {
     const float *state_lse;
     void *o;
     float *lse;
+    int64_t o_stride;
     int32_t num_qo_heads, group;
     const int32_t *merge_count; // graph-stable plans: the step's merge count; CTAs of merges past it exit
     int32_t *claim;             // graph-stable plans that claim tasks by SM: the words claim_reset zeroes
@@ -223,28 +225,30 @@ __device__ __forceinline__ merge_acc merge_accumulate(const float *state_o, cons
     return r;
 }
 
-// Writes one float4 column of a merged head: o = a / L, lse = M + ln L (no state: o = 0, lse = -inf).
+// Writes one float4 column of merged query head h of row: o = a / L, lse = M + ln L (no state: o = 0,
+// lse = -inf).
 template <typename T, int D>
-__device__ __forceinline__ void merge_write(const merge_acc &r, int64_t qh, int col, void *o_out, float *lse_out) {
+__device__ __forceinline__ void merge_write(const merge_acc &r, int32_t row, int32_t h, int col, void *o_out,
+                                            int64_t o_stride, float *lse_out, int32_t num_qo_heads) {
     using tr = dtype_traits<T>;
     const float inv = r.L > 0.f ? 1.f / r.L : 0.f;
     uint2 pk;
     pk.x = tr::pack(r.a.x * inv, r.a.y * inv);
     pk.y = tr::pack(r.a.z * inv, r.a.w * inv);
-    *reinterpret_cast<uint2 *>(static_cast<T *>(o_out) + qh * D + col * 4) = pk;
-    if (lse_out && col == 0) lse_out[qh] = r.L > 0.f ? r.M + logf(r.L) : -INFINITY;
+    *reinterpret_cast<uint2 *>(static_cast<T *>(o_out) + row * o_stride + (int64_t)h * D + col * 4) = pk;
+    if (lse_out && col == 0) lse_out[(int64_t)row * num_qo_heads + h] = r.L > 0.f ? r.M + logf(r.L) : -INFINITY;
 }
 
 // Combines the states of one merge in slot order with the whole CTA, a thread per (head, float4
 // column), and writes o and lse; count 0 writes the empty row (o = 0, lse = -inf).
 template <typename T, int D, int KB>
 __device__ __forceinline__ void merge_one(int32_t row, int32_t kv_head, int64_t first, int32_t count,
-                                          const float *state_o, const float *state_lse, void *o_out, float *lse_out,
-                                          int32_t num_qo_heads, int G) {
+                                          const float *state_o, const float *state_lse, void *o_out,
+                                          int64_t o_stride, float *lse_out, int32_t num_qo_heads, int G) {
     for (int idx = threadIdx.x; idx < G * (D / 4); idx += kThreads) {
         const int j = idx / (D / 4), col = idx % (D / 4);
         const merge_acc r = merge_accumulate<D, KB>(state_o, state_lse, first, count, 0, 1, G, j, col);
-        merge_write<T, D>(r, (int64_t)row * num_qo_heads + (int64_t)kv_head * G + j, col, o_out, lse_out);
+        merge_write<T, D>(r, row, kv_head * G + j, col, o_out, o_stride, lse_out, num_qo_heads);
     }
 }
 
@@ -274,8 +278,8 @@ template <typename T, int D> __device__ __forceinline__ void merge_whole(const m
     pdl_launch_dependents();
     pdl_wait(); // the partial states come from the previous launch
     PKV_TL_MARK(1, 0);
-    merge_one<T, D, kMergeBatch>(m.row, m.kv_head, m.first_slot, m.count, p.state_o, p.state_lse, p.o, p.lse,
-                                 p.num_qo_heads, p.group);
+    merge_one<T, D, kMergeBatch>(m.row, m.kv_head, m.first_slot, m.count, p.state_o, p.state_lse, p.o, p.o_stride,
+                                 p.lse, p.num_qo_heads, p.group);
 }
 
 // The earlier merge kernel, one CTA per merge (PKV_MERGE_KERNEL=row, for A/B runs).
@@ -337,7 +341,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel(const merge_params p) {
             r.a.z += f * b.z;
             r.a.w += f * b.w;
         }
-        merge_write<T, D>(r, (int64_t)m.row * p.num_qo_heads + (int64_t)m.kv_head * G + j, col, p.o, p.lse);
+        merge_write<T, D>(r, m.row, m.kv_head * G + j, col, p.o, p.o_stride, p.lse, p.num_qo_heads);
     }
 }
 
@@ -529,8 +533,8 @@ __device__ __forceinline__ bool load_task(const decode_params &p, task_info &ti)
             pdl_launch_dependents();
             pdl_wait(); // o of the kernel before (a programmatic dependent of it) is not ours to write yet
             const pkv_merge m = p.merges[p.num_split_merges + (blockIdx.x - p.num_tasks)]; // count 0: o = 0, lse = -inf
-            merge_one<T, D, 1>(m.row, m.kv_head, m.first_slot, m.count, p.state_o, p.state_lse, p.o, p.lse,
-                               p.num_qo_heads, p.group);
+            merge_one<T, D, 1>(m.row, m.kv_head, m.first_slot, m.count, p.state_o, p.state_lse, p.o, p.o_stride,
+                               p.lse, p.num_qo_heads, p.group);
             return false;
         }
         task_of(p.tasks[idx], ti);
@@ -635,7 +639,8 @@ __device__ __forceinline__ void finish_task(const decode_params &p, const float 
             pk.y = tr::pack(out[2], out[3]);
             pk.z = tr::pack(out[4], out[5]);
             pk.w = tr::pack(out[6], out[7]);
-            *reinterpret_cast<uint4 *>(static_cast<T *>(p.o) + qh * D + d) = pk;
+            *reinterpret_cast<uint4 *>(static_cast<T *>(p.o) + ti.row * p.o_stride + ((int64_t)ti.head * G + j) * D + d) =
+                pk;
             if (p.lse && d == 0) p.lse[qh] = lse_nat;
         } else {
             float *dst = p.state_o + ((int64_t)ti.slot * G + j) * D + d;
@@ -657,8 +662,8 @@ __device__ __forceinline__ void finish_task(const decode_params &p, const float 
         PKV_TL_MARK(0, 1);
         if (last) {
             __threadfence();
-            merge_one<T, D, KB>(fm.row, fm.kv_head, fm.first_slot, fm.count, p.state_o, p.state_lse, p.o, p.lse,
-                                p.num_qo_heads, G);
+            merge_one<T, D, KB>(fm.row, fm.kv_head, fm.first_slot, fm.count, p.state_o, p.state_lse, p.o, p.o_stride,
+                                p.lse, p.num_qo_heads, G);
         }
     }
 }
@@ -681,7 +686,7 @@ __device__ __forceinline__ void decode_m_body(const decode_params &p, const task
     // against bank conflicts: sm_q [GP][D + 32] halves.
     constexpr bool kQInRegs = D <= 128;
     const int G = p.group;
-    const T *qbase = static_cast<const T *>(p.q) + ((int64_t)ti.row * p.num_qo_heads + (int64_t)head * G) * D;
+    const T *qbase = static_cast<const T *>(p.q) + ti.row * p.q_stride + (int64_t)head * G * D;
     uint4 qra[kQInRegs ? KC : 1], qrb[kQInRegs ? KC : 1];
     T *sm_q = reinterpret_cast<T *>(smem + smem_out_floats<D, G16>());
     if constexpr (kQInRegs) {
@@ -974,7 +979,7 @@ __device__ __forceinline__ void decode_n8_body(const decode_params &p, const tas
     const int g = lane >> 2, c = lane & 3;
     const int32_t head = ti.head, tb = ti.tb, te = ti.te;
     const int G = p.group;
-    const T *qbase = static_cast<const T *>(p.q) + ((int64_t)ti.row * p.num_qo_heads + (int64_t)head * G) * D;
+    const T *qbase = static_cast<const T *>(p.q) + ti.row * p.q_stride + (int64_t)head * G * D;
     uint4 qr[KC];
 #pragma unroll
     for (int i = 0; i < KC; i++)
@@ -1174,7 +1179,7 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
 #pragma unroll
     for (int nt = 0; nt < NT; nt++) {
         const int h = 8 * nt + g;
-        const T *qrow = static_cast<const T *>(p.q) + ((int64_t)ti.row * p.num_qo_heads + (int64_t)head * G + h) * D;
+        const T *qrow = static_cast<const T *>(p.q) + ti.row * p.q_stride + ((int64_t)head * G + h) * D;
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
             qb[nt][ks][0] = h < G ? *reinterpret_cast<const uint32_t *>(qrow + 16 * ks + 2 * c) : 0u;
@@ -1691,6 +1696,8 @@ extern "C" cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace
     p.v = t->v_cache;
     p.page_indices = t->kv_page_indices;
     p.o = t->o;
+    p.q_stride = pkv_row_stride(&pr, t->q_row_stride);
+    p.o_stride = pkv_row_stride(&pr, t->o_row_stride);
     p.lse = t->lse;
     p.state_o = reinterpret_cast<float *>(ws + plan->off_state_o);
     p.state_lse = reinterpret_cast<float *>(ws + plan->off_state_lse);
@@ -1714,6 +1721,7 @@ extern "C" cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace
     m.state_o = p.state_o;
     m.state_lse = p.state_lse;
     m.o = t->o;
+    m.o_stride = p.o_stride;
     m.lse = t->lse;
     m.num_qo_heads = pr.num_qo_heads;
     m.group = plan->group;

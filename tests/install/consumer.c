@@ -70,7 +70,7 @@ int main(void) {
     if ((s = pkv_plan_step(ctx, &p, &t, &opts, plan)) != PKV_OK) return fail("pkv_plan_step", s, ctx);
     const size_t ws_bytes = pkv_plan_workspace_size(plan);
     void *ws = malloc(ws_bytes ? ws_bytes : 1);
-    pkv_tensors x = {q, k, v, pages, o, lse, 0};
+    pkv_tensors x = {.q = q, .k_cache = k, .v_cache = v, .kv_page_indices = pages, .o = o, .lse = lse};
     if ((s = pkv_run(ctx, plan, ws, ws_bytes, &x, NULL)) != PKV_OK) return fail("pkv_run", s, ctx);
     if ((s = pkv_reference(&p, &t, q, k, v, o_ref, lse_ref)) != PKV_OK) return fail("pkv_reference", s, ctx);
     double err = 0.0, norm = 0.0, lse_err = 0.0;
