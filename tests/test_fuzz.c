@@ -162,6 +162,12 @@ int main(void) {
         CHECK_MSG(pkv_run(ctx, plan, ws, ws_bytes, &x, NULL) == PKV_ERR_INVALID_ARGUMENT,
                   "case %d: page stride %lld ran", c, (long long)x.kv_page_stride);
         x.kv_page_stride = 0;
+        /* and so is a row stride of q or o below one row (the rows would overlap) */
+        const int64_t row = (int64_t)p.num_qo_heads * p.head_dim, bad_row = one_in(2) ? -1 - ri(0, 5) : ri(1, row - 1);
+        *(one_in(2) ? &x.q_row_stride : &x.o_row_stride) = bad_row;
+        CHECK_MSG(pkv_run(ctx, plan, ws, ws_bytes, &x, NULL) == PKV_ERR_INVALID_ARGUMENT,
+                  "case %d: row stride %lld ran", c, (long long)bad_row);
+        x.q_row_stride = x.o_row_stride = 0;
         /* one run in three reads K and V interleaved per page in one buffer ([pages, 2, page]) */
         uint16_t *kv = NULL;
         if (one_in(3) && (kv = malloc(pool_elems * 4)) != NULL) {
