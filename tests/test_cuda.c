@@ -190,6 +190,17 @@ typedef struct dev_case {
     size_t qb, kvb, lb, ib; /* bytes of q and o, of K and of V, of lse, of the page ids */
 } dev_case;
 
+/* The run's tensors over a dev_case (dense pools and rows). */
+static pkv_tensors dev_tensors(const dev_case *d) {
+    pkv_tensors t = {.q = d->q,
+                     .k_cache = d->k,
+                     .v_cache = d->v,
+                     .kv_page_indices = (const int32_t *)d->idx,
+                     .o = d->o,
+                     .lse = (float *)d->lse};
+    return t;
+}
+
 static bool dev_case_upload(pkv_context *ctx, const pkv_test_case *tc, dev_case *d) {
     memset(d, 0, sizeof *d);
     d->qb = (size_t)tc->q_elems * 2, d->kvb = (size_t)tc->kv_elems * 2, d->lb = (size_t)tc->lse_elems * 4;
@@ -260,12 +271,7 @@ static void repeat_runs(pkv_context *ctx, const pkv_plan *plan, pkv_test_case *t
                         size_t wsb, const char *what) {
     const size_t qb = dc->qb, lb = dc->lb;
     const bool graph_stable = pkv_plan_graph_signature(plan) != 0;
-    pkv_tensors t = {.q = dc->q,
-                     .k_cache = dc->k,
-                     .v_cache = dc->v,
-                     .kv_page_indices = (const int32_t *)dc->idx,
-                     .o = dc->o,
-                     .lse = (float *)dc->lse};
+    pkv_tensors t = dev_tensors(dc);
     uint16_t *o1 = (uint16_t *)malloc(qb), *on = (uint16_t *)malloc(qb);
     float *l1 = (float *)malloc(lb), *ln = (float *)malloc(lb);
     for (int run = 0; o1 && on && l1 && ln && run < 3; run++) {
@@ -318,12 +324,7 @@ static void repeat_and_graph(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
         repeat_runs(ctx, plan, &tc, &dc, ws, wsb, graph_stable ? "graph-stable plan" : "work-queue plan");
         if (!graph_stable) {
             /* a workspace too small is refused, and page or row strides the 16-byte accesses cannot take */
-            pkv_tensors t = {.q = dc.q,
-                             .k_cache = dc.k,
-                             .v_cache = dc.v,
-                             .kv_page_indices = (const int32_t *)dc.idx,
-                             .o = dc.o,
-                             .lse = (float *)dc.lse};
+            pkv_tensors t = dev_tensors(&dc);
             CHECK_STATUS(pkv_run(ctx, plan, ws, wsb - 1, &t, NULL), PKV_ERR_WORKSPACE_TOO_SMALL);
             t.kv_page_stride = (int64_t)tc.problem.page_size * tc.problem.num_kv_heads * tc.problem.head_dim + 4;
             CHECK_STATUS(pkv_run(ctx, plan, ws, wsb, &t, NULL), PKV_ERR_INVALID_ARGUMENT);
@@ -371,12 +372,7 @@ static void graph_stable_replay(pkv_context *ctx, pkv_plan *plan_g, pkv_rng *rng
         const size_t wsb = pkv_plan_workspace_size(plan_g);
         CHECK_OK(pkv_dev_malloc(ctx, wsb, &ws));
         const bool up = dev_case_upload(ctx, &tc, &dc);
-        pkv_tensors t = {.q = dc.q,
-                         .k_cache = dc.k,
-                         .v_cache = dc.v,
-                         .kv_page_indices = (const int32_t *)dc.idx,
-                         .o = dc.o,
-                         .lse = (float *)dc.lse};
+        pkv_tensors t = dev_tensors(&dc);
         if (up && ws) CHECK_OK(pkv_dev_graph_capture(ctx, plan_g, ws, wsb, &t, &graph));
         const double tol = p.dtype == PKV_DTYPE_BF16 ? 1.5e-2 : 2e-3;
         const int64_t q_full = tc.q_elems, lse_full = tc.lse_elems;
@@ -454,12 +450,7 @@ static void page_table_in_place(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) 
             const size_t wsb = pkv_plan_workspace_size(plan);
             void *ws = NULL, *graph = NULL;
             CHECK_OK(pkv_dev_malloc(ctx, wsb, &ws));
-            pkv_tensors t = {.q = dc.q,
-                             .k_cache = dc.k,
-                             .v_cache = dc.v,
-                             .kv_page_indices = (const int32_t *)dc.idx,
-                             .o = dc.o,
-                             .lse = (float *)dc.lse};
+            pkv_tensors t = dev_tensors(&dc);
             if (ws && graph_stable) CHECK_OK(pkv_dev_graph_capture(ctx, plan, ws, wsb, &t, &graph));
             for (int round = 0; ws && (graph || !graph_stable) && round < 3; round++) {
                 if (round > 0) { /* the same buffer, every id moved one place: rows read other pages */
@@ -543,12 +534,8 @@ static void upload_runs_ahead(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
         for (int k = 0; k < STEPS; k++) {
             memcpy(tc.seq_lens, lens[k], sizeof lens[k]);
             CHECK_OK(pkv_plan_step(ctx, &tc.problem, &tc.table, &opts, plan));
-            pkv_tensors t = {.q = dc.q,
-                             .k_cache = dc.k,
-                             .v_cache = dc.v,
-                             .kv_page_indices = (const int32_t *)dc.idx,
-                             .o = o[k],
-                             .lse = (float *)lse[k]};
+            pkv_tensors t = dev_tensors(&dc);
+            t.o = o[k], t.lse = (float *)lse[k];
             CHECK_OK(pkv_run(ctx, plan, ws, wsb, &t, NULL));
             if (!warm) CHECK_OK(pkv_dev_synchronize(ctx));
             if (k == AHEAD - 1) ahead_ms = now_ms() - t0;
@@ -610,12 +597,8 @@ static void behind_a_producer(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng, co
     CHECK_OK(pkv_dev_malloc(ctx, dc.ib, &ids_next));
     void *q = dc.q, *o = dc.o, *lse = dc.lse;
     const size_t qb = dc.qb, lb = dc.lb;
-    pkv_tensors t = {.q = q,
-                     .k_cache = dc.k,
-                     .v_cache = dc.v,
-                     .kv_page_indices = (const int32_t *)dc.idx,
-                     .o = o,
-                     .lse = (float *)lse};
+    pkv_tensors t = dev_tensors(&dc);
+    t.q = q, t.o = o, t.lse = (float *)lse;
     static const char *written[] = {"q", "K", "V", "the page ids"};
     for (size_t r = 0; ids_next && r < sizeof routes / sizeof routes[0]; r++) {
         pkv_plan_options opts;
