@@ -598,7 +598,6 @@ static void behind_a_producer(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng, co
     void *q = dc.q, *o = dc.o, *lse = dc.lse;
     const size_t qb = dc.qb, lb = dc.lb;
     pkv_tensors t = dev_tensors(&dc);
-    t.q = q, t.o = o, t.lse = (float *)lse;
     static const char *written[] = {"q", "K", "V", "the page ids"};
     for (size_t r = 0; ids_next && r < sizeof routes / sizeof routes[0]; r++) {
         pkv_plan_options opts;
