@@ -367,6 +367,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         [num_pages, 2, ...] tensor or q = qkv[:, :Hq * d].view(B, Hq, d) of a fused projection's output);
         ValueError for entries that are not dense or overlap."""
         o = a.obj
+        if a.kind == "numpy" and any(s % o.itemsize for s in o.strides):
+            raise ValueError(f"{name}: byte strides {list(o.strides)} are not whole {o.itemsize}-byte elements")
         st = list(o.stride()) if a.kind == "torch" else [s // o.itemsize for s in o.strides]
         dense = 1
         if 0 in a.shape:  # nothing to read or write: any strides

@@ -322,6 +322,10 @@ def test_strided_rows_of_q_and_out(cpu):
         w.run(np.zeros(p["q"].shape[:2] + (128,), p["q"].dtype)[..., ::2], p["k"], p["v"])
     with pytest.raises(ValueError, match="overlap"):
         w.run(p["q"], np.broadcast_to(p["k"][:1], p["k"].shape), p["v"])
+    odd = np.ndarray(p["q"].shape, p["q"].dtype, buffer=np.zeros(p["q"].nbytes + 64, np.uint8),
+                     strides=(p["q"].strides[0] + 1,) + p["q"].strides[1:])  # rows 1024.5 elements apart
+    with pytest.raises(ValueError, match="not whole 2-byte elements"):
+        w.run(odd, p["k"], p["v"])
 
 
 def check_definition(p, ro, rl, cap=None, window_left=-1):

@@ -287,6 +287,8 @@ pkv_status pkv_dev_time_plan_behind(pkv_context *ctx, const pkv_plan *plan, void
         return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "plan, tensors, page sets and outputs must not be NULL");
     if (reps <= 0) return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "reps must be positive");
     const pkv_problem *pr = pkv_plan_problem(plan);
+    if (base->q_row_stride != 0 && base->q_row_stride != (int64_t)pr->num_qo_heads * pr->head_dim)
+        return pkv_fail(ctx, PKV_ERR_UNSUPPORTED, "the producer writes a dense q: q_row_stride must be 0 here");
     const int64_t n32 = (int64_t)pkv_plan_batch_size(plan) * pr->num_qo_heads * pr->head_dim / 2;
     int dev = 0, sms = 0;
     PKV_CUDA_TRY(ctx, cudaGetDevice(&dev));
