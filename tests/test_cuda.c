@@ -706,7 +706,7 @@ int main(void) {
         char what[32];
         snprintf(what, sizeof what, "random case %d", n);
         /* dense or interleaved K/V; every other case with q as the query part of a fused QKV output,
-         * every fourth (of the others) with o's rows further apart */
+         * every fourth case (one with a dense q) with o's rows further apart */
         const int64_t qkv_pad = 2 * (int64_t)tc.problem.num_kv_heads * tc.problem.head_dim;
         check_case(ctx, plan, &tc, what,
                    (pkv_test_layout){n % 3 == 0 ? -1 : n % 3 == 1 ? 0 : 8, n % 2 ? qkv_pad : 0, n % 4 == 2 ? 24 : 0});
