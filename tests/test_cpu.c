@@ -457,7 +457,9 @@ static void test_strides(pkv_context *ctx4) {
                 CHECK(pkv_test_unwritten(&tc) == tc.q_elems + tc.lse_elems);
             }
         t.q_row_stride = t.o_row_stride = row; /* one dense row: the same as 0 */
+        pkv_test_poison(&tc);
         CHECK_OK(pkv_run(ctx4, plan, ws, need, &t, NULL));
+        check_outputs(&tc, "row strides of one dense row");
         t.q_row_stride = t.o_row_stride = 0;
         /* a step that fails leaves no runnable plan behind (not the previous step's) */
         pkv_problem bad = tc.problem;
