@@ -22,14 +22,7 @@
 #include <cstring>
 #include <vector>
 
-#define CK(x)                                                                                    \
-    do {                                                                                         \
-        cudaError_t e_ = (x);                                                                    \
-        if (e_ != cudaSuccess) {                                                                 \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                             \
-        }                                                                                        \
-    } while (0)
+#include "probe_check.cuh"
 
 constexpr int kWords = 4096; // 16 KiB
 constexpr int kRounds = 200;

@@ -31,14 +31,7 @@
 #include <random>
 #include <vector>
 
-#define CK(x)                                                                                    \
-    do {                                                                                         \
-        cudaError_t e_ = (x);                                                                    \
-        if (e_ != cudaSuccess) {                                                                 \
-            fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                             \
-        }                                                                                        \
-    } while (0)
+#include "probe_check.cuh"
 
 constexpr int kHeads = 8;
 constexpr int kTokBytes = 256;                  // one head vector: d 128 x 2 bytes
