@@ -121,28 +121,26 @@ pkv_status pkv_run(pkv_context *ctx, const pkv_plan *plan, void *workspace, size
         t->kv_page_stride > (INT64_MAX / 2) / plan->problem.num_pages) /* page offsets stay in int64 */
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "kv_page_stride %" PRId64 " x %lld pages overflows",
                         t->kv_page_stride, (long long)plan->problem.num_pages);
+    /* the page stride (checked above), then the row strides of q and o */
+    const int64_t strides[3] = {t->kv_page_stride, t->q_row_stride, t->o_row_stride};
+    const char *stride_names[3] = {"kv_page_stride", "q_row_stride", "o_row_stride"};
     const int64_t row = (int64_t)plan->problem.num_qo_heads * plan->problem.head_dim;
-    const int64_t row_strides[2] = {t->q_row_stride, t->o_row_stride};
-    const char *row_names[2] = {"q_row_stride", "o_row_stride"};
-    for (int i = 0; i < 2; i++) {
-        if (row_strides[i] < 0 || (row_strides[i] > 0 && row_strides[i] < row))
+    for (int i = 1; i < 3; i++) {
+        if (strides[i] < 0 || (strides[i] > 0 && strides[i] < row))
             return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT,
                             "%s %" PRId64 " is neither 0 (dense) nor at least one row (Hq x head_dim = %" PRId64 ")",
-                            row_names[i], row_strides[i], row);
-        if (row_strides[i] > (INT64_MAX / 2) / ((int64_t)plan->batch_size + 1)) /* row offsets stay in int64 */
-            return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "%s %" PRId64 " x %d rows overflows", row_names[i],
-                            row_strides[i], plan->batch_size);
+                            stride_names[i], strides[i], row);
+        if (strides[i] > (INT64_MAX / 2) / ((int64_t)plan->batch_size + 1)) /* row offsets stay in int64 */
+            return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "%s %" PRId64 " x %d rows overflows", stride_names[i],
+                            strides[i], plan->batch_size);
     }
     /* the CUDA kernels use 16-byte vector accesses */
     if (ctx->kind == PKV_BACKEND_CUDA) {
-        if (t->kv_page_stride % 8 != 0)
-            return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT,
-                            "kv_page_stride %" PRId64 " is not a multiple of 8 elements (16 bytes)", t->kv_page_stride);
-        for (int i = 0; i < 2; i++)
-            if (row_strides[i] % 8 != 0)
+        for (int i = 0; i < 3; i++)
+            if (strides[i] % 8 != 0)
                 return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT,
-                                "%s %" PRId64 " is not a multiple of 8 elements (16 bytes)", row_names[i],
-                                row_strides[i]);
+                                "%s %" PRId64 " is not a multiple of 8 elements (16 bytes)", stride_names[i],
+                                strides[i]);
         const void *ptrs[] = {t->q, t->k_cache, t->v_cache, t->o, workspace};
         const char *names[] = {"q", "k_cache", "v_cache", "o", "workspace"};
         for (int i = 0; i < 5; i++)
