@@ -41,11 +41,11 @@ pkv_status pkv_dev_time_plan(pkv_context *ctx, const pkv_plan *plan, void *ws, s
                              const pkv_tensors *base, const int32_t *const *page_sets, int32_t nsets,
                              int32_t warmup, int32_t reps, double *samples_us);
 /* A step behind the kernel that produces its q, as in a model's layer: a small kernel that rewrites
- * q (dense: q_row_stride 0, else PKV_ERR_UNSUPPORTED) in place (grid of up to 2 CTAs per SM; trigger != 0: it calls griddepcontrol.launch_dependents at
- * its start, as PDL-aware kernels do), then pkv_run; CUDA events around the producer alone
- * (*producer_us) and around the producer and the run (*pair_us), medians over reps, timed like
- * pkv_dev_time_plan.  With the context's PDL on, the run's kernels are scheduled while the producer
- * drains. */
+ * q in place (a dense q: q_row_stride 0, else PKV_ERR_UNSUPPORTED; grid of up to 2 CTAs per SM;
+ * trigger != 0: it calls griddepcontrol.launch_dependents at its start, as PDL-aware kernels do), then
+ * pkv_run; CUDA events around the producer alone (*producer_us) and around the producer and the run
+ * (*pair_us), medians over reps, timed like pkv_dev_time_plan.  With the context's PDL on, the run's
+ * kernels are scheduled while the producer drains. */
 pkv_status pkv_dev_time_plan_behind(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_bytes,
                                     const pkv_tensors *base, const int32_t *const *page_sets, int32_t nsets,
                                     int32_t warmup, int32_t reps, int trigger, double *producer_us, double *pair_us);

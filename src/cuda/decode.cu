@@ -639,8 +639,8 @@ __device__ __forceinline__ void finish_task(const decode_params &p, const float 
             pk.y = tr::pack(out[2], out[3]);
             pk.z = tr::pack(out[4], out[5]);
             pk.w = tr::pack(out[6], out[7]);
-            *reinterpret_cast<uint4 *>(static_cast<T *>(p.o) + ti.row * p.o_stride + ((int64_t)ti.head * G + j) * D + d) =
-                pk;
+            T *orow = static_cast<T *>(p.o) + ti.row * p.o_stride; // o's rows may be apart
+            *reinterpret_cast<uint4 *>(orow + ((int64_t)ti.head * G + j) * D + d) = pk;
             if (p.lse && d == 0) p.lse[qh] = lse_nat;
         } else {
             float *dst = p.state_o + ((int64_t)ti.slot * G + j) * D + d;
