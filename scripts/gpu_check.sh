@@ -50,7 +50,7 @@ grep -E "tests passed|Passed|Failed|SKIP|passed, " "$log/tests.log" | tail -n 20
 # from pageable memory (the staging ring's fallback; test_cuda prints how long three uploads queued
 # behind a 300 ms kernel kept the host there) and graph-stable steps merged by the per-head kernel
 # whatever their merges' width (PKV_GRAPH_MERGE=head; by default a narrow step merges one CTA per merge)
-settings="PKV_DECODE_TMA=0 PKV_DECODE_TMA=0,PKV_DECODE_DEEP=1 PKV_MERGE_KERNEL=head PKV_MERGE_KERNEL=row PKV_TMA_STAGES=3 PKV_GRAPH_CLAIM_SMS=16 PKV_GRAPH_CLAIM=0 PKV_PAGEABLE_UPLOAD=1 PKV_GRAPH_MERGE=head"
+settings="PKV_DECODE_TMA=0 PKV_TMA_CHUNKED=all PKV_DECODE_TMA=0,PKV_DECODE_DEEP=1 PKV_MERGE_KERNEL=head PKV_MERGE_KERNEL=row PKV_TMA_STAGES=3 PKV_GRAPH_CLAIM_SMS=16 PKV_GRAPH_CLAIM=0 PKV_PAGEABLE_UPLOAD=1 PKV_GRAPH_MERGE=head"
 pids=""
 "$build/pkv" check --backend cuda --count $((cases / 2)) >"$log/check.log" 2>&1 & pids="$pids $!"
 i=0

@@ -101,6 +101,16 @@ static void fixed_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
         {48, 4, 64, 32, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 3, {3000, 17, 0}},
         {22, 2, 128, 32, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 3, {5000, 33, 1}}, /* G = 11: 3 heads of the 2nd n-tile */
         {128, 8, 128, 16, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 2, {20000, 100}},
+        /* pages that are not a multiple of 16 tokens through the chunked tensor-copy kernel on sm_90 (a
+         * tile in chunks of the largest power of two dividing the page size; chunks of 8 by default, of
+         * 1, 2 and 4 too under PKV_TMA_CHUNKED=all): chunks of 4 at d = 64, of 2 for G = 16, of 8 on pages
+         * of 24 (offsets by division), a long split row of G = 7 on pages of 4, G = 12 at d = 64 on pages
+         * of 8 */
+        {24, 4, 64, 12, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 3, {1000, 11, 13}},
+        {64, 4, 128, 2, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 3, {3001, 3, 1}},
+        {32, 8, 128, 24, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 2, {9001, 25}},
+        {28, 4, 128, 4, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 3, {20000, 5, 0}},
+        {48, 4, 64, 8, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 2, {5000, 9}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         pkv_test_case tc;
@@ -119,8 +129,8 @@ static void fixed_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
 
 /* Logits soft caps and sliding windows (Gemma-2, Mistral): windows of 1 token, shorter than a 16-token
  * tile, starting mid-page and mid-tile, longer than the rows, on rows long enough to split; page sizes
- * the tensor-copy kernel takes (16, 32, 48, 64) and those it does not (1, 7); K and V of every token
- * before a window are NaN.  Capped cases scale the scores (sm_scale) so that every cap binds (the
+ * the tensor-copy kernel takes whole (16, 32, 48, 64) and in chunks (1, 4, 6, 7); K and V of every
+ * token before a window are NaN.  Capped cases scale the scores (sm_scale) so that every cap binds (the
  * uncapped reference must differ), a cap of 0.05 saturates tanh (e^2y overflows), and each kernel runs
  * capped: tensor copies at d 64/128/256 and G 9..16, heads in N on pages of 7, heads in M for G 16 at
  * d = 256.  Under PKV_TEST_SMALL (rows clamped to 1500 tokens) windows above 1000 become 1000. */
@@ -149,6 +159,9 @@ static void score_option_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
         {32, 2, 256, 16, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 40.0f, 6.0f, 0, 2, {3000, 40}},
         {64, 8, 64, 16, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 0.05f, 2.0f, 0, 3, {2000, 64, 3}},
         {64, 4, 128, 16, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 10.0f, 3.0f, 500, 3, {6000, 16, 777}},
+        /* windows that start inside a chunk of the chunked kernel (pages of 4 and 6: chunks of 4 and 2) */
+        {32, 8, 128, 4, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 0.0f, 0.0f, 37, 3, {3000, 38, 2}},
+        {48, 4, 64, 6, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 0.5f, 0.0f, 301, 3, {5000, 302, 7}},
     };
     const bool small = getenv("PKV_TEST_SMALL") != NULL;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -674,7 +687,8 @@ int main(void) {
     }
     score_option_cases(ctx, plan, &rng);
 
-    static const int32_t groups[] = {1, 2, 3, 4, 7, 8, 12, 16}, dims[] = {64, 128, 256}, pages[] = {1, 8, 16, 64, 256},
+    static const int32_t groups[] = {1, 2, 3, 4, 7, 8, 12, 16}, dims[] = {64, 128, 256},
+                         pages[] = {1, 2, 8, 12, 16, 24, 64, 256},
                          hkv[] = {1, 2, 4, 8};
     static const pkv_layout layouts[] = {PKV_LAYOUT_NHD, PKV_LAYOUT_HND};
     static const pkv_dtype dtypes[] = {PKV_DTYPE_FP16, PKV_DTYPE_BF16};
@@ -682,7 +696,7 @@ int main(void) {
     pkv_test_choices_default(&ch);
     ch.groups = groups, ch.num_groups = 8;
     ch.head_dims = dims, ch.num_head_dims = 3;
-    ch.page_sizes = pages, ch.num_page_sizes = 5;
+    ch.page_sizes = pages, ch.num_page_sizes = 8;
     ch.kv_heads = hkv, ch.num_kv_heads = 4;
     ch.layouts = layouts, ch.num_layouts = 2;
     ch.dtypes = dtypes, ch.num_dtypes = 2;

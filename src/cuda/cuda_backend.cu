@@ -26,7 +26,7 @@ struct cuda_state {
     int device;
     int cc_major, cc_minor;
     pkv_cuda_launch_opts launch; // PDL, kernel choices (PKV_NO_PDL, PKV_DECODE_KERNEL, PKV_MERGE_KERNEL,
-                                 // PKV_DECODE_DEEP, PKV_DECODE_TMA, PKV_TMA_STAGES)
+                                 // PKV_DECODE_DEEP, PKV_DECODE_TMA, PKV_TMA_STAGES, PKV_TMA_CHUNKED)
     const void *uploaded_ws;  // workspace that holds uploaded_gen's plan
     uint64_t uploaded_gen;
     staging_buffer stage[kStaging];
@@ -209,6 +209,12 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bo
     /* sm_90: K and V through shared memory by TMA tensor copies where the shape allows
      * (PKV_DECODE_TMA=0: the register kernel everywhere; PKV_TMA_STAGES=N forces the ring depth) */
     s->launch.tma = sm90_code && !env_is("PKV_DECODE_TMA", "0");
+    /* and for pages not a multiple of 16 tokens at d <= 128, a tile in chunks of the largest power of two
+     * that divides the page size, where the chunks have 8 tokens (pages of 8, 24, 40, ...): on the H200
+     * 1.1% faster than the register kernels at page size 8 over the anchors, but 2% slower at page size 1
+     * (16 copies of 256 bytes per tensor and tile; single requests 13-15% slower; docs/kernel-notes.md v14).
+     * PKV_TMA_CHUNKED=0: never; =all: chunks of any size (1, 2, 4, 8); tests and A/B runs */
+    s->launch.tma_chunk_min = env_is("PKV_TMA_CHUNKED", "0") ? 0 : env_is("PKV_TMA_CHUNKED", "all") ? 1 : 8;
     /* graph-stable plans: a step of more tasks than SMs (and not claimed by SM, below) spreads them evenly
      * over the fixed grid, not in its first CTAs (H200: geomean 1.025 against 1.036 of the plain work
      * queue's time on the anchors at a 4-wave grid); one of at most one task per SM runs them in the

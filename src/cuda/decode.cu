@@ -21,10 +21,12 @@
 // issued right after S, and V loads right after O, so a tile is always in flight while a warp
 // computes.
 //
-// On sm_90, for G <= 8, d = 64/128/256 and page sizes that are multiples of 16, a third kernel
-// (decode_kernel_tma) runs the heads-in-N math with K and V brought into shared memory by TMA tensor
-// copies (one per tensor and 16-token tile, issued by one lane into a per-warp ring) and read with
-// ldmatrix, so the warps issue only the math (v8; PKV_DECODE_TMA=0 runs the register kernels).
+// On sm_90, for G <= 16 at d = 64/128 and G <= 8 at d = 256 with page sizes that are multiples of 16,
+// a third kernel (decode_kernel_tma) runs the heads-in-N math with K and V brought into shared memory
+// by TMA tensor copies (one per tensor and 16-token tile, issued by one lane into a per-warp ring) and
+// read with ldmatrix, so the warps issue only the math (v8; PKV_DECODE_TMA=0 runs the register
+// kernels).  At d = 64/128 it also takes pages of 8, 24, 40, ... tokens: a tile in chunks of 8 tokens,
+// one copy per chunk and tensor, each issued by its own lane (v14; PKV_TMA_CHUNKED).
 //
 // Every kernel takes a logits soft cap (a compile-time path picked once per CTA) and tasks that start
 // anywhere (a sliding window's first token): the register kernels look up each token's page, the
@@ -1091,6 +1093,14 @@ __device__ __forceinline__ void tma_load_tile(uint32_t dst, const CUtensorMap *m
                  "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(tok), "r"(0), "r"(head), "r"(page), "r"(bar)
                  : "memory");
 }
+// The chunked kernel's box (every dim of hb tokens, token-major) at {0, 0, off = token in page, head, page}.
+__device__ __forceinline__ void tma_load_chunk(uint32_t dst, const CUtensorMap *map, int off, int head, int page,
+                                               uint32_t bar) {
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+                 "%3, %4, %5, %6}], [%7];\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(0), "r"(0), "r"(off), "r"(head), "r"(page), "r"(bar)
+                 : "memory");
+}
 __device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -1118,7 +1128,7 @@ template <int D> constexpr int tma_min_stages() {
 
 // NT: n-tiles of 8 heads (G <= 8 NT).  NT = 2 (G 9..16, d <= 128) shares each K and V fragment between
 // the two n-tiles, with twice the accumulators (2 CTAs per SM, as the heads-in-M kernel it replaces).
-template <typename T, int D, int NT, bool CAP>
+template <typename T, int D, int NT, bool CAP, bool TM>
 __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tma_maps &maps, const task_info &ti,
                                                 float *smem, uint64_t (&bars)[kWarps][kMaxStages]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1127,6 +1137,7 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
     constexpr int GP = 8 * NT;
     constexpr uint32_t kTileBytes = 2 * H * kBoxBytes;
     static_assert(NT == 1 || (NT == 2 && D <= 128), "16 heads at d <= 128");
+    static_assert(!TM || D <= 128, "chunks at d <= 128 (at d = 256 their ldmatrix rows would conflict 4-way)");
     static_assert(smem_out_floats<D, NT == 2>() * 4 <= kWarps * tma_min_stages<D>() * (int)kTileBytes,
                   "outputs fit in the smallest ring");
 
@@ -1145,33 +1156,76 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
     const int ntiles = (te - t0 + 15) >> 4;
     const int nmine = ntiles > warp ? (ntiles - warp + kWarps - 1) / kWarps : 0; // tiles warp, warp + 4, ...
 
-    // lane 0: the page and in-page token of the warp's it-th tile, and a stage's copies
+    // TM (pages not a multiple of 16 tokens): a tile is 16 / hb chunks of hb tokens, hb the largest power
+    // of two dividing the page size (1..8), so no chunk crosses a page; lane j loads chunk j's page id and
+    // issues its copies, and chunks wholly outside [tb, te) are not read (their rows are masked like the
+    // rows past te).  Otherwise lane 0 does both for the tile's one page.
+    const int hb = TM ? (p.page_size & -p.page_size) : 16, nchunk = 16 / hb;
     auto tile_at = [&](int it, int32_t &page, int32_t &off) {
-        const int32_t tok = t0 + (warp + it * kWarps) * 16;
-        page = token_page(p, ti.page_base, tok);
-        off = p.page_shift >= 0 ? (tok & (p.page_size - 1)) : tok % p.page_size;
+        if constexpr (TM) {
+            const int32_t tok = t0 + (warp + it * kWarps) * 16 + lane * hb;
+            if (lane >= nchunk || tok + hb <= tb || tok >= te) {
+                page = -1, off = 0;
+                return;
+            }
+            page = token_page(p, ti.page_base, tok);
+            off = p.page_shift >= 0 ? (tok & (p.page_size - 1)) : tok % p.page_size;
+        } else {
+            const int32_t tok = t0 + (warp + it * kWarps) * 16;
+            page = token_page(p, ti.page_base, tok);
+            off = p.page_shift >= 0 ? (tok & (p.page_size - 1)) : tok % p.page_size;
+        }
     };
-    auto issue = [&](int stage, int32_t page, int32_t off) {
+    // a stage's copies: lane 0 for the tile's one page, or (TM) every lane for its chunk of tile `it`
+    // (lane 0 counts the bytes of the chunks that meet [tb, te))
+    auto issue_tile = [&](int stage, int32_t page, int32_t off) {
         const uint32_t dst = ring + (uint32_t)stage * kTileBytes, bar = bar0 + 8u * (uint32_t)stage;
         mbar_expect_tx(bar, kTileBytes);
         tma_load_tile(dst, &maps.k, off, head, page, bar);
         tma_load_tile(dst + H * kBoxBytes, &maps.v, off, head, page, bar);
     };
-    int32_t npage = 0, noff = 0; // lane 0: the next tile to issue (it + S)
+    auto issue_chunks = [&](int stage, int it, int32_t page, int32_t off) {
+        const uint32_t dst = ring + (uint32_t)stage * kTileBytes, bar = bar0 + 8u * (uint32_t)stage;
+        const int32_t base = t0 + (warp + it * kWarps) * 16;
+        const int jlo = max(tb - base, 0) / hb, jhi = min((te - base + hb - 1) / hb, nchunk);
+        if (lane == 0) mbar_expect_tx(bar, (uint32_t)(jhi - jlo) * (uint32_t)hb * (uint32_t)(D * 2 * 2));
+        __syncwarp();
+        if (page >= 0) {
+            const uint32_t at = dst + (uint32_t)(lane * hb * D * 2);
+            tma_load_chunk(at, &maps.k, off, head, page, bar);
+            tma_load_chunk(at + H * kBoxBytes, &maps.v, off, head, page, bar);
+        }
+    };
+    int32_t npage = 0, noff = 0; // lane 0 (TM: lane j, chunk j): the next tile to issue (it + S)
     if (lane == 0 && nmine > 0) {
         for (int s = 0; s < S; s++) mbar_init(bar0 + 8u * s, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        int32_t pg[kMaxStages], of[kMaxStages]; // the first S page ids in flight together
+        if constexpr (!TM) {
+            int32_t pg[kMaxStages], of[kMaxStages]; // the first S page ids in flight together
 #pragma unroll
-        for (int s = 0; s < kMaxStages; s++)
-            if (s < S && s < nmine) tile_at(s, pg[s], of[s]);
+            for (int s = 0; s < kMaxStages; s++)
+                if (s < S && s < nmine) tile_at(s, pg[s], of[s]);
 #pragma unroll
-        for (int s = 0; s < kMaxStages; s++)
-            if (s < S && s < nmine) issue(s, pg[s], of[s]);
-        if (S < nmine) tile_at(S, npage, noff);
+            for (int s = 0; s < kMaxStages; s++)
+                if (s < S && s < nmine) issue_tile(s, pg[s], of[s]);
+            if (S < nmine) tile_at(S, npage, noff);
+        }
     }
     __syncwarp();
+    if constexpr (TM) { // every lane, once the barriers are initialised
+        if (nmine > 0) {
+            int32_t pg[kMaxStages], of[kMaxStages];
+#pragma unroll
+            for (int s = 0; s < kMaxStages; s++)
+                if (s < S && s < nmine) tile_at(s, pg[s], of[s]);
+#pragma unroll
+            for (int s = 0; s < kMaxStages; s++)
+                if (s < S && s < nmine) issue_chunks(s, s, pg[s], of[s]);
+            if (S < nmine) tile_at(S, npage, noff);
+        }
+        __syncwarp();
+    }
 
     // q of the G heads as the B operand of S^T (n-tile nt: head 8 nt + g): b0 = q[h][16 ks + 2c, +1],
     // b1 = q[h][16 ks + 8 + 2c, +1]
@@ -1191,16 +1245,24 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
     // (t8-15, d0-7), (t0-7, d8-15), (t8-15, d8-15) of a k-step.  V (.trans, A of O^T, dims x tokens):
     // (t0-7, d0-7), (t0-7, d8-15), (t8-15, d0-7), (t8-15, d8-15) of an m-tile.
     // A tensor's tile is H boxes of 16 rows (dims 64h..64h+63 of token t in row 16h + t).
+    // TM: token t's dims 64h..64h+63 are 128-byte row t H + h of the tile (its chunks land token-major), so
+    // the swizzle's row bits are (t H + h) & 7 = ((t H) & 7) ^ h for H <= 2: the offsets below are for h = 0
+    // and tm_at adds h (2-way ldmatrix conflicts at H = 2; measured as fast as the box layout, v8).
     uint32_t koff[4], voff[4];
     {
         const int mi = lane >> 3, r = lane & 7;
         const int krow = r + (mi & 1) * 8, vrow = r + (mi >> 1) * 8;
+        const int kr = TM ? krow * H : krow, vr = TM ? vrow * H : vrow;
 #pragma unroll
         for (int q4 = 0; q4 < 4; q4++) {
-            koff[q4] = (uint32_t)(krow * 128 + (((2 * q4 + (mi >> 1)) ^ r) << 4));
-            voff[q4] = (uint32_t)(vrow * 128 + (((2 * q4 + (mi & 1)) ^ r) << 4));
+            koff[q4] = (uint32_t)(kr * 128 + (((2 * q4 + (mi >> 1)) ^ (TM ? kr & 7 : r)) << 4));
+            voff[q4] = (uint32_t)(vr * 128 + (((2 * q4 + (mi & 1)) ^ (TM ? vr & 7 : r)) << 4));
         }
     }
+    // TM: the ldmatrix address of dims 64h.. (h = k-step / 4 or m-tile / 4) from an h = 0 offset
+    auto tm_at = [](uint32_t tile, uint32_t off, int h) -> uint32_t {
+        return tile + ((off ^ ((uint32_t)h << 4)) + (uint32_t)h * 128u);
+    };
 
     float acc[NT][KS][4];
     float ma[NT], mb[NT], la[NT], lb[NT]; // heads 8 nt + 2c and 8 nt + 2c + 1
@@ -1227,7 +1289,8 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
             for (int i = lane; i < H * nz * 8; i += 32) {
                 const int h = i / (nz * 8), k = (i / 8) % nz, ch = i & 7;
                 const int rr = k < r0 ? k : r1 + (k - r0);
-                *reinterpret_cast<uint4 *>(v + h * kBoxBytes + rr * 128 + ch * 16) = make_uint4(0, 0, 0, 0);
+                unsigned char *at = TM ? v + (rr * H + h) * 128 + ch * 16 : v + h * kBoxBytes + rr * 128 + ch * 16;
+                *reinterpret_cast<uint4 *>(at) = make_uint4(0, 0, 0, 0);
             }
             // these generic-proxy stores before the tensor copy that refills the stage (a window's
             // first tile is warp 0's stage 0, refilled S tiles later)
@@ -1242,7 +1305,8 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
             uint32_t a[4];
-            ldsm_x4(a, sk + (ks >> 2) * kBoxBytes + koff[ks & 3]);
+            if constexpr (TM) ldsm_x4(a, tm_at(sk, koff[ks & 3], ks >> 2));
+            else ldsm_x4(a, sk + (ks >> 2) * kBoxBytes + koff[ks & 3]);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) mma_16816<T>((ks & 1) ? s2[nt] : s[nt], a, qb[nt][ks][0], qb[nt][ks][1]);
         }
@@ -1257,7 +1321,8 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
 #pragma unroll
         for (int mt = 0; mt < KS; mt++) {
             uint32_t a[4];
-            ldsm_x4_trans(a, sv + (mt >> 2) * kBoxBytes + voff[mt & 3]);
+            if constexpr (TM) ldsm_x4_trans(a, tm_at(sv, voff[mt & 3], mt >> 2));
+            else ldsm_x4_trans(a, sv + (mt >> 2) * kBoxBytes + voff[mt & 3]);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
                 acc[nt][mt][0] *= ala[nt];
@@ -1269,8 +1334,13 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
         }
         // ---- refill this stage with tile it + S (every lane is done reading it)
         __syncwarp();
-        if (lane == 0 && it + S < nmine) {
-            issue(stage, npage, noff);
+        if constexpr (TM) {
+            if (it + S < nmine) {
+                issue_chunks(stage, it + S, npage, noff);
+                if (it + S + 1 < nmine) tile_at(it + S + 1, npage, noff);
+            }
+        } else if (lane == 0 && it + S < nmine) {
+            issue_tile(stage, npage, noff);
             if (it + S + 1 < nmine) tile_at(it + S + 1, npage, noff);
         }
         if (++stage == S) {
@@ -1290,7 +1360,7 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
 #endif
 }
 
-template <typename T, int D, int NT>
+template <typename T, int D, int NT, bool TM = false>
 __global__ void __launch_bounds__(kThreads, NT == 2 || D > 128 ? 2 : D <= 64 ? 4 : 3)
     decode_kernel_tma(const decode_params p, const __grid_constant__ tma_maps maps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1299,8 +1369,8 @@ __global__ void __launch_bounds__(kThreads, NT == 2 || D > 128 ? 2 : D <= 64 ? 4
     PKV_TL_SCOPE(0);
     task_info ti;
     if (!load_task<T, D>(p, ti)) return;
-    if (p.cap_log2 > 0.f) decode_tma_body<T, D, NT, true>(p, maps, ti, smem, bars);
-    else decode_tma_body<T, D, NT, false>(p, maps, ti, smem, bars);
+    if (p.cap_log2 > 0.f) decode_tma_body<T, D, NT, true, TM>(p, maps, ti, smem, bars);
+    else decode_tma_body<T, D, NT, false, TM>(p, maps, ti, smem, bars);
 #endif
 }
 
@@ -1382,9 +1452,16 @@ template <typename T, int D>
 static cudaError_t launch_decode_tma(const decode_params &p, const tma_maps &maps, dim3 grid, cudaStream_t stream,
                                      bool pdl) {
     launch_cfg lc(grid, tma_smem_bytes<D>(p.stages), stream, pdl);
-    if (p.group <= 8) return lc.launch(decode_kernel_tma<T, D, 1>, p, maps);
-    if constexpr (D > 128) return cudaErrorInvalidValue;
-    else return lc.launch(decode_kernel_tma<T, D, 2>, p, maps);
+    if constexpr (D > 128) {
+        if (p.group > 8 || p.page_size % 16 != 0) return cudaErrorInvalidValue;
+        return lc.launch(decode_kernel_tma<T, D, 1>, p, maps);
+    } else {
+        if (p.page_size % 16 != 0) // chunked: tma_maps_for encoded token-major maps
+            return p.group <= 8 ? lc.launch(decode_kernel_tma<T, D, 1, true>, p, maps)
+                                : lc.launch(decode_kernel_tma<T, D, 2, true>, p, maps);
+        return p.group <= 8 ? lc.launch(decode_kernel_tma<T, D, 1>, p, maps)
+                            : lc.launch(decode_kernel_tma<T, D, 2>, p, maps);
+    }
 }
 
 template <typename T, int D> static int resident_ctas_d(kernel_kind kind) {
@@ -1406,24 +1483,30 @@ template <typename T, int D, int NT> static int tma_resident(int stages) {
                ? n
                : 0;
 }
-// The static shared memory of both dtypes' instances: *static_bytes becomes the larger of it and itself.
-template <int D, int NT> static cudaError_t tma_static_bytes(size_t *static_bytes) {
+// The static shared memory of both dtypes' instances (and the chunked ones at d <= 128): *static_bytes
+// becomes the larger of it and itself.
+template <int D, int NT, bool TM = false> static cudaError_t tma_static_bytes(size_t *static_bytes) {
     cudaFuncAttributes fh, fb;
-    cudaError_t e = cudaFuncGetAttributes(&fh, decode_kernel_tma<__half, D, NT>);
-    if (e == cudaSuccess) e = cudaFuncGetAttributes(&fb, decode_kernel_tma<__nv_bfloat16, D, NT>);
+    cudaError_t e = cudaFuncGetAttributes(&fh, decode_kernel_tma<__half, D, NT, TM>);
+    if (e == cudaSuccess) e = cudaFuncGetAttributes(&fb, decode_kernel_tma<__nv_bfloat16, D, NT, TM>);
     if (e == cudaSuccess) {
         if (fh.sharedSizeBytes > *static_bytes) *static_bytes = fh.sharedSizeBytes;
         if (fb.sharedSizeBytes > *static_bytes) *static_bytes = fb.sharedSizeBytes;
     }
+    if constexpr (!TM && D <= 128)
+        if (e == cudaSuccess) e = tma_static_bytes<D, NT, true>(static_bytes);
     return e;
 }
-// Raises the dynamic shared-memory limit of both dtypes' instances to `bytes`.
-template <int D, int NT> static cudaError_t tma_raise_limit(int bytes) {
-    cudaError_t e = cudaFuncSetAttribute(decode_kernel_tma<__half, D, NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         bytes);
+// Raises the dynamic shared-memory limit of both dtypes' instances (and the chunked ones at d <= 128) to
+// `bytes`.
+template <int D, int NT, bool TM = false> static cudaError_t tma_raise_limit(int bytes) {
+    cudaError_t e = cudaFuncSetAttribute(decode_kernel_tma<__half, D, NT, TM>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(decode_kernel_tma<__nv_bfloat16, D, NT>,
+        e = cudaFuncSetAttribute(decode_kernel_tma<__nv_bfloat16, D, NT, TM>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    if constexpr (!TM && D <= 128)
+        if (e == cudaSuccess) e = tma_raise_limit<D, NT, true>(bytes);
     return e;
 }
 // The most stages (from lo to max_stages) that keep `want` CTAs of the NT instance resident; 0: none.
@@ -1470,25 +1553,42 @@ static cudaError_t tma_setup(int cc_major, size_t smem_optin, int32_t stages_out
 // in the strides only), one box of 64 x 16 x d/64 per tile: a tile's K (or V) is one copy, laid out as
 // d/64 boxes of 16 rows of 128 bytes.  L2 promotion of 128 bytes: with 256 the two 128-byte halves of a
 // token's head vector were promoted each, 17% more L2 sectors read and 2-5% longer long steps (H200).
+// Pages not a multiple of 16 tokens (the chunked kernel): {dim % 64, dim / 64, token in page, KV head,
+// page} with a box of 64 x d/64 x hb, hb the largest power of two dividing the page size: a chunk of hb
+// tokens lands token-major (each token's d/64 rows of 128 bytes together), so chunks of any size stack
+// into the tile's 16 token rows.
 static bool encode_pool(CUtensorMap *map, const void *pool, const pkv_problem &pr, const pkv_kv_strides &st) {
-    const cuuint64_t dims[5] = {64, (cuuint64_t)pr.page_size, (cuuint64_t)pr.head_dim / 64,
-                                (cuuint64_t)pr.num_kv_heads, (cuuint64_t)pr.num_pages};
-    const cuuint64_t strides[4] = {(cuuint64_t)st.token * 2, 128, (cuuint64_t)st.head * 2, (cuuint64_t)st.page * 2};
-    const cuuint32_t box[5] = {64, 16, (cuuint32_t)pr.head_dim / 64, 1, 1}, elem[5] = {1, 1, 1, 1, 1};
+    const cuuint64_t H = (cuuint64_t)pr.head_dim / 64;
+    const bool chunked = pr.page_size % 16 != 0;
+    const cuuint32_t hb = chunked ? (cuuint32_t)(pr.page_size & -pr.page_size) : 16;
+    const cuuint64_t dims_box[5] = {64, (cuuint64_t)pr.page_size, H, (cuuint64_t)pr.num_kv_heads,
+                                    (cuuint64_t)pr.num_pages};
+    const cuuint64_t dims_chunk[5] = {64, H, (cuuint64_t)pr.page_size, (cuuint64_t)pr.num_kv_heads,
+                                      (cuuint64_t)pr.num_pages};
+    const cuuint64_t strides_box[4] = {(cuuint64_t)st.token * 2, 128, (cuuint64_t)st.head * 2, (cuuint64_t)st.page * 2};
+    const cuuint64_t strides_chunk[4] = {128, (cuuint64_t)st.token * 2, (cuuint64_t)st.head * 2,
+                                         (cuuint64_t)st.page * 2};
+    const cuuint32_t box_tile[5] = {64, 16, (cuuint32_t)H, 1, 1}, box_chunk[5] = {64, (cuuint32_t)H, hb, 1, 1};
+    const cuuint64_t *dims = chunked ? dims_chunk : dims_box, *strides = chunked ? strides_chunk : strides_box;
+    const cuuint32_t *box = chunked ? box_chunk : box_tile, elem[5] = {1, 1, 1, 1, 1};
     return g_encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 5, const_cast<void *>(pool), dims, strides, box, elem,
                           CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
 // The tensor maps of a step when its shape runs the tensor-copy kernel (sm_90, G <= 8 with heads in N at
-// d = 64/128/256 or G 9..16 at d = 64/128, page size a multiple of 16) and the ring's stages per warp; false: the register kernel
-// runs.  The last maps are kept per thread (same pools and shape: no re-encoding per step).
+// d = 64/128/256 or G 9..16 at d = 64/128; page sizes that are not a multiple of 16 at d = 64/128 only, by
+// the chunked kernel, when its chunks have at least o.tma_chunk_min tokens) and the ring's stages per warp;
+// false: the register kernel runs.  The last maps are kept per thread (same pools and shape: no
+// re-encoding per step).
 static bool tma_maps_for(const pkv_plan *plan, const pkv_tensors *t, const pkv_kv_strides &st,
                          const pkv_cuda_launch_opts &o, tma_maps *maps, int32_t *stages) {
     const pkv_problem &pr = plan->problem;
     const int idx = pr.head_dim == 64 ? 0 : pr.head_dim == 128 ? 1 : pr.head_dim == 256 ? 2 : -1;
     const int nt = plan->group > 8 ? 1 : 0;
-    if (!o.tma || !o.allow_n8 || !g_encode_tiled || idx < 0 || plan->group > 16 || pr.page_size % 16 != 0 ||
+    if (!o.tma || !o.allow_n8 || !g_encode_tiled || idx < 0 || plan->group > 16 ||
+        (pr.page_size % 16 != 0 &&
+         (pr.head_dim > 128 || o.tma_chunk_min <= 0 || (pr.page_size & -pr.page_size) < o.tma_chunk_min)) ||
         pr.num_pages <= 0 || pr.num_pages > INT32_MAX)
         return false;
     const int32_t dflt = o.tma_default_stages[idx][nt];

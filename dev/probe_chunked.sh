@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# probe_chunked.sh OUT OLD_DECODE_SOURCE - the chunked tensor-copy kernel (pages that are not a multiple of
+# 16 tokens) on the GPU in one call: builds the working tree (pkv, test_cuda) and OLD_DECODE_SOURCE (pkv)
+# side by side; test_cuda (default and with the chunked kernel off), memcheck and racecheck on a reduced
+# set; then every anchor and route at page size 1 with the chunked kernel and with the register kernels
+# (PKV_TMA_CHUNKED=0), alternating, at page size 8 the same once, and at page size 16 the working tree
+# against the old source (the whole-tile kernel must not have moved).  OUT/summary.txt, OUT/probe.tgz.
+# QUICK=1: test_cuda default and with chunks of any size (PKV_TMA_CHUNKED=all), memcheck with them, and the
+# page-16 comparison only.
+set -u
+root=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:?usage: dev/probe_chunked.sh OUT OLD_DECODE_SOURCE}
+old_src=${2:?old decode source, relative to the repository root}
+mkdir -p "$out"
+r=$(mktemp -d)
+a=$root/build-gpu; b=$root/build-variant
+. "$root/dev/build.sh"
+dev_build_ab "$a" "$b" "$old_src" "$r" || exit 1
+S="$r/summary.txt"
+{
+  echo "# dev/probe_chunked.sh at ${PKV_COMMIT:-unknown}, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null
+  timeout 200 "$a/tests/test_cuda" >"$r/test_cuda.log" 2>&1
+  rc=$?
+  echo "test_cuda (rc $rc): $(tail -n 1 "$r/test_cuda.log")"
+  [ $rc -ne 0 ] && { grep -m 30 -i "fail" "$r/test_cuda.log"; }
+  q=${QUICK:-0}
+  if [ "$q" = 1 ]; then ch=all; else ch=0; fi
+  echo "test_cuda, PKV_TMA_CHUNKED=$ch: $(PKV_TMA_CHUNKED=$ch PKV_TEST_CASES=30 timeout 150 "$a/tests/test_cuda" 2>&1 | tail -n 1)"
+  PKV_TMA_CHUNKED=all PKV_TEST_SMALL=1 PKV_TEST_CASES=4 timeout 150 compute-sanitizer --tool memcheck "$a/tests/test_cuda" >"$r/memcheck.log" 2>&1
+  echo "memcheck (PKV_TMA_CHUNKED=all): $(grep -E "test_cuda:" "$r/memcheck.log" | tail -n 1) $(grep -E "ERROR SUMMARY" "$r/memcheck.log")"
+  if [ "$q" != 1 ]; then
+    PKV_TMA_CHUNKED=all PKV_TEST_SMALL=1 PKV_TEST_CASES=2 timeout 150 compute-sanitizer --tool racecheck "$a/tests/test_cuda" >"$r/racecheck.log" 2>&1
+    echo "racecheck (PKV_TMA_CHUNKED=all): $(grep -E "test_cuda:" "$r/racecheck.log" | tail -n 1) $(grep -E "RACECHECK SUMMARY" "$r/racecheck.log")"
+  fi
+  [ $rc -eq 0 ] || exit 1
+  bench() { # NAME BIN ENV... -- ARGS...
+    local name=$1 bin=$2; shift 2
+    local envs=()
+    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+    shift
+    env "${envs[@]}" timeout 200 "$bin" bench --backend cuda --anchor all --route all --reps 30 --wall-reps 2 \
+      --no-check --quiet "$@" --json "$r/$name.json" >/dev/null 2>>"$r/bench.log"
+  }
+  if [ "$q" != 1 ]; then
+    for k in 1 2; do
+      bench c1_$k "$a/pkv" PKV_TMA_CHUNKED=all -- --page-size 1
+      bench r1_$k "$a/pkv" PKV_TMA_CHUNKED=0 -- --page-size 1
+    done
+    bench c8_1 "$a/pkv" PKV_TMA_CHUNKED=all -- --page-size 8
+    bench r8_1 "$a/pkv" PKV_TMA_CHUNKED=0 -- --page-size 8
+  fi
+  bench new16_1 "$a/pkv" PKV_TMA_CHUNKED=all --
+  bench old16_1 "$b/pkv" PKV_TMA_CHUNKED=all --
+  python3 - "$r" <<'PY'
+import json, sys, statistics as st
+r = sys.argv[1]
+def load(n):
+    try:
+        return {(x["step"], x["route"]): x for x in json.load(open(f"{r}/{n}.json"))["rows"]}
+    except Exception:
+        return {}
+def gm(v):
+    g = 1.0
+    for x in v: g *= x
+    return g ** (1 / len(v)) if v else float("nan")
+for title, A, B in (("page 1: chunked tensor copies / register kernels", ["c1_1", "c1_2"], ["r1_1", "r1_2"]),
+                    ("page 8: chunked / register", ["c8_1"], ["r8_1"]),
+                    ("page 16: working tree / old source", ["new16_1"], ["old16_1"])):
+    a = [load(n) for n in A]; b = [load(n) for n in B]
+    if not all(a + b):
+        continue
+    keys = [k for k in a[0] if all(k in d for d in a + b)]
+    print(f"\n## {title}\n| anchor | route | A us | B us | A / B | A of ceiling |\n| --- | --- | ---: | ---: | ---: | ---: |")
+    ratios = {}
+    best = {}
+    for k in keys:
+        ma = st.median([d[k]["kernel_us"] for d in a]); mb = st.median([d[k]["kernel_us"] for d in b])
+        ratios[k] = ma / mb
+        print(f"| {k[0]} | {k[1]} | {ma:.1f} | {mb:.1f} | {ma / mb:.3f} | {a[0][k]['frac_read_ceiling']:.3f} |")
+        s = best.setdefault(k[0], [1e30, 1e30])
+        s[0] = min(s[0], ma); s[1] = min(s[1], mb)
+    for rt in sorted({k[1] for k in keys}):
+        print(f"geomean A / B, route {rt}: {gm([x for k, x in ratios.items() if k[1] == rt]):.4f}")
+    print(f"geomean A / B, best route of each: {gm([v[0] / v[1] for v in best.values()]):.4f}; "
+          + ", ".join(f"{s} {v[0]:.1f}/{v[1]:.1f}" for s, v in best.items()))
+PY
+} 2>&1 | tee "$S.all"
+mv "$S.all" "$S"
+cp "$S" "$out/summary.txt"
+tar -czf "$out/probe.tgz" -C "$r" .
