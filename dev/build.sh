@@ -19,3 +19,11 @@ dev_build_ab() {
   [ -x "$new/pkv" ] && [ -x "$new/tests/test_cuda" ] || { tail -n 40 "$logs/build.log"; return 1; }
   [ -x "$old/pkv" ] || { tail -n 40 "$logs/build_variant.log"; return 1; }
 }
+# dev_ab_setup VARIANT_SOURCE: the start of the A/B probes - r, a fresh log directory; a, the working tree's
+# build (build-gpu: pkv, test_cuda); b, VARIANT_SOURCE's (build-variant: pkv) - built side by side; exits the
+# probe when a build fails.
+dev_ab_setup() {
+  r=$(mktemp -d)
+  a=$dev_root/build-gpu; b=$dev_root/build-variant
+  dev_build_ab "$a" "$b" "$1" "$r" || exit 1
+}

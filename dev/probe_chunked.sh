@@ -1,21 +1,20 @@
 #!/usr/bin/env bash
 # probe_chunked.sh OUT OLD_DECODE_SOURCE - the chunked tensor-copy kernel (pages that are not a multiple of
-# 16 tokens) on the GPU in one call: builds the working tree (pkv, test_cuda) and OLD_DECODE_SOURCE (pkv)
-# side by side; test_cuda (default and with the chunked kernel off), memcheck and racecheck on a reduced
-# set; then every anchor and route at page size 1 with the chunked kernel and with the register kernels
-# (PKV_TMA_CHUNKED=0), alternating, at page size 8 the same once, and at page size 16 the working tree
-# against the old source (the whole-tile kernel must not have moved).  OUT/summary.txt, OUT/probe.tgz.
-# QUICK=1: test_cuda default and with chunks of any size (PKV_TMA_CHUNKED=all), memcheck with them, and the
-# page-16 comparison only.
+# 16 tokens, v14) on the GPU in one call: builds the working tree (pkv, test_cuda) and OLD_DECODE_SOURCE
+# (pkv) side by side; test_cuda (default, and with the chunked kernel off), memcheck and racecheck with
+# chunks of any size on a reduced set; then every anchor and route at page size 1 with chunks of any size
+# (PKV_TMA_CHUNKED=all) and with the register kernels (=0), alternating, at page size 8 the same once, and
+# at page size 16 the working tree against the old source (the whole-tile kernel must not have moved).
+# OUT/summary.txt, OUT/probe.tgz.  The old source: a decode.cu from before the chunks, e.g.
+# git show 0d315fa:src/cuda/decode.cu > dev/decode_v13d.cu (not committed).  QUICK=1: test_cuda default
+# and with chunks of any size, memcheck with them, and the page-16 comparison only.
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?usage: dev/probe_chunked.sh OUT OLD_DECODE_SOURCE}
 old_src=${2:?old decode source, relative to the repository root}
 mkdir -p "$out"
-r=$(mktemp -d)
-a=$root/build-gpu; b=$root/build-variant
 . "$root/dev/build.sh"
-dev_build_ab "$a" "$b" "$old_src" "$r" || exit 1
+dev_ab_setup "$old_src"
 S="$r/summary.txt"
 {
   echo "# dev/probe_chunked.sh at ${PKV_COMMIT:-unknown}, $(date -u +%Y-%m-%dT%H:%M:%SZ)"

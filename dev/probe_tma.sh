@@ -14,11 +14,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?usage: dev/probe_tma.sh OUT OLD_SOURCE [ROUNDS]}
 variant=${2:?old decode source, relative to the repository root}
 rounds=${3:-2}
-r=$(mktemp -d)
-a=$root/build-gpu; b=$root/build-variant
 . "$root/dev/build.sh"
 t0=$(date +%s)
-dev_build_ab "$a" "$b" "$variant" "$r" || exit 1
+dev_ab_setup "$variant"
 # name:binary:ctas-per-unit (0: default):environment; TMA_CONFIGS replaces the list (@A: the new build's
 # directory, @B: the old one's); TMA_NCU=0 skips the profiles
 configs=${TMA_CONFIGS:-"old:$b/pkv:0: new:$a/pkv:0: s3cpu2:$a/pkv:2:PKV_TMA_STAGES=3 newcpu2:$a/pkv:2:

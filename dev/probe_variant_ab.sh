@@ -19,10 +19,8 @@ out=${1:?usage: dev/probe_variant_ab.sh OUT VARIANT_SOURCE [ROUNDS]}
 mkdir -p "$out"
 variant=${2:?variant decode source, relative to the repository root}
 rounds=${3:-2}
-r=$(mktemp -d)
-a=$root/build-gpu; b=$root/build-variant
 . "$root/dev/build.sh"
-dev_build_ab "$a" "$b" "$variant" "$r" || exit 1
+dev_ab_setup "$variant"
 S="$r/summary.txt"
 {
   echo "# dev/probe_variant_ab.sh: working tree (new) vs $variant (old); every anchor and route; $rounds rounds"
