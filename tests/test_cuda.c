@@ -159,7 +159,10 @@ static void score_option_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
         {32, 2, 256, 16, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 40.0f, 6.0f, 0, 2, {3000, 40}},
         {64, 8, 64, 16, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 0.05f, 2.0f, 0, 3, {2000, 64, 3}},
         {64, 4, 128, 16, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 10.0f, 3.0f, 500, 3, {6000, 16, 777}},
-        /* windows that start inside a chunk of the chunked kernel (pages of 4 and 6: chunks of 4 and 2) */
+        /* windows that start inside a chunk of the chunked kernel: pages of 8 and 24 (chunks of 8, the
+         * default), capped on the second; pages of 4 and 6 (chunks of 4 and 2 under PKV_TMA_CHUNKED=all) */
+        {32, 8, 128, 8, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 0.0f, 0.0f, 37, 3, {3000, 38, 2}},
+        {24, 4, 64, 24, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 0.5f, 0.0f, 301, 3, {5000, 302, 7}},
         {32, 8, 128, 4, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 0.0f, 0.0f, 37, 3, {3000, 38, 2}},
         {48, 4, 64, 6, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 0.5f, 0.0f, 301, 3, {5000, 302, 7}},
     };

@@ -1161,11 +1161,16 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
     // issues its copies, and chunks wholly outside [tb, te) are not read (their rows are masked like the
     // rows past te).  Otherwise lane 0 does both for the tile's one page.
     const int hb = TM ? (p.page_size & -p.page_size) : 16, nchunk = 16 / hb;
+    // TM: this lane's chunk of the warp's it-th tile - its first token, and whether it meets [tb, te)
+    // (the copies follow this test, not the page id, so a page id the caller left negative is read as
+    // zeros by the tensor copy, as in the whole-tile path, and the stage's byte count still completes)
+    auto chunk_tok = [&](int it) -> int32_t { return t0 + (warp + it * kWarps) * 16 + lane * hb; };
+    auto chunk_in = [&](int32_t tok) { return lane < nchunk && tok + hb > tb && tok < te; };
     auto tile_at = [&](int it, int32_t &page, int32_t &off) {
         if constexpr (TM) {
-            const int32_t tok = t0 + (warp + it * kWarps) * 16 + lane * hb;
-            if (lane >= nchunk || tok + hb <= tb || tok >= te) {
-                page = -1, off = 0;
+            const int32_t tok = chunk_tok(it);
+            if (!chunk_in(tok)) {
+                page = 0, off = 0;
                 return;
             }
             page = token_page(p, ti.page_base, tok);
@@ -1190,7 +1195,7 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
         const int jlo = max(tb - base, 0) / hb, jhi = min((te - base + hb - 1) / hb, nchunk);
         if (lane == 0) mbar_expect_tx(bar, (uint32_t)(jhi - jlo) * (uint32_t)hb * (uint32_t)(D * 2 * 2));
         __syncwarp();
-        if (page >= 0) {
+        if (chunk_in(chunk_tok(it))) {
             const uint32_t at = dst + (uint32_t)(lane * hb * D * 2);
             tma_load_chunk(at, &maps.k, off, head, page, bar);
             tma_load_chunk(at + H * kBoxBytes, &maps.v, off, head, page, bar);
