@@ -279,6 +279,58 @@ static bool claim_words_reset(pkv_context *ctx, const pkv_plan *plan, void *ws) 
     return ok;
 }
 
+/* The decode kernel each shape runs (pkv_dev_decode_kernel, the choice a run makes): with tensor copies
+ * on (sm_90 code on an sm_90 device, neither PKV_DECODE_TMA=0 nor PKV_DECODE_KERNEL=m), pages that are
+ * a multiple of 16 take them at G <= 16 for d = 64/128 and G <= 8 for d = 256, and pages of 8, 24, ...
+ * at d = 64/128 take them in chunks of 8 (chunks of any size under PKV_TMA_CHUNKED=all, none under =0);
+ * everything else runs the register kernels.  The outputs would be right either way, so only this
+ * catches a tensor-copy path that silently falls back (a map the driver refuses, a gate too strict). */
+static void decode_kernel_choice(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
+    pkv_dev_info info;
+    CHECK_OK(pkv_dev_get_info(ctx, &info));
+    const char *tma_env = getenv("PKV_DECODE_TMA"), *kind_env = getenv("PKV_DECODE_KERNEL"),
+               *chunk_env = getenv("PKV_TMA_CHUNKED");
+    const bool heads_in_m = kind_env && strcmp(kind_env, "m") == 0;
+    const bool tma = info.cc_major >= 9 && !strstr(pkv_context_device_name(ctx), "no sm_90 code") &&
+                     !(tma_env && strcmp(tma_env, "0") == 0) && !heads_in_m;
+    const int32_t chunk_min = chunk_env && strcmp(chunk_env, "0") == 0     ? 0
+                              : chunk_env && strcmp(chunk_env, "all") == 0 ? 1
+                                                                            : 8;
+    static const struct {
+        int32_t hq, hkv, d, page;
+    } shapes[] = {{32, 8, 128, 16}, {32, 8, 128, 48}, {64, 4, 128, 16}, {16, 8, 256, 16}, {64, 4, 256, 16},
+                  {32, 8, 128, 8},  {32, 8, 64, 24},  {64, 4, 128, 8},  {32, 8, 128, 4}, {32, 8, 128, 1},
+                  {16, 8, 256, 8},  {28, 4, 128, 5}};
+    printf("decode kernel of the paper shape: %s\n", tma ? "tensor copies expected" : "register kernels expected");
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        int32_t lens[2] = {300, 40};
+        pkv_test_case tc;
+        if (!fixed_case_build(rng, shapes[i].hq, shapes[i].hkv, shapes[i].d, shapes[i].page, PKV_LAYOUT_NHD,
+                              PKV_DTYPE_FP16, 2, lens, &tc))
+            continue;
+        dev_case dc;
+        if (dev_case_upload(ctx, &tc, &dc)) {
+            const int32_t G = shapes[i].hq / shapes[i].hkv, d = shapes[i].d, page = shapes[i].page;
+            const bool whole = tma && G <= 16 && (d <= 128 || G <= 8);
+            char want[64];
+            if (whole && page % 16 == 0) snprintf(want, sizeof want, "tensor copies");
+            else if (whole && d <= 128 && chunk_min > 0 && (page & -page) >= chunk_min)
+                snprintf(want, sizeof want, "tensor copies in chunks of %d", page & -page);
+            else snprintf(want, sizeof want, "registers, heads in %s", G > 8 || heads_in_m ? "M" : "N");
+            const pkv_tensors t = dev_tensors(&dc);
+            const char *got = "";
+            CHECK_OK(pkv_plan_step(ctx, &tc.problem, &tc.table, NULL, plan));
+            CHECK_OK(pkv_dev_decode_kernel(ctx, plan, &t, &got));
+            CHECK_MSG(strncmp(got, want, strlen(want)) == 0 && (strlen(got) == strlen(want) || got[strlen(want)] == ' '),
+                      "G=%d d=%d page=%d runs \"%s\", expected \"%s\"", G, d, page, got, want);
+        }
+        dev_case_free(ctx, &dc);
+        pkv_test_case_free(&tc);
+    }
+    const char *got = NULL;
+    CHECK(pkv_dev_decode_kernel(ctx, NULL, NULL, &got) == PKV_ERR_NULL_POINTER);
+}
+
 /* One plan run twice on one upload (as each layer of a step runs it), then as a captured CUDA graph
  * replayed 3 times, outputs poisoned before each: o and lse bitwise the same every time, and right.  A
  * graph-stable plan's later runs claim their tasks from counters the earlier run's merge kernel set
@@ -674,6 +726,7 @@ int main(void) {
     pkv_rng rng;
     pkv_rng_seed(&rng, 20261129);
 
+    decode_kernel_choice(ctx, plan, &rng);
     fixed_cases(ctx, plan, &rng);
     repeat_and_graph(ctx, plan, &rng);
     graph_stable_replay(ctx, plan, &rng);

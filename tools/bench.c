@@ -73,6 +73,7 @@ typedef struct row_result {
     double terms[PKV_COST_TERMS], predicted_us;
     char repro[512];
     char trace[192];      /* the step's workload arguments (trace, seed, B, step) */
+    const char *decode_kernel; /* CUDA: the decode kernel the run launched (pkv_dev_decode_kernel); NULL on the CPU */
     const int32_t *lens;  /* the step's lengths (owned by its step_input) */
 } row_result;
 
@@ -516,6 +517,9 @@ static void measure(const bench_opts *o, buffers *b, const step_input *s, pkv_ro
                      .lse = b->lse,
                      .kv_page_stride = b->kv_page_stride};
 
+    r->decode_kernel = NULL;
+    if (o->cuda) TRY(o->ctx, pkv_dev_decode_kernel(o->ctx, plan, &t, &r->decode_kernel), "decode kernel");
+
     /* correctness first: poisoned outputs, rotation 0 */
     size_t on = (size_t)s->batch * prob.num_qo_heads * prob.head_dim * 2;
     if (o->cuda)
@@ -762,6 +766,7 @@ static void write_json(const char *path, const bench_opts *o, const ceilings *ce
             "    {\"step\": \"%s\", \"batch\": %d, \"total_tokens\": %lld, \"route\": \"%s\", \"route_used\": \"%s\"",
             r->step, r->batch, (long long)r->total_tokens, pkv_route_name(r->route_asked),
             pkv_route_name(r->route_used));
+        if (r->decode_kernel) fprintf(f, ", \"decode_kernel\": \"%s\"", r->decode_kernel);
         json_field_num(f, "kernel_us", r->kernel_us);
         json_field_num(f, "kernel_p10_us", r->kernel_p10);
         json_field_num(f, "kernel_p90_us", r->kernel_p90);

@@ -45,6 +45,11 @@ pkv_status pkv_dev_get_info(pkv_context *ctx, pkv_dev_info *info) {
     (void)info;
     return PKV_NO_CUDA(ctx);
 }
+pkv_status pkv_dev_decode_kernel(pkv_context *ctx, const pkv_plan *plan, const pkv_tensors *t, const char **name) {
+    (void)plan, (void)t;
+    if (name) *name = "";
+    return PKV_NO_CUDA(ctx);
+}
 pkv_status pkv_dev_time_plan(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_bytes,
                              const pkv_tensors *base, const int32_t *const *page_sets, int32_t nsets,
                              int32_t warmup, int32_t reps, double *samples_us) {

@@ -33,6 +33,10 @@ typedef struct pkv_dev_info {
     int64_t l2_bytes, mem_bytes;
 } pkv_dev_info;
 pkv_status pkv_dev_get_info(pkv_context *ctx, pkv_dev_info *info);
+/* The decode kernel a run of the plan with these tensors launches on this CUDA context: "tensor copies",
+ * "tensor copies in chunks of N" (pages not a multiple of 16 tokens) or "registers, heads in N|M"
+ * (static storage; "" on error). */
+pkv_status pkv_dev_decode_kernel(pkv_context *ctx, const pkv_plan *plan, const pkv_tensors *t, const char **name);
 
 /* Kernel time of reps runs of the plan (CUDA events around each run; each run queued behind a short
  * spin kernel so the host's launch cost is off the clock).  Run r uses page-index set r % nsets

@@ -162,6 +162,13 @@ const pkv_backend_ops cuda_ops = {"cuda", cuda_run, cuda_upload, cuda_supports, 
 
 } // namespace
 
+extern "C" pkv_status pkv_cuda_decode_kernel_of(pkv_context *ctx, const pkv_plan *plan, const pkv_tensors *t,
+                                                const char **name) {
+    if (ctx->ops != &cuda_ops) return pkv_fail(ctx, PKV_ERR_UNSUPPORTED, "not a CUDA context");
+    *name = pkv_cuda_decode_kernel_name(plan, t, &state_of(ctx)->launch);
+    return PKV_OK;
+}
+
 extern "C" int pkv_cuda_device_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {

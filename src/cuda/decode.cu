@@ -1838,6 +1838,28 @@ extern "C" cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace
     return pkv::run_t<__nv_bfloat16>(plan, p, m, ws, stream, *opts, mp);
 }
 
+// The decode kernel a run of the plan launches with these tensors (the same choice as
+// pkv_cuda_decode_run): a static name, for the tests and the benchmark's records.
+extern "C" const char *pkv_cuda_decode_kernel_name(const pkv_plan *plan, const pkv_tensors *t,
+                                                   const pkv_cuda_launch_opts *opts) {
+    const pkv_problem &pr = plan->problem;
+    pkv::tma_maps maps;
+    int32_t stages = 0;
+    if (pkv::tma_maps_for(plan, t, pkv_kv_strides_run(&pr, t), *opts, &maps, &stages)) {
+        if (pr.page_size % 16 == 0) return "tensor copies";
+        switch (pr.page_size & -pr.page_size) {
+        case 8: return "tensor copies in chunks of 8";
+        case 4: return "tensor copies in chunks of 4";
+        case 2: return "tensor copies in chunks of 2";
+        default: return "tensor copies in chunks of 1";
+        }
+    }
+    if (pkv::kernel_for(plan->group, opts->allow_n8 != 0) == pkv::kHeadsInN)
+        return opts->deep_max_ctas > 0 ? "registers, heads in N (two tiles in flight on small grids)"
+                                       : "registers, heads in N";
+    return "registers, heads in M";
+}
+
 #ifdef PKV_TIMELINE
 // Writes the recorded CTAs of the last decode and merge launches as CSV (kind, cta, sm, start_ns,
 // end_ns, mark0_ns, mark1_ns: the PKV_TL_MARK points, 0 where none was recorded); 0 on success.

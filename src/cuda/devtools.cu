@@ -239,6 +239,13 @@ pkv_status pkv_dev_copy_late(pkv_context *ctx, void *dst, const void *src, size_
     return PKV_OK;
 }
 
+pkv_status pkv_dev_decode_kernel(pkv_context *ctx, const pkv_plan *plan, const pkv_tensors *t, const char **name) {
+    if (!ctx || !plan || !t || !name)
+        return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "context, plan, tensors and name must not be NULL");
+    *name = "";
+    return pkv_cuda_decode_kernel_of(ctx, plan, t, name);
+}
+
 pkv_status pkv_dev_get_info(pkv_context *ctx, pkv_dev_info *info) {
     if (!info) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "info is NULL");
     memset(info, 0, sizeof *info);

@@ -47,6 +47,12 @@ typedef struct pkv_cuda_launch_opts {
 /* Launches every phase of an uploaded plan on the stream (attention, then merge). */
 cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace, const pkv_tensors *t, cudaStream_t stream,
                                 const pkv_cuda_launch_opts *opts);
+/* The name of the decode kernel a run of the plan launches with these tensors (static storage). */
+const char *pkv_cuda_decode_kernel_name(const pkv_plan *plan, const pkv_tensors *t,
+                                        const pkv_cuda_launch_opts *opts);
+/* The same for a CUDA context (its launch options): PKV_ERR_UNSUPPORTED on another backend. */
+pkv_status pkv_cuda_decode_kernel_of(pkv_context *ctx, const pkv_plan *plan, const pkv_tensors *t,
+                                     const char **name);
 /* CTAs of the kernel that runs (group, head_dim) resident per SM (fp16; 0 on error). */
 int pkv_cuda_decode_resident_ctas(int32_t group, int32_t head_dim, int allow_n8);
 #ifdef PKV_TIMELINE
