@@ -51,6 +51,12 @@ def anchors_table(path):
     out.append("")
     out.append(f"steps within 10% of FlashInfer or faster: {wins}/{len(steps)}; step efficiency of the best route: "
                f"min {min(effs):.2f}, median {sorted(effs)[len(effs) // 2]:.2f}, max {max(effs):.2f}")
+    kernels = {}
+    for r in rows:
+        if r.get("decode_kernel"):
+            kernels[r["decode_kernel"]] = kernels.get(r["decode_kernel"], 0) + 1
+    if kernels:
+        out.append("decode kernel (rows): " + ", ".join(f"{k} {n}" for k, n in sorted(kernels.items())))
     if long_rows:
         met = [f"{s} {f:.3f}" for s, f in long_rows if f >= 0.80]
         short = [f"{s} {f:.3f}" for s, f in long_rows if f < 0.80]
