@@ -96,8 +96,9 @@ static void fixed_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
          * that is not a power of two, HND and a row long enough to split; G = 1 */
         {16, 8, 256, 48, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 3, {9001, 47, 16}},
         {8, 8, 256, 16, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 2, {2000, 31}},
-        /* G 9..16 through the tensor-copy kernel on sm_90 (two n-tiles of heads): G = 12 at d = 64, and
-         * the G = 16 of Llama-3.1-405B with a row long enough to split */
+        /* G 9..16: G = 12 at d = 64 (the heads-in-M register kernel: the two-n-tile tensor-copy kernel
+         * holds fewer CTAs per SM there), and through the tensor-copy kernel on sm_90 the G = 16 of
+         * Llama-3.1-405B with a row long enough to split */
         {48, 4, 64, 32, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 3, {3000, 17, 0}},
         {22, 2, 128, 32, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 3, {5000, 33, 1}}, /* G = 11: 3 heads of the 2nd n-tile */
         {128, 8, 128, 16, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 2, {20000, 100}},
@@ -129,11 +130,11 @@ static void fixed_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
 
 /* Logits soft caps and sliding windows (Gemma-2, Mistral): windows of 1 token, shorter than a 16-token
  * tile, starting mid-page and mid-tile, longer than the rows, on rows long enough to split; page sizes
- * the tensor-copy kernel takes whole (16, 32, 48, 64) and in chunks (1, 4, 6, 7); K and V of every
- * token before a window are NaN.  Capped cases scale the scores (sm_scale) so that every cap binds (the
+ * the tensor-copy kernel takes whole (16, 32, 48, 64) and in chunks (8 and 24; 1, 4, 6 and 7 under
+ * PKV_TMA_CHUNKED=all); K and V of every token before a window are NaN.  Capped cases scale the scores (sm_scale) so that every cap binds (the
  * uncapped reference must differ), a cap of 0.05 saturates tanh (e^2y overflows), and each kernel runs
- * capped: tensor copies at d 64/128/256 and G 9..16, heads in N on pages of 7, heads in M for G 16 at
- * d = 256.  Under PKV_TEST_SMALL (rows clamped to 1500 tokens) windows above 1000 become 1000. */
+ * capped: tensor copies at d 64/128/256 and G 9..16 (d = 128), heads in N on pages of 7, heads in M for
+ * G 12 at d = 64 and G 16 at d = 256.  Under PKV_TEST_SMALL (rows clamped to 1500 tokens) windows above 1000 become 1000. */
 static void score_option_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     struct {
         int32_t hq, hkv, d, page;
@@ -281,9 +282,10 @@ static bool claim_words_reset(pkv_context *ctx, const pkv_plan *plan, void *ws) 
 
 /* The decode kernel each shape runs (pkv_dev_decode_kernel, the choice a run makes): with tensor copies
  * on (sm_90 code on an sm_90 device, neither PKV_DECODE_TMA=0 nor PKV_DECODE_KERNEL=m), pages that are
- * a multiple of 16 take them at G <= 16 for d = 64/128 and G <= 8 for d = 256, and pages of 8, 24, ...
- * at d = 64/128 take them in chunks of 8 (chunks of any size under PKV_TMA_CHUNKED=all, none under =0);
- * everything else runs the register kernels.  The outputs would be right either way, so only this
+ * a multiple of 16 take them at G <= 16 for d = 128 and G <= 8 for d = 64 and 256, and pages of 8, 24,
+ * ... at d = 64/128 take them in chunks of 8 (chunks of any size under PKV_TMA_CHUNKED=all, none under
+ * =0); everything else runs the register kernels (G 9..16 at d = 64: the two-n-tile tensor-copy kernel
+ * holds 3 CTAs per SM there, the register kernel 4, and the ring's stage rule keeps the 4).  The outputs would be right either way, so only this
  * catches a tensor-copy path that silently falls back (a map the driver refuses, a gate too strict). */
 static void decode_kernel_choice(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     pkv_dev_info info;
@@ -300,7 +302,7 @@ static void decode_kernel_choice(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng)
         int32_t hq, hkv, d, page;
     } shapes[] = {{32, 8, 128, 16}, {32, 8, 128, 48}, {64, 4, 128, 16}, {16, 8, 256, 16}, {64, 4, 256, 16},
                   {32, 8, 128, 8},  {32, 8, 64, 24},  {64, 4, 128, 8},  {32, 8, 128, 4}, {32, 8, 128, 1},
-                  {16, 8, 256, 8},  {28, 4, 128, 5}};
+                  {16, 8, 256, 8},  {28, 4, 128, 5},  {14, 2, 64, 16},  {48, 4, 64, 16}, {48, 4, 64, 8}};
     printf("decode kernel of the paper shape: %s\n", tma ? "tensor copies expected" : "register kernels expected");
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
         int32_t lens[2] = {300, 40};
@@ -311,7 +313,7 @@ static void decode_kernel_choice(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng)
         dev_case dc;
         if (dev_case_upload(ctx, &tc, &dc)) {
             const int32_t G = shapes[i].hq / shapes[i].hkv, d = shapes[i].d, page = shapes[i].page;
-            const bool whole = tma && G <= 16 && (d <= 128 || G <= 8);
+            const bool whole = tma && (d == 128 ? G <= 16 : G <= 8);
             char want[64];
             if (whole && page % 16 == 0) snprintf(want, sizeof want, "tensor copies");
             else if (whole && d <= 128 && chunk_min > 0 && (page & -page) >= chunk_min)

@@ -21,7 +21,7 @@
 // issued right after S, and V loads right after O, so a tile is always in flight while a warp
 // computes.
 //
-// On sm_90, for G <= 16 at d = 64/128 and G <= 8 at d = 256 with page sizes that are multiples of 16,
+// On sm_90, for G <= 16 at d = 128 and G <= 8 at d = 64/256 with page sizes that are multiples of 16,
 // a third kernel (decode_kernel_tma) runs the heads-in-N math with K and V brought into shared memory
 // by TMA tensor copies (one per tensor and 16-token tile, issued by one lane into a per-warp ring) and
 // read with ldmatrix, so the warps issue only the math (v8; PKV_DECODE_TMA=0 runs the register
@@ -1046,9 +1046,11 @@ __global__ void __launch_bounds__(kThreads, NB == 1 && D <= 128 ? 3 : 2) decode_
 }
 
 // ---- heads in N, K and V through shared memory by tensor copies (sm_90) --------------------------------
-// For G <= 8 at d = 64/128/256 and G 9..16 at d = 64/128 (two n-tiles of heads), page sizes that are
+// For G <= 8 at d = 64/128/256 and G 9..16 at d = 128 (two n-tiles of heads), page sizes that are
 // multiples of 16 (tiles start on 16-token boundaries, a window's first tile before its start, so a
-// 16-token tile never crosses a page).
+// 16-token tile never crosses a page).  The NT = 2 instance at d = 64 exists, but tma_setup leaves it
+// off: at 140 registers it holds 3 CTAs per SM where the heads-in-M register kernel holds 4 (the
+// planner's waves assume 4); compiled for 4 it takes 128 registers without spills (not measured).
 // The math is the heads-in-N kernel's (S^T = K Q^T, O^T = V^T P^T, tokens and head dims in M, the G
 // heads in N), but no warp loads K or V itself: each warp
 // keeps a ring of S stages in shared memory (a 16-token tile of K and of V per stage) with one mbarrier
@@ -1582,7 +1584,7 @@ static bool encode_pool(CUtensorMap *map, const void *pool, const pkv_problem &p
 }
 
 // The tensor maps of a step when its shape runs the tensor-copy kernel (sm_90, G <= 8 with heads in N at
-// d = 64/128/256 or G 9..16 at d = 64/128; page sizes that are not a multiple of 16 at d = 64/128 only, by
+// d = 64/128/256 or G 9..16 where tma_setup gave it stages (d = 128); page sizes that are not a multiple of 16 at d = 64/128 only, by
 // the chunked kernel, when its chunks have at least o.tma_chunk_min tokens) and the ring's stages per warp;
 // false: the register kernel runs.  The last maps are kept per thread (same pools and shape: no
 // re-encoding per step).
