@@ -766,7 +766,7 @@ static void write_json(const char *path, const bench_opts *o, const ceilings *ce
             "    {\"step\": \"%s\", \"batch\": %d, \"total_tokens\": %lld, \"route\": \"%s\", \"route_used\": \"%s\"",
             r->step, r->batch, (long long)r->total_tokens, pkv_route_name(r->route_asked),
             pkv_route_name(r->route_used));
-        if (r->decode_kernel) fprintf(f, ", \"decode_kernel\": \"%s\"", r->decode_kernel);
+        if (r->decode_kernel) json_field_str(f, "decode_kernel", r->decode_kernel);
         json_field_num(f, "kernel_us", r->kernel_us);
         json_field_num(f, "kernel_p10_us", r->kernel_p10);
         json_field_num(f, "kernel_p90_us", r->kernel_p90);
