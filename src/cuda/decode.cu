@@ -1065,6 +1065,11 @@ struct tma_maps {
 };
 constexpr int kMaxStages = 6;
 constexpr uint32_t kBoxBytes = 16 * 64 * 2; // one box: 16 token rows of 128 bytes
+// Tokens per copy for a page size: a whole 16-token tile when pages are multiples of 16, else the
+// largest power of two that divides the page size (1..8: the chunked kernel, TM), so no copy crosses a page.
+__host__ __device__ constexpr int tma_chunk_tokens(int page_size) {
+    return page_size % 16 == 0 ? 16 : page_size & -page_size;
+}
 
 __device__ __forceinline__ uint32_t smem_addr(const void *ptr) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(ptr));
@@ -1460,10 +1465,10 @@ static cudaError_t launch_decode_tma(const decode_params &p, const tma_maps &map
                                      bool pdl) {
     launch_cfg lc(grid, tma_smem_bytes<D>(p.stages), stream, pdl);
     if constexpr (D > 128) {
-        if (p.group > 8 || p.page_size % 16 != 0) return cudaErrorInvalidValue;
+        if (p.group > 8 || tma_chunk_tokens(p.page_size) < 16) return cudaErrorInvalidValue;
         return lc.launch(decode_kernel_tma<T, D, 1>, p, maps);
     } else {
-        if (p.page_size % 16 != 0) // chunked: tma_maps_for encoded token-major maps
+        if (tma_chunk_tokens(p.page_size) < 16) // chunked: tma_maps_for encoded token-major maps
             return p.group <= 8 ? lc.launch(decode_kernel_tma<T, D, 1, true>, p, maps)
                                 : lc.launch(decode_kernel_tma<T, D, 2, true>, p, maps);
         return p.group <= 8 ? lc.launch(decode_kernel_tma<T, D, 1>, p, maps)
@@ -1565,19 +1570,15 @@ static cudaError_t tma_setup(int cc_major, size_t smem_optin, int32_t stages_out
 // tokens lands token-major (each token's d/64 rows of 128 bytes together), so chunks of any size stack
 // into the tile's 16 token rows.
 static bool encode_pool(CUtensorMap *map, const void *pool, const pkv_problem &pr, const pkv_kv_strides &st) {
-    const cuuint64_t H = (cuuint64_t)pr.head_dim / 64;
-    const bool chunked = pr.page_size % 16 != 0;
-    const cuuint32_t hb = chunked ? (cuuint32_t)(pr.page_size & -pr.page_size) : 16;
-    const cuuint64_t dims_box[5] = {64, (cuuint64_t)pr.page_size, H, (cuuint64_t)pr.num_kv_heads,
-                                    (cuuint64_t)pr.num_pages};
-    const cuuint64_t dims_chunk[5] = {64, H, (cuuint64_t)pr.page_size, (cuuint64_t)pr.num_kv_heads,
-                                      (cuuint64_t)pr.num_pages};
-    const cuuint64_t strides_box[4] = {(cuuint64_t)st.token * 2, 128, (cuuint64_t)st.head * 2, (cuuint64_t)st.page * 2};
-    const cuuint64_t strides_chunk[4] = {128, (cuuint64_t)st.token * 2, (cuuint64_t)st.head * 2,
-                                         (cuuint64_t)st.page * 2};
-    const cuuint32_t box_tile[5] = {64, 16, (cuuint32_t)H, 1, 1}, box_chunk[5] = {64, (cuuint32_t)H, hb, 1, 1};
-    const cuuint64_t *dims = chunked ? dims_chunk : dims_box, *strides = chunked ? strides_chunk : strides_box;
-    const cuuint32_t *box = chunked ? box_chunk : box_tile, elem[5] = {1, 1, 1, 1, 1};
+    const cuuint64_t H = (cuuint64_t)pr.head_dim / 64, P = (cuuint64_t)pr.page_size, tok = (cuuint64_t)st.token * 2;
+    const cuuint32_t hb = (cuuint32_t)tma_chunk_tokens(pr.page_size);
+    const bool chunked = hb < 16; // dims 1 and 2 (token in page, dim / 64) trade places
+    const cuuint64_t dims[5] = {64, chunked ? H : P, chunked ? P : H, (cuuint64_t)pr.num_kv_heads,
+                                (cuuint64_t)pr.num_pages};
+    const cuuint64_t strides[4] = {chunked ? 128 : tok, chunked ? tok : 128, (cuuint64_t)st.head * 2,
+                                   (cuuint64_t)st.page * 2};
+    const cuuint32_t box[5] = {64, chunked ? (cuuint32_t)H : 16, chunked ? hb : (cuuint32_t)H, 1, 1},
+                     elem[5] = {1, 1, 1, 1, 1};
     return g_encode_tiled(map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 5, const_cast<void *>(pool), dims, strides, box, elem,
                           CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
@@ -1594,8 +1595,8 @@ static bool tma_maps_for(const pkv_plan *plan, const pkv_tensors *t, const pkv_k
     const int idx = pr.head_dim == 64 ? 0 : pr.head_dim == 128 ? 1 : pr.head_dim == 256 ? 2 : -1;
     const int nt = plan->group > 8 ? 1 : 0;
     if (!o.tma || !o.allow_n8 || !g_encode_tiled || idx < 0 || plan->group > 16 ||
-        (pr.page_size % 16 != 0 &&
-         (pr.head_dim > 128 || o.tma_chunk_min <= 0 || (pr.page_size & -pr.page_size) < o.tma_chunk_min)) ||
+        (tma_chunk_tokens(pr.page_size) < 16 &&
+         (pr.head_dim > 128 || o.tma_chunk_min <= 0 || tma_chunk_tokens(pr.page_size) < o.tma_chunk_min)) ||
         pr.num_pages <= 0 || pr.num_pages > INT32_MAX)
         return false;
     const int32_t dflt = o.tma_default_stages[idx][nt];
@@ -1848,17 +1849,19 @@ extern "C" const char *pkv_cuda_decode_kernel_name(const pkv_plan *plan, const p
     pkv::tma_maps maps;
     int32_t stages = 0;
     if (pkv::tma_maps_for(plan, t, pkv_kv_strides_run(&pr, t), *opts, &maps, &stages)) {
-        if (pr.page_size % 16 == 0) return "tensor copies";
-        switch (pr.page_size & -pr.page_size) {
+        switch (pkv::tma_chunk_tokens(pr.page_size)) {
+        case 16: return "tensor copies";
         case 8: return "tensor copies in chunks of 8";
         case 4: return "tensor copies in chunks of 4";
         case 2: return "tensor copies in chunks of 2";
         default: return "tensor copies in chunks of 1";
         }
     }
+    // the two-tiles variant exists at d <= 128 only (kernel_of)
     if (pkv::kernel_for(plan->group, opts->allow_n8 != 0) == pkv::kHeadsInN)
-        return opts->deep_max_ctas > 0 ? "registers, heads in N (two tiles in flight on small grids)"
-                                       : "registers, heads in N";
+        return opts->deep_max_ctas > 0 && pr.head_dim <= 128
+                   ? "registers, heads in N (two tiles in flight on small grids)"
+                   : "registers, heads in N";
     return "registers, heads in M";
 }
 
