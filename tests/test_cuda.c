@@ -284,20 +284,22 @@ static bool claim_words_reset(pkv_context *ctx, const pkv_plan *plan, void *ws) 
  * on (sm_90 code on an sm_90 device, neither PKV_DECODE_TMA=0 nor PKV_DECODE_KERNEL=m), pages that are
  * a multiple of 16 take them at G <= 16 for d = 128 and G <= 8 for d = 64 and 256, and pages of 8, 24,
  * ... at d = 64/128 take them in chunks of 8 (chunks of any size under PKV_TMA_CHUNKED=all, none under
- * =0); everything else runs the register kernels (G 9..16 at d = 64: the two-n-tile tensor-copy kernel
+ * =0), and the other page sizes at d = 64/128 fill the same ring by cp.async (unless PKV_DECODE_CPASYNC=0);
+ * everything else runs the register kernels (G 9..16 at d = 64: the two-n-tile tensor-copy kernel
  * holds 3 CTAs per SM there, the register kernel 4, and the ring's stage rule keeps the 4).  The outputs would be right either way, so only this
  * catches a tensor-copy path that silently falls back (a map the driver refuses, a gate too strict). */
 static void decode_kernel_choice(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     pkv_dev_info info;
     CHECK_OK(pkv_dev_get_info(ctx, &info));
     const char *tma_env = getenv("PKV_DECODE_TMA"), *kind_env = getenv("PKV_DECODE_KERNEL"),
-               *chunk_env = getenv("PKV_TMA_CHUNKED");
+               *chunk_env = getenv("PKV_TMA_CHUNKED"), *cpa_env = getenv("PKV_DECODE_CPASYNC");
     const bool heads_in_m = kind_env && strcmp(kind_env, "m") == 0;
     const bool tma = info.cc_major >= 9 && !strstr(pkv_context_device_name(ctx), "no sm_90 code") &&
                      !(tma_env && strcmp(tma_env, "0") == 0) && !heads_in_m;
     const int32_t chunk_min = chunk_env && strcmp(chunk_env, "0") == 0     ? 0
                               : chunk_env && strcmp(chunk_env, "all") == 0 ? 1
                                                                             : 8;
+    const bool cp_async = !(cpa_env && strcmp(cpa_env, "0") == 0);
     static const struct {
         int32_t hq, hkv, d, page;
     } shapes[] = {{32, 8, 128, 16}, {32, 8, 128, 48}, {64, 4, 128, 16}, {16, 8, 256, 16}, {64, 4, 256, 16},
@@ -318,6 +320,7 @@ static void decode_kernel_choice(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng)
             if (whole && page % 16 == 0) snprintf(want, sizeof want, "tensor copies");
             else if (whole && d <= 128 && chunk_min > 0 && (page & -page) >= chunk_min)
                 snprintf(want, sizeof want, "tensor copies in chunks of %d", page & -page);
+            else if (whole && d <= 128 && cp_async) snprintf(want, sizeof want, "cp.async copies");
             else snprintf(want, sizeof want, "registers, heads in %s", G > 8 || heads_in_m ? "M" : "N");
             const pkv_tensors t = dev_tensors(&dc);
             const char *got = "";

@@ -70,6 +70,8 @@ struct decode_params {
     int32_t num_qo_heads, group, page_size, page_shift; // page_shift < 0: page_size not a power of 2
     int32_t rect;
     int32_t stages;           // the tensor-copy kernel: stages of each warp's ring (tma_min_stages..kMaxStages)
+    int32_t copy_mode;        // and how it fills them: 0 a tensor copy per tile, 1 per chunk, 2 cp.async by lane
+    int32_t num_pages;        // the pools' pages (cp.async reads no page id outside [0, num_pages))
     // fused route: the last task of a split (row, KV head) merges it; CTAs past num_tasks fill empty rows
     int32_t fused, num_tasks, num_split_merges;
     const pkv_merge *merges;
@@ -1121,6 +1123,17 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
                  : "memory");
 }
 
+// 16 bytes from global to shared memory (cp.async, L1 bypassed, the L2 line of 128 bytes promoted as the
+// tensor maps do); ok false: zeros, nothing read.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, bool ok) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0)
+                 : "memory");
+}
+// An arrival on bar once this thread's earlier cp.async copies have landed (counted in the barrier's init).
+__device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
 // Shared memory of the kernel: 1024 bytes of alignment slack and S stages of 2 x d/64 boxes per warp;
 // after the tile loops the same bytes hold the warps' outputs for finish_task.
 template <int D> constexpr int tma_smem_bytes(int stages) {
@@ -1135,7 +1148,7 @@ template <int D> constexpr int tma_min_stages() {
 
 // NT: n-tiles of 8 heads (G <= 8 NT).  NT = 2 (G 9..16, d <= 128) shares each K and V fragment between
 // the two n-tiles, with twice the accumulators (2 CTAs per SM, as the heads-in-M kernel it replaces).
-template <typename T, int D, int NT, bool CAP, bool TM>
+template <typename T, int D, int NT, bool CAP, int TM>
 __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tma_maps &maps, const task_info &ti,
                                                 float *smem, uint64_t (&bars)[kWarps][kMaxStages]) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1167,7 +1180,7 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
     // of two dividing the page size (1..8), so no chunk crosses a page; lane j loads chunk j's page id and
     // issues its copies, and chunks wholly outside [tb, te) are not read (their rows are masked like the
     // rows past te).  Otherwise lane 0 does both for the tile's one page.
-    const int hb = TM ? (p.page_size & -p.page_size) : 16, nchunk = 16 / hb;
+    const int hb = TM == 1 ? (p.page_size & -p.page_size) : TM == 2 ? 1 : 16, nchunk = 16 / hb;
     // TM: this lane's chunk of the warp's it-th tile - its first token, and whether it meets [tb, te)
     // (the copies follow this test, not the page id, so a page id the caller left negative is read as
     // zeros by the tensor copy, as in the whole-tile path, and the stage's byte count still completes)
@@ -1177,7 +1190,7 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
         if constexpr (TM) {
             const int32_t tok = chunk_tok(it);
             if (!chunk_in(tok)) {
-                page = 0, off = 0;
+                page = TM == 2 ? -1 : 0, off = 0; // TM 2: a token not read (its rows are zero-filled)
                 return;
             }
             page = token_page(p, ti.page_base, tok);
@@ -1208,9 +1221,34 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
             tma_load_chunk(at + H * kBoxBytes, &maps.v, off, head, page, bar);
         }
     };
+    // TM 2 (cp.async): every lane copies 16 bytes at a time, lanes along a token's head vector (CH
+    // chunks of 16 bytes per token, TPL tokens per instruction: whole 128-byte lines per warp request),
+    // into the token-major swizzled rows the ldmatrix side reads; token t's page id and offset come from
+    // lane t.  A token outside [tb, te) or with a page id outside the pool is zero-filled, not read (so
+    // the V rows of the first and last tiles need no zeroing).  Each lane then arrives on the stage's
+    // barrier (count 32) when its copies have landed.
+    const T *kpool = static_cast<const T *>(p.k), *vpool = static_cast<const T *>(p.v);
+    const int64_t hoff = (int64_t)head * p.stride_head;
+    auto issue_cpa = [&](int stage, int32_t page, int32_t off) {
+        constexpr int CH = 8 * H, TPL = 32 / CH;
+        const uint32_t dst = ring + (uint32_t)stage * kTileBytes, bar = bar0 + 8u * (uint32_t)stage;
+        const int ch = lane % CH, tsub = lane / CH;
+#pragma unroll
+        for (int k = 0; k < 16 / TPL; k++) {
+            const int t = k * TPL + tsub;
+            const int32_t pg = __shfl_sync(0xffffffffu, page, t), of = __shfl_sync(0xffffffffu, off, t);
+            const bool ok = (uint32_t)pg < (uint32_t)p.num_pages;
+            const int64_t e = ok ? (int64_t)pg * p.stride_page + (int64_t)of * p.stride_tok + hoff + ch * 8 : 0;
+            const int row = t * H + (ch >> 3);
+            const uint32_t at = dst + (uint32_t)(row * 128 + (((ch & 7) ^ (row & 7)) << 4));
+            cp_async_16(at, kpool + e, ok);
+            cp_async_16(at + H * kBoxBytes, vpool + e, ok);
+        }
+        cp_async_arrive(bar);
+    };
     int32_t npage = 0, noff = 0; // lane 0 (TM: lane j, chunk j): the next tile to issue (it + S)
     if (lane == 0 && nmine > 0) {
-        for (int s = 0; s < S; s++) mbar_init(bar0 + 8u * s, 1);
+        for (int s = 0; s < S; s++) mbar_init(bar0 + 8u * s, TM == 2 ? 32 : 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         if constexpr (!TM) {
@@ -1233,7 +1271,10 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
                 if (s < S && s < nmine) tile_at(s, pg[s], of[s]);
 #pragma unroll
             for (int s = 0; s < kMaxStages; s++)
-                if (s < S && s < nmine) issue_chunks(s, s, pg[s], of[s]);
+                if (s < S && s < nmine) {
+                    if constexpr (TM == 2) issue_cpa(s, pg[s], of[s]);
+                    else issue_chunks(s, s, pg[s], of[s]);
+                }
             if (S < nmine) tile_at(S, npage, noff);
         }
         __syncwarp();
@@ -1292,7 +1333,7 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
         const int base = t0 + (warp + it * kWarps) * 16;
         const uint32_t sk = ring + (uint32_t)stage * kTileBytes, sv = sk + H * kBoxBytes;
         mbar_wait(bar0 + 8u * (uint32_t)stage, phase);
-        if (base < tb || base + 16 > te) {
+        if (TM != 2 && (base < tb || base + 16 > te)) {
             // a task's first tile (before a window's start) or last tile (past te): V rows outside
             // [tb, te) hold other tokens (or garbage) and would reach O through 0 x NaN; zero them (K's
             // are masked out of the softmax): rows [0, r0) and [r1, 16), nz of them
@@ -1348,7 +1389,8 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
         __syncwarp();
         if constexpr (TM) {
             if (it + S < nmine) {
-                issue_chunks(stage, it + S, npage, noff);
+                if constexpr (TM == 2) issue_cpa(stage, npage, noff);
+                else issue_chunks(stage, it + S, npage, noff);
                 if (it + S + 1 < nmine) tile_at(it + S + 1, npage, noff);
             }
         } else if (lane == 0 && it + S < nmine) {
@@ -1372,7 +1414,7 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
 #endif
 }
 
-template <typename T, int D, int NT, bool TM = false>
+template <typename T, int D, int NT, int TM = 0>
 __global__ void __launch_bounds__(kThreads, NT == 2 || D > 128 ? 2 : D <= 64 ? 4 : 3)
     decode_kernel_tma(const decode_params p, const __grid_constant__ tma_maps maps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1465,12 +1507,15 @@ static cudaError_t launch_decode_tma(const decode_params &p, const tma_maps &map
                                      bool pdl) {
     launch_cfg lc(grid, tma_smem_bytes<D>(p.stages), stream, pdl);
     if constexpr (D > 128) {
-        if (p.group > 8 || tma_chunk_tokens(p.page_size) < 16) return cudaErrorInvalidValue;
+        if (p.group > 8 || p.copy_mode != 0) return cudaErrorInvalidValue;
         return lc.launch(decode_kernel_tma<T, D, 1>, p, maps);
     } else {
-        if (tma_chunk_tokens(p.page_size) < 16) // chunked: tma_maps_for encoded token-major maps
-            return p.group <= 8 ? lc.launch(decode_kernel_tma<T, D, 1, true>, p, maps)
-                                : lc.launch(decode_kernel_tma<T, D, 2, true>, p, maps);
+        if (p.copy_mode == 2) // cp.async (no maps)
+            return p.group <= 8 ? lc.launch(decode_kernel_tma<T, D, 1, 2>, p, maps)
+                                : lc.launch(decode_kernel_tma<T, D, 2, 2>, p, maps);
+        if (p.copy_mode == 1) // chunked: tma_maps_for encoded token-major maps
+            return p.group <= 8 ? lc.launch(decode_kernel_tma<T, D, 1, 1>, p, maps)
+                                : lc.launch(decode_kernel_tma<T, D, 2, 1>, p, maps);
         return p.group <= 8 ? lc.launch(decode_kernel_tma<T, D, 1>, p, maps)
                             : lc.launch(decode_kernel_tma<T, D, 2>, p, maps);
     }
@@ -1497,7 +1542,7 @@ template <typename T, int D, int NT> static int tma_resident(int stages) {
 }
 // The static shared memory of both dtypes' instances (and the chunked ones at d <= 128): *static_bytes
 // becomes the larger of it and itself.
-template <int D, int NT, bool TM = false> static cudaError_t tma_static_bytes(size_t *static_bytes) {
+template <int D, int NT, int TM = 0> static cudaError_t tma_static_bytes(size_t *static_bytes) {
     cudaFuncAttributes fh, fb;
     cudaError_t e = cudaFuncGetAttributes(&fh, decode_kernel_tma<__half, D, NT, TM>);
     if (e == cudaSuccess) e = cudaFuncGetAttributes(&fb, decode_kernel_tma<__nv_bfloat16, D, NT, TM>);
@@ -1505,20 +1550,20 @@ template <int D, int NT, bool TM = false> static cudaError_t tma_static_bytes(si
         if (fh.sharedSizeBytes > *static_bytes) *static_bytes = fh.sharedSizeBytes;
         if (fb.sharedSizeBytes > *static_bytes) *static_bytes = fb.sharedSizeBytes;
     }
-    if constexpr (!TM && D <= 128)
-        if (e == cudaSuccess) e = tma_static_bytes<D, NT, true>(static_bytes);
+    if constexpr (TM < 2 && D <= 128)
+        if (e == cudaSuccess) e = tma_static_bytes<D, NT, TM + 1>(static_bytes);
     return e;
 }
 // Raises the dynamic shared-memory limit of both dtypes' instances (and the chunked ones at d <= 128) to
 // `bytes`.
-template <int D, int NT, bool TM = false> static cudaError_t tma_raise_limit(int bytes) {
+template <int D, int NT, int TM = 0> static cudaError_t tma_raise_limit(int bytes) {
     cudaError_t e = cudaFuncSetAttribute(decode_kernel_tma<__half, D, NT, TM>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(decode_kernel_tma<__nv_bfloat16, D, NT, TM>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if constexpr (!TM && D <= 128)
-        if (e == cudaSuccess) e = tma_raise_limit<D, NT, true>(bytes);
+    if constexpr (TM < 2 && D <= 128)
+        if (e == cudaSuccess) e = tma_raise_limit<D, NT, TM + 1>(bytes);
     return e;
 }
 // The most stages (from lo to max_stages) that keep `want` CTAs of the NT instance resident; 0: none.
@@ -1584,25 +1629,27 @@ static bool encode_pool(CUtensorMap *map, const void *pool, const pkv_problem &p
                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
-// The tensor maps of a step when its shape runs the tensor-copy kernel (sm_90, G <= 8 with heads in N at
-// d = 64/128/256 or G 9..16 where tma_setup gave it stages (d = 128); page sizes that are not a multiple of 16 at d = 64/128 only, by
-// the chunked kernel, when its chunks have at least o.tma_chunk_min tokens) and the ring's stages per warp;
-// false: the register kernel runs.  The last maps are kept per thread (same pools and shape: no
-// re-encoding per step).
+// How a step's shape runs the shared-memory ring kernel (sm_90, G <= 8 with heads in N at d = 64/128/256
+// or G 9..16 where tma_setup gave it stages (d = 128)), its stages per warp (*stages) and its copies
+// (*mode): pages that are multiples of 16 by a tensor copy per tile (0); other page sizes at d = 64/128
+// only - by a tensor copy per chunk (1) when the chunks have at least o.tma_chunk_min tokens, else by
+// cp.async from every lane (2) when o.cp_async.  False: the register kernel runs.  Modes 0 and 1 encode
+// tensor maps; the last maps are kept per thread (same pools and shape: no re-encoding per step).
 static bool tma_maps_for(const pkv_plan *plan, const pkv_tensors *t, const pkv_kv_strides &st,
-                         const pkv_cuda_launch_opts &o, tma_maps *maps, int32_t *stages) {
+                         const pkv_cuda_launch_opts &o, tma_maps *maps, int32_t *stages, int32_t *mode) {
     const pkv_problem &pr = plan->problem;
     const int idx = pr.head_dim == 64 ? 0 : pr.head_dim == 128 ? 1 : pr.head_dim == 256 ? 2 : -1;
     const int nt = plan->group > 8 ? 1 : 0;
-    if (!o.tma || !o.allow_n8 || !g_encode_tiled || idx < 0 || plan->group > 16 ||
-        (tma_chunk_tokens(pr.page_size) < 16 &&
-         (pr.head_dim > 128 || o.tma_chunk_min <= 0 || tma_chunk_tokens(pr.page_size) < o.tma_chunk_min)) ||
-        pr.num_pages <= 0 || pr.num_pages > INT32_MAX)
+    const int chunk = tma_chunk_tokens(pr.page_size);
+    *mode = chunk == 16 ? 0 : o.tma_chunk_min > 0 && chunk >= o.tma_chunk_min ? 1 : o.cp_async ? 2 : -1;
+    if (!o.tma || !o.allow_n8 || idx < 0 || plan->group > 16 || *mode < 0 || (*mode > 0 && pr.head_dim > 128) ||
+        (*mode < 2 && !g_encode_tiled) || pr.num_pages <= 0 || pr.num_pages > INT32_MAX)
         return false;
     const int32_t dflt = o.tma_default_stages[idx][nt];
     const int lo = pr.head_dim > 128 ? tma_min_stages<256>() : tma_min_stages<128>();
     if (dflt < lo) return false;
     *stages = o.tma_stages > 0 ? min(max(o.tma_stages, lo), o.tma_max_stages[idx]) : dflt;
+    if (*mode == 2) return true; // cp.async: no maps
     struct cache_entry {
         const void *k, *v;
         int32_t d, page_size, hkv, layout;
@@ -1834,8 +1881,10 @@ extern "C" cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace
     m.num_qo_heads = pr.num_qo_heads;
     m.group = plan->group;
     m.wide_at = opts->merge_wide_at;
-    pkv::tma_maps maps;
-    const pkv::tma_maps *mp = pkv::tma_maps_for(plan, t, st, *opts, &maps, &p.stages) ? &maps : nullptr;
+    p.num_pages = pr.num_pages < INT32_MAX ? (int32_t)pr.num_pages : INT32_MAX;
+    pkv::tma_maps maps = {};
+    const pkv::tma_maps *mp =
+        pkv::tma_maps_for(plan, t, st, *opts, &maps, &p.stages, &p.copy_mode) ? &maps : nullptr;
     if (pr.dtype == PKV_DTYPE_FP16)
         return pkv::run_t<__half>(plan, p, m, ws, stream, *opts, mp);
     return pkv::run_t<__nv_bfloat16>(plan, p, m, ws, stream, *opts, mp);
@@ -1847,8 +1896,9 @@ extern "C" const char *pkv_cuda_decode_kernel_name(const pkv_plan *plan, const p
                                                    const pkv_cuda_launch_opts *opts) {
     const pkv_problem &pr = plan->problem;
     pkv::tma_maps maps;
-    int32_t stages = 0;
-    if (pkv::tma_maps_for(plan, t, pkv_kv_strides_run(&pr, t), *opts, &maps, &stages)) {
+    int32_t stages = 0, mode = 0;
+    if (pkv::tma_maps_for(plan, t, pkv_kv_strides_run(&pr, t), *opts, &maps, &stages, &mode)) {
+        if (mode == 2) return "cp.async copies";
         switch (pkv::tma_chunk_tokens(pr.page_size)) {
         case 16: return "tensor copies";
         case 8: return "tensor copies in chunks of 8";
