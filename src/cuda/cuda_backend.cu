@@ -223,9 +223,12 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bo
      * PKV_TMA_CHUNKED=0: never; =all: chunks of any size (1, 2, 4, 8); tests and A/B runs */
     s->launch.tma_chunk_min = env_is("PKV_TMA_CHUNKED", "0") ? 0 : env_is("PKV_TMA_CHUNKED", "all") ? 1 : 8;
     /* the pages whose chunks take no tensor copies (1, 2, 4 tokens, ...: page size 1 among them) fill the
-     * same ring by cp.async, 16 bytes per lane and instruction (docs/kernel-notes.md v15);
-     * PKV_DECODE_CPASYNC=0: the register kernels there */
+     * same ring by cp.async, 16 bytes per lane and instruction, on grids of more than 2 CTAs per SM: on the
+     * H200 at page size 1, 1-4% faster than the register kernels there, 0-8% slower on smaller grids
+     * (single requests, B4 work queues; docs/kernel-notes.md v15).  PKV_DECODE_CPASYNC=0: the register
+     * kernels there; =all: cp.async on every grid (tests) */
     s->launch.cp_async = !env_is("PKV_DECODE_CPASYNC", "0");
+    s->launch.cp_async_min_ctas = env_is("PKV_DECODE_CPASYNC", "all") ? 0 : 2 * prop.multiProcessorCount + 1;
     /* graph-stable plans: a step of more tasks than SMs (and not claimed by SM, below) spreads them evenly
      * over the fixed grid, not in its first CTAs (H200: geomean 1.025 against 1.036 of the plain work
      * queue's time on the anchors at a 4-wave grid); one of at most one task per SM runs them in the

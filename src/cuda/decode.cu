@@ -1691,14 +1691,15 @@ template <int D> static bool merge_per_head(const pkv_plan *plan, const pkv_cuda
     return merge_wide(D, plan->group, plan->max_merge_count, o.merge_wide_at);
 }
 
-// The decode kernel over a grid of tasks: the tensor-copy kernel when the step has maps, else the register
-// kernel of the plan's kind (a grid that leaves the third resident slot of every SM empty runs the
-// two-tiles-in-flight variant).
+// The decode kernel over a grid of tasks: the tensor-copy kernel when the step has maps (filled by cp.async:
+// on grids of at least o.cp_async_min_ctas), else the register kernel of the plan's kind (a grid that
+// leaves the third resident slot of every SM empty runs the two-tiles-in-flight variant when it is on).
 template <typename T, int D>
 static cudaError_t launch_tasks(const decode_params &p, dim3 grid, kernel_kind base_kind, cudaStream_t stream,
                                 const pkv_cuda_launch_opts &o, const tma_maps *maps) {
-    if (maps) return launch_decode_tma<T, D>(p, *maps, grid, stream, o.entry_pdl); // p.stages set with the maps
     const int64_t ctas = (int64_t)grid.x * grid.y * grid.z;
+    if (maps && (p.copy_mode != 2 || ctas >= o.cp_async_min_ctas)) // p.stages set with the maps
+        return launch_decode_tma<T, D>(p, *maps, grid, stream, o.entry_pdl);
     const kernel_kind kind = base_kind == kHeadsInN && ctas <= o.deep_max_ctas ? kHeadsInNDeep : base_kind;
     return launch_decode<T, D>(kind, p, grid, stream, o.entry_pdl);
 }
@@ -1898,7 +1899,9 @@ extern "C" const char *pkv_cuda_decode_kernel_name(const pkv_plan *plan, const p
     pkv::tma_maps maps;
     int32_t stages = 0, mode = 0;
     if (pkv::tma_maps_for(plan, t, pkv_kv_strides_run(&pr, t), *opts, &maps, &stages, &mode)) {
-        if (mode == 2) return "cp.async copies";
+        if (mode == 2)
+            return opts->cp_async_min_ctas > 0 ? "cp.async copies (registers on grids of up to 2 CTAs per SM)"
+                                               : "cp.async copies";
         switch (pkv::tma_chunk_tokens(pr.page_size)) {
         case 16: return "tensor copies";
         case 8: return "tensor copies in chunks of 8";
