@@ -13,8 +13,9 @@ if ! command -v compute-sanitizer >/dev/null; then
   echo "compute-sanitizer not found" | tee "$log/sanitizer.log"; exit 1
 fi
 status=0
-# run TOOL CASES [ENV...]: one tool over CASES random problems plus the fixed cases (memcheck and racecheck
-# with the cp.async ring on every grid: by default the tests' small grids run the register kernels there)
+# run TOOL CASES [ENV...]: one tool over CASES random problems plus the fixed cases (memcheck, racecheck and
+# synccheck with the cp.async ring on every grid: by default the tests' small grids run the register
+# kernels there, which initcheck then covers; the register kernels' other shapes run under every tool)
 run() { # TOOL CASES [ENV...]
   env "${@:3}" PKV_TEST_SMALL=1 PKV_TEST_CASES=$2 timeout 300 compute-sanitizer --tool "$1" --error-exitcode 9 \
     "$build/tests/test_cuda" >"$log/$1.log" 2>&1
@@ -23,7 +24,7 @@ run memcheck 4 PKV_DECODE_CPASYNC=all & a=$!
 run racecheck 1 PKV_DECODE_CPASYNC=all || status=1
 wait $a || status=1
 run initcheck 2 & a=$!
-run synccheck 2 || status=1
+run synccheck 2 PKV_DECODE_CPASYNC=all || status=1
 wait $a || status=1
 : >"$log/sanitizer.log"
 for tool in memcheck racecheck initcheck synccheck; do

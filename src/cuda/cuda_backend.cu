@@ -26,7 +26,8 @@ struct cuda_state {
     int device;
     int cc_major, cc_minor;
     pkv_cuda_launch_opts launch; // PDL, kernel choices (PKV_NO_PDL, PKV_DECODE_KERNEL, PKV_MERGE_KERNEL,
-                                 // PKV_DECODE_DEEP, PKV_DECODE_TMA, PKV_TMA_STAGES, PKV_TMA_CHUNKED)
+                                 // PKV_DECODE_DEEP, PKV_DECODE_TMA, PKV_TMA_STAGES, PKV_TMA_CHUNKED,
+                                 // PKV_DECODE_CPASYNC)
     const void *uploaded_ws;  // workspace that holds uploaded_gen's plan
     uint64_t uploaded_gen;
     staging_buffer stage[kStaging];

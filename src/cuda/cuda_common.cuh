@@ -75,15 +75,12 @@ __device__ __forceinline__ uint4 ldg_nc_v4(const void *p) {
     return r;
 }
 
-// cp.async of 16 bytes, global -> shared, L2 only; when !valid nothing is read and zeros land.
-__device__ __forceinline__ void cp_async_16(void *smem_dst, const void *gmem_src, bool valid) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(valid ? 16 : 0)
+// cp.async of 16 bytes from global memory to a shared-space address, L1 bypassed, the L2 line of 128 bytes
+// promoted (as the tensor maps do); when !valid nothing is read and zeros land.
+__device__ __forceinline__ void cp_async_16(uint32_t smem_dst, const void *gmem_src, bool valid) {
+    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(smem_dst), "l"(gmem_src),
+                 "r"(valid ? 16 : 0)
                  : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // Programmatic dependent launch (sm_90): no-ops on older architectures.

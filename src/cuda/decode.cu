@@ -1125,12 +1125,6 @@ __device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], uint32_t addr) {
                  : "memory");
 }
 
-// 16 bytes from global to shared memory (cp.async, L1 bypassed, the L2 line of 128 bytes promoted as the
-// tensor maps do); ok false: zeros, nothing read.
-__device__ __forceinline__ void cp_async_16(uint32_t dst, const void *src, bool ok) {
-    asm volatile("cp.async.cg.shared.global.L2::128B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(ok ? 16 : 0)
-                 : "memory");
-}
 // An arrival on bar once this thread's earlier cp.async copies have landed (counted in the barrier's init).
 __device__ __forceinline__ void cp_async_arrive(uint32_t bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
@@ -1178,18 +1172,20 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
     const int ntiles = (te - t0 + 15) >> 4;
     const int nmine = ntiles > warp ? (ntiles - warp + kWarps - 1) / kWarps : 0; // tiles warp, warp + 4, ...
 
-    // TM (pages not a multiple of 16 tokens): a tile is 16 / hb chunks of hb tokens, hb the largest power
+    // TM 1 (pages not a multiple of 16 tokens): a tile is 16 / hb chunks of hb tokens, hb the largest power
     // of two dividing the page size (1..8), so no chunk crosses a page; lane j loads chunk j's page id and
     // issues its copies, and chunks wholly outside [tb, te) are not read (their rows are masked like the
-    // rows past te).  Otherwise lane 0 does both for the tile's one page.
+    // rows past te).  TM 2: the same lookups with hb = 1 (lane j: token j), the copies from every lane
+    // (issue_cpa).  TM 0: lane 0 does both for the tile's one page.
     const int hb = TM == 1 ? (p.page_size & -p.page_size) : TM == 2 ? 1 : 16, nchunk = 16 / hb;
     // TM: this lane's chunk of the warp's it-th tile - its first token, and whether it meets [tb, te)
-    // (the copies follow this test, not the page id, so a page id the caller left negative is read as
-    // zeros by the tensor copy, as in the whole-tile path, and the stage's byte count still completes)
+    // (TM 1's copies follow this test, not the page id, so a page id the caller left negative is read as
+    // zeros by the tensor copy, as in the whole-tile path, and the stage's byte count still completes;
+    // TM 2 zero-fills such a page id's token instead)
     auto chunk_tok = [&](int it) -> int32_t { return t0 + (warp + it * kWarps) * 16 + lane * hb; };
     auto chunk_in = [&](int32_t tok) { return lane < nchunk && tok + hb > tb && tok < te; };
     auto tile_at = [&](int it, int32_t &page, int32_t &off) {
-        if constexpr (TM) {
+        if constexpr (TM != 0) {
             const int32_t tok = chunk_tok(it);
             if (!chunk_in(tok)) {
                 page = TM == 2 ? -1 : 0, off = 0; // TM 2: a token not read (its rows are zero-filled)
@@ -1253,7 +1249,7 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
         for (int s = 0; s < S; s++) mbar_init(bar0 + 8u * s, TM == 2 ? 32 : 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        if constexpr (!TM) {
+        if constexpr (TM == 0) {
             int32_t pg[kMaxStages], of[kMaxStages]; // the first S page ids in flight together
 #pragma unroll
             for (int s = 0; s < kMaxStages; s++)
@@ -1265,7 +1261,7 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
         }
     }
     __syncwarp();
-    if constexpr (TM) { // every lane, once the barriers are initialised
+    if constexpr (TM != 0) { // every lane, once the barriers are initialised
         if (nmine > 0) {
             int32_t pg[kMaxStages], of[kMaxStages];
 #pragma unroll
@@ -1360,7 +1356,7 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
             uint32_t a[4];
-            if constexpr (TM) ldsm_x4(a, tm_at(sk, koff[ks & 3], ks >> 2));
+            if constexpr (TM != 0) ldsm_x4(a, tm_at(sk, koff[ks & 3], ks >> 2));
             else ldsm_x4(a, sk + (ks >> 2) * kBoxBytes + koff[ks & 3]);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) mma_16816<T>((ks & 1) ? s2[nt] : s[nt], a, qb[nt][ks][0], qb[nt][ks][1]);
@@ -1376,7 +1372,7 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
 #pragma unroll
         for (int mt = 0; mt < KS; mt++) {
             uint32_t a[4];
-            if constexpr (TM) ldsm_x4_trans(a, tm_at(sv, voff[mt & 3], mt >> 2));
+            if constexpr (TM != 0) ldsm_x4_trans(a, tm_at(sv, voff[mt & 3], mt >> 2));
             else ldsm_x4_trans(a, sv + (mt >> 2) * kBoxBytes + voff[mt & 3]);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
@@ -1389,7 +1385,7 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
         }
         // ---- refill this stage with tile it + S (every lane is done reading it)
         __syncwarp();
-        if constexpr (TM) {
+        if constexpr (TM != 0) {
             if (it + S < nmine) {
                 if constexpr (TM == 2) issue_cpa(stage, npage, noff);
                 else issue_chunks(stage, it + S, npage, noff);
@@ -1542,7 +1538,7 @@ template <typename T, int D, int NT> static int tma_resident(int stages) {
                ? n
                : 0;
 }
-// The static shared memory of both dtypes' instances (and the chunked ones at d <= 128): *static_bytes
+// The static shared memory of both dtypes' instances (and the chunked and cp.async ones at d <= 128): *static_bytes
 // becomes the larger of it and itself.
 template <int D, int NT, int TM = 0> static cudaError_t tma_static_bytes(size_t *static_bytes) {
     cudaFuncAttributes fh, fb;
@@ -1556,7 +1552,7 @@ template <int D, int NT, int TM = 0> static cudaError_t tma_static_bytes(size_t 
         if (e == cudaSuccess) e = tma_static_bytes<D, NT, TM + 1>(static_bytes);
     return e;
 }
-// Raises the dynamic shared-memory limit of both dtypes' instances (and the chunked ones at d <= 128) to
+// Raises the dynamic shared-memory limit of both dtypes' instances (and the chunked and cp.async ones at d <= 128) to
 // `bytes`.
 template <int D, int NT, int TM = 0> static cudaError_t tma_raise_limit(int bytes) {
     cudaError_t e = cudaFuncSetAttribute(decode_kernel_tma<__half, D, NT, TM>,
@@ -1828,7 +1824,7 @@ extern "C" cudaError_t pkv_cuda_decode_init_attributes(int cc_major, size_t smem
             q == cudaDriverEntryPointSuccess)
             pkv::g_encode_tiled = reinterpret_cast<pkv::encode_tiled_fn>(fn);
         else
-            cudaGetLastError(); // no encoder: every shape runs the register kernel
+            cudaGetLastError(); // no encoder: the shapes that need tensor maps run the register kernel
     }
     return e;
 }
