@@ -27,3 +27,14 @@ dev_ab_setup() {
   a=$dev_root/build-gpu; b=$dev_root/build-variant
   dev_build_ab "$a" "$b" "$1" "$r" || exit 1
 }
+# dev_bench NAME BIN ENV... -- ARGS...: every anchor and route on the GPU (30 CUDA-event runs each, no
+# reference check) by BIN (a pkv) under the environment ENV, with ARGS, into $r/NAME.json (r: the probe's log
+# directory; its stderr appends to $r/bench.log).  dev/ab_table.py then compares such runs.
+dev_bench() {
+  local name=$1 bin=$2; shift 2
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done
+  shift
+  env "${envs[@]}" timeout 200 "$bin" bench --backend cuda --anchor all --route all --reps 30 --wall-reps 2 \
+    --no-check --quiet "$@" --json "$r/$name.json" >/dev/null 2>>"$r/bench.log"
+}

@@ -33,57 +33,20 @@ S="$r/summary.txt"
     echo "racecheck (PKV_TMA_CHUNKED=all): $(grep -E "test_cuda:" "$r/racecheck.log" | tail -n 1) $(grep -E "RACECHECK SUMMARY" "$r/racecheck.log")"
   fi
   [ $rc -eq 0 ] || exit 1
-  bench() { # NAME BIN ENV... -- ARGS...
-    local name=$1 bin=$2; shift 2
-    local envs=()
-    while [ "$1" != "--" ]; do envs+=("$1"); shift; done
-    shift
-    env "${envs[@]}" timeout 200 "$bin" bench --backend cuda --anchor all --route all --reps 30 --wall-reps 2 \
-      --no-check --quiet "$@" --json "$r/$name.json" >/dev/null 2>>"$r/bench.log"
-  }
   if [ "$q" != 1 ]; then
     for k in 1 2; do
-      bench c1_$k "$a/pkv" PKV_TMA_CHUNKED=all -- --page-size 1
-      bench r1_$k "$a/pkv" PKV_TMA_CHUNKED=0 -- --page-size 1
+      dev_bench c1_$k "$a/pkv" PKV_TMA_CHUNKED=all -- --page-size 1
+      dev_bench r1_$k "$a/pkv" PKV_TMA_CHUNKED=0 -- --page-size 1
     done
-    bench c8_1 "$a/pkv" PKV_TMA_CHUNKED=all -- --page-size 8
-    bench r8_1 "$a/pkv" PKV_TMA_CHUNKED=0 -- --page-size 8
+    dev_bench c8_1 "$a/pkv" PKV_TMA_CHUNKED=all -- --page-size 8
+    dev_bench r8_1 "$a/pkv" PKV_TMA_CHUNKED=0 -- --page-size 8
   fi
-  bench new16_1 "$a/pkv" PKV_TMA_CHUNKED=all --
-  bench old16_1 "$b/pkv" PKV_TMA_CHUNKED=all --
-  python3 - "$r" <<'PY'
-import json, sys, statistics as st
-r = sys.argv[1]
-def load(n):
-    try:
-        return {(x["step"], x["route"]): x for x in json.load(open(f"{r}/{n}.json"))["rows"]}
-    except Exception:
-        return {}
-def gm(v):
-    g = 1.0
-    for x in v: g *= x
-    return g ** (1 / len(v)) if v else float("nan")
-for title, A, B in (("page 1: chunked tensor copies / register kernels", ["c1_1", "c1_2"], ["r1_1", "r1_2"]),
-                    ("page 8: chunked / register", ["c8_1"], ["r8_1"]),
-                    ("page 16: working tree / old source", ["new16_1"], ["old16_1"])):
-    a = [load(n) for n in A]; b = [load(n) for n in B]
-    if not all(a + b):
-        continue
-    keys = [k for k in a[0] if all(k in d for d in a + b)]
-    print(f"\n## {title}\n| anchor | route | A us | B us | A / B | A of ceiling |\n| --- | --- | ---: | ---: | ---: | ---: |")
-    ratios = {}
-    best = {}
-    for k in keys:
-        ma = st.median([d[k]["kernel_us"] for d in a]); mb = st.median([d[k]["kernel_us"] for d in b])
-        ratios[k] = ma / mb
-        print(f"| {k[0]} | {k[1]} | {ma:.1f} | {mb:.1f} | {ma / mb:.3f} | {a[0][k]['frac_read_ceiling']:.3f} |")
-        s = best.setdefault(k[0], [1e30, 1e30])
-        s[0] = min(s[0], ma); s[1] = min(s[1], mb)
-    for rt in sorted({k[1] for k in keys}):
-        print(f"geomean A / B, route {rt}: {gm([x for k, x in ratios.items() if k[1] == rt]):.4f}")
-    print(f"geomean A / B, best route of each: {gm([v[0] / v[1] for v in best.values()]):.4f}; "
-          + ", ".join(f"{s} {v[0]:.1f}/{v[1]:.1f}" for s, v in best.items()))
-PY
+  dev_bench new16_1 "$a/pkv" PKV_TMA_CHUNKED=all --
+  dev_bench old16_1 "$b/pkv" PKV_TMA_CHUNKED=all --
+  ab="$root/dev/ab_table.py"
+  python3 "$ab" "$r" "page 1: chunked tensor copies / register kernels" c1_1,c1_2 r1_1,r1_2
+  python3 "$ab" "$r" "page 8: chunked / register" c8_1 r8_1
+  python3 "$ab" "$r" "page 16: working tree / old source" new16_1 old16_1
 } 2>&1 | tee "$S.all"
 mv "$S.all" "$S"
 cp "$S" "$out/summary.txt"
