@@ -40,6 +40,23 @@ run("nonsense", rc=2)
 run("bench", "--no-such-option", "1", rc=2)
 run("trace", "--family", "nope", rc=2)
 run("bench", "--backend", "cpu", "--lens", "5", "--pdl", "2", rc=2)
+# --shape HQ:HKV:D: any model's heads (G = 12 at d = 64 here), recorded in the repro line; malformed ones are
+# refused as options, shapes the library does not take fail with its message
+with tempfile.TemporaryDirectory() as tmp:
+    js = os.path.join(tmp, "s.json")
+    run("bench", "--backend", "cpu", "--shape", "48:4:64", "--dtype", "bf16", "--lens", "300,17", "--route", "split",
+        "--reps", "1", "--wall-reps", "1", "--json", js)
+    doc = json.load(open(js))
+    sh = doc["meta"]["shape"]
+    check((sh.get("num_qo_heads"), sh.get("num_kv_heads"), sh.get("head_dim"), sh.get("dtype")) == (48, 4, 64, "bf16"),
+          f"custom shape in the JSON: {sh}")
+    row = doc["rows"][0]
+    check("--shape 48:4:64 --dtype bf16" in row["repro"] and row["rel_err"] < 2e-3, f"custom shape row: {row}")
+for bad in ("48:4", "48:4:64x", "0:4:64", "a:b:c"):
+    check("unknown shape" in run("bench", "--backend", "cpu", "--shape", bad, "--lens", "5", rc=2).stderr, bad)
+for bad, msg in (("48:5:64", "not a multiple"), ("48:4:96", "head dim"), ("68:4:128", "group size")):
+    p = run("bench", "--backend", "cpu", "--shape", bad, "--lens", "5", "--reps", "1", "--wall-reps", "1", rc=1)
+    check(msg in p.stderr, f"--shape {bad}: {p.stderr[-300:]}")
 p = run("bench", "--backend", "cpu", "--lens", "64", "--reps", "1", "--wall-reps", "1", "--pdl", "0", "--behind-producer")
 check("ignored on the CPU backend" in p.stderr and "| lens |" in p.stdout, "--behind-producer on the CPU: " + p.stderr[-200:])
 

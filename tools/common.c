@@ -22,10 +22,21 @@ const pkv_shape *cli_shapes(int *count) {
     return shapes;
 }
 
+/* A named shape, or any model's as HQ:HKV:D (query heads, KV heads, head dim; fp16 unless --dtype says
+ * otherwise; the library checks it when the step is planned).  The returned shape of the second form is
+ * the last one parsed. */
 const pkv_shape *cli_shape_find(const char *name) {
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
         if (strcmp(shapes[i].name, name) == 0) return &shapes[i];
-    return NULL;
+    static char custom_name[40];
+    static pkv_shape custom;
+    int hq = 0, hkv = 0, d = 0, used = 0;
+    if (sscanf(name, "%d:%d:%d%n", &hq, &hkv, &d, &used) != 3 || name[used] != '\0' || hq <= 0 || hkv <= 0 ||
+        d <= 0)
+        return NULL;
+    snprintf(custom_name, sizeof custom_name, "%d:%d:%d", hq, hkv, d);
+    custom = (pkv_shape){custom_name, hq, hkv, d, PKV_DTYPE_FP16, "given as HQ:HKV:D"};
+    return &custom;
 }
 
 /* Anchor steps in the order of anchors.md.  kind: 0 uniform, 1 bimodal, 2 zipf (drawn), 3 fixed. */
