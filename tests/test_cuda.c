@@ -112,6 +112,8 @@ static void fixed_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
         {32, 8, 128, 24, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 2, {9001, 25}},
         {28, 4, 128, 4, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 3, {20000, 5, 0}},
         {48, 4, 64, 8, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 2, {5000, 9}},
+        /* d = 256 on pages of 4 (the register kernels; cp.async into tiles under PKV_CPASYNC_LAYOUT=tiles) */
+        {16, 4, 256, 4, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 3, {4001, 33, 1}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         pkv_test_case tc;
@@ -167,6 +169,8 @@ static void score_option_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
         {24, 4, 64, 24, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 0.5f, 0.0f, 301, 3, {5000, 302, 7}},
         {32, 8, 128, 4, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 0.0f, 0.0f, 37, 3, {3000, 38, 2}},
         {48, 4, 64, 6, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 0.5f, 0.0f, 301, 3, {5000, 302, 7}},
+        /* and at d = 256 on pages of 8 (capped, windowed) */
+        {16, 8, 256, 8, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 30.0f, 6.0f, 301, 3, {3000, 302, 7}},
     };
     const bool small = getenv("PKV_TEST_SMALL") != NULL;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -285,7 +289,8 @@ static bool claim_words_reset(pkv_context *ctx, const pkv_plan *plan, void *ws) 
  * on (sm_90 code on an sm_90 device, neither PKV_DECODE_TMA=0 nor PKV_DECODE_KERNEL=m), pages that are
  * a multiple of 16 take them at G <= 16 for d = 128 and G <= 8 for d = 64 and 256, and pages of 8, 24,
  * ... at d = 64/128 take them in chunks of 8 (chunks of any size under PKV_TMA_CHUNKED=all, none under
- * =0), and the other page sizes at d = 64/128 fill the same ring by cp.async (unless PKV_DECODE_CPASYNC=0;
+ * =0), and the other page sizes at d = 64/128 (at d = 256 too under PKV_CPASYNC_LAYOUT=tiles) fill the
+ * same ring by cp.async (unless PKV_DECODE_CPASYNC=0;
  * by default only on grids of more than 2 CTAs per SM, so the name says the grid rule and these small
  * plans run the register kernels: a cp.async path that fell back is caught under PKV_DECODE_CPASYNC=all,
  * a setting of the GPU check);
@@ -296,7 +301,8 @@ static void decode_kernel_choice(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng)
     pkv_dev_info info;
     CHECK_OK(pkv_dev_get_info(ctx, &info));
     const char *tma_env = getenv("PKV_DECODE_TMA"), *kind_env = getenv("PKV_DECODE_KERNEL"),
-               *chunk_env = getenv("PKV_TMA_CHUNKED"), *cpa_env = getenv("PKV_DECODE_CPASYNC");
+               *chunk_env = getenv("PKV_TMA_CHUNKED"), *cpa_env = getenv("PKV_DECODE_CPASYNC"),
+               *layout_env = getenv("PKV_CPASYNC_LAYOUT");
     const bool heads_in_m = kind_env && strcmp(kind_env, "m") == 0;
     const bool tma = info.cc_major >= 9 && !strstr(pkv_context_device_name(ctx), "no sm_90 code") &&
                      !(tma_env && strcmp(tma_env, "0") == 0) && !heads_in_m;
@@ -304,6 +310,7 @@ static void decode_kernel_choice(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng)
                               : chunk_env && strcmp(chunk_env, "all") == 0 ? 1
                                                                             : 8;
     const bool cp_async = !(cpa_env && strcmp(cpa_env, "0") == 0);
+    const bool tiles = layout_env && strcmp(layout_env, "tiles") == 0;
     static const struct {
         int32_t hq, hkv, d, page;
     } shapes[] = {{32, 8, 128, 16}, {32, 8, 128, 48}, {64, 4, 128, 16}, {16, 8, 256, 16}, {64, 4, 256, 16},
@@ -324,7 +331,7 @@ static void decode_kernel_choice(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng)
             if (whole && page % 16 == 0) snprintf(want, sizeof want, "tensor copies");
             else if (whole && d <= 128 && chunk_min > 0 && (page & -page) >= chunk_min)
                 snprintf(want, sizeof want, "tensor copies in chunks of %d", page & -page);
-            else if (whole && d <= 128 && cp_async) snprintf(want, sizeof want, "cp.async copies");
+            else if (whole && (d <= 128 || tiles) && cp_async) snprintf(want, sizeof want, "cp.async copies");
             else snprintf(want, sizeof want, "registers, heads in %s", G > 8 || heads_in_m ? "M" : "N");
             const pkv_tensors t = dev_tensors(&dc);
             const char *got = "";

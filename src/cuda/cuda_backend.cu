@@ -27,7 +27,7 @@ struct cuda_state {
     int cc_major, cc_minor;
     pkv_cuda_launch_opts launch; // PDL, kernel choices (PKV_NO_PDL, PKV_DECODE_KERNEL, PKV_MERGE_KERNEL,
                                  // PKV_DECODE_DEEP, PKV_DECODE_TMA, PKV_TMA_STAGES, PKV_TMA_CHUNKED,
-                                 // PKV_DECODE_CPASYNC)
+                                 // PKV_DECODE_CPASYNC, PKV_CPASYNC_LAYOUT)
     const void *uploaded_ws;  // workspace that holds uploaded_gen's plan
     uint64_t uploaded_gen;
     staging_buffer stage[kStaging];
@@ -230,6 +230,10 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bo
      * kernels there; =all: cp.async on every grid (tests) */
     s->launch.cp_async = !env_is("PKV_DECODE_CPASYNC", "0");
     s->launch.cp_async_min_ctas = env_is("PKV_DECODE_CPASYNC", "all") ? 0 : 2 * prop.multiProcessorCount + 1;
+    /* PKV_CPASYNC_LAYOUT=tiles: the cp.async copies fill the d/64 boxes of a whole-tile copy (no ldmatrix
+     * conflicts) instead of token-major rows, and d = 256 takes them too (its pages below 16 tokens run the
+     * register kernels otherwise); not yet measured on a GPU, so off by default (kernel-notes v15) */
+    s->launch.cp_async_tiles = env_is("PKV_CPASYNC_LAYOUT", "tiles");
     /* graph-stable plans: a step of more tasks than SMs (and not claimed by SM, below) spreads them evenly
      * over the fixed grid, not in its first CTAs (H200: geomean 1.025 against 1.036 of the plain work
      * queue's time on the anchors at a 4-wave grid); one of at most one task per SM runs them in the

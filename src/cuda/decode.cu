@@ -73,6 +73,7 @@ struct decode_params {
     int32_t rect;
     int32_t stages;           // the tensor-copy kernel: stages of each warp's ring (tma_min_stages..kMaxStages)
     int32_t copy_mode;        // and how it fills them: 0 a tensor copy per tile, 1 per chunk, 2 cp.async by lane
+                              // (token-major rows), 3 cp.async by lane into mode 0's boxes
     int32_t num_pages;        // the pools' pages (cp.async reads no page id outside [0, num_pages))
     // fused route: the last task of a split (row, KV head) merges it; CTAs past num_tasks fill empty rows
     int32_t fused, num_tasks, num_split_merges;
@@ -1153,7 +1154,9 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
     constexpr int GP = 8 * NT;
     constexpr uint32_t kTileBytes = 2 * H * kBoxBytes;
     static_assert(NT == 1 || (NT == 2 && D <= 128), "16 heads at d <= 128");
-    static_assert(!TM || D <= 128, "chunks at d <= 128 (at d = 256 their ldmatrix rows would conflict 4-way)");
+    // TM 1 and 2 write token-major rows (TOKM), TM 0 and 3 the tile's d/64 boxes; TM 2 and 3 fill by cp.async
+    constexpr bool TOKM = TM == 1 || TM == 2, CPA = TM >= 2;
+    static_assert(!TOKM || D <= 128, "token-major rows at d <= 128 (at d = 256 their ldmatrix rows would conflict 4-way)");
     static_assert(smem_out_floats<D, NT == 2>() * 4 <= kWarps * tma_min_stages<D>() * (int)kTileBytes,
                   "outputs fit in the smallest ring");
 
@@ -1176,19 +1179,19 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
     // of two dividing the page size (1..8), so no chunk crosses a page; lane j loads chunk j's page id and
     // issues its copies, and chunks wholly outside [tb, te) are not read (their rows are masked like the
     // rows past te).  TM 2: the same lookups with hb = 1 (lane j: token j), the copies from every lane
-    // (issue_cpa).  TM 0: lane 0 does both for the tile's one page.
-    const int hb = TM == 1 ? (p.page_size & -p.page_size) : TM == 2 ? 1 : 16, nchunk = 16 / hb;
+    // (issue_cpa; TM 3 likewise).  TM 0: lane 0 does both for the tile's one page.
+    const int hb = TM == 1 ? (p.page_size & -p.page_size) : CPA ? 1 : 16, nchunk = 16 / hb;
     // TM: this lane's chunk of the warp's it-th tile - its first token, and whether it meets [tb, te)
     // (TM 1's copies follow this test, not the page id, so a page id the caller left negative is read as
     // zeros by the tensor copy, as in the whole-tile path, and the stage's byte count still completes;
-    // TM 2 zero-fills such a page id's token instead)
+    // TM 2 and 3 zero-fill such a page id's token instead)
     auto chunk_tok = [&](int it) -> int32_t { return t0 + (warp + it * kWarps) * 16 + lane * hb; };
     auto chunk_in = [&](int32_t tok) { return lane < nchunk && tok + hb > tb && tok < te; };
     auto tile_at = [&](int it, int32_t &page, int32_t &off) {
         if constexpr (TM != 0) {
             const int32_t tok = chunk_tok(it);
             if (!chunk_in(tok)) {
-                page = TM == 2 ? -1 : 0, off = 0; // TM 2: a token not read (its rows are zero-filled)
+                page = CPA ? -1 : 0, off = 0; // cp.async: a token not read (its rows are zero-filled)
                 return;
             }
             page = token_page(p, ti.page_base, tok);
@@ -1219,10 +1222,10 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
             tma_load_chunk(at + H * kBoxBytes, &maps.v, off, head, page, bar);
         }
     };
-    // TM 2 (cp.async): every lane copies 16 bytes at a time, lanes along a token's head vector (CH
+    // TM 2 and 3 (cp.async): every lane copies 16 bytes at a time, lanes along a token's head vector (CH
     // chunks of 16 bytes per token, TPL tokens per instruction: whole 128-byte lines per warp request),
-    // into the token-major swizzled rows the ldmatrix side reads; token t's page id and offset come from
-    // lane t.  A token outside [tb, te) or with a page id outside the pool is zero-filled, not read (so
+    // into the swizzled rows the ldmatrix side reads (TM 2: token-major, TM 3: the boxes of TM 0); token
+    // t's page id and offset come from lane t.  A token outside [tb, te) or with a page id outside the pool is zero-filled, not read (so
     // the V rows of the first and last tiles need no zeroing).  Each lane then arrives on the stage's
     // barrier (count 32) when its copies have landed.
     const T *kpool = static_cast<const T *>(p.k), *vpool = static_cast<const T *>(p.v);
@@ -1237,8 +1240,9 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
             const int32_t pg = __shfl_sync(0xffffffffu, page, t), of = __shfl_sync(0xffffffffu, off, t);
             const bool ok = (uint32_t)pg < (uint32_t)p.num_pages;
             const int64_t e = ok ? (int64_t)pg * p.stride_page + (int64_t)of * p.stride_tok + hoff + ch * 8 : 0;
-            const int row = t * H + (ch >> 3);
-            const uint32_t at = dst + (uint32_t)(row * 128 + (((ch & 7) ^ (row & 7)) << 4));
+            const int row = TOKM ? t * H + (ch >> 3) : t; // 128-byte row in the box (TM 3: box ch / 8)
+            const uint32_t at = dst + (uint32_t)((TOKM ? 0 : (ch >> 3) * (int)kBoxBytes) + row * 128 +
+                                                 (((ch & 7) ^ (row & 7)) << 4));
             cp_async_16(at, kpool + e, ok);
             cp_async_16(at + H * kBoxBytes, vpool + e, ok);
         }
@@ -1246,7 +1250,7 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
     };
     int32_t npage = 0, noff = 0; // lane 0 (TM: lane j, chunk j): the next tile to issue (it + S)
     if (lane == 0 && nmine > 0) {
-        for (int s = 0; s < S; s++) mbar_init(bar0 + 8u * s, TM == 2 ? 32 : 1);
+        for (int s = 0; s < S; s++) mbar_init(bar0 + 8u * s, CPA ? 32 : 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         if constexpr (TM == 0) {
@@ -1270,7 +1274,7 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
 #pragma unroll
             for (int s = 0; s < kMaxStages; s++)
                 if (s < S && s < nmine) {
-                    if constexpr (TM == 2) issue_cpa(s, pg[s], of[s]);
+                    if constexpr (CPA) issue_cpa(s, pg[s], of[s]);
                     else issue_chunks(s, s, pg[s], of[s]);
                 }
             if (S < nmine) tile_at(S, npage, noff);
@@ -1296,21 +1300,21 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
     // (t8-15, d0-7), (t0-7, d8-15), (t8-15, d8-15) of a k-step.  V (.trans, A of O^T, dims x tokens):
     // (t0-7, d0-7), (t0-7, d8-15), (t8-15, d0-7), (t8-15, d8-15) of an m-tile.
     // A tensor's tile is H boxes of 16 rows (dims 64h..64h+63 of token t in row 16h + t).
-    // TM: token t's dims 64h..64h+63 are 128-byte row t H + h of the tile (its chunks land token-major), so
+    // TOKM: token t's dims 64h..64h+63 are 128-byte row t H + h of the tile (its chunks land token-major), so
     // the swizzle's row bits are (t H + h) & 7 = ((t H) & 7) ^ h for H <= 2: the offsets below are for h = 0
     // and tm_at adds h (2-way ldmatrix conflicts at H = 2; measured as fast as the box layout, v8).
     uint32_t koff[4], voff[4];
     {
         const int mi = lane >> 3, r = lane & 7;
         const int krow = r + (mi & 1) * 8, vrow = r + (mi >> 1) * 8;
-        const int kr = TM ? krow * H : krow, vr = TM ? vrow * H : vrow;
+        const int kr = TOKM ? krow * H : krow, vr = TOKM ? vrow * H : vrow;
 #pragma unroll
         for (int q4 = 0; q4 < 4; q4++) {
-            koff[q4] = (uint32_t)(kr * 128 + (((2 * q4 + (mi >> 1)) ^ (TM ? kr & 7 : r)) << 4));
-            voff[q4] = (uint32_t)(vr * 128 + (((2 * q4 + (mi & 1)) ^ (TM ? vr & 7 : r)) << 4));
+            koff[q4] = (uint32_t)(kr * 128 + (((2 * q4 + (mi >> 1)) ^ (TOKM ? kr & 7 : r)) << 4));
+            voff[q4] = (uint32_t)(vr * 128 + (((2 * q4 + (mi & 1)) ^ (TOKM ? vr & 7 : r)) << 4));
         }
     }
-    // TM: the ldmatrix address of dims 64h.. (h = k-step / 4 or m-tile / 4) from an h = 0 offset
+    // TOKM: the ldmatrix address of dims 64h.. (h = k-step / 4 or m-tile / 4) from an h = 0 offset
     auto tm_at = [](uint32_t tile, uint32_t off, int h) -> uint32_t {
         return tile + ((off ^ ((uint32_t)h << 4)) + (uint32_t)h * 128u);
     };
@@ -1331,7 +1335,7 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
         const int base = t0 + (warp + it * kWarps) * 16;
         const uint32_t sk = ring + (uint32_t)stage * kTileBytes, sv = sk + H * kBoxBytes;
         mbar_wait(bar0 + 8u * (uint32_t)stage, phase);
-        if (TM != 2 && (base < tb || base + 16 > te)) {
+        if (!CPA && (base < tb || base + 16 > te)) {
             // a task's first tile (before a window's start) or last tile (past te): V rows outside
             // [tb, te) hold other tokens (or garbage) and would reach O through 0 x NaN; zero them (K's
             // are masked out of the softmax): rows [0, r0) and [r1, 16), nz of them
@@ -1340,7 +1344,7 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
             for (int i = lane; i < H * nz * 8; i += 32) {
                 const int h = i / (nz * 8), k = (i / 8) % nz, ch = i & 7;
                 const int rr = k < r0 ? k : r1 + (k - r0);
-                unsigned char *at = TM ? v + (rr * H + h) * 128 + ch * 16 : v + h * kBoxBytes + rr * 128 + ch * 16;
+                unsigned char *at = TOKM ? v + (rr * H + h) * 128 + ch * 16 : v + h * kBoxBytes + rr * 128 + ch * 16;
                 *reinterpret_cast<uint4 *>(at) = make_uint4(0, 0, 0, 0);
             }
             // these generic-proxy stores before the tensor copy that refills the stage (a window's
@@ -1356,7 +1360,7 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
             uint32_t a[4];
-            if constexpr (TM != 0) ldsm_x4(a, tm_at(sk, koff[ks & 3], ks >> 2));
+            if constexpr (TOKM) ldsm_x4(a, tm_at(sk, koff[ks & 3], ks >> 2));
             else ldsm_x4(a, sk + (ks >> 2) * kBoxBytes + koff[ks & 3]);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) mma_16816<T>((ks & 1) ? s2[nt] : s[nt], a, qb[nt][ks][0], qb[nt][ks][1]);
@@ -1372,7 +1376,7 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
 #pragma unroll
         for (int mt = 0; mt < KS; mt++) {
             uint32_t a[4];
-            if constexpr (TM != 0) ldsm_x4_trans(a, tm_at(sv, voff[mt & 3], mt >> 2));
+            if constexpr (TOKM) ldsm_x4_trans(a, tm_at(sv, voff[mt & 3], mt >> 2));
             else ldsm_x4_trans(a, sv + (mt >> 2) * kBoxBytes + voff[mt & 3]);
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
@@ -1387,7 +1391,7 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
         __syncwarp();
         if constexpr (TM != 0) {
             if (it + S < nmine) {
-                if constexpr (TM == 2) issue_cpa(stage, npage, noff);
+                if constexpr (CPA) issue_cpa(stage, npage, noff);
                 else issue_chunks(stage, it + S, npage, noff);
                 if (it + S + 1 < nmine) tile_at(it + S + 1, npage, noff);
             }
@@ -1505,12 +1509,16 @@ static cudaError_t launch_decode_tma(const decode_params &p, const tma_maps &map
                                      bool pdl) {
     launch_cfg lc(grid, tma_smem_bytes<D>(p.stages), stream, pdl);
     if constexpr (D > 128) {
-        if (p.group > 8 || p.copy_mode != 0) return cudaErrorInvalidValue;
-        return lc.launch(decode_kernel_tma<T, D, 1>, p, maps);
+        if (p.group > 8 || (p.copy_mode != 0 && p.copy_mode != 3)) return cudaErrorInvalidValue;
+        return p.copy_mode == 3 ? lc.launch(decode_kernel_tma<T, D, 1, 3>, p, maps)
+                                : lc.launch(decode_kernel_tma<T, D, 1>, p, maps);
     } else {
         if (p.copy_mode == 2) // cp.async (no maps)
             return p.group <= 8 ? lc.launch(decode_kernel_tma<T, D, 1, 2>, p, maps)
                                 : lc.launch(decode_kernel_tma<T, D, 2, 2>, p, maps);
+        if (p.copy_mode == 3) // cp.async into the boxes (no maps)
+            return p.group <= 8 ? lc.launch(decode_kernel_tma<T, D, 1, 3>, p, maps)
+                                : lc.launch(decode_kernel_tma<T, D, 2, 3>, p, maps);
         if (p.copy_mode == 1) // chunked: tma_maps_for encoded token-major maps
             return p.group <= 8 ? lc.launch(decode_kernel_tma<T, D, 1, 1>, p, maps)
                                 : lc.launch(decode_kernel_tma<T, D, 2, 1>, p, maps);
@@ -1538,7 +1546,12 @@ template <typename T, int D, int NT> static int tma_resident(int stages) {
                ? n
                : 0;
 }
-// The static shared memory of both dtypes' instances (and the chunked and cp.async ones at d <= 128): *static_bytes
+// The copy modes (TM) instantiated at head dim D, in turn: 0, 1 and 2 at d <= 128 (token-major rows), 3
+// at every d; -1 after the last.
+constexpr int next_copy_mode(int tm, int d) {
+    return tm == 0 ? (d <= 128 ? 1 : 3) : tm == 1 ? 2 : tm == 2 ? 3 : -1;
+}
+// The static shared memory of both dtypes' instances (and those of the other copy modes): *static_bytes
 // becomes the larger of it and itself.
 template <int D, int NT, int TM = 0> static cudaError_t tma_static_bytes(size_t *static_bytes) {
     cudaFuncAttributes fh, fb;
@@ -1548,11 +1561,11 @@ template <int D, int NT, int TM = 0> static cudaError_t tma_static_bytes(size_t 
         if (fh.sharedSizeBytes > *static_bytes) *static_bytes = fh.sharedSizeBytes;
         if (fb.sharedSizeBytes > *static_bytes) *static_bytes = fb.sharedSizeBytes;
     }
-    if constexpr (TM < 2 && D <= 128)
-        if (e == cudaSuccess) e = tma_static_bytes<D, NT, TM + 1>(static_bytes);
+    if constexpr (next_copy_mode(TM, D) > 0)
+        if (e == cudaSuccess) e = tma_static_bytes<D, NT, next_copy_mode(TM, D)>(static_bytes);
     return e;
 }
-// Raises the dynamic shared-memory limit of both dtypes' instances (and the chunked and cp.async ones at d <= 128) to
+// Raises the dynamic shared-memory limit of both dtypes' instances (and those of the other copy modes) to
 // `bytes`.
 template <int D, int NT, int TM = 0> static cudaError_t tma_raise_limit(int bytes) {
     cudaError_t e = cudaFuncSetAttribute(decode_kernel_tma<__half, D, NT, TM>,
@@ -1560,8 +1573,8 @@ template <int D, int NT, int TM = 0> static cudaError_t tma_raise_limit(int byte
     if (e == cudaSuccess)
         e = cudaFuncSetAttribute(decode_kernel_tma<__nv_bfloat16, D, NT, TM>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    if constexpr (TM < 2 && D <= 128)
-        if (e == cudaSuccess) e = tma_raise_limit<D, NT, TM + 1>(bytes);
+    if constexpr (next_copy_mode(TM, D) > 0)
+        if (e == cudaSuccess) e = tma_raise_limit<D, NT, next_copy_mode(TM, D)>(bytes);
     return e;
 }
 // The most stages (from lo to max_stages) that keep `want` CTAs of the NT instance resident; 0: none.
@@ -1631,7 +1644,8 @@ static bool encode_pool(CUtensorMap *map, const void *pool, const pkv_problem &p
 // or G 9..16 where tma_setup gave it stages (d = 128)), its stages per warp (*stages) and its copies
 // (*mode): pages that are multiples of 16 by a tensor copy per tile (0); other page sizes at d = 64/128
 // only - by a tensor copy per chunk (1) when the chunks have at least o.tma_chunk_min tokens, else by
-// cp.async from every lane (2) when o.cp_async.  False: the register kernel runs.  Modes 0 and 1 encode
+// cp.async from every lane (2) when o.cp_async; under o.cp_async_tiles the cp.async copies fill the boxes
+// of mode 0 (3), and d = 256 takes them too.  False: the register kernel runs.  Modes 0 and 1 encode
 // tensor maps; the last maps are kept per thread (same pools and shape: no re-encoding per step).
 static bool tma_maps_for(const pkv_plan *plan, const pkv_tensors *t, const pkv_kv_strides &st,
                          const pkv_cuda_launch_opts &o, tma_maps *maps, int32_t *stages, int32_t *mode) {
@@ -1639,15 +1653,18 @@ static bool tma_maps_for(const pkv_plan *plan, const pkv_tensors *t, const pkv_k
     const int idx = pr.head_dim == 64 ? 0 : pr.head_dim == 128 ? 1 : pr.head_dim == 256 ? 2 : -1;
     const int nt = plan->group > 8 ? 1 : 0;
     const int chunk = tma_chunk_tokens(pr.page_size);
-    *mode = chunk == 16 ? 0 : o.tma_chunk_min > 0 && chunk >= o.tma_chunk_min ? 1 : o.cp_async ? 2 : -1;
-    if (!o.tma || !o.allow_n8 || idx < 0 || plan->group > 16 || *mode < 0 || (*mode > 0 && pr.head_dim > 128) ||
+    if (chunk == 16) *mode = 0;
+    else if (o.tma_chunk_min > 0 && chunk >= o.tma_chunk_min && pr.head_dim <= 128) *mode = 1;
+    else *mode = !o.cp_async ? -1 : o.cp_async_tiles ? 3 : 2;
+    if (!o.tma || !o.allow_n8 || idx < 0 || plan->group > 16 || *mode < 0 ||
+        ((*mode == 1 || *mode == 2) && pr.head_dim > 128) ||
         (*mode < 2 && !g_encode_tiled) || pr.num_pages <= 0 || pr.num_pages > INT32_MAX)
         return false;
     const int32_t dflt = o.tma_default_stages[idx][nt];
     const int lo = pr.head_dim > 128 ? tma_min_stages<256>() : tma_min_stages<128>();
     if (dflt < lo) return false;
     *stages = o.tma_stages > 0 ? min(max(o.tma_stages, lo), o.tma_max_stages[idx]) : dflt;
-    if (*mode == 2) return true; // cp.async: no maps
+    if (*mode >= 2) return true; // cp.async: no maps
     struct cache_entry {
         const void *k, *v;
         int32_t d, page_size, hkv, layout;
@@ -1696,7 +1713,7 @@ template <typename T, int D>
 static cudaError_t launch_tasks(const decode_params &p, dim3 grid, kernel_kind base_kind, cudaStream_t stream,
                                 const pkv_cuda_launch_opts &o, const tma_maps *maps) {
     const int64_t ctas = (int64_t)grid.x * grid.y * grid.z;
-    if (maps && (p.copy_mode != 2 || ctas >= o.cp_async_min_ctas)) // p.stages set with the maps
+    if (maps && (p.copy_mode < 2 || ctas >= o.cp_async_min_ctas)) // p.stages set with the maps
         return launch_decode_tma<T, D>(p, *maps, grid, stream, o.entry_pdl);
     const kernel_kind kind = base_kind == kHeadsInN && ctas <= o.deep_max_ctas ? kHeadsInNDeep : base_kind;
     return launch_decode<T, D>(kind, p, grid, stream, o.entry_pdl);
@@ -1900,6 +1917,10 @@ extern "C" const char *pkv_cuda_decode_kernel_name(const pkv_plan *plan, const p
         if (mode == 2)
             return opts->cp_async_min_ctas > 0 ? "cp.async copies (registers on grids of up to 2 CTAs per SM)"
                                                : "cp.async copies";
+        if (mode == 3)
+            return opts->cp_async_min_ctas > 0
+                       ? "cp.async copies (into tiles; registers on grids of up to 2 CTAs per SM)"
+                       : "cp.async copies (into tiles)";
         switch (pkv::tma_chunk_tokens(pr.page_size)) {
         case 16: return "tensor copies";
         case 8: return "tensor copies in chunks of 8";
