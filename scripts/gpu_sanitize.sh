@@ -16,13 +16,13 @@ status=0
 # run TOOL CASES [ENV...]: one tool over CASES random problems plus the fixed cases (memcheck, racecheck and
 # synccheck with the cp.async ring on every grid: by default the tests' small grids run the register
 # kernels there, which initcheck then covers; the register kernels' other shapes run under every tool;
-# memcheck with the opt-in fill of the whole-tile boxes, d = 256 included, the others token-major rows)
+# racecheck with the opt-in fill of the whole-tile boxes, d = 256 included, the others token-major rows)
 run() { # TOOL CASES [ENV...]
   env "${@:3}" PKV_TEST_SMALL=1 PKV_TEST_CASES=$2 timeout 300 compute-sanitizer --tool "$1" --error-exitcode 9 \
     "$build/tests/test_cuda" >"$log/$1.log" 2>&1
 }
-run memcheck 4 PKV_DECODE_CPASYNC=all PKV_CPASYNC_LAYOUT=tiles & a=$!
-run racecheck 1 PKV_DECODE_CPASYNC=all || status=1
+run memcheck 4 PKV_DECODE_CPASYNC=all & a=$!
+run racecheck 1 PKV_DECODE_CPASYNC=all PKV_CPASYNC_LAYOUT=tiles || status=1
 wait $a || status=1
 run initcheck 2 & a=$!
 run synccheck 2 PKV_DECODE_CPASYNC=all || status=1

@@ -1546,8 +1546,8 @@ template <typename T, int D, int NT> static int tma_resident(int stages) {
                ? n
                : 0;
 }
-// The copy modes (TM) instantiated at head dim D, in turn: 0, 1 and 2 at d <= 128 (token-major rows), 3
-// at every d; -1 after the last.
+// The copy modes (TM) instantiated at head dim D, in turn: 0, then 1 and 2 (token-major rows) at d <= 128,
+// then 3 at every d; -1 after the last.
 constexpr int next_copy_mode(int tm, int d) {
     return tm == 0 ? (d <= 128 ? 1 : 3) : tm == 1 ? 2 : tm == 2 ? 3 : -1;
 }
