@@ -28,7 +28,8 @@
 // kernels).  At d = 64/128 it also takes pages of 8, 24, 40, ... tokens: a tile in chunks of 8 tokens,
 // one copy per chunk and tensor, each issued by its own lane (v14; PKV_TMA_CHUNKED); and the other page
 // sizes there (1, 2, 4, 12, ...) on grids of more than 2 CTAs per SM, its ring filled by cp.async from
-// every lane, 16 bytes per instruction, into the same swizzled rows (v15; PKV_DECODE_CPASYNC).
+// every lane, 16 bytes per instruction, into the same swizzled rows (v15; PKV_DECODE_CPASYNC; opt-in,
+// PKV_CPASYNC_LAYOUT=tiles: into the whole-tile boxes, and at d = 256 too).
 //
 // Every kernel takes a logits soft cap (a compile-time path picked once per CTA) and tasks that start
 // anywhere (a sliding window's first token): the register kernels look up each token's page, the
