@@ -34,7 +34,8 @@ typedef struct pkv_dev_info {
 } pkv_dev_info;
 pkv_status pkv_dev_get_info(pkv_context *ctx, pkv_dev_info *info);
 /* The decode kernel a run of the plan with these tensors launches on this CUDA context: "tensor copies",
- * "tensor copies in chunks of N" (pages not a multiple of 16 tokens) or "registers, heads in N|M"
+ * "tensor copies in chunks of N" (pages not a multiple of 16 tokens), "cp.async copies ..." (other such
+ * pages; the rest of the name says the layout and the grids it runs on) or "registers, heads in N|M ..."
  * (static storage; "" on error). */
 pkv_status pkv_dev_decode_kernel(pkv_context *ctx, const pkv_plan *plan, const pkv_tensors *t, const char **name);
 

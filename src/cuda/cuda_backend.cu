@@ -231,9 +231,9 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bo
     s->launch.cp_async = !env_is("PKV_DECODE_CPASYNC", "0");
     s->launch.cp_async_min_ctas = env_is("PKV_DECODE_CPASYNC", "all") ? 0 : 2 * prop.multiProcessorCount + 1;
     /* PKV_CPASYNC_LAYOUT=tiles: the cp.async copies fill the d/64 boxes of a whole-tile copy (no ldmatrix
-     * conflicts) instead of token-major rows, and d = 256 takes them too (its pages that are not a multiple of
-     * 16 tokens run the
-     * register kernels otherwise); not yet measured on a GPU, so off by default (kernel-notes v15) */
+     * conflicts) instead of token-major rows, and d = 256 takes them too (its pages that are not a multiple
+     * of 16 tokens run the register kernels otherwise); not yet measured on a GPU, so off by default
+     * (kernel-notes v15) */
     s->launch.cp_async_tiles = env_is("PKV_CPASYNC_LAYOUT", "tiles");
     /* graph-stable plans: a step of more tasks than SMs (and not claimed by SM, below) spreads them evenly
      * over the fixed grid, not in its first CTAs (H200: geomean 1.025 against 1.036 of the plain work

@@ -157,14 +157,17 @@ constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
 constexpr float kLn2 = 0.6931471805599453f;
 
-// Page id of a row's token (one read of the page table) and the element offset of that token's
-// head vector inside the K or V pool.
+// Page id of a row's token (one read of the page table), the token's place in its page, and the element
+// offset of that token's head vector inside the K or V pool.
 __device__ __forceinline__ int32_t token_page(const decode_params &p, int32_t page_base, int32_t tok) {
     const int32_t page_slot = p.page_shift >= 0 ? tok >> p.page_shift : tok / p.page_size;
     return __ldg(p.page_indices + page_base + page_slot);
 }
+__device__ __forceinline__ int32_t token_in_page(const decode_params &p, int32_t tok) {
+    return p.page_shift >= 0 ? (tok & (p.page_size - 1)) : tok % p.page_size;
+}
 __device__ __forceinline__ int64_t page_offset(const decode_params &p, int32_t page, int32_t tok, int32_t head) {
-    const int32_t off = p.page_shift >= 0 ? (tok & (p.page_size - 1)) : tok % p.page_size;
+    const int32_t off = token_in_page(p, tok);
     return (int64_t)page * p.stride_page + (int64_t)head * p.stride_head + (int64_t)off * p.stride_tok;
 }
 
@@ -1189,19 +1192,13 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
     auto chunk_tok = [&](int it) -> int32_t { return t0 + (warp + it * kWarps) * 16 + lane * hb; };
     auto chunk_in = [&](int32_t tok) { return lane < nchunk && tok + hb > tb && tok < te; };
     auto tile_at = [&](int it, int32_t &page, int32_t &off) {
-        if constexpr (TM != 0) {
-            const int32_t tok = chunk_tok(it);
-            if (!chunk_in(tok)) {
-                page = CPA ? -1 : 0, off = 0; // cp.async: a token not read (its rows are zero-filled)
-                return;
-            }
-            page = token_page(p, ti.page_base, tok);
-            off = p.page_shift >= 0 ? (tok & (p.page_size - 1)) : tok % p.page_size;
-        } else {
-            const int32_t tok = t0 + (warp + it * kWarps) * 16;
-            page = token_page(p, ti.page_base, tok);
-            off = p.page_shift >= 0 ? (tok & (p.page_size - 1)) : tok % p.page_size;
+        const int32_t tok = TM != 0 ? chunk_tok(it) : t0 + (warp + it * kWarps) * 16;
+        if (TM != 0 && !chunk_in(tok)) {
+            page = CPA ? -1 : 0, off = 0; // cp.async: a token not read (its rows are zero-filled)
+            return;
         }
+        page = token_page(p, ti.page_base, tok);
+        off = token_in_page(p, tok);
     };
     // a stage's copies: lane 0 for the tile's one page, or (TM) every lane for its chunk of tile `it`
     // (lane 0 counts the bytes of the chunks that meet [tb, te))
@@ -1226,8 +1223,8 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
     // TM 2 and 3 (cp.async): every lane copies 16 bytes at a time, lanes along a token's head vector (CH
     // chunks of 16 bytes per token, TPL tokens per instruction: whole 128-byte lines per warp request),
     // into the swizzled rows the ldmatrix side reads (TM 2: token-major, TM 3: the boxes of TM 0); token
-    // t's page id and offset come from lane t.  A token outside [tb, te) or with a page id outside the pool is zero-filled, not read (so
-    // the V rows of the first and last tiles need no zeroing).  Each lane then arrives on the stage's
+    // t's page id and offset come from lane t.  A token outside [tb, te) or with a page id outside the
+    // pool is zero-filled, not read (so the V rows of the first and last tiles need no zeroing).  Each lane then arrives on the stage's
     // barrier (count 32) when its copies have landed.
     const T *kpool = static_cast<const T *>(p.k), *vpool = static_cast<const T *>(p.v);
     const int64_t hoff = (int64_t)head * p.stride_head;
@@ -1504,28 +1501,28 @@ static cudaError_t launch_decode(kernel_kind kind, const decode_params &p, dim3 
     return launch_cfg(grid, smem, stream, pdl).launch(f, p);
 }
 
-// The tensor-copy kernel on a grid (two n-tiles of heads for G > 8; tma_maps_for hands d = 256 no maps there).
+// The tensor-copy kernel of copy mode TM on a grid: two n-tiles of heads for G > 8 (d <= 128).
+template <typename T, int D, int TM>
+static cudaError_t launch_tma_mode(launch_cfg &lc, const decode_params &p, const tma_maps &maps) {
+    if (p.group <= 8) return lc.launch(decode_kernel_tma<T, D, 1, TM>, p, maps);
+    if constexpr (D > 128) return cudaErrorInvalidValue;
+    else return lc.launch(decode_kernel_tma<T, D, 2, TM>, p, maps);
+}
+// The tensor-copy kernel of the step's copy mode (p.copy_mode, set by tma_maps_for with the maps and stages;
+// modes 1 and 2 exist at d <= 128 only).
 template <typename T, int D>
 static cudaError_t launch_decode_tma(const decode_params &p, const tma_maps &maps, dim3 grid, cudaStream_t stream,
                                      bool pdl) {
     launch_cfg lc(grid, tma_smem_bytes<D>(p.stages), stream, pdl);
-    if constexpr (D > 128) {
-        if (p.group > 8 || (p.copy_mode != 0 && p.copy_mode != 3)) return cudaErrorInvalidValue;
-        return p.copy_mode == 3 ? lc.launch(decode_kernel_tma<T, D, 1, 3>, p, maps)
-                                : lc.launch(decode_kernel_tma<T, D, 1>, p, maps);
-    } else {
-        if (p.copy_mode == 2) // cp.async (no maps)
-            return p.group <= 8 ? lc.launch(decode_kernel_tma<T, D, 1, 2>, p, maps)
-                                : lc.launch(decode_kernel_tma<T, D, 2, 2>, p, maps);
-        if (p.copy_mode == 3) // cp.async into the boxes (no maps)
-            return p.group <= 8 ? lc.launch(decode_kernel_tma<T, D, 1, 3>, p, maps)
-                                : lc.launch(decode_kernel_tma<T, D, 2, 3>, p, maps);
-        if (p.copy_mode == 1) // chunked: tma_maps_for encoded token-major maps
-            return p.group <= 8 ? lc.launch(decode_kernel_tma<T, D, 1, 1>, p, maps)
-                                : lc.launch(decode_kernel_tma<T, D, 2, 1>, p, maps);
-        return p.group <= 8 ? lc.launch(decode_kernel_tma<T, D, 1>, p, maps)
-                            : lc.launch(decode_kernel_tma<T, D, 2>, p, maps);
+    switch (p.copy_mode) {
+    case 0: return launch_tma_mode<T, D, 0>(lc, p, maps);
+    case 3: return launch_tma_mode<T, D, 3>(lc, p, maps);
     }
+    if constexpr (D <= 128) {
+        if (p.copy_mode == 1) return launch_tma_mode<T, D, 1>(lc, p, maps); // token-major maps (tma_maps_for)
+        if (p.copy_mode == 2) return launch_tma_mode<T, D, 2>(lc, p, maps); // cp.async (no maps)
+    }
+    return cudaErrorInvalidValue;
 }
 
 template <typename T, int D> static int resident_ctas_d(kernel_kind kind) {
@@ -1656,10 +1653,9 @@ static bool tma_maps_for(const pkv_plan *plan, const pkv_tensors *t, const pkv_k
     const int chunk = tma_chunk_tokens(pr.page_size);
     if (chunk == 16) *mode = 0;
     else if (o.tma_chunk_min > 0 && chunk >= o.tma_chunk_min && pr.head_dim <= 128) *mode = 1;
-    else *mode = !o.cp_async ? -1 : o.cp_async_tiles ? 3 : 2;
-    if (!o.tma || !o.allow_n8 || idx < 0 || plan->group > 16 || *mode < 0 ||
-        ((*mode == 1 || *mode == 2) && pr.head_dim > 128) ||
-        (*mode < 2 && !g_encode_tiled) || pr.num_pages <= 0 || pr.num_pages > INT32_MAX)
+    else *mode = !o.cp_async ? -1 : o.cp_async_tiles ? 3 : pr.head_dim <= 128 ? 2 : -1; // token-major: d <= 128
+    if (!o.tma || !o.allow_n8 || idx < 0 || plan->group > 16 || *mode < 0 || (*mode < 2 && !g_encode_tiled) ||
+        pr.num_pages <= 0 || pr.num_pages > INT32_MAX)
         return false;
     const int32_t dflt = o.tma_default_stages[idx][nt];
     const int lo = pr.head_dim > 128 ? tma_min_stages<256>() : tma_min_stages<128>();
