@@ -134,11 +134,12 @@ static void fixed_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
 /* Logits soft caps and sliding windows (Gemma-2, Mistral): windows of 1 token, shorter than a 16-token
  * tile, starting mid-page and mid-tile, longer than the rows, on rows long enough to split; page sizes
  * the tensor-copy kernel takes whole (16, 32, 48, 64) and in chunks (8 and 24; 1, 4, 6 and 7 under
- * PKV_TMA_CHUNKED=all, by cp.async under PKV_DECODE_CPASYNC=all); K and V of every token before a window are NaN.  Capped cases scale the scores (sm_scale) so that every cap binds (the
- * uncapped reference must differ), a cap of 0.05 saturates tanh (e^2y overflows), and each kernel runs
- * capped: tensor copies at d 64/128/256 and G 9..16 (d = 128), heads in N on pages of 7 (the tests' small
- * grids; cp.async under PKV_DECODE_CPASYNC=all), heads in M for
- * G 12 at d = 64 and G 16 at d = 256.  Under PKV_TEST_SMALL (rows clamped to 1500 tokens) windows above 1000 become 1000. */
+ * PKV_TMA_CHUNKED=all, by cp.async under PKV_DECODE_CPASYNC=all); K and V of every token before a window
+ * are NaN.  Capped cases scale the scores (sm_scale) so that every cap binds (the uncapped reference must
+ * differ), a cap of 0.05 saturates tanh (e^2y overflows), and each kernel runs capped: tensor copies at
+ * d 64/128/256 and G 9..16 (d = 128), heads in N on pages of 7 (the tests' small grids; cp.async under
+ * PKV_DECODE_CPASYNC=all), heads in M for G 12 at d = 64 and G 16 at d = 256.  Under PKV_TEST_SMALL (rows
+ * clamped to 1500 tokens) windows above 1000 become 1000. */
 static void score_option_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     struct {
         int32_t hq, hkv, d, page;
@@ -291,13 +292,13 @@ static bool claim_words_reset(pkv_context *ctx, const pkv_plan *plan, void *ws) 
  * a multiple of 16 take them at G <= 16 for d = 128 and G <= 8 for d = 64 and 256, and pages of 8, 24,
  * ... at d = 64/128 take them in chunks of 8 (chunks of any size under PKV_TMA_CHUNKED=all, none under
  * =0), and the other page sizes at d = 64/128 (at d = 256 too under PKV_CPASYNC_LAYOUT=tiles) fill the
- * same ring by cp.async (unless PKV_DECODE_CPASYNC=0;
- * by default only on grids of more than 2 CTAs per SM, so the name says the grid rule and these small
- * plans run the register kernels: a cp.async path that fell back is caught under PKV_DECODE_CPASYNC=all,
- * a setting of the GPU check);
- * everything else runs the register kernels (G 9..16 at d = 64: the two-n-tile tensor-copy kernel
- * holds 3 CTAs per SM there, the register kernel 4, and the ring's stage rule keeps the 4).  The outputs would be right either way, so only this
- * catches a tensor-copy path that silently falls back (a map the driver refuses, a gate too strict). */
+ * same ring by cp.async (unless PKV_DECODE_CPASYNC=0; by default only on grids of more than 2 CTAs per SM,
+ * so the name says the grid rule and these small plans run the register kernels: a cp.async path that
+ * fell back is caught under PKV_DECODE_CPASYNC=all, a setting of the GPU check); everything else runs the
+ * register kernels (G 9..16 at d = 64: the two-n-tile tensor-copy kernel holds 3 CTAs per SM there, the
+ * register kernel 4, and the ring's stage rule keeps the 4).  The outputs would be right either way, so
+ * only this catches a tensor-copy path that silently falls back (a map the driver refuses, a gate too
+ * strict). */
 static void decode_kernel_choice(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     pkv_dev_info info;
     CHECK_OK(pkv_dev_get_info(ctx, &info));
@@ -339,8 +340,10 @@ static void decode_kernel_choice(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng)
             const char *got = "";
             CHECK_OK(pkv_plan_step(ctx, &tc.problem, &tc.table, NULL, plan));
             CHECK_OK(pkv_dev_decode_kernel(ctx, plan, &t, &got));
-            const char next = got[strncmp(got, want, strlen(want)) == 0 ? strlen(want) : 0];
-            CHECK_MSG(strncmp(got, want, strlen(want)) == 0 && (next == '\0' || next == ' ' || next == ')' || next == ';') &&
+            /* want, then the name's end or its qualifier (" (...)", or ")" / ";" inside one) */
+            const bool prefix = strncmp(got, want, strlen(want)) == 0;
+            const char next = prefix ? got[strlen(want)] : 0;
+            CHECK_MSG(prefix && (next == '\0' || next == ' ' || next == ')' || next == ';') &&
                           (tiles || !strstr(got, "into tiles")),
                       "G=%d d=%d page=%d runs \"%s\", expected \"%s\"", G, d, page, got, want);
         }
