@@ -14,15 +14,15 @@ if ! command -v compute-sanitizer >/dev/null; then
 fi
 status=0
 # run TOOL CASES [ENV...]: one tool over CASES random problems plus the fixed cases (memcheck, racecheck and
-# synccheck with the cp.async ring on every grid: by default the tests' small grids run the register
-# kernels there, which initcheck then covers; the register kernels' other shapes run under every tool;
-# racecheck with the opt-in fill of the whole-tile boxes, d = 256 included, the others token-major rows)
+# synccheck with the cp.async ring on every grid: by default the tests' small grids at d = 64/128 run the
+# register kernels there, which initcheck then covers; the register kernels' other shapes run under every
+# tool; cp.async fills the whole-tile boxes by default, and racecheck runs it into token-major rows)
 run() { # TOOL CASES [ENV...]
   env "${@:3}" PKV_TEST_SMALL=1 PKV_TEST_CASES=$2 timeout 300 compute-sanitizer --tool "$1" --error-exitcode 9 \
     "$build/tests/test_cuda" >"$log/$1.log" 2>&1
 }
 run memcheck 4 PKV_DECODE_CPASYNC=all & a=$!
-run racecheck 1 PKV_DECODE_CPASYNC=all PKV_CPASYNC_LAYOUT=tiles || status=1
+run racecheck 1 PKV_DECODE_CPASYNC=all PKV_CPASYNC_LAYOUT=rows || status=1
 wait $a || status=1
 run initcheck 2 & a=$!
 run synccheck 2 PKV_DECODE_CPASYNC=all || status=1

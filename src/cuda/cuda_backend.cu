@@ -226,15 +226,16 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bo
     /* the pages whose chunks take no tensor copies (1, 2, 4 tokens, ...: page size 1 among them) fill the
      * same ring by cp.async, 16 bytes per lane and instruction, on grids of more than 2 CTAs per SM: on the
      * H200 at page size 1, 1-4% faster than the register kernels there, 0-8% slower on smaller grids
-     * (single requests, B4 work queues; docs/kernel-notes.md v15).  PKV_DECODE_CPASYNC=0: the register
-     * kernels there; =all: cp.async on every grid (tests) */
+     * (single requests, B4 work queues; docs/kernel-notes.md v15); at d = 256 on every grid (decode.cu
+     * cp_async_min_ctas).  PKV_DECODE_CPASYNC=0: the register kernels there; =all: cp.async on every grid */
     s->launch.cp_async = !env_is("PKV_DECODE_CPASYNC", "0");
     s->launch.cp_async_min_ctas = env_is("PKV_DECODE_CPASYNC", "all") ? 0 : 2 * prop.multiProcessorCount + 1;
-    /* PKV_CPASYNC_LAYOUT=tiles: the cp.async copies fill the d/64 boxes of a whole-tile copy (no ldmatrix
-     * conflicts) instead of token-major rows, and d = 256 takes them too (its pages that are not a multiple
-     * of 16 tokens run the register kernels otherwise); not yet measured on a GPU, so off by default
-     * (kernel-notes v15) */
-    s->launch.cp_async_tiles = env_is("PKV_CPASYNC_LAYOUT", "tiles");
+    /* the cp.async copies fill the d/64 boxes of a whole-tile copy (no ldmatrix conflicts), and d = 256 pages
+     * that are not a multiple of 16 tokens take them too, on every grid: on the H200 0.6% faster than v15's
+     * token-major rows at page size 1 (best route over the anchors), d = 256 4-5% faster than the register
+     * kernels at page sizes 1 and 8 (docs/kernel-notes.md v16).  PKV_CPASYNC_LAYOUT=rows: v15's token-major
+     * rows (d <= 128; d = 256 runs the register kernels there) */
+    s->launch.cp_async_tiles = !env_is("PKV_CPASYNC_LAYOUT", "rows");
     /* graph-stable plans: a step of more tasks than SMs (and not claimed by SM, below) spreads them evenly
      * over the fixed grid, not in its first CTAs (H200: geomean 1.025 against 1.036 of the plain work
      * queue's time on the anchors at a 4-wave grid); one of at most one task per SM runs them in the

@@ -21,15 +21,16 @@
 // issued right after S, and V loads right after O, so a tile is always in flight while a warp
 // computes.
 //
-// On sm_90, for G <= 16 at d = 128 and G <= 8 at d = 64/256 with page sizes that are multiples of 16,
+// On sm_90, for G <= 16 at d = 64/128 and G <= 8 at d = 256 with page sizes that are multiples of 16,
 // a third kernel (decode_kernel_tma) runs the heads-in-N math with K and V brought into shared memory
 // by TMA tensor copies (one per tensor and 16-token tile, issued by one lane into a per-warp ring) and
 // read with ldmatrix, so the warps issue only the math (v8; PKV_DECODE_TMA=0 runs the register
 // kernels).  At d = 64/128 it also takes pages of 8, 24, 40, ... tokens: a tile in chunks of 8 tokens,
 // one copy per chunk and tensor, each issued by its own lane (v14; PKV_TMA_CHUNKED); and the other page
-// sizes there (1, 2, 4, 12, ...) on grids of more than 2 CTAs per SM, its ring filled by cp.async from
-// every lane, 16 bytes per instruction, into the same swizzled rows (v15; PKV_DECODE_CPASYNC; opt-in,
-// PKV_CPASYNC_LAYOUT=tiles: into the whole-tile boxes, and at d = 256 too).
+// sizes (1, 2, 4, 12, ...; at d = 256 every size not a multiple of 16) with its ring filled by cp.async
+// from every lane, 16 bytes per instruction, into the whole tile's swizzled boxes (v15, v16;
+// PKV_DECODE_CPASYNC), at d = 64/128 on grids of more than 2 CTAs per SM (PKV_CPASYNC_LAYOUT=rows: into
+// v14's token-major rows, d <= 128 only).
 //
 // Every kernel takes a logits soft cap (a compile-time path picked once per CTA) and tasks that start
 // anywhere (a sliding window's first token): the register kernels look up each token's page, the
@@ -1055,11 +1056,12 @@ __global__ void __launch_bounds__(kThreads, NB == 1 && D <= 128 ? 3 : 2) decode_
 }
 
 // ---- heads in N, K and V through shared memory by tensor copies (sm_90) --------------------------------
-// For G <= 8 at d = 64/128/256 and G 9..16 at d = 128 (two n-tiles of heads), page sizes that are
+// For G <= 8 at d = 64/128/256 and G 9..16 at d = 64/128 (two n-tiles of heads), page sizes that are
 // multiples of 16 (tiles start on 16-token boundaries, a window's first tile before its start, so a
-// 16-token tile never crosses a page).  The NT = 2 instance at d = 64 exists, but tma_setup leaves it
-// off: at 140 registers it holds 3 CTAs per SM where the heads-in-M register kernel holds 4 (the
-// planner's waves assume 4); compiled for 4 it takes 128 registers without spills (not measured).
+// 16-token tile never crosses a page).  The NT = 2 instance at d = 64 is compiled for 4 CTAs per SM, the
+// heads-in-M register kernel's residency there (the planner's waves assume it; for 3 it took 140
+// registers, and tma_setup gave it no ring): 128 registers, no spills; H200 4-5% faster than the
+// register kernel over the anchors at G 12 and 16 (v16).
 // The math is the heads-in-N kernel's (S^T = K Q^T, O^T = V^T P^T, tokens and head dims in M, the G
 // heads in N), but no warp loads K or V itself: each warp
 // keeps a ring of S stages in shared memory (a 16-token tile of K and of V per stage) with one mbarrier
@@ -1415,7 +1417,7 @@ __device__ __forceinline__ void decode_tma_body(const decode_params &p, const tm
 }
 
 template <typename T, int D, int NT, int TM = 0>
-__global__ void __launch_bounds__(kThreads, NT == 2 || D > 128 ? 2 : D <= 64 ? 4 : 3)
+__global__ void __launch_bounds__(kThreads, D > 128 || (NT == 2 && D > 64) ? 2 : D <= 64 ? 4 : 3)
     decode_kernel_tma(const decode_params p, const __grid_constant__ tma_maps maps) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     extern __shared__ float smem[];
@@ -1639,11 +1641,11 @@ static bool encode_pool(CUtensorMap *map, const void *pool, const pkv_problem &p
 }
 
 // How a step's shape runs the shared-memory ring kernel (sm_90, G <= 8 with heads in N at d = 64/128/256
-// or G 9..16 where tma_setup gave it stages (d = 128)), its stages per warp (*stages) and its copies
-// (*mode): pages that are multiples of 16 by a tensor copy per tile (0); other page sizes at d = 64/128
-// only - by a tensor copy per chunk (1) when the chunks have at least o.tma_chunk_min tokens, else by
-// cp.async from every lane (2) when o.cp_async; under o.cp_async_tiles the cp.async copies fill the boxes
-// of mode 0 (3), and d = 256 takes them too.  False: the register kernel runs.  Modes 0 and 1 encode
+// or G 9..16 where tma_setup gave it stages (d = 64/128)), its stages per warp (*stages) and its copies
+// (*mode): pages that are multiples of 16 by a tensor copy per tile (0); other page sizes at d = 64/128 by
+// a tensor copy per chunk (1) when the chunks have at least o.tma_chunk_min tokens, else (and at d = 256)
+// by cp.async from every lane when o.cp_async - into the boxes of mode 0 (3, o.cp_async_tiles, the
+// default) or into token-major rows (2, d <= 128 only).  False: the register kernel runs.  Modes 0 and 1 encode
 // tensor maps; the last maps are kept per thread (same pools and shape: no re-encoding per step).
 static bool tma_maps_for(const pkv_plan *plan, const pkv_tensors *t, const pkv_kv_strides &st,
                          const pkv_cuda_launch_opts &o, tma_maps *maps, int32_t *stages, int32_t *mode) {
@@ -1703,14 +1705,20 @@ template <int D> static bool merge_per_head(const pkv_plan *plan, const pkv_cuda
     return merge_wide(D, plan->group, plan->max_merge_count, o.merge_wide_at);
 }
 
+// The smallest grid whose ring is filled by cp.async at head dim d (smaller ones run the register kernels):
+// o.cp_async_min_ctas at d = 64/128, where grids of up to 2 CTAs per SM measured 0-8% slower that way
+// (H200, v15); every grid at d = 256, where the fill into tiles measured 4-5% faster than the register
+// kernels on every anchor, single requests included (v16).
+static int64_t cp_async_min_ctas(const pkv_cuda_launch_opts &o, int d) { return d > 128 ? 0 : o.cp_async_min_ctas; }
+
 // The decode kernel over a grid of tasks: the tensor-copy kernel when the step has maps (filled by cp.async:
-// on grids of at least o.cp_async_min_ctas), else the register kernel of the plan's kind (a grid that
+// on grids of at least cp_async_min_ctas), else the register kernel of the plan's kind (a grid that
 // leaves the third resident slot of every SM empty runs the two-tiles-in-flight variant when it is on).
 template <typename T, int D>
 static cudaError_t launch_tasks(const decode_params &p, dim3 grid, kernel_kind base_kind, cudaStream_t stream,
                                 const pkv_cuda_launch_opts &o, const tma_maps *maps) {
     const int64_t ctas = (int64_t)grid.x * grid.y * grid.z;
-    if (maps && (p.copy_mode < 2 || ctas >= o.cp_async_min_ctas)) // p.stages set with the maps
+    if (maps && (p.copy_mode < 2 || ctas >= cp_async_min_ctas(o, D))) // p.stages set with the maps
         return launch_decode_tma<T, D>(p, *maps, grid, stream, o.entry_pdl);
     const kernel_kind kind = base_kind == kHeadsInN && ctas <= o.deep_max_ctas ? kHeadsInNDeep : base_kind;
     return launch_decode<T, D>(kind, p, grid, stream, o.entry_pdl);
@@ -1911,11 +1919,11 @@ extern "C" const char *pkv_cuda_decode_kernel_name(const pkv_plan *plan, const p
     pkv::tma_maps maps;
     int32_t stages = 0, mode = 0;
     if (pkv::tma_maps_for(plan, t, pkv_kv_strides_run(&pr, t), *opts, &maps, &stages, &mode)) {
+        const bool grid_rule = pkv::cp_async_min_ctas(*opts, pr.head_dim) > 0;
         if (mode == 2)
-            return opts->cp_async_min_ctas > 0 ? "cp.async copies (registers on grids of up to 2 CTAs per SM)"
-                                               : "cp.async copies";
+            return grid_rule ? "cp.async copies (registers on grids of up to 2 CTAs per SM)" : "cp.async copies";
         if (mode == 3)
-            return opts->cp_async_min_ctas > 0
+            return grid_rule
                        ? "cp.async copies (into tiles; registers on grids of up to 2 CTAs per SM)"
                        : "cp.async copies (into tiles)";
         switch (pkv::tma_chunk_tokens(pr.page_size)) {
