@@ -38,3 +38,28 @@ dev_bench() {
   env "${envs[@]}" timeout 200 "$bin" bench --backend cuda --anchor all --route all --reps 30 --wall-reps 2 \
     --no-check --quiet "$@" --json "$r/$name.json" >/dev/null 2>>"$r/bench.log"
 }
+# dev_probe_start OUT TARGETS [CMAKE OPTIONS...]: the start of a probe - out (OUT, created), r (a fresh log
+# directory), a (the working tree's build, build-gpu, with TARGETS built and the cmake options); exits the
+# probe when the build fails.
+dev_probe_start() {
+  local targets=$2
+  out=$1
+  mkdir -p "$out"
+  r=$(mktemp -d)
+  a=$dev_root/build-gpu
+  shift 2
+  dev_build "$a" "$r/build.log" "$targets" "$@" || { tail -n 40 "$r/build.log"; exit 1; }
+}
+# dev_probe_header NAME: a probe summary's first lines - NAME, the commit (PKV_COMMIT: the device's copy of
+# the tree has no .git), the date, the GPU and its driver.
+dev_probe_header() {
+  echo "# $1 at ${PKV_COMMIT:-unknown}, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null
+}
+# dev_probe_finish: the end of a probe whose output went to $r/summary.txt.all - OUT/summary.txt, and
+# OUT/probe.tgz with every log of $r.
+dev_probe_finish() {
+  mv "$r/summary.txt.all" "$r/summary.txt"
+  cp "$r/summary.txt" "$out/summary.txt"
+  tar -czf "$out/probe.tgz" -C "$r" .
+}

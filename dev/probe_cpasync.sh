@@ -8,18 +8,11 @@
 # size 8 cp.async against the chunked tensor copies (the default) and the register kernels.  OUT/summary.txt, OUT/probe.tgz.  (It ran at df35b3e, where
 # cp.async was on for every grid by default; PKV_DECODE_CPASYNC=all is that setting now.)
 set -u
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:?usage: dev/probe_cpasync.sh OUT}
-mkdir -p "$out"
-. "$root/dev/build.sh"
-r=$(mktemp -d)
-a=$root/build-gpu
-dev_build "$a" "$r/build.log" "pkv test_cuda" || { tail -n 40 "$r/build.log"; exit 1; }
+. "$(dirname "$0")/build.sh"
+dev_probe_start "${1:?usage: dev/probe_cpasync.sh OUT}" "pkv test_cuda"
 grep -E "spill" "$r/build.log" | head -n 8
-S="$r/summary.txt"
 {
-  echo "# dev/probe_cpasync.sh at ${PKV_COMMIT:-unknown}, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null
+  dev_probe_header dev/probe_cpasync.sh
   PKV_DECODE_CPASYNC=all timeout 200 "$a/tests/test_cuda" >"$r/test_cuda.log" 2>&1
   rc=$?
   echo "test_cuda, PKV_DECODE_CPASYNC=all (rc $rc): $(tail -n 1 "$r/test_cuda.log")"
@@ -48,11 +41,9 @@ S="$r/summary.txt"
   dev_bench c8_1 "$a/pkv" PKV_TMA_CHUNKED=0 PKV_DECODE_CPASYNC=all -- --page-size 8
   dev_bench t8_1 "$a/pkv" PKV_TMA_CHUNKED=8 -- --page-size 8
   dev_bench r8_1 "$a/pkv" PKV_TMA_CHUNKED=0 PKV_DECODE_CPASYNC=0 -- --page-size 8
-  ab="$root/dev/ab_table.py"
+  ab="$dev_root/dev/ab_table.py"
   python3 "$ab" "$r" "page 1: cp.async / register kernels" c1_1,c1_2 r1_1,r1_2
   python3 "$ab" "$r" "page 8: cp.async / chunked tensor copies" c8_1 t8_1
   python3 "$ab" "$r" "page 8: cp.async / register kernels" c8_1 r8_1
-} 2>&1 | tee "$S.all"
-mv "$S.all" "$S"
-cp "$S" "$out/summary.txt"
-tar -czf "$out/probe.tgz" -C "$r" .
+} 2>&1 | tee "$r/summary.txt.all"
+dev_probe_finish

@@ -6,17 +6,10 @@
 # grids, the register kernels on small ones), at page sizes 1 and 4 of the paper shape and page 1 of d = 64
 # (32:8:64).  Only the rows whose grid is small differ.  OUT/summary.txt, OUT/probe.tgz.
 set -u
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:?usage: dev/probe_cpasync_small.sh OUT}
-mkdir -p "$out"
-. "$root/dev/build.sh"
-r=$(mktemp -d)
-a=$root/build-gpu
-dev_build "$a" "$r/build.log" pkv -DBUILD_TESTING=OFF || { tail -n 40 "$r/build.log"; exit 1; }
-S="$r/summary.txt"
+. "$(dirname "$0")/build.sh"
+dev_probe_start "${1:?usage: dev/probe_cpasync_small.sh OUT}" pkv -DBUILD_TESTING=OFF
 {
-  echo "# dev/probe_cpasync_small.sh at ${PKV_COMMIT:-unknown}, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null
+  dev_probe_header dev/probe_cpasync_small.sh
   for k in 1 2; do
     dev_bench all_p1_$k "$a/pkv" PKV_DECODE_CPASYNC=all -- --page-size 1
     dev_bench dflt_p1_$k "$a/pkv" PKV_DECODE_CPASYNC=default -- --page-size 1
@@ -25,11 +18,9 @@ S="$r/summary.txt"
     dev_bench all_d64_$k "$a/pkv" PKV_DECODE_CPASYNC=all -- --shape 32:8:64 --page-size 1
     dev_bench dflt_d64_$k "$a/pkv" PKV_DECODE_CPASYNC=default -- --shape 32:8:64 --page-size 1
   done
-  ab="$root/dev/ab_table.py"
+  ab="$dev_root/dev/ab_table.py"
   python3 "$ab" "$r" "paper, page 1: cp.async on every grid / default (registers on small grids)" all_p1_1,all_p1_2 dflt_p1_1,dflt_p1_2
   python3 "$ab" "$r" "paper, page 4: cp.async on every grid / default" all_p4_1,all_p4_2 dflt_p4_1,dflt_p4_2
   python3 "$ab" "$r" "d = 64 (32:8:64), page 1: cp.async on every grid / default" all_d64_1,all_d64_2 dflt_d64_1,dflt_d64_2
-} 2>&1 | tee "$S.all"
-mv "$S.all" "$S"
-cp "$S" "$out/summary.txt"
-tar -czf "$out/probe.tgz" -C "$r" .
+} 2>&1 | tee "$r/summary.txt.all"
+dev_probe_finish

@@ -5,26 +5,17 @@
 # (PKV_TMA_STAGES=3: 2 CTAs per SM, the most a grid of up to 2 per SM uses), and the register kernels.
 # OUT/summary.txt, OUT/probe.tgz.
 set -u
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:?usage: dev/probe_cpasync_stages.sh OUT}
-mkdir -p "$out"
-. "$root/dev/build.sh"
-r=$(mktemp -d)
-a=$root/build-gpu
-dev_build "$a" "$r/build.log" pkv -DBUILD_TESTING=OFF || { tail -n 40 "$r/build.log"; exit 1; }
-S="$r/summary.txt"
+. "$(dirname "$0")/build.sh"
+dev_probe_start "${1:?usage: dev/probe_cpasync_stages.sh OUT}" pkv -DBUILD_TESTING=OFF
 {
-  echo "# dev/probe_cpasync_stages.sh at ${PKV_COMMIT:-unknown}, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null
+  dev_probe_header dev/probe_cpasync_stages.sh
   for k in 1 2; do
     dev_bench c2_$k "$a/pkv" PKV_DECODE_CPASYNC=all -- --page-size 1
     dev_bench c3_$k "$a/pkv" PKV_DECODE_CPASYNC=all PKV_TMA_STAGES=3 -- --page-size 1
     dev_bench r_$k "$a/pkv" PKV_DECODE_CPASYNC=0 -- --page-size 1
   done
-  ab="$root/dev/ab_table.py"
+  ab="$dev_root/dev/ab_table.py"
   python3 "$ab" "$r" "page 1: cp.async, 2 stages per warp / register kernels" c2_1,c2_2 r_1,r_2
   python3 "$ab" "$r" "page 1: cp.async, 3 stages per warp / register kernels" c3_1,c3_2 r_1,r_2
-} 2>&1 | tee "$S.all"
-mv "$S.all" "$S"
-cp "$S" "$out/summary.txt"
-tar -czf "$out/probe.tgz" -C "$r" .
+} 2>&1 | tee "$r/summary.txt.all"
+dev_probe_finish

@@ -6,13 +6,8 @@
 # B1_N8192 (split) at page 1 with cp.async and with the register kernels.  Sections: speed of light, memory
 # workload, warp states, scheduler.  OUT/ncu_*.txt and OUT/summary.txt (the headline metrics side by side).
 set -u
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:?usage: dev/probe_ncu_pages.sh OUT}
-mkdir -p "$out"
-. "$root/dev/build.sh"
-r=$(mktemp -d)
-a=$root/build-gpu
-dev_build "$a" "$r/build.log" pkv -DBUILD_TESTING=OFF || { tail -n 40 "$r/build.log"; exit 1; }
+. "$(dirname "$0")/build.sh"
+dev_probe_start "${1:?usage: dev/probe_ncu_pages.sh OUT}" pkv -DBUILD_TESTING=OFF
 prof() { # NAME ANCHOR ROUTE PAGE ENV...
   local name=$1 anchor=$2 route=$3 page=$4; shift 4
   env "$@" timeout 150 ncu --clock-control none -k regex:decode_kernel --launch-skip 6 --launch-count 1 \
@@ -27,8 +22,7 @@ prof b16_p1_registers B16_homo32K workqueue 1 PKV_DECODE_CPASYNC=0
 prof b1_p1_cpasync B1_N8192 split 1 PKV_DECODE_CPASYNC=all
 prof b1_p1_registers B1_N8192 split 1 PKV_DECODE_CPASYNC=0
 {
-  echo "# dev/probe_ncu_pages.sh at ${PKV_COMMIT:-unknown}, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null
+  dev_probe_header dev/probe_ncu_pages.sh
   for f in "$out"/ncu_*.txt; do
     echo "== $(basename "$f" .txt): $(grep -m 1 -oE "decode_kernel[A-Za-z0-9_]*" "$f")"
     grep -E "^ +(Duration|DRAM Throughput|Memory Throughput|L2 Hit Rate|Issue Slots Busy|Issued Warp Per Scheduler|No Eligible|Active Warps Per Scheduler|Eligible Warps Per Scheduler|Warp Cycles Per Issued Instruction|Mem Busy|Max Bandwidth)" "$f" |
