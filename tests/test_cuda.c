@@ -138,9 +138,9 @@ static void fixed_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
  * PKV_TMA_CHUNKED=all, by cp.async under PKV_DECODE_CPASYNC=all); K and V of every token before a window
  * are NaN.  Capped cases scale the scores (sm_scale) so that every cap binds (the uncapped reference must
  * differ), a cap of 0.05 saturates tanh (e^2y overflows), and each kernel runs capped: tensor copies at
- * d 64/128/256 and G 9..16 (d = 128), heads in N on pages of 7 (the tests' small grids; cp.async under
- * PKV_DECODE_CPASYNC=all), heads in M for G 16 at d = 256.  Under PKV_TEST_SMALL (rows
- * clamped to 1500 tokens) windows above 1000 become 1000. */
+ * d 64/128/256 and G 9..16 (d = 64/128), heads in N on pages of 7 (the tests' small grids; cp.async under
+ * PKV_DECODE_CPASYNC=all), heads in M for G 16 at d = 256.  Under PKV_TEST_SMALL (rows clamped to 1500
+ * tokens) windows above 1000 become 1000. */
 static void score_option_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     struct {
         int32_t hq, hkv, d, page;
