@@ -206,6 +206,45 @@ def test_one_plan_two_layers_and_determinism(cpu):
     assert np.array_equal(cpu.run(p["q"], p["k"], p["v"]), o1)  # bitwise identical rerun
 
 
+def test_cpu_half_loads_bitwise_either_way(cpu, tmp_path):
+    """The CPU backend converts fp16 K, V and q by F16C where the CPU has it, else by a table: the same bits
+    (exact conversions), so o is bitwise the same in a process that turns F16C off (PKV_CPU_NO_F16C=1) -
+    subnormal, largest, negative-zero and infinite halves included (inf in V only: the rows stay finite
+    where the table's are)."""
+    import subprocess
+    code = r"""
+import sys, numpy as np
+sys.path.insert(0, sys.argv[1])
+import persistentkv as pkv
+rng = np.random.default_rng(21)
+pool, ps, hkv, d, hq, lens = 40, 16, 2, 64, 8, np.array([300, 17, 129], np.int32)
+pages = (lens + ps - 1) // ps
+indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+indices = rng.permutation(pool)[: indptr[-1]].astype(np.int32)
+k = rng.standard_normal((pool, ps, hkv, d), dtype=np.float32).astype(np.float16)
+v = rng.standard_normal((pool, ps, hkv, d), dtype=np.float32).astype(np.float16)
+special = np.array([6e-8, -6e-8, 1e-5, 65504.0, -0.0, 2.0 ** -14], np.float16)
+k.reshape(-1)[::97] = np.resize(special, k.reshape(-1)[::97].shape)
+v.reshape(-1)[::89] = np.resize(np.append(special, np.float16(np.inf)), v.reshape(-1)[::89].shape)
+q = rng.standard_normal((3, hq, d), dtype=np.float32).astype(np.float16)
+w = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cpu", num_threads=2)
+w.plan(indptr, indices, lens, hq, hkv, d, ps, num_pages=pool, q_data_type="float16", route="split",
+       parallelism=8, min_chunk_tokens=16)
+o, lse = w.run(q, k, v, return_lse=True)
+np.save(sys.argv[2], np.concatenate([np.asarray(o).view(np.uint16).reshape(-1).astype(np.uint32),
+                                     np.asarray(lse, np.float32).view(np.uint32).reshape(-1)]))
+"""
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    outs = []
+    for i, extra in enumerate(({}, {"PKV_CPU_NO_F16C": "1"})):
+        f = tmp_path / f"o{i}.npy"
+        env = dict(os.environ, **extra)
+        r = subprocess.run([sys.executable, "-c", code, here, str(f)], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        outs.append(np.load(f))
+    assert np.array_equal(outs[0], outs[1])
+
+
 def test_workspace_grows_in_plan():
     w = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cpu", num_threads=1, workspace_bytes=1024)
     assert w.workspace_size >= 1024 and w.route is None and w.counters is None

@@ -36,8 +36,29 @@
 static float half_table[65536]; /* fp16 bit pattern -> float, filled once from pkv_half_to_float */
 static pthread_once_t half_table_once = PTHREAD_ONCE_INIT;
 
+/* x86-64 CPUs with F16C convert 8 halves per instruction (vcvtph2ps, exact like the table, so the results
+ * are bitwise the same either way; PKV_CPU_NO_F16C=1 uses the table): fp16 steps 2.0-2.4x faster than
+ * with the table on a 2-core AMD EPYC (pkv bench, split route, B4_homo8K and B1_N8192, medians of 5);
+ * chosen once at run time, so one build runs on any x86-64. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define PKV_CPU_F16C 1
+static bool use_f16c;
+
+__attribute__((target("avx,f16c"))) static void load_half_f16c(float *dst, const uint16_t *src, int32_t n) {
+    int32_t e = 0;
+    for (; e + 8 <= n; e += 8)
+        _mm256_storeu_ps(dst + e, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(src + e))));
+    for (; e < n; e++) dst[e] = half_table[src[e]];
+}
+#endif
+
 static void half_table_fill(void) {
     for (uint32_t h = 0; h < 65536u; h++) half_table[h] = pkv_half_to_float((uint16_t)h);
+#ifdef PKV_CPU_F16C
+    __builtin_cpu_init();
+    use_f16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c") && getenv("PKV_CPU_NO_F16C") == NULL;
+#endif
 }
 
 /* dst [n] fp32 <- src [n] fp16 or bf16 */
@@ -47,9 +68,15 @@ static void load_row(float *dst, const uint16_t *src, int32_t n, pkv_dtype dtype
             uint32_t bits = (uint32_t)src[e] << 16;
             memcpy(&dst[e], &bits, sizeof bits);
         }
-    } else {
-        for (int32_t e = 0; e < n; e++) dst[e] = half_table[src[e]];
+        return;
     }
+#ifdef PKV_CPU_F16C
+    if (use_f16c) {
+        load_half_f16c(dst, src, n);
+        return;
+    }
+#endif
+    for (int32_t e = 0; e < n; e++) dst[e] = half_table[src[e]];
 }
 
 /* dst [n] fp16 or bf16 <- src [n] fp32 * factor (round to nearest even) */
