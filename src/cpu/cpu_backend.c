@@ -41,9 +41,23 @@ static pthread_once_t half_table_once = PTHREAD_ONCE_INIT;
  * with the table on a 2-core AMD EPYC (pkv bench, split route, B4_homo8K and B1_N8192, medians of 5);
  * chosen once at run time, so one build runs on any x86-64. */
 #if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
 #include <immintrin.h>
 #define PKV_CPU_F16C 1
 static bool use_f16c;
+
+/* CPUID.1:ECX has F16C (bit 29) and AVX (28), and the OS saves the YMM registers (OSXSAVE, bit 27, and
+ * XCR0's SSE and AVX state bits) - by hand: clang 14's __builtin_cpu_supports does not know "f16c" */
+static bool cpu_has_f16c(void) {
+    unsigned int a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return false;
+    const unsigned int need = (1u << 27) | (1u << 28) | (1u << 29);
+    if ((c & need) != need) return false;
+    unsigned int lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    (void)hi;
+    return (lo & 6u) == 6u;
+}
 
 __attribute__((target("avx,f16c"))) static void load_half_f16c(float *dst, const uint16_t *src, int32_t n) {
     int32_t e = 0;
@@ -56,8 +70,7 @@ __attribute__((target("avx,f16c"))) static void load_half_f16c(float *dst, const
 static void half_table_fill(void) {
     for (uint32_t h = 0; h < 65536u; h++) half_table[h] = pkv_half_to_float((uint16_t)h);
 #ifdef PKV_CPU_F16C
-    __builtin_cpu_init();
-    use_f16c = __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c") && getenv("PKV_CPU_NO_F16C") == NULL;
+    use_f16c = cpu_has_f16c() && getenv("PKV_CPU_NO_F16C") == NULL;
 #endif
 }
 
