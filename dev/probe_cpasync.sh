@@ -5,8 +5,9 @@
 # too (cp.async at pages of 8) and with cp.async off; memcheck, racecheck and synccheck on a reduced set
 # with the chunked copies off and cp.async on every grid; then every anchor and route at page size 1 with
 # cp.async on every grid and with the register kernels (PKV_DECODE_CPASYNC=0), alternating, and at page
-# size 8 cp.async against the chunked tensor copies (the default) and the register kernels.  OUT/summary.txt, OUT/probe.tgz.  (It ran at df35b3e, where
-# cp.async was on for every grid by default; PKV_DECODE_CPASYNC=all is that setting now.)
+# size 8 cp.async against the chunked tensor copies (the default) and the register kernels.
+# OUT/summary.txt, OUT/probe.tgz.  (It ran at df35b3e, where cp.async was on for every grid by default;
+# PKV_DECODE_CPASYNC=all is that setting now.)
 set -u
 . "$(dirname "$0")/build.sh"
 dev_probe_start "${1:?usage: dev/probe_cpasync.sh OUT}" "pkv test_cuda"

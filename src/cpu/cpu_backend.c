@@ -34,7 +34,7 @@
 
 /* ---- fp16 / bf16 loads ------------------------------------------------------------------------ */
 static float half_table[65536]; /* fp16 bit pattern -> float, filled once from pkv_half_to_float */
-static pthread_once_t half_table_once = PTHREAD_ONCE_INIT;
+static pthread_once_t half_loads_once = PTHREAD_ONCE_INIT;
 
 /* x86-64 CPUs with F16C convert 8 halves per instruction (vcvtph2ps, exact like the table, so the results
  * are bitwise the same either way; PKV_CPU_NO_F16C=1 uses the table): fp16 steps 2.0-2.4x faster than
@@ -67,7 +67,8 @@ __attribute__((target("avx,f16c"))) static void load_half_f16c(float *dst, const
 }
 #endif
 
-static void half_table_fill(void) {
+/* Once per process: the table, and whether load_row converts by F16C instead. */
+static void half_loads_init(void) {
     for (uint32_t h = 0; h < 65536u; h++) half_table[h] = pkv_half_to_float((uint16_t)h);
 #ifdef PKV_CPU_F16C
     use_f16c = cpu_has_f16c() && getenv("PKV_CPU_NO_F16C") == NULL;
@@ -456,7 +457,7 @@ pkv_status pkv_cpu_backend_init(pkv_context *ctx, int32_t num_threads) {
         num_threads = n > 0 ? (int32_t)(n < CPU_MAX_THREADS ? n : CPU_MAX_THREADS) : 1;
     }
     if (num_threads > CPU_MAX_THREADS) num_threads = CPU_MAX_THREADS;
-    pthread_once(&half_table_once, half_table_fill);
+    pthread_once(&half_loads_once, half_loads_init);
 
     cpu_pool *pool = (cpu_pool *)calloc(1, sizeof *pool);
     if (!pool) return pkv_fail(ctx, PKV_ERR_OUT_OF_MEMORY, "cannot allocate the CPU thread pool");
