@@ -13,7 +13,7 @@ dev_build() {
 # LOGDIR/build.log and LOGDIR/build_variant.log.  Fails (with the failing log's tail) when a binary is missing.
 dev_build_ab() {
   local new=$1 old=$2 variant=$3 logs=$4
-  dev_build "$new" "$logs/build.log" "pkv test_cuda" &
+  dev_build "$new" "$logs/build.log" "pkv test_cuda" -DBUILD_TESTING=ON &
   dev_build "$old" "$logs/build_variant.log" pkv -DBUILD_TESTING=OFF -DPKV_DECODE_SOURCE="$variant" &
   wait
   [ -x "$new/pkv" ] && [ -x "$new/tests/test_cuda" ] || { tail -n 40 "$logs/build.log"; return 1; }

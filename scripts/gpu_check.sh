@@ -43,9 +43,10 @@ grep -E "tests passed|Passed|Failed|SKIP|passed, " "$log/tests.log" | tail -n 20
 # then, as concurrent processes on the one GPU (correctness runs, nothing timed; ~65 s together instead of
 # ~270 s one after the other): pkv check; test_cuda with the register kernels where sm_90 runs the
 # tensor-copy kernel (PKV_DECODE_TMA=0), tensor copies in chunks of any size (PKV_TMA_CHUNKED=all) and in
-# none with cp.async on every grid (pages of 8, 1, 2, 4, ... fill the ring by cp.async into the whole-tile
-# boxes; by default at d = 64/128 only grids of more than 2 CTAs per SM do, and the tests' grids are small),
-# cp.async into v14's token-major rows (PKV_CPASYNC_LAYOUT=rows; d = 256 runs the register kernels there),
+# none (pages of 8 fill the ring by cp.async into the whole-tile boxes too, as 1, 2, 4, ... do by default),
+# cp.async into v14's token-major rows on every grid (PKV_CPASYNC_LAYOUT=rows,PKV_DECODE_CPASYNC=all; by
+# default that layout runs on grids of more than 2 CTAs per SM only, and the tests' grids are small; d = 256
+# runs the register kernels there),
 # the opt-in two-tiles-in-flight variant (off by default), both merge kernels (the default picks one per
 # plan by the merges' width), the tensor-copy kernel with a forced 3-stage ring (one CTA per SM at d = 256,
 # 2 at d = 128), graph-stable tasks dealt over 16 SMs (more per SM than its CTAs: the unclaimed tasks must
@@ -54,7 +55,7 @@ grep -E "tests passed|Passed|Failed|SKIP|passed, " "$log/tests.log" | tail -n 20
 # how long three uploads queued behind a 300 ms kernel kept the host there) and graph-stable steps merged by
 # the per-head kernel whatever their merges' width (PKV_GRAPH_MERGE=head; by default a narrow step merges
 # one CTA per merge)
-settings="PKV_DECODE_TMA=0 PKV_TMA_CHUNKED=all PKV_TMA_CHUNKED=0,PKV_DECODE_CPASYNC=all PKV_CPASYNC_LAYOUT=rows,PKV_DECODE_CPASYNC=all PKV_DECODE_TMA=0,PKV_DECODE_DEEP=1 PKV_MERGE_KERNEL=head PKV_MERGE_KERNEL=row PKV_TMA_STAGES=3 PKV_GRAPH_CLAIM_SMS=16 PKV_GRAPH_CLAIM=0 PKV_PAGEABLE_UPLOAD=1 PKV_GRAPH_MERGE=head"
+settings="PKV_DECODE_TMA=0 PKV_TMA_CHUNKED=all PKV_TMA_CHUNKED=0 PKV_CPASYNC_LAYOUT=rows,PKV_DECODE_CPASYNC=all PKV_DECODE_TMA=0,PKV_DECODE_DEEP=1 PKV_MERGE_KERNEL=head PKV_MERGE_KERNEL=row PKV_TMA_STAGES=3 PKV_GRAPH_CLAIM_SMS=16 PKV_GRAPH_CLAIM=0 PKV_PAGEABLE_UPLOAD=1 PKV_GRAPH_MERGE=head"
 pids=""
 "$build/pkv" check --backend cuda --count $((cases / 2)) >"$log/check.log" 2>&1 & pids="$pids $!"
 i=0

@@ -13,22 +13,27 @@ if ! command -v compute-sanitizer >/dev/null; then
   echo "compute-sanitizer not found" | tee "$log/sanitizer.log"; exit 1
 fi
 status=0
-# run TOOL CASES [ENV...]: one tool over CASES random problems plus the fixed cases (memcheck, racecheck and
-# synccheck with the cp.async ring on every grid: by default the tests' small grids at d = 64/128 run the
-# register kernels there, which initcheck then covers; the register kernels' other shapes run under every
-# tool; cp.async fills the whole-tile boxes by default, and racecheck runs it into token-major rows)
+# run TOOL CASES [ENV...]: one tool over CASES random problems plus the fixed cases, into LOG/TOOL.log
+# (TOOL-registers.log for the run with PKV_DECODE_TMA=0).  Three processes at a time: memcheck in the
+# default setting (tensor copies, and cp.async into the whole-tile boxes on every grid) and with the register
+# kernels everywhere (PKV_DECODE_TMA=0: the kernels of sm_80-89 GPUs), racecheck with cp.async into
+# token-major rows; then initcheck over the register kernels and synccheck in the default setting.
 run() { # TOOL CASES [ENV...]
+  local name=$1
+  case " ${*:3} " in *" PKV_DECODE_TMA=0 "*) name=$1-registers ;; esac
   env "${@:3}" PKV_TEST_SMALL=1 PKV_TEST_CASES=$2 timeout 300 compute-sanitizer --tool "$1" --error-exitcode 9 \
-    "$build/tests/test_cuda" >"$log/$1.log" 2>&1
+    "$build/tests/test_cuda" >"$log/$name.log" 2>&1
 }
-run memcheck 4 PKV_DECODE_CPASYNC=all & a=$!
+run memcheck 3 & a=$!
+run memcheck 2 PKV_DECODE_TMA=0 & b=$!
 run racecheck 1 PKV_DECODE_CPASYNC=all PKV_CPASYNC_LAYOUT=rows || status=1
 wait $a || status=1
-run initcheck 2 & a=$!
-run synccheck 2 PKV_DECODE_CPASYNC=all || status=1
+wait $b || status=1
+run initcheck 2 PKV_DECODE_TMA=0 & a=$!
+run synccheck 2 || status=1
 wait $a || status=1
 : >"$log/sanitizer.log"
-for tool in memcheck racecheck initcheck synccheck; do
+for tool in memcheck memcheck-registers racecheck initcheck-registers synccheck; do
   cat "$log/$tool.log" >>"$log/sanitizer.log"
   # the tool's summary line and test_cuda's count, each prefixed by the tool's name
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed, " "$log/$tool.log" | sed "s/^/$tool: /"

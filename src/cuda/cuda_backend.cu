@@ -224,10 +224,11 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bo
      * PKV_TMA_CHUNKED=0: never; =all: chunks of any size (1, 2, 4, 8); tests and A/B runs */
     s->launch.tma_chunk_min = env_is("PKV_TMA_CHUNKED", "0") ? 0 : env_is("PKV_TMA_CHUNKED", "all") ? 1 : 8;
     /* the pages whose chunks take no tensor copies (1, 2, 4 tokens, ...: page size 1 among them) fill the
-     * same ring by cp.async, 16 bytes per lane and instruction, on grids of more than 2 CTAs per SM: on the
-     * H200 at page size 1, 1-4% faster than the register kernels there, 0-8% slower on smaller grids
-     * (single requests, B4 work queues; docs/kernel-notes.md v15); at d = 256 on every grid (decode.cu
-     * cp_async_min_ctas).  PKV_DECODE_CPASYNC=0: the register kernels there; =all: cp.async on every grid */
+     * same ring by cp.async, 16 bytes per lane and instruction: on the H200 at page size 1, 1-4% faster than
+     * the register kernels on grids of more than 2 CTAs per SM (docs/kernel-notes.md v15), and filling the
+     * whole-tile boxes (below) on every grid (v17; decode.cu cp_async_min_ctas); v15's token-major rows
+     * only on grids of more than 2 CTAs per SM (smaller ones measured 0-8% slower that way).
+     * PKV_DECODE_CPASYNC=0: the register kernels there; =all: cp.async on every grid in both layouts */
     s->launch.cp_async = !env_is("PKV_DECODE_CPASYNC", "0");
     s->launch.cp_async_min_ctas = env_is("PKV_DECODE_CPASYNC", "all") ? 0 : 2 * prop.multiProcessorCount + 1;
     /* the cp.async copies fill the d/64 boxes of a whole-tile copy (no ldmatrix conflicts), and d = 256 pages

@@ -29,8 +29,8 @@
 // one copy per chunk and tensor, each issued by its own lane (v14; PKV_TMA_CHUNKED); and the other page
 // sizes (1, 2, 4, 12, ...; at d = 256 every size not a multiple of 16) with its ring filled by cp.async
 // from every lane, 16 bytes per instruction, into the whole tile's swizzled boxes (v15, v16;
-// PKV_DECODE_CPASYNC), at d = 64/128 on grids of more than 2 CTAs per SM (PKV_CPASYNC_LAYOUT=rows: into
-// v14's token-major rows, d <= 128 only).
+// PKV_DECODE_CPASYNC), on every grid (PKV_CPASYNC_LAYOUT=rows: into v14's token-major rows, d <= 128
+// only, on grids of more than 2 CTAs per SM).
 //
 // Every kernel takes a logits soft cap (a compile-time path picked once per CTA) and tasks that start
 // anywhere (a sliding window's first token): the register kernels look up each token's page, the
@@ -1705,11 +1705,15 @@ template <int D> static bool merge_per_head(const pkv_plan *plan, const pkv_cuda
     return merge_wide(D, plan->group, plan->max_merge_count, o.merge_wide_at);
 }
 
-// The smallest grid whose ring is filled by cp.async at head dim d (smaller ones run the register kernels):
-// o.cp_async_min_ctas at d = 64/128, where grids of up to 2 CTAs per SM measured 0-8% slower that way
-// (H200, v15); every grid at d = 256, where the fill into tiles measured 4-5% faster than the register
-// kernels on every anchor, single requests included (v16).
-static int64_t cp_async_min_ctas(const pkv_cuda_launch_opts &o, int d) { return d > 128 ? 0 : o.cp_async_min_ctas; }
+// The smallest grid whose ring is filled by cp.async in copy mode `mode` (smaller ones run the register
+// kernels): every grid for the fill into the whole-tile boxes (mode 3; on the H200, grids of up to 2 CTAs
+// per SM at page size 1 against the register kernels: best route over the anchors 0.2% faster at d = 128,
+// 1% at d = 64 - single requests of 64K-128K tokens 7-10%, B1_N8192 2-3% slower -, 4-5% at d = 256; v16,
+// v17); o.cp_async_min_ctas for v15's token-major rows (mode 2, PKV_CPASYNC_LAYOUT=rows), where grids of
+// up to 2 CTAs per SM measured 0-8% slower that way.
+static int64_t cp_async_min_ctas(const pkv_cuda_launch_opts &o, int mode) {
+    return mode == 3 ? 0 : o.cp_async_min_ctas;
+}
 
 // The decode kernel over a grid of tasks: the tensor-copy kernel when the step has maps (filled by cp.async:
 // on grids of at least cp_async_min_ctas), else the register kernel of the plan's kind (a grid that
@@ -1718,7 +1722,7 @@ template <typename T, int D>
 static cudaError_t launch_tasks(const decode_params &p, dim3 grid, kernel_kind base_kind, cudaStream_t stream,
                                 const pkv_cuda_launch_opts &o, const tma_maps *maps) {
     const int64_t ctas = (int64_t)grid.x * grid.y * grid.z;
-    if (maps && (p.copy_mode < 2 || ctas >= cp_async_min_ctas(o, D))) // p.stages set with the maps
+    if (maps && (p.copy_mode < 2 || ctas >= cp_async_min_ctas(o, p.copy_mode))) // p.stages set with the maps
         return launch_decode_tma<T, D>(p, *maps, grid, stream, o.entry_pdl);
     const kernel_kind kind = base_kind == kHeadsInN && ctas <= o.deep_max_ctas ? kHeadsInNDeep : base_kind;
     return launch_decode<T, D>(kind, p, grid, stream, o.entry_pdl);
@@ -1919,13 +1923,11 @@ extern "C" const char *pkv_cuda_decode_kernel_name(const pkv_plan *plan, const p
     pkv::tma_maps maps;
     int32_t stages = 0, mode = 0;
     if (pkv::tma_maps_for(plan, t, pkv_kv_strides_run(&pr, t), *opts, &maps, &stages, &mode)) {
-        const bool grid_rule = pkv::cp_async_min_ctas(*opts, pr.head_dim) > 0;
         if (mode == 2)
-            return grid_rule ? "cp.async copies (registers on grids of up to 2 CTAs per SM)" : "cp.async copies";
-        if (mode == 3)
-            return grid_rule
-                       ? "cp.async copies (into tiles; registers on grids of up to 2 CTAs per SM)"
-                       : "cp.async copies (into tiles)";
+            return pkv::cp_async_min_ctas(*opts, mode) > 0
+                       ? "cp.async copies (registers on grids of up to 2 CTAs per SM)"
+                       : "cp.async copies";
+        if (mode == 3) return "cp.async copies (into tiles)";
         switch (pkv::tma_chunk_tokens(pr.page_size)) {
         case 16: return "tensor copies";
         case 8: return "tensor copies in chunks of 8";

@@ -34,8 +34,8 @@ typedef struct pkv_cuda_launch_opts {
     int32_t tma_chunk_min; /* and for pages not a multiple of 16 tokens at d <= 128 in chunks of the largest power
                             * of two dividing the page size, when that is at least this many tokens (8; 0: never) */
     int cp_async;          /* and for the other such pages by cp.async copies from every lane (PKV_DECODE_CPASYNC), */
-    int32_t cp_async_min_ctas; /* at d <= 128 on grids of at least this many CTAs (smaller ones: the register
-                                * kernels); at d = 256 on every grid */
+    int32_t cp_async_min_ctas; /* into token-major rows on grids of at least this many CTAs (smaller ones: the
+                                * register kernels); into whole-tile boxes on every grid */
     int cp_async_tiles;    /* those copies fill the boxes of whole-tile copies (default), else token-major rows,
                             * d <= 128 only (PKV_CPASYNC_LAYOUT=rows) */
     int32_t tma_stages;    /* the tensor-copy kernel's stages per warp; 0: the default (PKV_TMA_STAGES) */
