@@ -15,15 +15,11 @@
 # Default: plain, the claim by SM, and without it.  The grids of dfe7155's probe, for instance:
 # VARIANTS="plain:-:- graph1:-:- graph2:-:--graph-tasks,792 graph4:-:--graph-tasks,1584"
 set -u
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:?usage: dev/probe_graph.sh OUT [ROUNDS]}
+. "$(dirname "$0")/build.sh"
+root=$dev_root
 rounds=${2:-2}
-mkdir -p "$out"
-r=$(mktemp -d)
-a=$root/build-gpu
-. "$root/dev/build.sh"
 t0=$(date +%s)
-dev_build "$a" "$r/build.log" "pkv test_cuda" || { tail -n 40 "$r/build.log"; exit 1; }
+dev_probe_start "${1:?usage: dev/probe_graph.sh OUT [ROUNDS]}" "pkv test_cuda" -DBUILD_TESTING=ON
 echo "build: $(( $(date +%s) - t0 )) s"
 variants=${VARIANTS:-"plain:-:- claim:-:- spread:PKV_GRAPH_CLAIM=0:-"}
 if [ "${TESTS:-full}" = quick ]; then # test_cuda once under each variant's environment, side by side

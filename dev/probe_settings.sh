@@ -13,15 +13,11 @@
 # best route and auto under each setting, medians over rounds, ratios to the first setting),
 # OUT/probe.tgz (the JSON and logs).
 set -u
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:?usage: dev/probe_settings.sh OUT [ROUNDS]}
+. "$(dirname "$0")/build.sh"
+root=$dev_root
 rounds=${2:-2}
-mkdir -p "$out"
-r=$(mktemp -d)
-a=$root/build-gpu
-. "$root/dev/build.sh"
 t0=$(date +%s)
-dev_build "$a" "$r/build.log" "pkv test_cuda" || { tail -n 40 "$r/build.log"; exit 1; }
+dev_probe_start "${1:?usage: dev/probe_settings.sh OUT [ROUNDS]}" "pkv test_cuda" -DBUILD_TESTING=ON
 settings=${PROBE_SETTINGS:-"reg:PKV_DECODE_TMA=0 tma:"}
 shape=${PROBE_SHAPE:-"--shape d256 --dtype bf16"}
 anchors=${PROBE_ANCHORS:-"B1_N2048 B1_N8192 B1_N32768 B1_N65536 B4_zipf B8_bimodal B8_uniform B16_zipf B32_bimodal B64_uniform"}
