@@ -5,10 +5,23 @@
 # set, then the benchmark (anchor steps, trace families, the anchors as graph-stable plans).  Full logs
 # and JSON go to OUT_DIR; a short table is printed last.
 #   --quick   fewer random cases, fewer timing repetitions, anchors only (a smoke run)
+#   --tests-only / --bench-only   one half: build, tests, portability and sanitizers; or build and the
+#             benchmark (the whole check takes ~9-10 minutes on an H200: two calls of a machine that limits
+#             one command's time; the second reuses the first's build folder when it is still there)
 # PKV_COMPARE_M=1 also benches the anchors with the heads-in-M kernel for every shape (A/B in one run).
 set -u -o pipefail
-out=${1:?usage: scripts/gpu_check.sh OUT_DIR [--quick]}
-quick=0; [ "${2:-}" = "--quick" ] && quick=1
+usage="usage: scripts/gpu_check.sh OUT_DIR [--quick] [--tests-only|--bench-only]"
+out=${1:?$usage}
+quick=0 tests=1 bench=1
+for arg in "${@:2}"; do
+  case $arg in
+    --quick) quick=1 ;;
+    --tests-only) bench=0 ;;
+    --bench-only) tests=0 ;;
+    *) echo "$usage" >&2; exit 2 ;;
+  esac
+done
+[ $tests = 0 ] && [ $bench = 0 ] && { echo "gpu_check.sh: --tests-only and --bench-only exclude each other" >&2; exit 2; }
 mkdir -p "$out"
 log=$(mktemp -d)
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -25,7 +38,7 @@ if ! { cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCH
   tail -n 40 "$log/build.log"; cat "$log/build.log" >"$out/log.txt"; echo "build failed"; exit 1
 fi
 grep -E "spill|warning" "$log/build.log" | head -n 20
-if [ $quick = 0 ]; then
+if [ $quick = 0 ] && [ $tests = 1 ]; then
   # the portability check in the background while the tests run: the compute_80 PTX build, then its
   # test_cuda JIT-compiled for this GPU (what a build for older GPUs does on this one: the sm_90
   # kernels' bodies are compiled out there)
@@ -36,52 +49,53 @@ if [ $quick = 0 ]; then
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>/dev/null | tee "$log/gpu.txt"
 
-say "tests (ctest: CPU and GPU; then pkv check and test_cuda in each setting side by side)"
-# ctest -j 6: the CPU tests (test_fuzz ~70 s) run beside test_cuda
-if ! PKV_TEST_CASES=$cases ctest --test-dir "$build" -j 6 --output-on-failure >"$log/tests.log" 2>&1; then status=1; fi
-grep -E "tests passed|Passed|Failed|SKIP|passed, " "$log/tests.log" | tail -n 20
-# then, as concurrent processes on the one GPU (correctness runs, nothing timed; ~65 s together instead of
-# ~270 s one after the other): pkv check; test_cuda with the register kernels where sm_90 runs the
-# tensor-copy kernel (PKV_DECODE_TMA=0), tensor copies in chunks of any size (PKV_TMA_CHUNKED=all) and in
-# none (pages of 8 fill the ring by cp.async into the whole-tile boxes too, as 1, 2, 4, ... do by default),
-# cp.async into v14's token-major rows on every grid (PKV_CPASYNC_LAYOUT=rows,PKV_DECODE_CPASYNC=all; by
-# default that layout runs on grids of more than 2 CTAs per SM only, and the tests' grids are small; d = 256
-# runs the register kernels there),
-# the opt-in two-tiles-in-flight variant (off by default), both merge kernels (the default picks one per
-# plan by the merges' width), the tensor-copy kernel with a forced 3-stage ring (one CTA per SM at d = 256,
-# 2 at d = 128), graph-stable tasks dealt over 16 SMs (more per SM than its CTAs: the unclaimed tasks must
-# be found and run by the CTAs that wait for them), graph-stable grids without the claim by SM (the tasks
-# spread over the grid) and plan uploads from pageable memory (the staging ring's fallback; test_cuda prints
-# how long three uploads queued behind a 300 ms kernel kept the host there) and graph-stable steps merged by
-# the per-head kernel whatever their merges' width (PKV_GRAPH_MERGE=head; by default a narrow step merges
-# one CTA per merge)
-settings="PKV_DECODE_TMA=0 PKV_TMA_CHUNKED=all PKV_TMA_CHUNKED=0 PKV_CPASYNC_LAYOUT=rows,PKV_DECODE_CPASYNC=all PKV_DECODE_TMA=0,PKV_DECODE_DEEP=1 PKV_MERGE_KERNEL=head PKV_MERGE_KERNEL=row PKV_TMA_STAGES=3 PKV_GRAPH_CLAIM_SMS=16 PKV_GRAPH_CLAIM=0 PKV_PAGEABLE_UPLOAD=1 PKV_GRAPH_MERGE=head"
-pids=""
-"$build/pkv" check --backend cuda --count $((cases / 2)) >"$log/check.log" 2>&1 & pids="$pids $!"
-i=0
-for setting in $settings; do
-  env ${setting//,/ } PKV_TEST_CASES=$((cases / 3)) "$build/tests/test_cuda" >"$log/setting_$i.log" 2>&1 & pids="$pids $!"
-  i=$((i + 1))
-done
-for pid in $pids; do wait "$pid" || status=1; done
-tail -n 5 "$log/check.log" | tee -a "$log/tests.log"
-grep -h "uploads from pageable memory" "$log"/setting_*.log | head -n 1 | tee -a "$log/tests.log"
-grep -q " 0 failed" "$log/check.log" || status=1
-i=0
-for setting in $settings; do
-  echo "$setting: $(tail -n 1 "$log/setting_$i.log")" | tee -a "$log/tests.log"
-  grep -q "$setting: test_cuda: .* 0 failed" "$log/tests.log" || status=1
-  i=$((i + 1))
-done
-if [ $quick = 0 ]; then
-  say "portability: compute_80 PTX alone, JIT-compiled for this GPU (tensor copies and PDL must switch off)"
-  if wait "$ptx80_run"; then
-    grep -E "^device:" "$log/ptx80.log" | head -n 1
-    echo "compute_80 PTX: $(tail -n 1 "$log/ptx80.log")" | tee -a "$log/tests.log"
-    grep -q "no sm_90 code" "$log/ptx80.log" || { echo "compute_80 PTX: the sm_90 paths did not switch off"; status=1; }
-  else
-    tail -n 20 "$log/build_ptx80.log" "$log/ptx80.log"; status=1
-  fi
+if [ $tests = 1 ]; then
+  say "tests (ctest: CPU and GPU; then pkv check and test_cuda in each setting side by side)"
+  # ctest -j 6: the CPU tests (test_fuzz ~70 s) run beside test_cuda
+  if ! PKV_TEST_CASES=$cases ctest --test-dir "$build" -j 6 --output-on-failure >"$log/tests.log" 2>&1; then status=1; fi
+  grep -E "tests passed|Passed|Failed|SKIP|passed, " "$log/tests.log" | tail -n 20
+  # then, as concurrent processes on the one GPU (correctness runs, nothing timed; ~65 s together instead of
+  # ~270 s one after the other): pkv check; test_cuda with the register kernels where sm_90 runs the
+  # tensor-copy kernel (PKV_DECODE_TMA=0), tensor copies in chunks of any size (PKV_TMA_CHUNKED=all) and in
+  # none (pages of 8 fill the ring by cp.async into the whole-tile boxes too, as 1, 2, 4, ... do by default),
+  # cp.async into v14's token-major rows on every grid (PKV_CPASYNC_LAYOUT=rows,PKV_DECODE_CPASYNC=all; by
+  # default that layout runs on grids of more than 2 CTAs per SM only, and the tests' grids are small; d = 256
+  # runs the register kernels there),
+  # the opt-in two-tiles-in-flight variant (off by default), both merge kernels (the default picks one per
+  # plan by the merges' width), the tensor-copy kernel with a forced 3-stage ring (one CTA per SM at d = 256,
+  # 2 at d = 128), graph-stable tasks dealt over 16 SMs (more per SM than its CTAs: the unclaimed tasks must
+  # be found and run by the CTAs that wait for them), graph-stable grids without the claim by SM (the tasks
+  # spread over the grid) and plan uploads from pageable memory (the staging ring's fallback; test_cuda prints
+  # how long three uploads queued behind a 300 ms kernel kept the host there) and graph-stable steps merged by
+  # the per-head kernel whatever their merges' width (PKV_GRAPH_MERGE=head; by default a narrow step merges
+  # one CTA per merge)
+  settings="PKV_DECODE_TMA=0 PKV_TMA_CHUNKED=all PKV_TMA_CHUNKED=0 PKV_CPASYNC_LAYOUT=rows,PKV_DECODE_CPASYNC=all PKV_DECODE_TMA=0,PKV_DECODE_DEEP=1 PKV_MERGE_KERNEL=head PKV_MERGE_KERNEL=row PKV_TMA_STAGES=3 PKV_GRAPH_CLAIM_SMS=16 PKV_GRAPH_CLAIM=0 PKV_PAGEABLE_UPLOAD=1 PKV_GRAPH_MERGE=head"
+  pids=""
+  "$build/pkv" check --backend cuda --count $((cases / 2)) >"$log/check.log" 2>&1 & pids="$pids $!"
+  i=0
+  for setting in $settings; do
+    env ${setting//,/ } PKV_TEST_CASES=$((cases / 3)) "$build/tests/test_cuda" >"$log/setting_$i.log" 2>&1 & pids="$pids $!"
+    i=$((i + 1))
+  done
+  for pid in $pids; do wait "$pid" || status=1; done
+  tail -n 5 "$log/check.log" | tee -a "$log/tests.log"
+  grep -h "uploads from pageable memory" "$log"/setting_*.log | head -n 1 | tee -a "$log/tests.log"
+  grep -q " 0 failed" "$log/check.log" || status=1
+  i=0
+  for setting in $settings; do
+    echo "$setting: $(tail -n 1 "$log/setting_$i.log")" | tee -a "$log/tests.log"
+    grep -q "$setting: test_cuda: .* 0 failed" "$log/tests.log" || status=1
+    i=$((i + 1))
+  done
+  if [ $quick = 0 ]; then
+    say "portability: compute_80 PTX alone, JIT-compiled for this GPU (tensor copies and PDL must switch off)"
+    if wait "$ptx80_run"; then
+      grep -E "^device:" "$log/ptx80.log" | head -n 1
+      echo "compute_80 PTX: $(tail -n 1 "$log/ptx80.log")" | tee -a "$log/tests.log"
+      grep -q "no sm_90 code" "$log/ptx80.log" || { echo "compute_80 PTX: the sm_90 paths did not switch off"; status=1; }
+    else
+      tail -n 20 "$log/build_ptx80.log" "$log/ptx80.log"; status=1
+    fi
 fi
 
 say "compute-sanitizer (memcheck, racecheck, initcheck, synccheck) on a reduced set"
@@ -90,27 +104,30 @@ if [ $quick = 1 ]; then
 else
   bash "$root/scripts/gpu_sanitize.sh" "$build" "$log" || status=1
 fi
+fi
 
-say "benchmark: anchor steps (paper shape)"
-reps=100; [ $quick = 1 ] && reps=30
-export PKV_COMMIT=${PKV_COMMIT:-$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
-"$build/pkv" bench --backend cuda --anchor all --reps $reps --json "$out/anchors.json" --quiet \
-  >"$out/anchors.md" 2>"$log/bench.log" || status=1
+if [ $bench = 1 ]; then
+  say "benchmark: anchor steps (paper shape)"
+  reps=100; [ $quick = 1 ] && reps=30
+  export PKV_COMMIT=${PKV_COMMIT:-$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
+  "$build/pkv" bench --backend cuda --anchor all --reps $reps --json "$out/anchors.json" --quiet \
+    >"$out/anchors.md" 2>"$log/bench.log" || status=1
 
-if [ $quick = 0 ]; then
-  say "benchmark: trace families (paper shape, seed 20260623)"
-  for fam in bimodal uniform zipf; do
-    "$build/pkv" bench --backend cuda --trace $fam --seed 20260623 --steps 16 --reps 30 --wall-reps 10 --quiet \
-      --json "$log/trace_$fam.json" >>"$out/traces.md" 2>>"$log/bench.log" || status=1
-  done
-  "$build/pkv" bench --backend cuda --trace bucketed --seed 20260623 --steps 16 --reps 30 --wall-reps 10 --quiet \
-    --json "$log/trace_bucketed.json" >>"$out/traces.md" 2>>"$log/bench.log" || status=1
-  say "benchmark: anchor steps, d256 shape with Gemma-2's soft cap 50 and 4096-token window (local layers)"
-  "$build/pkv" bench --backend cuda --shape d256 --soft-cap 50 --window 4096 --anchor all --reps 50 --wall-reps 5 \
-    --quiet --json "$out/anchors_gemma2_local.json" >"$out/anchors_gemma2_local.md" 2>>"$log/bench.log" || status=1
-  say "benchmark: anchor steps as graph-stable plans (work queue, capacity = batch rounded up to a power of two)"
-  "$build/pkv" bench --backend cuda --anchor all --route workqueue --graph-max-batch pow2 --reps 50 --wall-reps 5 \
-    --quiet --json "$out/anchors_graph_stable.json" >"$out/anchors_graph_stable.md" 2>>"$log/bench.log" || status=1
+  if [ $quick = 0 ]; then
+    say "benchmark: trace families (paper shape, seed 20260623)"
+    for fam in bimodal uniform zipf; do
+      "$build/pkv" bench --backend cuda --trace $fam --seed 20260623 --steps 16 --reps 30 --wall-reps 10 --quiet \
+        --json "$log/trace_$fam.json" >>"$out/traces.md" 2>>"$log/bench.log" || status=1
+    done
+    "$build/pkv" bench --backend cuda --trace bucketed --seed 20260623 --steps 16 --reps 30 --wall-reps 10 --quiet \
+      --json "$log/trace_bucketed.json" >>"$out/traces.md" 2>>"$log/bench.log" || status=1
+    say "benchmark: anchor steps, d256 shape with Gemma-2's soft cap 50 and 4096-token window (local layers)"
+    "$build/pkv" bench --backend cuda --shape d256 --soft-cap 50 --window 4096 --anchor all --reps 50 --wall-reps 5 \
+      --quiet --json "$out/anchors_gemma2_local.json" >"$out/anchors_gemma2_local.md" 2>>"$log/bench.log" || status=1
+    say "benchmark: anchor steps as graph-stable plans (work queue, capacity = batch rounded up to a power of two)"
+    "$build/pkv" bench --backend cuda --anchor all --route workqueue --graph-max-batch pow2 --reps 50 --wall-reps 5 \
+      --quiet --json "$out/anchors_graph_stable.json" >"$out/anchors_graph_stable.md" 2>>"$log/bench.log" || status=1
+fi
 fi
 
 if [ -n "${PKV_COMPARE_M:-}" ]; then
