@@ -98,7 +98,7 @@ void pkv_problem_default(pkv_problem *p);
 
 /* The page table in CSR form (host arrays, as FlashInfer's plan takes them).
  * Row i owns pages kv_page_indices[kv_indptr[i] .. kv_indptr[i+1]) and its true length seq_lens[i]
- * must fit in them.  kv_page_indices may be NULL in pkv_plan when the caller only wants a schedule
+ * (0 .. 2^30 tokens; longer rows fail with PKV_ERR_INVALID_ARGUMENT) must fit in them.  kv_page_indices may be NULL in pkv_plan when the caller only wants a schedule
  * (page ids are then checked by pkv_check_page_table or trusted). */
 typedef struct pkv_page_table {
     int32_t batch_size;

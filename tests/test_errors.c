@@ -291,6 +291,30 @@ static void test_table_errors(pkv_context *ctx) {
     bad.batch_size = -1;
     expect_table_error(ctx, &f, &bad, PKV_ERR_BATCH_SIZE, "batch -1");
 
+    { /* a row above 2^30 tokens (its pages listed: 2^22 + 1 of 256 tokens, every one page 0) */
+        const int32_t n_pages = (1 << 22) + 1;
+        int32_t *many = (int32_t *)calloc((size_t)n_pages, sizeof(int32_t));
+        int32_t long_indptr[2] = {0, n_pages}, long_len[1] = {(1 << 30) + 1};
+        CHECK(many != NULL);
+        if (many) {
+            fixture g = f;
+            g.problem.page_size = 256;
+            bad.batch_size = 1;
+            bad.kv_indptr = long_indptr;
+            bad.kv_page_indices = many;
+            bad.seq_lens = long_len;
+            expect_table_error(ctx, &g, &bad, PKV_ERR_INVALID_ARGUMENT, "a row of 2^30 + 1 tokens");
+            long_len[0] = INT32_MAX;
+            long_indptr[1] = (1 << 23);
+            free(many);
+            many = (int32_t *)calloc((size_t)long_indptr[1], sizeof(int32_t));
+            CHECK(many != NULL);
+            bad.kv_page_indices = many;
+            if (many) expect_table_error(ctx, &g, &bad, PKV_ERR_INVALID_ARGUMENT, "a row of INT32_MAX tokens");
+            free(many);
+        }
+    }
+
     bad = f.table;
     bad.kv_indptr = NULL;
     expect_table_error(ctx, &f, &bad, PKV_ERR_NULL_POINTER, "indptr NULL");

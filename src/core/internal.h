@@ -13,6 +13,7 @@ extern "C" {
 
 #define PKV_MAX_GROUP 16  /* largest G = Hq / Hkv the kernels handle */
 #define PKV_MAX_BATCH (1 << 20)
+#define PKV_MAX_SEQ_LEN (1 << 30) /* longest row: token arithmetic (a split's end, a chunk) stays in int32 */
 #define PKV_WS_ALIGN 256
 /* Graph-stable plans: the int32 words at the plan's off_counts, uploaded with the plan (zeros but the
  * counts): the step's task and merge counts, then the CUDA work claim's (decode.cu, "tasks claimed by

@@ -110,6 +110,9 @@ pkv_status pkv_check_table(pkv_context *ctx, const pkv_problem *p, const pkv_pag
             return pkv_fail(ctx, PKV_ERR_BAD_INDPTR, "kv_indptr decreases at row %d (%d -> %d)", i, a, b);
         int32_t n = t->seq_lens[i];
         if (n < 0) return pkv_fail(ctx, PKV_ERR_NEGATIVE_LENGTH, "seq_lens[%d] = %d is negative", i, n);
+        if (n > PKV_MAX_SEQ_LEN)
+            return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "seq_lens[%d] = %d is above the %d tokens a row may have",
+                            i, n, PKV_MAX_SEQ_LEN);
         if ((int64_t)n > (int64_t)(b - a) * p->page_size)
             return pkv_fail(ctx, PKV_ERR_LENGTH_EXCEEDS_PAGES,
                             "seq_lens[%d] = %d does not fit in its %d pages of %d tokens", i, n, b - a,

@@ -303,8 +303,9 @@ static int32_t emit_row(pkv_plan *plan, int32_t row, int32_t n, int32_t start, i
                 pkv_task *t = &plan->tasks[plan->num_tasks++];
                 t->row = row;
                 t->kv_head = h;
+                const int64_t end = (int64_t)(s + 1) * chunk_tokens; /* s * chunk_tokens < n */
                 t->tok_begin = s > 0 ? start + s * chunk_tokens : first;
-                t->tok_end = start + ((s + 1) * chunk_tokens < n ? (s + 1) * chunk_tokens : n);
+                t->tok_end = start + (int32_t)(end < n ? end : n);
                 t->page_base = page_base;
                 t->state_slot = nsplit > 1 ? slot_base + h * nsplit + s : -1;
                 t->merge = nsplit > 1 ? merge_base + h : -1;
