@@ -4,7 +4,8 @@
  * with its own workspace); the last error is per context and per thread.  Eight threads on the CPU
  * backend, each with its own context:
  *   - all run one shared plan into their own outputs, many times, against the float64 reference;
- *   - each plans and runs its own steps on its own route, against the reference;
+ *   - each plans and runs its own steps on its own route, against the reference, and validates each of
+ *     its plans many times (pkv_plan_validate) while the others validate theirs;
  *   - each makes a plan fail with a page id of its own and, after every thread has done the same,
  *     still reads its own message from pkv_last_error() and pkv_context_last_error().
  * Meant for a ThreadSanitizer build too (-fsanitize=thread), where a data race fails the run. */
@@ -31,7 +32,7 @@ typedef struct worker {
     const shared_step *shared;
     pthread_barrier_t *barrier;
     /* results, checked by the main thread */
-    int shared_runs_ok, own_runs_ok, own_runs;
+    int shared_runs_ok, own_runs_ok, own_runs, validations, validations_ok;
     double worst_rel;
     char error_seen[256], ctx_error_seen[256], error_wanted[64];
     pkv_status bad_status;
@@ -106,6 +107,11 @@ static void *work(void *arg) {
         w->own_runs++;
         pkv_test_poison(&tc);
         if (pkv_plan_step(ctx, &tc.problem, &tc.table, &opts, plan) == PKV_OK) {
+            for (int v = 0; v < 200; v++, w->validations++) {
+                const char *why = NULL;
+                if (pkv_plan_validate(plan, tc.table.seq_lens, &why) == PKV_OK && why && why[0] == '\0')
+                    w->validations_ok++;
+            }
             const size_t bytes = pkv_plan_workspace_size(plan);
             void *wsp = malloc(bytes + 1);
             const pkv_tensors t = {.q = tc.q,
@@ -180,6 +186,9 @@ int main(void) {
                   "(worst rel L2 %.3g)", i, w[i].shared_runs_ok, SHARED_RUNS, w[i].worst_rel);
         CHECK_MSG(w[i].own_runs > 0 && w[i].own_runs_ok == w[i].own_runs, "thread %d: %d of %d own steps correct",
                   i, w[i].own_runs_ok, w[i].own_runs);
+        CHECK_MSG(w[i].validations > 0 && w[i].validations_ok == w[i].validations,
+                  "thread %d: %d of %d validations of its own plans passed", i, w[i].validations_ok,
+                  w[i].validations);
         CHECK_MSG(w[i].bad_status == PKV_ERR_PAGE_OUT_OF_RANGE, "thread %d: bad page id gave %s", i,
                   pkv_status_string(w[i].bad_status));
         CHECK_MSG(strstr(w[i].error_seen, w[i].error_wanted) != NULL,

@@ -7,21 +7,25 @@
 #include <stdlib.h>
 #include <string.h>
 
-static char why_buf[256];
+static _Thread_local char why_buf[256]; /* distinct plans validate on distinct threads */
 
 #define BAD(...)                                                  \
     do {                                                          \
         snprintf(why_buf, sizeof why_buf, __VA_ARGS__);           \
         if (why) *why = why_buf;                                  \
         free(idx);                                                \
+        free(keys);                                               \
         free(slot_phase);                                         \
         return PKV_ERR_INVALID_ARGUMENT;                          \
     } while (0)
 
-static const pkv_task *g_tasks; /* qsort context (validation is not on a hot path) */
+/* a task's sort key with its index (qsort has no context argument in C11: the key carries its data) */
+typedef struct task_key {
+    int32_t row, kv_head, tok_begin, index;
+} task_key;
 
-static int cmp_idx(const void *a, const void *b) {
-    const pkv_task *x = &g_tasks[*(const int32_t *)a], *y = &g_tasks[*(const int32_t *)b];
+static int cmp_key(const void *a, const void *b) {
+    const task_key *x = (const task_key *)a, *y = (const task_key *)b;
     if (x->row != y->row) return x->row < y->row ? -1 : 1;
     if (x->kv_head != y->kv_head) return x->kv_head < y->kv_head ? -1 : 1;
     if (x->tok_begin != y->tok_begin) return x->tok_begin < y->tok_begin ? -1 : 1;
@@ -42,6 +46,7 @@ static int32_t phase_of_merge(const pkv_plan *p, int32_t k) {
 
 pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens, const char **why) {
     int32_t *idx = NULL, *slot_phase = NULL;
+    task_key *keys = NULL;
     if (why) *why = "";
     if (!plan || (!seq_lens && plan->batch_size > 0)) {
         snprintf(why_buf, sizeof why_buf, "plan or seq_lens is NULL");
@@ -52,7 +57,8 @@ pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens, cons
     idx = (int32_t *)malloc(((size_t)nt + 1 + (size_t)B) * sizeof *idx);
     int32_t *row_base = idx ? idx + nt + 1 : NULL; /* page_base of each row, from the plan's rows */
     slot_phase = (int32_t *)malloc(((size_t)plan->num_state_slots + 1) * sizeof *slot_phase);
-    if (!idx || !slot_phase) BAD("out of memory");
+    keys = (task_key *)malloc(((size_t)nt + 1) * sizeof *keys);
+    if (!idx || !slot_phase || !keys) BAD("out of memory");
     for (int32_t s = 0; s < plan->num_state_slots; s++) slot_phase[s] = -1;
     for (int32_t i = 0; i < B; i++) row_base[i] = -1;
     if (plan->num_rows != B) BAD("plan lists %d rows for a batch of %d", plan->num_rows, B);
@@ -93,10 +99,10 @@ pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens, cons
             if (slot_phase[t->state_slot] == ph) BAD("slot %d used twice in phase %d", t->state_slot, ph);
             slot_phase[t->state_slot] = ph;
         }
-        idx[k] = k;
+        keys[k] = (task_key){t->row, t->kv_head, t->tok_begin, k};
     }
-    g_tasks = plan->tasks;
-    qsort(idx, (size_t)nt, sizeof *idx, cmp_idx);
+    qsort(keys, (size_t)nt, sizeof *keys, cmp_key);
+    for (int32_t k = 0; k < nt; k++) idx[k] = keys[k].index;
 
     /* walk (row, head) in order: coverage, slots and merges */
     int32_t k = 0, merges_seen = 0;
@@ -174,6 +180,7 @@ pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens, cons
             BAD("graph-stable layout broken");
     }
     free(idx);
+    free(keys);
     free(slot_phase);
     return PKV_OK;
 }
