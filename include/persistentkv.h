@@ -77,14 +77,15 @@ typedef enum pkv_dtype { PKV_DTYPE_FP16 = 0, PKV_DTYPE_BF16 = 1, PKV_DTYPE_FP32 
 typedef enum pkv_layout { PKV_LAYOUT_NHD = 0, PKV_LAYOUT_HND = 1 } pkv_layout;
 
 typedef struct pkv_problem {
-    int32_t num_qo_heads;  /* Hq */
+    int32_t num_qo_heads;  /* Hq, at most 4096 */
     int32_t num_kv_heads;  /* Hkv; Hq % Hkv == 0, G = Hq / Hkv in [1, 16] (MQA when Hkv = 1, Hq <= 16) */
     int32_t head_dim;      /* 64, 128 or 256 */
     int32_t page_size;     /* tokens per page, 1..256 */
     int64_t num_pages;     /* size of the page pool (required); page ids must lie in [0, num_pages) */
     pkv_layout layout;
     pkv_dtype dtype;       /* q, k_cache, v_cache and o: FP16 or BF16; lse is always fp32 */
-    float sm_scale;        /* <= 0 selects 1 / sqrt(head_dim); at most 1e30 */
+    float sm_scale;        /* <= 0 selects 1 / sqrt(head_dim); at most 1e20 (fp16 scores then stay finite in
+                            * float; bf16 inputs whose q.k overflows float give non-finite outputs) */
     float logits_soft_cap; /* > 0: each score s = sm_scale q.k becomes cap x tanh(s / cap) before the
                             * softmax (Gemma-2: 50); 0: none.  Both backends */
     int32_t window;        /* > 0: sliding-window attention, each row attends to its last `window` tokens
@@ -180,12 +181,13 @@ pkv_status pkv_route_parse(const char *name, pkv_route *route);
 
 typedef struct pkv_plan_options {
     pkv_route route;
-    int32_t parallelism;       /* <= 0: the context's (SMs or threads) */
-    int32_t ctas_per_unit;     /* target resident tasks per parallel unit; <= 0: backend default */
-    int32_t num_splits;        /* SPLIT/BUCKETED: > 0 forces S; <= 0 chooses by the rule */
-    int32_t chunk_pages;       /* WORKQUEUE: > 0 forces the chunk size in pages; <= 0 chooses */
+    int32_t parallelism;       /* <= 0: the context's (SMs or threads); at most 2^16 */
+    int32_t ctas_per_unit;     /* target resident tasks per parallel unit; <= 0: backend default; at most 1024 */
+    int32_t num_splits;        /* SPLIT/BUCKETED: > 0 forces S (at most max_splits); <= 0 chooses by the rule */
+    int32_t chunk_pages;       /* WORKQUEUE: > 0 forces the chunk size in pages; <= 0 chooses; at most
+                                * 2^30 tokens (chunk_pages x page_size) */
     int32_t min_chunk_tokens;  /* smallest split worth making; <= 0: 128 tokens */
-    int32_t max_splits;        /* cap on splits of one (row, KV head); <= 0: 256 */
+    int32_t max_splits;        /* cap on splits of one (row, KV head); <= 0: 256; at most 2^16 */
     /* > 0: a graph-stable plan for batches of up to graph_max_batch rows (CUDA graphs in serving:
      * capture a step once, replay it for every later step).  Its launches - grid sizes, kernels,
      * parameters, workspace layout - depend only on the problem, the tensors, graph_max_batch,
@@ -360,18 +362,20 @@ typedef struct pkv_cost_model {
     int32_t samples;      /* measurements behind the fit */
 } pkv_cost_model;
 
-/* Terms of a plan (see above), for the parallelism and residency it was planned for. */
+/* Terms of a plan (see above), for the parallelism and residency it was planned for; a plan whose last
+ * pkv_plan_step failed has none (PKV_ERR_INVALID_ARGUMENT). */
 pkv_status pkv_cost_terms(const pkv_plan *plan, double terms[PKV_COST_TERMS]);
+/* The model's predicted time (us) of a plan with these terms; NaN if either pointer is NULL. */
 double pkv_cost_predict(const pkv_cost_model *m, const double terms[PKV_COST_TERMS]);
 /* Whether the policy weighs a candidate with these terms (1) or not (0): not a rectangular plan without
  * split merges (the single route, or a split route that splits nothing) whose tasks fill fewer than half
  * of the `parallelism` units.  Its time is then one task's own critical path, which the model's
  * per-token rho underestimates for long head vectors (H200, d = 256, a 4096-token window: 64 such
  * tasks took 94.9 us, predicted 69.4, where the fused route took 71.4); the work queue and fused plans
- * of the same rows stay candidates. */
+ * of the same rows stay candidates.  NULL terms: 0. */
 int pkv_cost_candidate(const double terms[PKV_COST_TERMS], int32_t parallelism);
 /* Defaults from device properties: SMs, read bandwidth (GB/s; <= 0: 2000), launch latency (us;
- * <= 0: 3). */
+ * <= 0: 3).  NULL m: nothing. */
 void pkv_cost_model_default(pkv_cost_model *m, int32_t parallelism, double read_gbps, double launch_us);
 /* Fit from n measurements (terms [n][PKV_COST_TERMS], us [n]): rho and p by grid search, the
  * linear coefficients by least squares on relative error (rows weighted by 1 / us), kept
@@ -402,7 +406,9 @@ int pkv_context_get_cost_model(const pkv_context *ctx, pkv_cost_model *m);
  * Run.
  * ---------------------------------------------------------------------------------------------- */
 typedef struct pkv_tensors {
-    /* CUDA backend: q, k_cache, v_cache, o and the workspace must be 16-byte aligned. */
+    /* Every pointer at its element's alignment (q, k_cache, v_cache, o 2 bytes, lse and kv_page_indices 4,
+     * the workspace 8; else PKV_ERR_INVALID_ARGUMENT); CUDA backend: q, k_cache, v_cache, o and the
+     * workspace 16-byte aligned. */
     const void *q;                  /* [B, Hq, d]; rows q_row_stride elements apart */
     const void *k_cache;            /* NHD or HND pages, see pkv_layout */
     const void *v_cache;

@@ -308,6 +308,17 @@ int main(void) {
         CHECK_MSG(pkv_cost_model_load(bad, &back) == PKV_ERR_PARSE, "body %zu loaded", i);
     }
     {
+        /* a comment longer than the line buffer whose tail would read as the missing softmax_p line */
+        FILE *f = fopen(bad, "w");
+        fputs(good, f);
+        fputc('#', f);
+        for (int k = 0; k < 510; k++) fputc('-', f);
+        fputs("softmax_p = 3\n", f);
+        fclose(f);
+        CHECK_STATUS(pkv_cost_model_load(bad, &back), PKV_ERR_PARSE);
+        CHECK_MSG(strstr(pkv_last_error(), "longer than") != NULL, "long line: %s", pkv_last_error());
+    }
+    {
         FILE *f = fopen(bad, "w"); /* no parallelism */
         fputs("persistentkv-policy 2\nconst_us = 0\nlaunch_us = 6\nfused_merge_us_per_mb = 100\nmerge_us_per_mb = 0\n"
               "us_per_mb = 0.22\nidle_us_per_mb = 0.09\nrho_mb_per_token = 0.08\nsoftmax_p = 3\n", f);

@@ -218,6 +218,13 @@ static void test_problem_errors(pkv_context *ctx) {
     bad = f.problem;
     bad.sm_scale = 1e31f;
     expect_problem_error(ctx, &f, &bad, PKV_ERR_INVALID_ARGUMENT, "sm_scale 1e31");
+    bad = f.problem;
+    bad.sm_scale = 1e21f; /* fp16 scores times it would overflow float */
+    expect_problem_error(ctx, &f, &bad, PKV_ERR_INVALID_ARGUMENT, "sm_scale 1e21");
+    bad = f.problem;
+    bad.num_qo_heads = 8192;
+    bad.num_kv_heads = 1024;
+    expect_problem_error(ctx, &f, &bad, PKV_ERR_UNSUPPORTED, "8192 query heads");
     fixture_free(&f);
 }
 
@@ -344,6 +351,91 @@ static void test_table_errors(pkv_context *ctx) {
     fixture_free(&f);
 }
 
+/* Plan options beyond their documented bounds (the planner's counts and byte sizes would overflow), a
+ * plan whose last planning failed, pointers off their elements' alignment, and the cost model's
+ * functions without a model. */
+static void test_bounds(pkv_context *ctx) {
+    fixture f;
+    fixture_init(&f);
+    pkv_plan *plan = NULL;
+    CHECK_OK(pkv_plan_create(&plan));
+    size_t bytes = 0;
+    struct {
+        int32_t parallelism, ctas_per_unit, max_splits, chunk_pages, graph_max_batch;
+        const char *what;
+    } bad[] = {{(1 << 16) + 1, 0, 0, 0, 0, "parallelism 2^16 + 1"},
+               {2147345044, 1522365147, 0, 0, 0, "parallelism and ctas_per_unit near INT32_MAX"},
+               {132, 1025, 0, 0, 0, "ctas_per_unit 1025"},
+               {132, 0, (1 << 16) + 1, 1, 0, "max_splits 2^16 + 1"},
+               {132, 0, 0, (1 << 26) + 1, 0, "chunk_pages x page size above 2^30"},
+               {INT32_MAX, INT32_MAX, 0, 0, 128, "a graph-stable plan of INT32_MAX x INT32_MAX slots"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        pkv_plan_options o;
+        pkv_plan_options_default(&o);
+        o.parallelism = bad[i].parallelism;
+        o.ctas_per_unit = bad[i].ctas_per_unit;
+        o.max_splits = bad[i].max_splits;
+        o.chunk_pages = bad[i].chunk_pages;
+        o.graph_max_batch = bad[i].graph_max_batch;
+        if (o.chunk_pages > 0) o.route = PKV_ROUTE_WORKQUEUE;
+        printf("  bad options: %s\n", bad[i].what);
+        CHECK_ERR(pkv_workspace_size(ctx, &f.problem, 4, &o, &bytes), PKV_ERR_INVALID_ARGUMENT, ctx);
+        CHECK_ERR(pkv_plan_step(ctx, &f.problem, &f.table, &o, plan), PKV_ERR_INVALID_ARGUMENT, ctx);
+    }
+    {
+        pkv_plan_options o; /* a graph-stable grid the options force past INT32_MAX / 2 tasks */
+        pkv_plan_options_default(&o);
+        o.graph_max_batch = 4;
+        o.graph_tasks = INT32_MAX;
+        CHECK_ERR(pkv_workspace_size(ctx, &f.problem, 4, &o, &bytes), PKV_ERR_INVALID_ARGUMENT, ctx);
+        CHECK_ERR(pkv_plan_step(ctx, &f.problem, &f.table, &o, plan), PKV_ERR_INVALID_ARGUMENT, ctx);
+    }
+
+    /* a failed planning leaves no terms: not the last good plan's tasks under the new problem */
+    pkv_plan_options opts;
+    pkv_plan_options_default(&opts);
+    opts.route = PKV_ROUTE_SPLIT;
+    CHECK_OK(pkv_plan_step(ctx, &f.problem, &f.table, &opts, plan));
+    double terms[PKV_COST_TERMS];
+    CHECK_OK(pkv_cost_terms(plan, terms));
+    pkv_problem p256 = f.problem;
+    p256.head_dim = 256;
+    pkv_plan_options g = opts;
+    g.route = PKV_ROUTE_WORKQUEUE;
+    g.graph_max_batch = 2; /* the batch has 3 rows */
+    CHECK_ERR(pkv_plan_step(ctx, &p256, &f.table, &g, plan), PKV_ERR_BATCH_SIZE, ctx);
+    CHECK_ERR(pkv_cost_terms(plan, terms), PKV_ERR_INVALID_ARGUMENT, (pkv_context *)NULL);
+
+    /* pointers off their elements' alignment (the CPU backend too) */
+    CHECK_OK(pkv_plan_step(ctx, &f.problem, &f.table, &opts, plan));
+    const size_t need = pkv_plan_workspace_size(plan);
+    unsigned char *wsb = (unsigned char *)malloc(need + 16);
+    float *lse_store = (float *)malloc(sizeof f.lse + 16);
+    CHECK(wsb && lse_store);
+    if (wsb && lse_store) {
+        pkv_tensors t = fixture_tensors(&f);
+        CHECK_ERR(pkv_run(ctx, plan, wsb + 4, need, &t, NULL), PKV_ERR_INVALID_ARGUMENT, ctx);
+        t.lse = (float *)((unsigned char *)lse_store + 2);
+        CHECK_ERR(pkv_run(ctx, plan, wsb, need, &t, NULL), PKV_ERR_INVALID_ARGUMENT, ctx);
+        t = fixture_tensors(&f);
+        t.o = (unsigned char *)f.o + 1;
+        CHECK_ERR(pkv_run(ctx, plan, wsb, need, &t, NULL), PKV_ERR_INVALID_ARGUMENT, ctx);
+        t = fixture_tensors(&f);
+        CHECK_OK(pkv_run(ctx, plan, wsb, need, &t, NULL));
+    }
+    free(wsb);
+    free(lse_store);
+
+    /* the cost model's functions without a model or terms */
+    pkv_cost_model_default(NULL, 132, 4000, 3);
+    pkv_cost_model m;
+    pkv_cost_model_default(&m, 132, 4000, 3);
+    CHECK(isnan(pkv_cost_predict(NULL, terms)) && isnan(pkv_cost_predict(&m, NULL)));
+    CHECK(pkv_cost_candidate(NULL, 132) == 0);
+    pkv_plan_free(plan);
+    fixture_free(&f);
+}
+
 /* NULL pointers and a small workspace through plan and run. */
 static void test_null_and_run_errors(pkv_context *ctx) {
     fixture f;
@@ -372,7 +464,7 @@ static void test_null_and_run_errors(pkv_context *ctx) {
 
     /* a plan never filled cannot run */
     pkv_tensors t = fixture_tensors(&f);
-    static unsigned char ws[1 << 20];
+    static _Alignas(16) unsigned char ws[1 << 20];
     CHECK_ERR(pkv_run(ctx, plan, ws, sizeof ws, &t, NULL), PKV_ERR_INVALID_ARGUMENT, ctx);
 
     CHECK_OK(pkv_plan_step(ctx, &f.problem, &f.table, &opts, plan));
@@ -492,6 +584,7 @@ int main(void) {
         test_problem_errors(ctx);
         test_table_errors(ctx);
         test_null_and_run_errors(ctx);
+        test_bounds(ctx);
         test_graph_errors(ctx);
         pkv_context_free(ctx);
     }

@@ -58,6 +58,9 @@ pkv_status pkv_check_problem(pkv_context *ctx, const pkv_problem *p) {
     if (p->num_qo_heads % p->num_kv_heads != 0)
         return pkv_fail(ctx, PKV_ERR_HEAD_GROUP, "num_qo_heads (%d) is not a multiple of num_kv_heads (%d)",
                         p->num_qo_heads, p->num_kv_heads);
+    if (p->num_qo_heads > PKV_MAX_HEADS)
+        return pkv_fail(ctx, PKV_ERR_UNSUPPORTED, "num_qo_heads %d is above the supported maximum %d", p->num_qo_heads,
+                        PKV_MAX_HEADS);
     int32_t g = p->num_qo_heads / p->num_kv_heads;
     if (g > PKV_MAX_GROUP)
         return pkv_fail(ctx, PKV_ERR_UNSUPPORTED, "group size G = %d is above the supported maximum %d", g,
@@ -74,8 +77,9 @@ pkv_status pkv_check_problem(pkv_context *ctx, const pkv_problem *p) {
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "num_pages %lld is not in [0, 2^31)", (long long)p->num_pages);
     if (!(p->sm_scale == p->sm_scale) || isinf(p->sm_scale))
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "sm_scale is not finite");
-    if (p->sm_scale > 1e30f) /* sm_scale x log2(e) x a score must stay finite in float */
-        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "sm_scale %g is above 1e30", (double)p->sm_scale);
+    /* sm_scale x log2(e) x a score must stay finite in float: fp16 scores are below 65504^2 x 256 ~ 1.1e12 */
+    if (p->sm_scale > 1e20f)
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "sm_scale %g is above 1e20", (double)p->sm_scale);
     if (!(p->logits_soft_cap >= 0.0f) || isinf(p->logits_soft_cap))
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "logits_soft_cap %g is not a finite value >= 0 (0: none)",
                         (double)p->logits_soft_cap);

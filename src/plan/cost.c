@@ -28,7 +28,8 @@ void pkv_cost_fill_terms(double t[PKV_COST_TERMS], int64_t launches, double mb, 
 
 pkv_status pkv_cost_terms(const pkv_plan *plan, double t[PKV_COST_TERMS]) {
     if (!plan || !t) return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "plan and terms must not be NULL");
-    if (plan->slots <= 0) return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, "the plan was not planned");
+    if (plan->slots <= 0 || plan->generation == 0) /* never planned, or its last pkv_plan_step failed */
+        return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, "the plan was not planned (or its last planning failed)");
     const pkv_problem *p = &plan->problem;
     const pkv_counters *c = &plan->counters;
     const double es = (double)pkv_dtype_size(p->dtype), d = p->head_dim;
@@ -93,6 +94,7 @@ static void roofline_parts(const double t[PKV_COST_TERMS], double rho, double p,
 }
 
 double pkv_cost_predict(const pkv_cost_model *m, const double t[PKV_COST_TERMS]) {
+    if (!m || !t) return NAN;
     const double *c = m->coef;
     double stream, idle;
     roofline_parts(t, c[PKV_COEF_RHO], c[PKV_COEF_P], &stream, &idle);
@@ -102,10 +104,12 @@ double pkv_cost_predict(const pkv_cost_model *m, const double t[PKV_COST_TERMS])
 }
 
 int pkv_cost_candidate(const double terms[PKV_COST_TERMS], int32_t parallelism) {
+    if (!terms) return 0;
     return !(terms[PKV_TERM_RECT] > 0 && terms[PKV_TERM_MERGE_MB] == 0 && 2.0 * terms[PKV_TERM_TASKS] < (double)parallelism);
 }
 
 void pkv_cost_model_default(pkv_cost_model *m, int32_t parallelism, double read_gbps, double launch_us) {
+    if (!m) return;
     memset(m, 0, sizeof *m);
     m->version = 2;
     m->parallelism = parallelism;
@@ -387,6 +391,11 @@ pkv_status pkv_cost_model_load(const char *path, pkv_cost_model *m) {
     pkv_status st = PKV_OK;
     while (st == PKV_OK && fgets(line, sizeof line, f)) {
         lineno++;
+        if (!strchr(line, '\n') && !feof(f)) { /* a line that fgets cut (its rest would read as a line) */
+            st = pkv_fail(NULL, PKV_ERR_PARSE, "%s:%d: line longer than %d characters", path, lineno,
+                          (int)sizeof line - 2);
+            break;
+        }
         line[strcspn(line, "\r\n")] = 0;
         if (lineno == 1) {
             if (strcmp(line, "persistentkv-policy 2") != 0)

@@ -683,6 +683,28 @@ static uint64_t graph_signature(const pkv_plan *plan, int32_t max_batch) {
     return h ? h : 1;
 }
 
+/* The options that size a plan within their documented bounds (PKV_ERR_INVALID_ARGUMENT otherwise), so
+ * the planner's task, slot and byte counts stay far from overflow. */
+static pkv_status check_options(pkv_context *ctx, const pkv_plan_options *o, const pkv_problem *p) {
+    if (o->route < 0 || o->route >= PKV_ROUTE_COUNT_)
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "route %d is not a known route", (int)o->route);
+    if (o->parallelism > PKV_MAX_PARALLELISM)
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "parallelism %d is above %d", o->parallelism,
+                        PKV_MAX_PARALLELISM);
+    if (o->ctas_per_unit > PKV_MAX_PER_UNIT)
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "ctas_per_unit %d is above %d", o->ctas_per_unit,
+                        PKV_MAX_PER_UNIT);
+    /* (num_splits and min_chunk_tokens need no bound: max_splits and the rows' lengths clamp them) */
+    if (o->max_splits > PKV_MAX_SPLITS_OPT)
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "max_splits %d is above %d", o->max_splits, PKV_MAX_SPLITS_OPT);
+    if ((int64_t)o->chunk_pages * p->page_size > PKV_MAX_SEQ_LEN)
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "chunk_pages %d (x %d tokens) is above %d tokens", o->chunk_pages,
+                        p->page_size, PKV_MAX_SEQ_LEN);
+    if (o->graph_max_batch > PKV_MAX_BATCH)
+        return pkv_fail(ctx, PKV_ERR_BATCH_SIZE, "graph_max_batch %d is above %d", o->graph_max_batch, PKV_MAX_BATCH);
+    return PKV_OK;
+}
+
 static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t default_cpu, int32_t resident, int32_t resident_x,
                             const pkv_problem *problem,
                             const pkv_page_table *table, const pkv_plan_options *opts_in, pkv_plan *plan) {
@@ -711,8 +733,8 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
         opts = *opts_in;
     else
         pkv_plan_options_default(&opts);
-    if (opts.route < 0 || opts.route >= PKV_ROUTE_COUNT_)
-        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "route %d is not a known route", (int)opts.route);
+    st = check_options(ctx, &opts, problem);
+    if (st != PKV_OK) return st;
     if (opts.parallelism > 0) parallelism = opts.parallelism;
     if (parallelism <= 0)
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "parallelism must be positive (set it in the options)");
@@ -971,6 +993,8 @@ pkv_status pkv_workspace_size(pkv_context *ctx, const pkv_problem *problem, int3
         opts = *opts_in;
     else
         pkv_plan_options_default(&opts);
+    st = check_options(ctx, &opts, problem);
+    if (st != PKV_OK) return st;
     int64_t par = opts.parallelism > 0 ? opts.parallelism : (ctx ? ctx->parallelism : 0);
     if (par <= 0) return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "parallelism unknown: pass a context or set it");
     int64_t per = opts.ctas_per_unit > 0 ? opts.ctas_per_unit : default_ctas(ctx), res = resident_ctas(ctx, problem);
@@ -982,6 +1006,8 @@ pkv_status pkv_workspace_size(pkv_context *ctx, const pkv_problem *problem, int3
         if (opts.graph_max_batch > PKV_MAX_BATCH)
             return pkv_fail(ctx, PKV_ERR_BATCH_SIZE, "graph_max_batch %d is above %d", opts.graph_max_batch, PKV_MAX_BATCH);
         const int64_t cap = graph_capacity(&opts, resident_slots(par, per, res, res_x), problem);
+        if (cap > INT32_MAX / 2)
+            return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "graph-stable plan of %lld tasks is too large", (long long)cap);
         const int64_t gm = opts.graph_max_batch;
         size_t o_rows, o_merges, o_counts, o_state, o_lse;
         const size_t blob = blob_layout(cap, gm, gm * problem->num_kv_heads, true, &o_rows, &o_merges, &o_counts);

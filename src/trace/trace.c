@@ -798,6 +798,11 @@ static pkv_status finish_trace(trace_reader *rd) {
     if (!t->pages && !(t->pages = (int32_t *)malloc(1)))
         return pkv_fail(NULL, PKV_ERR_OUT_OF_MEMORY, "cannot allocate trace pages");
     const int64_t rows = rd->row_step.size;
+    /* a step serves at least one row, except a step whose arriving requests all decode nothing: a
+     * header's num_steps beyond that is malformed (and would size the step array from nothing) */
+    if ((int64_t)t->num_steps > rows + t->num_requests + 1)
+        return parse_fail(rd, "num_steps %" PRId32 " is more than %" PRId64 " rows and %" PRId32 " requests allow",
+                          t->num_steps, rows, t->num_requests);
     t->step_offset = (int64_t *)alloc_array((int64_t)t->num_steps + 1, sizeof(int64_t));
     if (!t->step_offset) return pkv_fail(NULL, PKV_ERR_OUT_OF_MEMORY, "cannot allocate trace steps");
     int64_t row = 0;
