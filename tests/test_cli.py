@@ -40,6 +40,24 @@ run("nonsense", rc=2)
 run("bench", "--no-such-option", "1", rc=2)
 run("trace", "--family", "nope", rc=2)
 run("bench", "--backend", "cpu", "--lens", "5", "--pdl", "2", rc=2)
+# numbers out of range, empty, or past int32 (not wrapped: 4294967297 reps is not 1), unknown names (not the
+# default), a JSON file that cannot be written (before measuring, and a failed write), a directory as input
+for args in (("--page-size", "0"), ("--page-size", "-16"), ("--reps", "4294967297"), ("--pdl", ""),
+             ("--rotate-gib", "nan"), ("--rotate-gib", "-5"), ("--dtype", "fp8"), ("--layout", "xyz"),
+             ("--parallelism", "100000"), ("--lens", ",".join(["5"] * 4097))):
+    p = run("bench", "--backend", "cpu", "--lens", "5", *args, rc=2) if args[0] != "--lens" else \
+        run("bench", "--backend", "cpu", *args, rc=2)
+    check(p.stderr.strip() != "", f"bench {args[0]} {args[1][:20]}: no message")
+run("bench", "--backend", "cpu", "--lens", "5", "--json", os.path.join("no-such-dir", "x", "out.json"), rc=1)
+if os.path.exists("/dev/full"):
+    p = run("bench", "--backend", "cpu", "--lens", "5", "--route", "single", "--reps", "1", "--wall-reps", "1",
+            "--json", "/dev/full", rc=1)
+    check("failed" in p.stderr, f"a failed JSON write: {p.stderr[-300:]}")
+run("check", "--count", "0", rc=2)
+run("check", "--backend", "garbage", rc=2)
+run("trace", "--batch", "1000000000", rc=2)
+p = run("calibrate", "--from-json", os.path.dirname(os.path.abspath(pkv)), rc=None)  # a directory
+check(p.returncode > 0 and "cannot read" in p.stderr, f"calibrate on a directory: rc {p.returncode} {p.stderr[-200:]}")
 # --shape HQ:HKV:D: any model's heads (G = 12 at d = 64 here), recorded in the repro line; malformed ones are
 # refused as options, shapes the library does not take fail with its message
 with tempfile.TemporaryDirectory() as tmp:

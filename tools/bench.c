@@ -804,7 +804,10 @@ static void write_json(const char *path, const bench_opts *o, const ceilings *ce
         fprintf(f, "]}%s\n", i + 1 < res->n ? "," : "");
     }
     fprintf(f, "  ]\n}\n");
-    fclose(f);
+    if (ferror(f) | fclose(f)) { /* both: the file is closed either way */
+        fprintf(stderr, "pkv bench: writing %s failed\n", path);
+        exit(1);
+    }
 }
 
 /* Per-route summary over the steps of a trace. */
@@ -961,8 +964,8 @@ int cmd_bench(int argc, char **argv) {
         fprintf(stderr, "pkv bench: unknown backend '%s'\n", be);
         return 2;
     }
-    cc.num_threads = (int32_t)cli_opt_int(argc, argv, "--threads", 0);
-    cc.pdl = (int32_t)cli_opt_int(argc, argv, "--pdl", 1);
+    cc.num_threads = cli_opt_range(argc, argv, "--threads", 0, 0, 1024);
+    cc.pdl = cli_opt_range(argc, argv, "--pdl", 1, 0, 1);
     if (cc.pdl != 0 && cc.pdl != 1) {
         fprintf(stderr, "pkv bench: --pdl takes 0 or 1\n");
         return 2;
@@ -986,11 +989,16 @@ int cmd_bench(int argc, char **argv) {
     o.prob.head_dim = o.shape->d;
     o.prob.dtype = o.shape->dtype;
     const char *dt = cli_opt(argc, argv, "--dtype");
-    if (dt) o.prob.dtype = strcmp(dt, "bf16") == 0 ? PKV_DTYPE_BF16 : PKV_DTYPE_FP16;
     const char *lay = cli_opt(argc, argv, "--layout");
+    if ((dt && strcmp(dt, "bf16") != 0 && strcmp(dt, "fp16") != 0) ||
+        (lay && strcmp(lay, "hnd") != 0 && strcmp(lay, "nhd") != 0)) {
+        fprintf(stderr, "pkv bench: --dtype takes fp16 or bf16, --layout nhd or hnd\n");
+        BENCH_EXIT(2);
+    }
+    if (dt) o.prob.dtype = strcmp(dt, "bf16") == 0 ? PKV_DTYPE_BF16 : PKV_DTYPE_FP16;
     if (lay) o.prob.layout = strcmp(lay, "hnd") == 0 ? PKV_LAYOUT_HND : PKV_LAYOUT_NHD;
-    o.prob.page_size = (int32_t)cli_opt_int(argc, argv, "--page-size", 16);
-    o.prob.window = (int32_t)cli_opt_int(argc, argv, "--window", 0);
+    o.prob.page_size = cli_opt_range(argc, argv, "--page-size", 16, 1, 256);
+    o.prob.window = cli_opt_range(argc, argv, "--window", 0, 0, 1 << 30);
     o.prob.logits_soft_cap = (float)cli_opt_double(argc, argv, "--soft-cap", 0.0);
     if (o.prob.window < 0 || !(o.prob.logits_soft_cap >= 0.0f) || isinf(o.prob.logits_soft_cap)) {
         fprintf(stderr, "pkv bench: --window must be >= 0 and --soft-cap a finite value >= 0 (0: none)\n");
@@ -1010,25 +1018,39 @@ int cmd_bench(int argc, char **argv) {
         }
         o.nroutes = 1;
     }
-    o.reps = (int)cli_opt_int(argc, argv, "--reps", o.cuda ? 100 : 2);
-    o.warmup = (int)cli_opt_int(argc, argv, "--warmup", o.cuda ? 10 : 0);
-    o.wall_reps = (int)cli_opt_int(argc, argv, "--wall-reps", o.cuda ? 20 : 2);
+    o.reps = cli_opt_range(argc, argv, "--reps", o.cuda ? 100 : 2, 1, 1000000);
+    o.warmup = cli_opt_range(argc, argv, "--warmup", o.cuda ? 10 : 0, 0, 1000000);
+    o.wall_reps = cli_opt_range(argc, argv, "--wall-reps", o.cuda ? 20 : 2, 1, 1000000);
     if (o.reps < 1 || o.wall_reps < 1 || o.warmup < 0) {
         fprintf(stderr, "pkv bench: --reps and --wall-reps must be >= 1, --warmup >= 0\n");
         BENCH_EXIT(2);
     }
-    o.rotate_bytes = (int64_t)(cli_opt_double(argc, argv, "--rotate-gib", 2.0) * (double)(1 << 30));
+    const double rotate_gib = cli_opt_double(argc, argv, "--rotate-gib", 2.0);
+    if (!(rotate_gib >= 0.0 && rotate_gib <= 1024.0)) {
+        fprintf(stderr, "pkv bench: --rotate-gib takes a value in [0, 1024]\n");
+        BENCH_EXIT(2);
+    }
+    o.rotate_bytes = (int64_t)(rotate_gib * (double)(1 << 30));
+    const char *json_out = cli_opt(argc, argv, "--json");
+    if (json_out) { /* an unwritable path fails now, not after the measurements */
+        FILE *probe = fopen(json_out, "a");
+        if (!probe) {
+            fprintf(stderr, "pkv bench: cannot write %s\n", json_out);
+            BENCH_EXIT(1);
+        }
+        fclose(probe);
+    }
     o.check = !cli_flag(argc, argv, "--no-check");
     o.kv_interleaved = cli_flag(argc, argv, "--kv-interleaved");
     o.behind = cli_flag(argc, argv, "--behind-producer");
     if (o.behind && !o.cuda)
         fprintf(stderr, "pkv bench: --behind-producer times CUDA launches; ignored on the CPU backend\n");
-    o.ctas_per_unit = (int32_t)cli_opt_int(argc, argv, "--ctas-per-unit", 0);
-    o.min_chunk = (int32_t)cli_opt_int(argc, argv, "--min-chunk", 0);
-    o.parallelism = (int32_t)cli_opt_int(argc, argv, "--parallelism", 0);
+    o.ctas_per_unit = cli_opt_range(argc, argv, "--ctas-per-unit", 0, 0, 1024);
+    o.min_chunk = cli_opt_range(argc, argv, "--min-chunk", 0, 0, 1 << 30);
+    o.parallelism = cli_opt_range(argc, argv, "--parallelism", 0, 0, 1 << 16);
     const char *gmb = cli_opt(argc, argv, "--graph-max-batch");
-    o.graph_max_batch = gmb && strcmp(gmb, "pow2") == 0 ? -1 : (int32_t)cli_opt_int(argc, argv, "--graph-max-batch", 0);
-    o.graph_tasks = (int32_t)cli_opt_int(argc, argv, "--graph-tasks", 0);
+    o.graph_max_batch = gmb && strcmp(gmb, "pow2") == 0 ? -1 : cli_opt_range(argc, argv, "--graph-max-batch", 0, 0, 1 << 20);
+    o.graph_tasks = cli_opt_range(argc, argv, "--graph-tasks", 0, 0, INT32_MAX / 2);
     if (o.graph_max_batch < -1 || o.graph_tasks < 0) {
         fprintf(stderr, "pkv bench: --graph-max-batch takes N > 0 or pow2, --graph-tasks N >= 0\n");
         BENCH_EXIT(2);
@@ -1096,6 +1118,10 @@ int cmd_bench(int argc, char **argv) {
                 BENCH_EXIT(2);
             }
         }
+        if (*p) {
+            fprintf(stderr, "pkv bench: --lens takes at most 4096 lengths\n");
+            BENCH_EXIT(2);
+        }
         steps = (step_input *)xmalloc(sizeof *steps);
         char arg[96];
         snprintf(arg, sizeof arg, "--lens %.80s", lens);
@@ -1121,7 +1147,7 @@ int cmd_bench(int argc, char **argv) {
             fprintf(stderr, "pkv bench: --set-batches expects comma-separated batch sizes\n");
             BENCH_EXIT(2);
         }
-        int ns = (int)cli_opt_int(argc, argv, "--set-seeds", 5);
+        int ns = cli_opt_range(argc, argv, "--set-seeds", 5, 1, 5);
         if (ns < 1 || ns > 5) ns = 5;
         nsteps = add_trace_set(&o, seeds, ns, bs, nb, &steps);
         snprintf(workload, sizeof workload, "held-out set (seeds 20260623..%d)", 20260622 + ns);
@@ -1141,8 +1167,8 @@ int cmd_bench(int argc, char **argv) {
                      (unsigned long long)tc.seed, tc.max_active, tc.num_requests);
         }
         int32_t total = pkv_trace_num_steps(tr);
-        int32_t limit = (int32_t)cli_opt_int(argc, argv, "--steps", o.cuda ? 0 : 2);
-        int32_t only = (int32_t)cli_opt_int(argc, argv, "--step", -1);
+        int32_t limit = cli_opt_range(argc, argv, "--steps", o.cuda ? 0 : 2, 0, INT32_MAX);
+        int32_t only = cli_opt_range(argc, argv, "--step", -1, -1, INT32_MAX);
         int32_t first = 0, last = total;
         if (only >= 0) {
             if (only >= total) {

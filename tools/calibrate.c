@@ -9,6 +9,7 @@
 #include "internal.h" /* pkv_cost_fill_terms, pkv_dtype_size: rebuilding the terms of older JSON */
 
 #include <math.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -51,11 +52,16 @@ static void usage(void) {
 }
 
 static char *read_all(const char *path) {
+    struct stat sb;
+    if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode)) return NULL; /* a directory's ftell is no size */
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
+    long n = -1;
+    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
+    if (n < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return NULL;
+    }
     char *s = (char *)malloc((size_t)n + 1);
     if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
         free(s);
@@ -541,7 +547,7 @@ int cmd_calibrate(int argc, char **argv) {
     const char *eval = cli_opt(argc, argv, "--evaluate");
     const bool replay = cli_flag(argc, argv, "--replay-auto");
     const char *policy = cli_opt(argc, argv, "--policy");
-    int32_t par = (int32_t)cli_opt_int(argc, argv, "--parallelism", 0);
+    int32_t par = cli_opt_range(argc, argv, "--parallelism", 0, 0, 1 << 16);
     if (!from && !eval && !policy) { /* live */
         const char *be = cli_opt(argc, argv, "--backend");
         const char *reps = cli_opt(argc, argv, "--reps");

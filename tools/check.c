@@ -28,14 +28,20 @@ int cmd_check(int argc, char **argv) {
     pkv_context_config cc;
     pkv_context_config_default(&cc);
     const char *be = cli_opt(argc, argv, "--backend");
+    if (be && strcmp(be, "cpu") != 0 && strcmp(be, "cuda") != 0 && strcmp(be, "best") != 0) {
+        fprintf(stderr, "pkv check: unknown backend '%s' (best, cpu or cuda)\n", be);
+        return 2;
+    }
     if (be) cc.backend = strcmp(be, "cpu") == 0 ? PKV_BACKEND_CPU : strcmp(be, "cuda") == 0 ? PKV_BACKEND_CUDA : PKV_BACKEND_BEST;
-    cc.num_threads = (int32_t)cli_opt_int(argc, argv, "--threads", 0);
+    cc.num_threads = cli_opt_range(argc, argv, "--threads", 0, 0, 1024);
+    const int count = cli_opt_range(argc, argv, "--count", 50, 1, 10000000);
+    const int32_t max_len = cli_opt_range(argc, argv, "--max-len", 3000, 1, 1 << 22);
     pkv_context *ctx = NULL;
     if (pkv_context_create(&cc, &ctx) != PKV_OK) {
         fprintf(stderr, "pkv check: %s\n", pkv_last_error());
         return 1;
     }
-    int count = (int)cli_opt_int(argc, argv, "--count", 50);
+
     pkv_rng rng;
     pkv_rng_seed(&rng, (uint64_t)cli_opt_int(argc, argv, "--seed", 1));
     static const int32_t groups[] = {1, 2, 4, 7, 8, 16}, dims[] = {64, 128, 256}, pages[] = {1, 16, 64},
@@ -50,7 +56,7 @@ int cmd_check(int argc, char **argv) {
     ch.kv_heads = hkv, ch.num_kv_heads = 3;
     ch.layouts = layouts, ch.num_layouts = 2;
     ch.dtypes = dtypes, ch.num_dtypes = 2;
-    ch.max_len = (int32_t)cli_opt_int(argc, argv, "--max-len", 3000);
+    ch.max_len = max_len;
     ch.long_len = ch.max_len * 8;
     ch.long_prob = 0.05;
     pkv_plan *plan = NULL;

@@ -39,6 +39,8 @@ bool cli_flag(int argc, char **argv, const char *name);
 /* Rejects options not in the NULL-terminated list (flags listed with a trailing '!'). */
 bool cli_check_options(int argc, char **argv, const char *const *known, const char *cmd);
 int64_t cli_opt_int(int argc, char **argv, const char *name, int64_t def);
+/* An int32 option that must lie in [lo, hi] (else a message and exit 2). */
+int32_t cli_opt_range(int argc, char **argv, const char *name, int64_t def, int64_t lo, int64_t hi);
 double cli_opt_double(int argc, char **argv, const char *name, double def);
 
 /* A trace config from --<family_option> NAME, --seed, --batch (then 3 x B requests), --requests and

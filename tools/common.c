@@ -2,6 +2,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "cli.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,12 +159,23 @@ int64_t cli_opt_int(int argc, char **argv, const char *name, int64_t def) {
     const char *v = cli_opt(argc, argv, name);
     if (!v) return def;
     char *end = NULL;
+    errno = 0;
     long long x = strtoll(v, &end, 10);
-    if (!end || *end) {
+    if (!end || end == v || *end || errno == ERANGE) {
         fprintf(stderr, "pkv: option %s expects an integer, got '%s'\n", name, v);
         exit(2);
     }
     return x;
+}
+
+int32_t cli_opt_range(int argc, char **argv, const char *name, int64_t def, int64_t lo, int64_t hi) {
+    const int64_t x = cli_opt_int(argc, argv, name, def);
+    if (x < lo || x > hi) {
+        fprintf(stderr, "pkv: option %s takes a value in [%lld, %lld], got %lld\n", name, (long long)lo, (long long)hi,
+                (long long)x);
+        exit(2);
+    }
+    return (int32_t)x;
 }
 
 double cli_opt_double(int argc, char **argv, const char *name, double def) {
@@ -171,8 +183,8 @@ double cli_opt_double(int argc, char **argv, const char *name, double def) {
     if (!v) return def;
     char *end = NULL;
     double x = strtod(v, &end);
-    if (!end || *end) {
-        fprintf(stderr, "pkv: option %s expects a number, got '%s'\n", name, v);
+    if (!end || end == v || *end || !isfinite(x)) {
+        fprintf(stderr, "pkv: option %s expects a finite number, got '%s'\n", name, v);
         exit(2);
     }
     return x;
@@ -219,10 +231,10 @@ bool cli_trace_config(int argc, char **argv, const char *family_option, const ch
     }
     pkv_trace_config_default(c, fam);
     c->seed = (uint64_t)cli_opt_int(argc, argv, "--seed", (int64_t)c->seed);
-    c->max_active = (int32_t)cli_opt_int(argc, argv, "--batch", c->max_active);
+    c->max_active = cli_opt_range(argc, argv, "--batch", c->max_active, 1, 1 << 20);
     if (cli_opt(argc, argv, "--batch") && !cli_opt(argc, argv, "--requests")) c->num_requests = 3 * c->max_active;
-    c->num_requests = (int32_t)cli_opt_int(argc, argv, "--requests", c->num_requests);
-    c->page_size = (int32_t)cli_opt_int(argc, argv, "--page-size", c->page_size);
+    c->num_requests = cli_opt_range(argc, argv, "--requests", c->num_requests, 1, 1 << 24);
+    c->page_size = cli_opt_range(argc, argv, "--page-size", c->page_size, 1, 256);
     return true;
 }
 

@@ -37,7 +37,7 @@ int cmd_trace(int argc, char **argv) {
     } else {
         pkv_trace_config c;
         if (!cli_trace_config(argc, argv, "--family", "trace", &c)) return 2;
-        c.max_steps = (int32_t)cli_opt_int(argc, argv, "--steps", c.max_steps);
+        c.max_steps = cli_opt_range(argc, argv, "--steps", c.max_steps, 0, INT32_MAX);
         c.hole_fraction = cli_opt_double(argc, argv, "--holes", c.hole_fraction);
         if (pkv_trace_generate(&c, &t) != PKV_OK) {
             fprintf(stderr, "pkv trace: %s\n", pkv_last_error());

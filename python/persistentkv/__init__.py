@@ -15,6 +15,7 @@ uint16 arrays holding bf16 bits (see bf16_bits) or ml_dtypes.bfloat16 arrays.
 import ctypes
 
 from . import _arrays
+from . import _lib
 from ._lib import (LibraryNotFoundError, PkvError, ROUTES, TRACE_FAMILIES, Status, lib, library_path,
                    status_string)
 from .reference import reference
@@ -48,8 +49,18 @@ def bf16_to_float32(bits):
 def block_table_to_csr(block_table, seq_lens, page_size):
     """(indptr [B+1], indices [nnz]) int32 from a vLLM-style padded block table [B, max_pages]."""
     np = _arrays.numpy()
-    bt = np.ascontiguousarray(block_table, dtype=np.int32)
-    lens = np.ascontiguousarray(seq_lens, dtype=np.int32)
+
+    def int32_array(x, name):  # no silent wrap or truncation (2**32 + 1 -> 1, 3.7 -> 3)
+        a = np.asarray(x.cpu() if _arrays.is_torch(x) else x)
+        if a.dtype.kind not in "iub" and a.size > 0:
+            raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
+        if a.size > 0 and (int(a.min()) < -2**31 or int(a.max()) > 2**31 - 1):
+            raise ValueError(f"{name} has values outside int32")
+        return np.ascontiguousarray(a, dtype=np.int32)
+
+    bt = int32_array(block_table, "block_table")
+    lens = int32_array(seq_lens, "seq_lens")
+    page_size = _lib.as_int(page_size, "page_size")
     if bt.ndim != 2 or lens.ndim != 1 or bt.shape[0] != lens.shape[0]:
         raise ValueError(f"block_table must be [B, max_pages] and seq_lens [B], got {bt.shape}, {lens.shape}")
     B, max_pages = bt.shape

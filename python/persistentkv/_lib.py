@@ -3,6 +3,8 @@
 import ctypes
 import ctypes.util
 import enum
+import math
+import operator
 import os
 import sys
 from pathlib import Path
@@ -278,14 +280,42 @@ def parse_code(parse_fn, name):
     return code.value
 
 
+# ---- arguments ----------------------------------------------------------------------------------
+def as_int(x, name, lo=-2**31, hi=2**31 - 1):
+    """x as a Python int in [lo, hi] (int32 by default): a TypeError for a non-integer (3.7, "1"), a
+    ValueError outside the range - never the silent wrap of a ctypes field."""
+    try:
+        v = operator.index(x)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(x).__name__} {x!r}") from None
+    if not lo <= v <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
+    return v
+
+
+def as_float(x, name, finite=True):
+    """x as a Python float: a TypeError for a non-number; with finite, a ValueError for NaN or infinity (else
+    those go on to the library, which refuses them by name)."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name} must be a number, got {type(x).__name__} {x!r}") from None
+    if finite and not math.isfinite(v):
+        raise ValueError(f"{name} must be finite, got {v}")
+    return v
+
+
 # ---- errors -------------------------------------------------------------------------------------
 def set_score_options(prob, sm_scale, logits_soft_cap, window_left):
-    """A Problem's score options: sm_scale (None: 1 / sqrt(head_dim)), logits_soft_cap (None or 0:
-    none) and FlashInfer's window_left (-1 or None: no window; w >= 0: the last w + 1 tokens)."""
-    if window_left is not None and not -1 <= int(window_left) < 2**31 - 1:
+    """A Problem's score options: sm_scale (None: 1 / sqrt(head_dim); else > 0), logits_soft_cap (None or
+    0: none) and FlashInfer's window_left (-1 or None: no window; w >= 0: the last w + 1 tokens)."""
+    if window_left is not None and not -1 <= as_int(window_left, "window_left") < 2**31 - 1:
         raise ValueError(f"window_left must be -1 (no window) or in [0, 2^31 - 1), got {window_left}")
+    if sm_scale is not None and not as_float(sm_scale, "sm_scale", finite=False) > 0.0:
+        raise ValueError(f"sm_scale must be > 0 (None: 1 / sqrt(head_dim)), got {sm_scale}")
     prob.sm_scale = float(sm_scale) if sm_scale is not None else 0.0
-    prob.logits_soft_cap = float(logits_soft_cap) if logits_soft_cap else 0.0
+    prob.logits_soft_cap = (as_float(logits_soft_cap, "logits_soft_cap", finite=False)
+                            if logits_soft_cap is not None else 0.0)
     prob.window = 0 if window_left is None or int(window_left) < 0 else int(window_left) + 1
 
 

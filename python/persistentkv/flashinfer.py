@@ -29,6 +29,7 @@ The float workspace buffer is used as the workspace (grown by a new allocation i
 import math
 
 from . import _arrays as A
+from . import _lib as L
 from ._lib import PkvError, Status
 from .wrapper import BatchDecodeWithPagedKVCacheWrapper as _Native, _cuda_int32_vector, _lens_from_last_page
 
@@ -156,8 +157,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         route, chunk_pages = "auto", 0
         if a["disable_split_kv"]:
             route = "single"
-        elif a["fixed_split_size"] is not None and int(a["fixed_split_size"]) > 0:
-            route, chunk_pages = "workqueue", int(a["fixed_split_size"])
+        elif a["fixed_split_size"] is not None and L.as_int(a["fixed_split_size"], "fixed_split_size") > 0:
+            route, chunk_pages = "workqueue", L.as_int(a["fixed_split_size"], "fixed_split_size")
 
         lens = {}
         if a["seq_lens"] is not None:
@@ -168,7 +169,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             lens["seq_lens"] = seq
         else:
             lens["last_page_len"] = last_page_len
-        soft_cap = a["logits_soft_cap"]
+        soft_cap = None if a["logits_soft_cap"] is None else L.as_float(a["logits_soft_cap"], "logits_soft_cap", finite=False)
         graph_kw = {}
         if self._graph is not None:  # the native plan takes the host copies _graph_plan made
             indptr, indices, h_last, graph_kw = self._graph_plan(indptr, indices, last_page_len, route)

@@ -64,13 +64,15 @@ class Trace:
         return int(lib.pkv_trace_get_config(self._h).contents.page_size)
 
     def _check_step(self, s):
+        s = L.as_int(s, "step")
         if not 0 <= s < self.num_steps:
             raise IndexError(f"step {s} outside [0, {self.num_steps})")
+        return s
 
     def step(self, s):
         """(request_ids, seq_lens) of step s, int32 numpy arrays [B]."""
         np = A.numpy()
-        self._check_step(s)
+        s = self._check_step(s)
         ids, lens = L._i32p(), L._i32p()
         n = int(lib.pkv_trace_step(self._h, s, ctypes.byref(ids), ctypes.byref(lens)))
         if n == 0:
@@ -93,6 +95,7 @@ class Trace:
 
     def request(self, r):
         """(prompt_len, decode_len) of request r."""
+        r = L.as_int(r, "request")
         if not 0 <= r < self.num_requests:
             raise IndexError(f"request {r} outside [0, {self.num_requests})")
         p, d = ctypes.c_int32(), ctypes.c_int32()

@@ -294,8 +294,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
         prob = L.Problem()
         lib.pkv_problem_default(ctypes.byref(prob))
-        prob.num_qo_heads, prob.num_kv_heads = int(num_qo_heads), int(num_kv_heads)
-        prob.head_dim, prob.page_size, prob.num_pages = int(head_dim), int(page_size), int(num_pages)
+        prob.num_qo_heads = L.as_int(num_qo_heads, "num_qo_heads")
+        prob.num_kv_heads = L.as_int(num_kv_heads, "num_kv_heads")
+        prob.head_dim, prob.page_size = L.as_int(head_dim, "head_dim"), L.as_int(page_size, "page_size")
+        prob.num_pages = L.as_int(num_pages, "num_pages", 0, 2**31 - 1)
         prob.layout = _LAYOUTS[self._kv_layout]
         prob.dtype = A.dtype_code(q_dtype)
         L.set_score_options(prob, sm_scale, logits_soft_cap, window_left)
@@ -303,10 +305,11 @@ class BatchDecodeWithPagedKVCacheWrapper:
         opts = L.PlanOptions()
         lib.pkv_plan_options_default(ctypes.byref(opts))
         opts.route = _route_code(route)
-        opts.parallelism, opts.ctas_per_unit = int(parallelism), int(ctas_per_unit)
-        opts.num_splits, opts.chunk_pages = int(num_splits), int(chunk_pages)
-        opts.min_chunk_tokens, opts.max_splits = int(min_chunk_tokens), int(max_splits)
-        opts.graph_max_batch, opts.graph_tasks = int(graph_max_batch), int(graph_tasks)
+        given = {"parallelism": parallelism, "ctas_per_unit": ctas_per_unit, "num_splits": num_splits,
+                 "chunk_pages": chunk_pages, "min_chunk_tokens": min_chunk_tokens, "max_splits": max_splits,
+                 "graph_max_batch": graph_max_batch, "graph_tasks": graph_tasks}
+        for field, value in given.items():
+            setattr(opts, field, L.as_int(value, field))
         graph = opts.graph_max_batch > 0
         if graph and self._backend == "cuda":
             fixed = indices_device if indices_device is not None else indices

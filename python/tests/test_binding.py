@@ -581,6 +581,42 @@ def test_block_table_to_csr():
     indptr, indices = pkv.block_table_to_csr(bt, [33, 0, 64], 16)
     assert indptr.tolist() == [0, 3, 3, 7] and indices.tolist() == [7, 3, 9, 5, 6, 0, 1]
     raises_status(pkv.Status.LENGTH_EXCEEDS_PAGES, lambda: pkv.block_table_to_csr(bt, [100, 0, 0], 16))
+    with pytest.raises(ValueError):  # not wrapped to page 1
+        pkv.block_table_to_csr(np.array([[2**32 + 1]], np.int64), [16], 16)
+    with pytest.raises(TypeError):  # not truncated to page 3
+        pkv.block_table_to_csr(np.array([[3.7]]), [16], 16)
+    with pytest.raises(ValueError):  # not wrapped to 20 tokens
+        pkv.block_table_to_csr(bt, [2**32 + 20, 0, 0], 16)
+
+
+def test_arguments_neither_wrap_nor_truncate(cpu):
+    """Python ints beyond int32, floats where ints belong and sm_scale <= 0 are refused by name, never
+    passed on wrapped (2**32 + 4 heads planned as 4), truncated or replaced by the default scale."""
+    p = make_problem(seed_of("args"), [5, 40], 8, 2)
+    w = cpu
+    for kw in ({"max_splits": 2**32 + 2}, {"num_splits": -2**31 - 1}, {"parallelism": 2**40}):
+        with pytest.raises(ValueError, match=list(kw)[0]):
+            plan(w, p, **kw)
+    with pytest.raises(ValueError, match="num_pages"):
+        w.plan(p["indptr"], p["indices"], p["lens"], p["hq"], p["hkv"], p["d"], p["ps"], num_pages=2**64 + 4,
+               q_data_type=p["dtype"])
+    with pytest.raises(ValueError, match="num_qo_heads"):
+        w.plan(p["indptr"], p["indices"], p["lens"], 2**32 + 8, p["hkv"], p["d"], p["ps"], num_pages=p["pool"],
+               q_data_type=p["dtype"])
+    with pytest.raises(TypeError, match="page_size"):
+        w.plan(p["indptr"], p["indices"], p["lens"], p["hq"], p["hkv"], p["d"], 16.0, num_pages=p["pool"],
+               q_data_type=p["dtype"])
+    for scale in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="sm_scale"):
+            plan(w, p, sm_scale=scale)
+    with pytest.raises(TypeError, match="logits_soft_cap"):
+        plan(w, p, logits_soft_cap="a")
+    plan(w, p, sm_scale=0.5)  # and a good plan still goes through
+    t = pkv.generate_trace("bimodal", 1)
+    with pytest.raises(TypeError, match="step"):
+        t.step(1.5)
+    with pytest.raises(TypeError, match="request"):
+        t.request(2.5)
 
 
 # ---- torch (CPU tensors; CUDA when available) ---------------------------------------------------
