@@ -292,7 +292,8 @@ int32_t pkv_plan_grid_tasks(const pkv_plan *plan);
 
 /* Checks the plan's internal consistency: every token of every (row, KV head) covered exactly once,
  * slots unique, merges consistent with tasks, counters consistent.  Returns PKV_ERR_INVALID_ARGUMENT
- * with a message in *why (static buffer, may be NULL) on the first violation. */
+ * with a message in *why (a per-thread buffer, valid on the calling thread until its next call; why may be
+ * NULL) on the first violation. */
 pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens, const char **why);
 
 /* An upper bound of pkv_plan_workspace_size for any plan of this problem with up to max_batch rows

@@ -96,14 +96,14 @@ if [ $tests = 1 ]; then
     else
       tail -n 20 "$log/build_ptx80.log" "$log/ptx80.log"; status=1
     fi
-fi
+  fi
 
-say "compute-sanitizer (memcheck, racecheck, initcheck, synccheck) on a reduced set"
-if [ $quick = 1 ]; then
-  echo "skipped in --quick" | tee "$log/sanitizer.log"
-else
-  bash "$root/scripts/gpu_sanitize.sh" "$build" "$log" || status=1
-fi
+  say "compute-sanitizer (memcheck, racecheck, initcheck, synccheck) on a reduced set"
+  if [ $quick = 1 ]; then
+    echo "skipped in --quick" | tee "$log/sanitizer.log"
+  else
+    bash "$root/scripts/gpu_sanitize.sh" "$build" "$log" || status=1
+  fi
 fi
 
 if [ $bench = 1 ]; then
@@ -127,25 +127,24 @@ if [ $bench = 1 ]; then
     say "benchmark: anchor steps as graph-stable plans (work queue, capacity = batch rounded up to a power of two)"
     "$build/pkv" bench --backend cuda --anchor all --route workqueue --graph-max-batch pow2 --reps 50 --wall-reps 5 \
       --quiet --json "$out/anchors_graph_stable.json" >"$out/anchors_graph_stable.md" 2>>"$log/bench.log" || status=1
-fi
-fi
+  fi
+  if [ -n "${PKV_COMPARE_M:-}" ]; then
+    say "heads-in-M kernel everywhere (PKV_DECODE_KERNEL=m), anchors, same build"
+    PKV_DECODE_KERNEL=m "$build/pkv" bench --backend cuda --anchor all --reps $reps --quiet --no-check \
+      --json "$out/anchors_heads_in_m.json" >"$out/anchors_heads_in_m.md" 2>>"$log/bench.log" || status=1
+  fi
 
-if [ -n "${PKV_COMPARE_M:-}" ]; then
-  say "heads-in-M kernel everywhere (PKV_DECODE_KERNEL=m), anchors, same build"
-  PKV_DECODE_KERNEL=m "$build/pkv" bench --backend cuda --anchor all --reps $reps --quiet --no-check \
-    --json "$out/anchors_heads_in_m.json" >"$out/anchors_heads_in_m.md" 2>>"$log/bench.log" || status=1
-fi
-
-if [ -n "${PKV_COMPARE_VARIANT:-}" ]; then
-  vroutes=${PKV_COMPARE_ROUTES:-fused}
-  say "kernel variant $PKV_COMPARE_VARIANT (anchors, routes $vroutes)"
-  cmake -S "$root" -B "$root/build-variant" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DCMAKE_CUDA_ARCHITECTURES="$arch" \
-    -DPKV_DECODE_SOURCE="$PKV_COMPARE_VARIANT" >/dev/null && cmake --build "$root/build-variant" -j "$jobs" >/dev/null 2>&1 &&
-  for vr in $vroutes; do
-    "$root/build-variant/pkv" bench --backend cuda --anchor all --route $vr --reps $reps --quiet --no-check \
-      --json "$log/variant_$vr.json" >>"$out/variant.md" 2>>"$log/bench.log" || status=1
-  done
-  tar -czf "$out/variant_json.tgz" -C "$log" $(cd "$log" && ls variant_*.json) 2>/dev/null
+  if [ -n "${PKV_COMPARE_VARIANT:-}" ]; then
+    vroutes=${PKV_COMPARE_ROUTES:-fused}
+    say "kernel variant $PKV_COMPARE_VARIANT (anchors, routes $vroutes)"
+    cmake -S "$root" -B "$root/build-variant" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DCMAKE_CUDA_ARCHITECTURES="$arch" \
+      -DPKV_DECODE_SOURCE="$PKV_COMPARE_VARIANT" >/dev/null && cmake --build "$root/build-variant" -j "$jobs" >/dev/null 2>&1 &&
+    for vr in $vroutes; do
+      "$root/build-variant/pkv" bench --backend cuda --anchor all --route $vr --reps $reps --quiet --no-check \
+        --json "$log/variant_$vr.json" >>"$out/variant.md" 2>>"$log/bench.log" || status=1
+    done
+    tar -czf "$out/variant_json.tgz" -C "$log" $(cd "$log" && ls variant_*.json) 2>/dev/null
+  fi
 fi
 
 say "summary"

@@ -1032,13 +1032,16 @@ int cmd_bench(int argc, char **argv) {
     }
     o.rotate_bytes = (int64_t)(rotate_gib * (double)(1 << 30));
     const char *json_out = cli_opt(argc, argv, "--json");
-    if (json_out) { /* an unwritable path fails now, not after the measurements */
+    if (json_out) { /* an unwritable path fails now, not after the measurements (and leaves no new file) */
+        FILE *existing = fopen(json_out, "r");
+        if (existing) fclose(existing);
         FILE *probe = fopen(json_out, "a");
         if (!probe) {
             fprintf(stderr, "pkv bench: cannot write %s\n", json_out);
             BENCH_EXIT(1);
         }
         fclose(probe);
+        if (!existing) remove(json_out);
     }
     o.check = !cli_flag(argc, argv, "--no-check");
     o.kv_interleaved = cli_flag(argc, argv, "--kv-interleaved");

@@ -50,17 +50,28 @@ def block_table_to_csr(block_table, seq_lens, page_size):
     """(indptr [B+1], indices [nnz]) int32 from a vLLM-style padded block table [B, max_pages]."""
     np = _arrays.numpy()
 
-    def int32_array(x, name):  # no silent wrap or truncation (2**32 + 1 -> 1, 3.7 -> 3)
+    def int_array(x, name):  # integers only: no silent truncation (3.7 -> 3)
         a = np.asarray(x.cpu() if _arrays.is_torch(x) else x)
         if a.dtype.kind not in "iub" and a.size > 0:
             raise TypeError(f"{name} must hold integers, got dtype {a.dtype}")
-        if a.size > 0 and (int(a.min()) < -2**31 or int(a.max()) > 2**31 - 1):
-            raise ValueError(f"{name} has values outside int32")
-        return np.ascontiguousarray(a, dtype=np.int32)
+        return a
 
-    bt = int32_array(block_table, "block_table")
-    lens = int32_array(seq_lens, "seq_lens")
+    def outside_int32(a):
+        return a.size > 0 and (int(a.min()) < -2**31 or int(a.max()) > 2**31 - 1)
+
     page_size = _lib.as_int(page_size, "page_size")
+    bt, lens = int_array(block_table, "block_table"), int_array(seq_lens, "seq_lens")
+    if outside_int32(lens):
+        raise ValueError("seq_lens has values outside int32")  # not wrapped (2**32 + 20 -> 20)
+    if bt.ndim == 2 and lens.ndim == 1 and bt.shape[0] == lens.shape[0] and page_size > 0:
+        # the used entries only (padding past a row's pages is ignored, whatever its value): not wrapped
+        used = np.arange(bt.shape[1])[None, :] < ((lens.astype(np.int64).clip(min=0) + page_size - 1)
+                                                  // page_size)[:, None]
+        if outside_int32(bt[used]):
+            raise ValueError("block_table has page ids outside int32")
+        bt = np.where(used, bt, 0) if bt.dtype.itemsize > 4 or bt.dtype.kind == "u" else bt
+    bt = np.ascontiguousarray(bt, dtype=np.int32)
+    lens = np.ascontiguousarray(lens, dtype=np.int32)
     if bt.ndim != 2 or lens.ndim != 1 or bt.shape[0] != lens.shape[0]:
         raise ValueError(f"block_table must be [B, max_pages] and seq_lens [B], got {bt.shape}, {lens.shape}")
     B, max_pages = bt.shape

@@ -587,6 +587,9 @@ def test_block_table_to_csr():
         pkv.block_table_to_csr(np.array([[3.7]]), [16], 16)
     with pytest.raises(ValueError):  # not wrapped to 20 tokens
         pkv.block_table_to_csr(bt, [2**32 + 20, 0, 0], 16)
+    pad = np.iinfo(np.int64).max  # padding past a row's pages is ignored, whatever its value
+    indptr, indices = pkv.block_table_to_csr(np.array([[4, 5, pad], [7, pad, pad]], np.int64), [20, 3], 16)
+    assert indptr.tolist() == [0, 2, 3] and indices.tolist() == [4, 5, 7]
 
 
 def test_arguments_neither_wrap_nor_truncate(cpu):

@@ -391,10 +391,13 @@ pkv_status pkv_cost_model_load(const char *path, pkv_cost_model *m) {
     pkv_status st = PKV_OK;
     while (st == PKV_OK && fgets(line, sizeof line, f)) {
         lineno++;
-        if (!strchr(line, '\n') && !feof(f)) { /* a line that fgets cut (its rest would read as a line) */
-            st = pkv_fail(NULL, PKV_ERR_PARSE, "%s:%d: line longer than %d characters", path, lineno,
-                          (int)sizeof line - 2);
-            break;
+        if (!strchr(line, '\n') && !feof(f)) { /* fgets stopped at the buffer's end: is the line complete? */
+            const int c = fgetc(f);
+            if (c != EOF && c != '\n') { /* no: its rest would read as a line of its own */
+                st = pkv_fail(NULL, PKV_ERR_PARSE, "%s:%d: line longer than %d characters", path, lineno,
+                              (int)sizeof line - 2);
+                break;
+            }
         }
         line[strcspn(line, "\r\n")] = 0;
         if (lineno == 1) {

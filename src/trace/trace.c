@@ -459,7 +459,8 @@ uint64_t pkv_trace_checksum(const pkv_trace *t) {
  * lists exactly ceil((prompt_len + decode_len) / page_size) page ids, each in [0, num_pages) and
  * used by no other request.  Step lines come in non-decreasing step order, with s in
  * [0, num_steps), request ids increasing within a step, at most max_active rows per step and
- * 0 <= seq_len <= prompt_len + decode_len.  A step with no line has no rows.
+ * 0 <= seq_len <= prompt_len + decode_len.  A step with no line has no rows.  num_steps is at most
+ * 2^24 (the step array is sized from it before any step line is read).
  * ---------------------------------------------------------------------------------------------- */
 #define TRACE_MAGIC "# persistentkv-trace v1"
 
@@ -693,8 +694,8 @@ static pkv_status parse_header(trace_reader *rd, pkv_trace_config *cfg, int64_t 
     p = rd->lines.buf;
     if (!take_literal(&p, "# num_pages=") || !take_int(&p, 0, INT32_MAX, num_pages))
         return parse_fail(rd, "expected '# num_pages=<n in [0, INT32_MAX]> num_steps=<n>'");
-    if (!take_literal(&p, " num_steps=") || !take_int(&p, 0, INT32_MAX - 1, num_steps) || *p != '\0')
-        return parse_fail(rd, "expected ' num_steps=<n in [0, INT32_MAX)>' to end the line");
+    if (!take_literal(&p, " num_steps=") || !take_int(&p, 0, 1 << 24, num_steps) || *p != '\0')
+        return parse_fail(rd, "expected ' num_steps=<n in [0, 2^24]>' to end the line");
     if (cfg->max_steps > 0 && *num_steps > cfg->max_steps)
         return parse_fail(rd, "num_steps %" PRId64 " exceeds max_steps %" PRId32, *num_steps,
                           cfg->max_steps);
@@ -798,11 +799,6 @@ static pkv_status finish_trace(trace_reader *rd) {
     if (!t->pages && !(t->pages = (int32_t *)malloc(1)))
         return pkv_fail(NULL, PKV_ERR_OUT_OF_MEMORY, "cannot allocate trace pages");
     const int64_t rows = rd->row_step.size;
-    /* a step serves at least one row, except a step whose arriving requests all decode nothing: a
-     * header's num_steps beyond that is malformed (and would size the step array from nothing) */
-    if ((int64_t)t->num_steps > rows + t->num_requests + 1)
-        return parse_fail(rd, "num_steps %" PRId32 " is more than %" PRId64 " rows and %" PRId32 " requests allow",
-                          t->num_steps, rows, t->num_requests);
     t->step_offset = (int64_t *)alloc_array((int64_t)t->num_steps + 1, sizeof(int64_t));
     if (!t->step_offset) return pkv_fail(NULL, PKV_ERR_OUT_OF_MEMORY, "cannot allocate trace steps");
     int64_t row = 0;
