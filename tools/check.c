@@ -41,7 +41,6 @@ int cmd_check(int argc, char **argv) {
         fprintf(stderr, "pkv check: %s\n", pkv_last_error());
         return 1;
     }
-
     pkv_rng rng;
     pkv_rng_seed(&rng, (uint64_t)cli_opt_int(argc, argv, "--seed", 1));
     static const int32_t groups[] = {1, 2, 4, 7, 8, 16}, dims[] = {64, 128, 256}, pages[] = {1, 16, 64},

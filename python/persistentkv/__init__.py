@@ -61,9 +61,11 @@ def block_table_to_csr(block_table, seq_lens, page_size):
 
     page_size = _lib.as_int(page_size, "page_size")
     bt, lens = int_array(block_table, "block_table"), int_array(seq_lens, "seq_lens")
+    if bt.ndim != 2 or lens.ndim != 1 or bt.shape[0] != lens.shape[0]:
+        raise ValueError(f"block_table must be [B, max_pages] and seq_lens [B], got {bt.shape}, {lens.shape}")
     if outside_int32(lens):
         raise ValueError("seq_lens has values outside int32")  # not wrapped (2**32 + 20 -> 20)
-    if bt.ndim == 2 and lens.ndim == 1 and bt.shape[0] == lens.shape[0] and page_size > 0:
+    if page_size > 0:
         # the used entries only (padding past a row's pages is ignored, whatever its value): not wrapped
         used = np.arange(bt.shape[1])[None, :] < ((lens.astype(np.int64).clip(min=0) + page_size - 1)
                                                   // page_size)[:, None]
@@ -72,8 +74,6 @@ def block_table_to_csr(block_table, seq_lens, page_size):
         bt = np.where(used, bt, 0) if bt.dtype.itemsize > 4 or bt.dtype.kind == "u" else bt
     bt = np.ascontiguousarray(bt, dtype=np.int32)
     lens = np.ascontiguousarray(lens, dtype=np.int32)
-    if bt.ndim != 2 or lens.ndim != 1 or bt.shape[0] != lens.shape[0]:
-        raise ValueError(f"block_table must be [B, max_pages] and seq_lens [B], got {bt.shape}, {lens.shape}")
     B, max_pages = bt.shape
     cap = int(((lens.astype(np.int64).clip(min=0) + page_size - 1) // max(page_size, 1)).sum())
     indptr = np.zeros(B + 1, np.int32)

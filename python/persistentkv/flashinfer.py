@@ -157,8 +157,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
         route, chunk_pages = "auto", 0
         if a["disable_split_kv"]:
             route = "single"
-        elif a["fixed_split_size"] is not None and L.as_int(a["fixed_split_size"], "fixed_split_size") > 0:
-            route, chunk_pages = "workqueue", L.as_int(a["fixed_split_size"], "fixed_split_size")
+        elif a["fixed_split_size"] is not None:
+            split = L.as_int(a["fixed_split_size"], "fixed_split_size")
+            if split > 0:
+                route, chunk_pages = "workqueue", split
 
         lens = {}
         if a["seq_lens"] is not None:

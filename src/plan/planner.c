@@ -633,8 +633,10 @@ static pkv_route auto_rule(const plan_params *pp, const pkv_problem *p) {
  * of up to graph_max_batch rows (resolve_params: below 128 (row, KV head) pairs one wave of the resident
  * slots; from 128, 4 waves for ragged batches and up to ceil(4 x pairs / slots) waves for even ones), so
  * a graph-stable step is planned as a plain one is and only the grid's surplus CTAs differ; at least a
- * task per pair of the largest batch. */
-static int64_t graph_capacity(const pkv_plan_options *opts, int64_t slots, const pkv_problem *p) {
+ * task per pair of the largest batch.  A grid past INT32_MAX / 2 tasks is refused
+ * (PKV_ERR_INVALID_ARGUMENT), for the plan and its workspace size alike. */
+static pkv_status graph_capacity(pkv_context *ctx, const pkv_plan_options *opts, int64_t slots, const pkv_problem *p,
+                                 int64_t *cap_out) {
     const int64_t pairs = (int64_t)opts->graph_max_batch * p->num_kv_heads;
     int64_t cap = slots;
     if (opts->graph_tasks > 0) {
@@ -643,7 +645,11 @@ static int64_t graph_capacity(const pkv_plan_options *opts, int64_t slots, const
         const int64_t even = (4 * pairs + slots - 1) / slots * slots;
         cap = 4 * slots > even ? 4 * slots : even;
     }
-    return cap > pairs ? cap : pairs;
+    if (cap < pairs) cap = pairs;
+    if (cap > INT32_MAX / 2)
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "graph-stable plan of %lld tasks is too large", (long long)cap);
+    *cap_out = cap;
+    return PKV_OK;
 }
 
 int32_t pkv_graph_claim_multiplier(int32_t nsm) {
@@ -756,9 +762,6 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
     plan->graph_tasks = plan->graph_merges = 0;
     plan->graph_signature = 0;
     if (graph) {
-        if (opts.graph_max_batch > PKV_MAX_BATCH)
-            return pkv_fail(ctx, PKV_ERR_BATCH_SIZE, "graph_max_batch %d is above %d", opts.graph_max_batch,
-                            PKV_MAX_BATCH);
         if (B > opts.graph_max_batch)
             return pkv_fail(ctx, PKV_ERR_BATCH_SIZE, "batch of %d rows above the graph-stable plan's graph_max_batch %d",
                             B, opts.graph_max_batch);
@@ -766,9 +769,9 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
             return pkv_fail(ctx, PKV_ERR_UNSUPPORTED, "graph-stable plans run the work queue (route auto or workqueue), not %s",
                             pkv_route_name(route));
         route = PKV_ROUTE_WORKQUEUE;
-        const int64_t cap = graph_capacity(&opts, pp.slots, problem);
-        if (cap > INT32_MAX / 2)
-            return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "graph-stable plan of %lld tasks is too large", (long long)cap);
+        int64_t cap = 0;
+        st = graph_capacity(ctx, &opts, pp.slots, problem, &cap);
+        if (st != PKV_OK) return st;
         graph_cap = (int32_t)cap;
         if (pp.P > graph_cap) pp.P = graph_cap; /* the chunk search keeps the tasks within the wave */
     }
@@ -1003,11 +1006,9 @@ pkv_status pkv_workspace_size(pkv_context *ctx, const pkv_problem *problem, int3
         /* graph-stable: the plans' own fixed layout (plan_reserve + the states), whatever the step */
         if (max_batch > opts.graph_max_batch)
             return pkv_fail(ctx, PKV_ERR_BATCH_SIZE, "max_batch %d above graph_max_batch %d", max_batch, opts.graph_max_batch);
-        if (opts.graph_max_batch > PKV_MAX_BATCH)
-            return pkv_fail(ctx, PKV_ERR_BATCH_SIZE, "graph_max_batch %d is above %d", opts.graph_max_batch, PKV_MAX_BATCH);
-        const int64_t cap = graph_capacity(&opts, resident_slots(par, per, res, res_x), problem);
-        if (cap > INT32_MAX / 2)
-            return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "graph-stable plan of %lld tasks is too large", (long long)cap);
+        int64_t cap = 0;
+        st = graph_capacity(ctx, &opts, resident_slots(par, per, res, res_x), problem, &cap);
+        if (st != PKV_OK) return st;
         const int64_t gm = opts.graph_max_batch;
         size_t o_rows, o_merges, o_counts, o_state, o_lse;
         const size_t blob = blob_layout(cap, gm, gm * problem->num_kv_heads, true, &o_rows, &o_merges, &o_counts);
