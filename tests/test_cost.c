@@ -466,6 +466,59 @@ int main(void) {
         CHECK_MSG(pkv_plan_num_tasks(plan) <= 132 * 4, "24 ragged pairs: %d tasks", pkv_plan_num_tasks(plan));
         ctx->resident[1][0] = 0;
     }
+    /* pages gathered row by row (a backend's row_gather_below) under a kernel of 4 resident CTAs per unit (d = 64):
+     * the wave counts all 4 where the planner's default is 2 - a single row at page 1, 2 or 4 (12: chunks of 4) is
+     * split 4 x 132 / 8 = 66 ways; pages of 8 and 16, d = 128 (3 resident) and a forced ctas_per_unit keep the
+     * default; a ragged batch of 128 pairs keeps its 4 waves of the resident tasks */
+    {
+        const int32_t saved_cpu = ctx->ctas_per_unit;
+        ctx->ctas_per_unit = 2;
+        ctx->resident[0][0] = 4;
+        ctx->resident[1][0] = 3;
+        pkv_problem p64 = p;
+        p64.head_dim = 64;
+        pkv_plan_options a;
+        pkv_plan_options_default(&a);
+        a.parallelism = 132;
+        a.route = PKV_ROUTE_SPLIT;
+        static const int32_t pages[] = {1, 2, 4, 12, 8, 16};
+        for (int g = 0; g < 2; g++) {
+            ctx->row_gather_below = g ? 8 : 0;
+            for (int k = 0; k < 6; k++) {
+                lens[0] = 32768;
+                table_for(lens, 1, pages[k], indptr, &t);
+                p64.page_size = pages[k];
+                CHECK_OK(pkv_plan_step(ctx, &p64, &t, &a, plan));
+                const int32_t want = g && pages[k] % 8 ? 528 : 264;
+                CHECK_MSG(pkv_plan_num_tasks(plan) == want, "d 64, page %d, row_gather_below %d: %d tasks, expected %d",
+                          pages[k], ctx->row_gather_below, pkv_plan_num_tasks(plan), want);
+                pkv_problem p128 = p64;
+                p128.head_dim = 128;
+                CHECK_OK(pkv_plan_step(ctx, &p128, &t, &a, plan));
+                CHECK_MSG(pkv_plan_num_tasks(plan) == 264, "d 128, page %d: %d tasks, expected 264", pages[k],
+                          pkv_plan_num_tasks(plan));
+            }
+        }
+        a.ctas_per_unit = 3;
+        table_for(lens, 1, 1, indptr, &t);
+        p64.page_size = 1;
+        CHECK_OK(pkv_plan_step(ctx, &p64, &t, &a, plan));
+        CHECK_MSG(pkv_plan_num_tasks(plan) == 8 * (132 * 3 / 8), "forced 3 per unit: %d tasks", pkv_plan_num_tasks(plan));
+        a.ctas_per_unit = 0;
+        a.route = PKV_ROUTE_WORKQUEUE;
+        for (int i = 0; i < 16; i++) lens[i] = i % 2 ? 30000 : 2000; /* 128 ragged pairs */
+        table_for(lens, 16, 1, indptr, &t);
+        int32_t ragged[2];
+        for (int g = 0; g < 2; g++) {
+            ctx->row_gather_below = g ? 8 : 0;
+            CHECK_OK(pkv_plan_step(ctx, &p64, &t, &a, plan));
+            ragged[g] = pkv_plan_num_tasks(plan);
+        }
+        CHECK_MSG(ragged[0] == ragged[1] && ragged[1] > 132 * 4, "128 ragged pairs: %d and %d tasks", ragged[0], ragged[1]);
+        ctx->row_gather_below = 0;
+        ctx->resident[0][0] = ctx->resident[1][0] = 0;
+        ctx->ctas_per_unit = saved_cpu;
+    }
     /* auto's wave: with fewer (row, KV head) pairs than resident slots, >= 2 rows and a planner's
      * wave of one wave (ragged batches of >= 128 pairs get 4), the split, work-queue and fused
      * routes are also weighed at one wave of the resident tasks per unit; the pick's prediction is

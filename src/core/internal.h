@@ -69,6 +69,8 @@ struct pkv_context {
     int32_t parallelism;     /* SMs or threads */
     int32_t ctas_per_unit;   /* planner default for this backend */
     int32_t resident[3][2];  /* CUDA: CTAs per SM of the kernel that runs [d 64, 128, 256][G <= 8, G > 8]; 0: unknown */
+    int32_t row_gather_below; /* CUDA: pages whose largest power-of-two divisor is below this many tokens are
+                                 gathered row by row (cp.async); 0: none (the planner's full-wave rule) */
     int32_t device;
     uint64_t id;             /* unique per context */
     char device_name[160];

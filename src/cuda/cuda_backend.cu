@@ -281,6 +281,12 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bo
         ctx->resident[k][0] = pkv_cuda_decode_resident_ctas(8, dims[k], s->launch.allow_n8);
         ctx->resident[k][1] = pkv_cuda_decode_resident_ctas(16, dims[k], 0);
     }
+    /* the pages the cp.async copies gather row by row: chunks below tma_chunk_min tokens (all pages that are not
+     * a multiple of 16 when chunked tensor copies are off); the planner then fills a wave of every resident CTA
+     * of the d = 64 kernels (planner.c resolve_params; PKV_ROW_GATHER_WAVE=0: the default wave, A/B runs) */
+    ctx->row_gather_below = s->launch.tma && s->launch.cp_async && !env_is("PKV_ROW_GATHER_WAVE", "0")
+                                ? (s->launch.tma_chunk_min > 0 ? s->launch.tma_chunk_min : 16)
+                                : 0;
     snprintf(ctx->device_name, sizeof ctx->device_name, "%.64s (%d SMs, sm_%d%d%s)", prop.name, prop.multiProcessorCount,
              prop.major, prop.minor,
              prop.major >= 9 && !sm90_code ? "; this build has no sm_90 code: register kernels, no PDL" : "");

@@ -465,8 +465,8 @@ static int64_t resident_slots(int64_t parallelism, int64_t per_unit, int64_t res
 }
 
 static void resolve_params(const pkv_plan_options *opts, int32_t parallelism, int32_t default_per_unit,
-                           int32_t resident, int32_t resident_x, const pkv_problem *problem, const pkv_page_table *table,
-                           plan_params *pp) {
+                           int32_t resident, int32_t resident_x, bool row_gathered, const pkv_problem *problem,
+                           const pkv_page_table *table, plan_params *pp) {
     int32_t per_unit = opts->ctas_per_unit > 0 ? opts->ctas_per_unit : default_per_unit;
     if (resident < per_unit) resident = per_unit;
     pp->P = (int64_t)parallelism * per_unit;
@@ -520,6 +520,15 @@ static void resolve_params(const pkv_plan_options *opts, int32_t parallelism, in
         }
         if (best_num != units) pp->P = best_waves * R;
     }
+    if (opts->ctas_per_unit <= 0 && row_gathered && resident_x >= 4 && !(pp->ragged && units >= 128) &&
+        pp->P < (int64_t)parallelism * resident_x)
+        /* pages gathered row by row (the backend's row_gather_below: on sm_90, cp.async rows of 128 bytes at
+         * d = 64) by a kernel of small tiles (4 resident CTAs per SM): the wave counts every resident CTA, for
+         * the memory requests in flight.  H200, d = 64: single requests 6-17% faster at pages 1, 2 and 4 (B1_N131072
+         * 74.5 against 89.6 us at page 1), even batches within 1%; no gain at page 16 (whole-page tensor copies)
+         * nor for d = 128 at 3 per SM (dev/probe_ctas_d64.sh, dev/probe_ctas_pages.sh; docs/kernel-notes.md v18).
+         * Ragged batches of >= 128 pairs keep their 4 waves (forcing one wave of 4 lost 5-15% on B32/B64). */
+        pp->P = (int64_t)parallelism * resident_x;
 }
 
 /* The cost-model terms of the candidate routes for this step without building their plans: the
@@ -745,7 +754,9 @@ static pkv_status plan_impl(pkv_context *ctx, int32_t parallelism, int32_t defau
     if (parallelism <= 0)
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "parallelism must be positive (set it in the options)");
     plan_params pp;
-    resolve_params(&opts, parallelism, default_cpu, resident, resident_x, problem, table, &pp);
+    const bool row_gathered = ctx && ctx->row_gather_below > 0 &&
+                              (problem->page_size & -problem->page_size) < ctx->row_gather_below;
+    resolve_params(&opts, parallelism, default_cpu, resident, resident_x, row_gathered, problem, table, &pp);
 
     const int32_t B = table->batch_size, hkv = problem->num_kv_heads;
     plan->slots = pp.slots;
@@ -1076,8 +1087,8 @@ pkv_status pkv_plan_route_terms(const pkv_problem *problem, const pkv_page_table
         windowed.seq_lens = wl;
     }
     plan_params pp;
-    resolve_params(opts, opts->parallelism, default_per_unit, default_per_unit, default_per_unit, problem, &windowed,
-                   &pp);
+    resolve_params(opts, opts->parallelism, default_per_unit, default_per_unit, default_per_unit, false, problem,
+                   &windowed, &pp);
     double t[TC_COUNT][PKV_COST_TERMS];
     candidate_terms(&pp, problem, windowed.seq_lens, table->batch_size, -1, t);
     free(wl);
