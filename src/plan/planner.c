@@ -22,8 +22,9 @@
  *              rule of auto_rule (single for even batches that fill a wave, the work queue for
  *              ragged ones that do and for one long row, fused otherwise).
  *   P grows to 4 waves of resident tasks for ragged batches of >= 128 (row, KV head) pairs, and
- *   for even batches of more (row, KV head) pairs than one wave, to the waves that fill best when each pair is split 1..4 ways
- *   (resolve_params).
+ *   for even batches of more (row, KV head) pairs than one wave, to the waves that fill best when each pair is split 1..4 ways,
+ *   and to one wave of every resident CTA where the backend gathers the pages row by row under a kernel of 4 resident
+ *   CTAs per unit (CUDA: d = 64 at pages of 1-4 tokens) (resolve_params).
  */
 #include "internal.h"
 
