@@ -2,7 +2,8 @@
 # gpu_check.sh OUT_DIR [--quick] - the GPU check, end to end on a bare machine with a GPU and the
 # CUDA toolkit: build, GPU tests (every route against the float64 CPU reference, outputs poisoned),
 # compute-sanitizer (memcheck, racecheck, initcheck, synccheck: scripts/gpu_sanitize.sh) on a reduced
-# set, then the benchmark (anchor steps, trace families, the anchors as graph-stable plans).  Full logs
+# set, then the benchmark (anchor steps, trace families, Gemma-2's local layers, d = 64 on pages of 1 token, the
+# anchors as graph-stable plans).  Full logs
 # and JSON go to OUT_DIR; a short table is printed last.
 #   --quick   fewer random cases, fewer timing repetitions, anchors only (a smoke run)
 #   --tests-only / --bench-only   one half: build, tests, portability and sanitizers; or build and the
@@ -124,6 +125,9 @@ if [ $bench = 1 ]; then
     say "benchmark: anchor steps, d256 shape with Gemma-2's soft cap 50 and 4096-token window (local layers)"
     "$build/pkv" bench --backend cuda --shape d256 --soft-cap 50 --window 4096 --anchor all --reps 50 --wall-reps 5 \
       --quiet --json "$out/anchors_gemma2_local.json" >"$out/anchors_gemma2_local.md" 2>>"$log/bench.log" || status=1
+    say "benchmark: anchor steps, d = 64 (32:8:64) on pages of 1 token (gathered row by row; v18's wave)"
+    "$build/pkv" bench --backend cuda --shape 32:8:64 --page-size 1 --anchor all --reps 50 --wall-reps 5 \
+      --quiet --json "$out/anchors_d64_page1.json" >"$out/anchors_d64_page1.md" 2>>"$log/bench.log" || status=1
     say "benchmark: anchor steps as graph-stable plans (work queue, capacity = batch rounded up to a power of two)"
     "$build/pkv" bench --backend cuda --anchor all --route workqueue --graph-max-batch pow2 --reps 50 --wall-reps 5 \
       --quiet --json "$out/anchors_graph_stable.json" >"$out/anchors_graph_stable.md" 2>>"$log/bench.log" || status=1

@@ -90,9 +90,9 @@ def traces_table(paths):
     return out, merged
 
 
-def score_options_line(path):
-    """One line for the capped, windowed anchors: the best route's fraction of the ceiling and the worst
-    error over every route."""
+def best_route_line(path, title):
+    """One line for a run of the anchors in another shape or setting (Gemma-2's local layers; d = 64 on pages
+    of 1 token): the best route's fraction of the ceiling and the worst error over every route."""
     doc = json.load(open(path))
     best = {}
     for r in doc["rows"]:
@@ -102,8 +102,8 @@ def score_options_line(path):
     errs = [r["rel_err"] for r in doc["rows"] if r.get("rel_err") is not None]
     unwritten = sum(r.get("unwritten_outputs") or 0 for r in doc["rows"])
     if not fr:
-        return ["", "Gemma-2 local layers (d256, cap 50, window 4096): no rows"]
-    return ["", f"Gemma-2 local layers (d256, soft cap 50, window 4096), {len(best)} anchors: best route's fraction "
+        return ["", f"{title}: no rows"]
+    return ["", f"{title}, {len(best)} anchors: best route's fraction "
                 f"of the read ceiling min {fr[0]:.3f}, median {fr[len(fr) // 2]:.3f}, max {fr[-1]:.3f}; worst rel err "
                 f"{max(errs) if errs else float('nan'):.1e} over {len(errs)} runs; unwritten outputs {unwritten}"]
 
@@ -139,7 +139,10 @@ def main():
         lines += anchors_table(a)
     g = os.path.join(out_dir, "anchors_gemma2_local.json")
     if os.path.exists(g):
-        lines += score_options_line(g)
+        lines += best_route_line(g, "Gemma-2 local layers (d256, soft cap 50, window 4096)")
+    d64 = os.path.join(out_dir, "anchors_d64_page1.json")
+    if os.path.exists(d64):
+        lines += best_route_line(d64, "d = 64 (32:8:64) on pages of 1 token")
     gs = os.path.join(out_dir, "anchors_graph_stable.json")
     if os.path.exists(a) and os.path.exists(gs):
         lines += graph_stable_line(a, gs)
