@@ -955,16 +955,7 @@ int cmd_bench(int argc, char **argv) {
 
     pkv_context_config cc;
     pkv_context_config_default(&cc);
-    const char *be = cli_opt(argc, argv, "--backend");
-    if (be && strcmp(be, "cpu") == 0)
-        cc.backend = PKV_BACKEND_CPU;
-    else if (be && strcmp(be, "cuda") == 0)
-        cc.backend = PKV_BACKEND_CUDA;
-    else if (be && strcmp(be, "best") != 0) {
-        fprintf(stderr, "pkv bench: unknown backend '%s'\n", be);
-        return 2;
-    }
-    cc.num_threads = cli_opt_range(argc, argv, "--threads", 0, 0, 1024);
+    if (!cli_context_config(argc, argv, "bench", &cc)) return 2;
     cc.pdl = cli_opt_range(argc, argv, "--pdl", 1, 0, 1);
     o.pdl = cc.pdl;
     if (pkv_context_create(&cc, &o.ctx) != PKV_OK) {

@@ -27,13 +27,7 @@ int cmd_check(int argc, char **argv) {
     if (!cli_check_options(argc, argv, known, "check")) return 2;
     pkv_context_config cc;
     pkv_context_config_default(&cc);
-    const char *be = cli_opt(argc, argv, "--backend");
-    if (be && strcmp(be, "cpu") != 0 && strcmp(be, "cuda") != 0 && strcmp(be, "best") != 0) {
-        fprintf(stderr, "pkv check: unknown backend '%s' (best, cpu or cuda)\n", be);
-        return 2;
-    }
-    if (be) cc.backend = strcmp(be, "cpu") == 0 ? PKV_BACKEND_CPU : strcmp(be, "cuda") == 0 ? PKV_BACKEND_CUDA : PKV_BACKEND_BEST;
-    cc.num_threads = cli_opt_range(argc, argv, "--threads", 0, 0, 1024);
+    if (!cli_context_config(argc, argv, "check", &cc)) return 2;
     const int count = cli_opt_range(argc, argv, "--count", 50, 1, 10000000);
     const int32_t max_len = cli_opt_range(argc, argv, "--max-len", 3000, 1, 1 << 22);
     pkv_context *ctx = NULL;

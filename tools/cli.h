@@ -42,6 +42,9 @@ int64_t cli_opt_int(int argc, char **argv, const char *name, int64_t def);
 /* An int32 option that must lie in [lo, hi] (else a message and exit 2). */
 int32_t cli_opt_range(int argc, char **argv, const char *name, int64_t def, int64_t lo, int64_t hi);
 double cli_opt_double(int argc, char **argv, const char *name, double def);
+/* The context options of the commands that make one: --backend (best, cpu or cuda) and --threads into cc;
+ * false (with a message naming cmd) for an unknown backend. */
+bool cli_context_config(int argc, char **argv, const char *cmd, pkv_context_config *cc);
 
 /* A trace config from --<family_option> NAME, --seed, --batch (then 3 x B requests), --requests and
  * --page-size; prints the error and returns false on an unknown family. */

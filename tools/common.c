@@ -178,6 +178,22 @@ int32_t cli_opt_range(int argc, char **argv, const char *name, int64_t def, int6
     return (int32_t)x;
 }
 
+bool cli_context_config(int argc, char **argv, const char *cmd, pkv_context_config *cc) {
+    const char *be = cli_opt(argc, argv, "--backend");
+    if (be && strcmp(be, "cpu") == 0)
+        cc->backend = PKV_BACKEND_CPU;
+    else if (be && strcmp(be, "cuda") == 0)
+        cc->backend = PKV_BACKEND_CUDA;
+    else if (be && strcmp(be, "best") == 0)
+        cc->backend = PKV_BACKEND_BEST;
+    else if (be) {
+        fprintf(stderr, "pkv %s: unknown backend '%s' (best, cpu or cuda)\n", cmd, be);
+        return false;
+    }
+    cc->num_threads = cli_opt_range(argc, argv, "--threads", 0, 0, 1024);
+    return true;
+}
+
 double cli_opt_double(int argc, char **argv, const char *name, double def) {
     const char *v = cli_opt(argc, argv, name);
     if (!v) return def;

@@ -309,14 +309,16 @@ def as_float(x, name, finite=True):
 def set_score_options(prob, sm_scale, logits_soft_cap, window_left):
     """A Problem's score options: sm_scale (None: 1 / sqrt(head_dim); else > 0), logits_soft_cap (None or
     0: none) and FlashInfer's window_left (-1 or None: no window; w >= 0: the last w + 1 tokens)."""
-    if window_left is not None and not -1 <= as_int(window_left, "window_left") < 2**31 - 1:
+    w = -1 if window_left is None else as_int(window_left, "window_left")
+    if not -1 <= w < 2**31 - 1:
         raise ValueError(f"window_left must be -1 (no window) or in [0, 2^31 - 1), got {window_left}")
-    if sm_scale is not None and not as_float(sm_scale, "sm_scale", finite=False) > 0.0:
+    scale = 0.0 if sm_scale is None else as_float(sm_scale, "sm_scale", finite=False)
+    if sm_scale is not None and not scale > 0.0:
         raise ValueError(f"sm_scale must be > 0 (None: 1 / sqrt(head_dim)), got {sm_scale}")
-    prob.sm_scale = float(sm_scale) if sm_scale is not None else 0.0
+    prob.sm_scale = scale
     prob.logits_soft_cap = (as_float(logits_soft_cap, "logits_soft_cap", finite=False)
                             if logits_soft_cap is not None else 0.0)
-    prob.window = 0 if window_left is None or int(window_left) < 0 else int(window_left) + 1
+    prob.window = 0 if w < 0 else w + 1
 
 
 def status_string(status):
