@@ -7,6 +7,7 @@
  * error against the float64 reference on sampled rows.  Markdown table on stdout, JSON on request. */
 #define _POSIX_C_SOURCE 200809L
 #include "cli.h"
+#include "internal.h" /* the plan options' bounds (PKV_MAX_PER_UNIT, ...) */
 #include "pkv_dev.h"
 
 #include <math.h>
@@ -1031,11 +1032,11 @@ int cmd_bench(int argc, char **argv) {
     o.behind = cli_flag(argc, argv, "--behind-producer");
     if (o.behind && !o.cuda)
         fprintf(stderr, "pkv bench: --behind-producer times CUDA launches; ignored on the CPU backend\n");
-    o.ctas_per_unit = cli_opt_range(argc, argv, "--ctas-per-unit", 0, 0, 1024);
+    o.ctas_per_unit = cli_opt_range(argc, argv, "--ctas-per-unit", 0, 0, PKV_MAX_PER_UNIT);
     o.min_chunk = cli_opt_range(argc, argv, "--min-chunk", 0, 0, 1 << 30);
-    o.parallelism = cli_opt_range(argc, argv, "--parallelism", 0, 0, 1 << 16);
+    o.parallelism = cli_opt_range(argc, argv, "--parallelism", 0, 0, PKV_MAX_PARALLELISM);
     const char *gmb = cli_opt(argc, argv, "--graph-max-batch");
-    o.graph_max_batch = gmb && strcmp(gmb, "pow2") == 0 ? -1 : cli_opt_range(argc, argv, "--graph-max-batch", 0, 0, 1 << 20);
+    o.graph_max_batch = gmb && strcmp(gmb, "pow2") == 0 ? -1 : cli_opt_range(argc, argv, "--graph-max-batch", 0, 0, PKV_MAX_BATCH);
     o.graph_tasks = cli_opt_range(argc, argv, "--graph-tasks", 0, 0, INT32_MAX / 2);
     o.per_step = cli_flag(argc, argv, "--per-step");
     o.quiet = cli_flag(argc, argv, "--quiet");

@@ -547,7 +547,7 @@ int cmd_calibrate(int argc, char **argv) {
     const char *eval = cli_opt(argc, argv, "--evaluate");
     const bool replay = cli_flag(argc, argv, "--replay-auto");
     const char *policy = cli_opt(argc, argv, "--policy");
-    int32_t par = cli_opt_range(argc, argv, "--parallelism", 0, 0, 1 << 16);
+    int32_t par = cli_opt_range(argc, argv, "--parallelism", 0, 0, PKV_MAX_PARALLELISM);
     if (!from && !eval && !policy) { /* live */
         const char *be = cli_opt(argc, argv, "--backend");
         const char *reps = cli_opt(argc, argv, "--reps");
