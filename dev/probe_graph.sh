@@ -12,6 +12,7 @@
 # ARGS more pkv bench arguments (comma-separated; - for none); variants named plain* run plain plans, the
 # one named plain is the ratios' base.  TESTS=quick: instead of the tests above, test_cuda (20 random
 # cases) once under each variant's environment, side by side, no sanitizers.
+# BENCH_ARGS: more pkv bench arguments for every variant (space-separated; e.g. "--shape 32:8:64 --page-size 1").
 # Default: plain, the claim by SM, and without it.  The grids of dfe7155's probe, for instance:
 # VARIANTS="plain:-:- graph1:-:- graph2:-:--graph-tasks,792 graph4:-:--graph-tasks,1584"
 set -u
@@ -65,6 +66,7 @@ for k in $(seq 1 "$rounds"); do
     case $name in plain*) extra=$args ;; esac
     check="--no-check"; [ "$k" = 1 ] && [ "$name" != plain ] && check=""
     env $envv "$a/pkv" bench --backend cuda --anchor all --route workqueue --reps 50 --warmup 5 --wall-reps 5 $check $extra \
+      ${BENCH_ARGS:-} \
       --json "$r/${name}_$k.json" --quiet >"$r/${name}_$k.log" 2>&1 || echo "$name round $k: rc=$?"
   done
   echo "round $k done: $(( $(date +%s) - t0 )) s"
