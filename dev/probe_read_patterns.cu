@@ -29,6 +29,9 @@
 #include <cstdlib>
 #include <numeric>
 #include <random>
+#include <string>
+#include <cmath>
+#include <cuda_fp16.h>
 #include <vector>
 
 #include "probe_check.cuh"
@@ -42,6 +45,7 @@ constexpr int kWarps = 4;
 using pkv::ldg_nc_v4; // the library's 16-byte load (L1 bypassed), the one the decode kernels issue
 
 __global__ void stream_kernel(const uint4 *src, int64_t n, uint32_t *sink) {
+    pkv::pdl_launch_dependents(); // a no-op without a programmatic dependent (the bound section's merge)
     uint32_t x = 0;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
@@ -61,6 +65,7 @@ __global__ void stream_kernel(const uint4 *src, int64_t n, uint32_t *sink) {
 
 // a warp per whole page (K or V), 8 loads in flight per lane
 __global__ void page_kernel(const int32_t *ids, int64_t npages, const uint4 *k, const uint4 *v, uint32_t *sink) {
+    pkv::pdl_launch_dependents();
     uint32_t x = 0;
     const int lane = threadIdx.x & 31;
     const int64_t warps = (int64_t)gridDim.x * (blockDim.x >> 5);
@@ -160,6 +165,7 @@ template <int S>
 __global__ void __launch_bounds__(128) head_cp_kernel(const int32_t *ids, int pages_per_row, int splits,
                                                      const uint4 *k, const uint4 *v, uint32_t *sink) {
     extern __shared__ __align__(128) unsigned char sm[];
+    pkv::pdl_launch_dependents();
     const cta_pages cp(ids, pages_per_row, splits);
     const int head = cp.head, p0 = cp.p0, p1 = cp.p1;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -279,11 +285,217 @@ struct timer {
     }
 };
 
-int main() {
+
+// ---- the bound section (argument "bound"): the fastest split decode of B1_N32768 conceivable -------------
+// A split decode of one row is a grid that reads the row's K and V, then a merge of the splits' partial
+// states that cannot start before that grid has completed.  Here the read is a kernel with no attention
+// math at all (a contiguous stream of the same bytes; the pages floor's warp per page; the decode's own
+// mapping by cp.async, 2 per SM), and the merge the cheapest dependent one: the library's per-head
+// merge launched as a programmatic dependent (PDL) of the read, one CTA per (KV head, query head)
+// loading its 33 states of the paper shape in one batch and combining them - what pkv's split route
+// does after its decode.  Timed as pkv bench times a step: runs queued behind a spin, CUDA events
+// around each, each run on a different row of pages (a different 134 MB of the stream buffer), so L2
+// does not help; median of 200.
+
+constexpr int kStates = 33; // the split route's splits of B1_N32768 (264 CTAs = 8 KV heads x 33)
+constexpr int kMergeGroups = 4, kPerGroup = (kStates + kMergeGroups - 1) / kMergeGroups;
+
+// CTA m = (KV head, query head) of 8 x 4; thread (group, float4 column of d 128)
+__global__ void __launch_bounds__(128) merge_standin_kernel(const float4 *state_o, const float *state_lse,
+                                                            __half *o) {
+    pkv::pdl_wait();
+    __shared__ float4 acc_s[kMergeGroups][32];
+    __shared__ float mx_s[kMergeGroups], sum_s[kMergeGroups];
+    const int m = blockIdx.x, grp = threadIdx.x >> 5, col = threadIdx.x & 31;
+    float4 st[kPerGroup];
+    float l[kPerGroup];
+#pragma unroll
+    for (int i = 0; i < kPerGroup; i++) { // every load of the batch issued before any use
+        const int j = grp + kMergeGroups * i;
+        st[i] = j < kStates ? state_o[((size_t)m * kStates + j) * 32 + col] : make_float4(0, 0, 0, 0);
+        l[i] = j < kStates ? state_lse[m * kStates + j] : -INFINITY;
+    }
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kPerGroup; i++) mx = fmaxf(mx, l[i]);
+    float sum = 0;
+    float4 acc = make_float4(0, 0, 0, 0);
+#pragma unroll
+    for (int i = 0; i < kPerGroup; i++) {
+        const float w = l[i] == -INFINITY ? 0.f : exp2f(l[i] - mx);
+        sum += w;
+        acc.x += w * st[i].x, acc.y += w * st[i].y, acc.z += w * st[i].z, acc.w += w * st[i].w;
+    }
+    acc_s[grp][col] = acc;
+    if (col == 0) mx_s[grp] = mx, sum_s[grp] = sum;
+    __syncthreads();
+    if (grp != 0) return;
+    float gm = -INFINITY;
+    for (int g = 0; g < kMergeGroups; g++) gm = fmaxf(gm, mx_s[g]);
+    float tot = 0;
+    float4 r = make_float4(0, 0, 0, 0);
+    for (int g = 0; g < kMergeGroups; g++) {
+        const float w = exp2f(mx_s[g] - gm);
+        tot += w * sum_s[g];
+        const float4 a = acc_s[g][col];
+        r.x += w * a.x, r.y += w * a.y, r.z += w * a.z, r.w += w * a.w;
+    }
+    const float inv = 1.f / tot;
+    __half2 *out = reinterpret_cast<__half2 *>(o + (size_t)m * 128 + col * 4);
+    out[0] = __floats2half2_rn(r.x * inv, r.y * inv);
+    out[1] = __floats2half2_rn(r.z * inv, r.w * inv);
+}
+
+__global__ void spin_ns_kernel(int64_t ns) {
+    uint64_t t0, t1;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
+    while ((int64_t)(t1 - t0) < ns);
+}
+
+// median over reps of run(r) timed as pkv bench times a step (devtools.cu time_runs)
+template <typename F> double queued_median_us(cudaStream_t s, F run, int reps = 200) {
+    std::vector<cudaEvent_t> ev(2 * reps);
+    for (auto &e : ev) CK(cudaEventCreate(&e));
+    for (int r = 0; r < 4; r++) run(r);
+    CK(cudaStreamSynchronize(s));
+    for (int r = 0; r < reps; r++) {
+        if (r % 16 == 0) spin_ns_kernel<<<1, 1, 0, s>>>(120000);
+        CK(cudaEventRecord(ev[2 * r], s));
+        run(r);
+        CK(cudaEventRecord(ev[2 * r + 1], s));
+    }
+    CK(cudaGetLastError());
+    CK(cudaStreamSynchronize(s));
+    std::vector<double> v;
+    for (int r = 0; r < reps; r++) {
+        float ms = 0;
+        CK(cudaEventElapsedTime(&ms, ev[2 * r], ev[2 * r + 1]));
+        v.push_back(ms * 1e3);
+    }
+    for (auto &e : ev) CK(cudaEventDestroy(e));
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+}
+
+int bound_main(int sms, const cudaDeviceProp &prop) {
+    const int64_t pool_pages = (int64_t)1 << 19; // 16 GiB per pool, as above
+    const size_t pool_bytes = (size_t)pool_pages * kPageBytes;
+    char *k = nullptr, *v = nullptr, *buf = nullptr;
+    CK(cudaMalloc(&k, pool_bytes));
+    CK(cudaMalloc(&v, pool_bytes));
+    CK(cudaMemset(k, 0x3c, pool_bytes));
+    CK(cudaMemset(v, 0x5a, pool_bytes));
+    const size_t stream_bytes = (size_t)4 << 30;
+    CK(cudaMalloc(&buf, stream_bytes));
+    CK(cudaMemset(buf, 0x11, stream_bytes));
+    uint32_t *sink = nullptr;
+    CK(cudaMalloc(&sink, 4));
+    const int pages_per_row = 2048, rows = 64;
+    std::mt19937_64 rng(20261203);
+    std::vector<int32_t> perm(pool_pages);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    int32_t *ids = nullptr;
+    CK(cudaMalloc(&ids, (size_t)rows * pages_per_row * sizeof(int32_t)));
+    CK(cudaMemcpy(ids, perm.data(), (size_t)rows * pages_per_row * sizeof(int32_t), cudaMemcpyHostToDevice));
+    // the merge's inputs: 32 (KV head, query head) x 33 states, random values, finite lse
+    const int merges = kHeads * 4;
+    std::vector<float> h_o((size_t)merges * kStates * 128), h_l((size_t)merges * kStates);
+    std::uniform_real_distribution<float> u(-1.f, 1.f);
+    for (auto &x : h_o) x = u(rng);
+    for (auto &x : h_l) x = 10.f + u(rng);
+    float *d_o = nullptr, *d_l = nullptr;
+    __half *out = nullptr;
+    CK(cudaMalloc(&d_o, h_o.size() * sizeof(float)));
+    CK(cudaMalloc(&d_l, h_l.size() * sizeof(float)));
+    CK(cudaMalloc(&out, (size_t)merges * 128 * sizeof(__half)));
+    CK(cudaMemcpy(d_o, h_o.data(), h_o.size() * sizeof(float), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_l, h_l.data(), h_l.size() * sizeof(float), cudaMemcpyHostToDevice));
+    cudaStream_t s;
+    CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    cudaLaunchAttribute pdl[1];
+    pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    pdl[0].val.programmaticStreamSerializationAllowed = 1;
+    auto merge = [&] {
+        cudaLaunchConfig_t cfg = {};
+        cfg.gridDim = dim3(merges);
+        cfg.blockDim = dim3(128);
+        cfg.stream = s;
+        cfg.attrs = pdl;
+        cfg.numAttrs = 1;
+        CK(cudaLaunchKernelEx(&cfg, merge_standin_kernel, (const float4 *)d_o, (const float *)d_l, out));
+    };
+    // the read ceiling as pkv measures it: 4 GiB streaming, best of 3 grids
+    double ceiling = 0;
+    for (int g = 2; g <= 8; g *= 2)
+        ceiling = std::max(ceiling, stream_bytes / (queued_median_us(s, [&](int) {
+                                                       stream_kernel<<<sms * g, 512, 0, s>>>((const uint4 *)buf,
+                                                                                              stream_bytes / 16, sink);
+                                                   }, 20) * 1e3));
+    const int64_t npages = pages_per_row;
+    const double bytes = 2.0 * npages * kPageBytes;
+    const int64_t nvec = (int64_t)(bytes / 16), slots = (int64_t)(stream_bytes / 16) / nvec;
+    printf("# dev/probe_read_patterns.cu bound on %s (%d SMs): B1_N32768 of the paper shape, %.1f MB of K and V\n",
+           prop.name, sms, bytes / 1e6);
+    printf("read ceiling (4 GiB streaming, best of 3 grids, timed as a step): %.0f GB/s; 0.80 of it is %.1f us\n",
+           ceiling, bytes / (0.8 * ceiling * 1e3));
+    printf("| read | grid | read alone us | of ceiling | read + dependent merge us | of ceiling | merge tail us |\n");
+    printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    auto row = [&](const char *name, int grid, auto read) {
+        const double a = queued_median_us(s, [&](int r) { read(r); });
+        const double b = queued_median_us(s, [&](int r) {
+            read(r);
+            merge();
+        });
+        printf("| %s | %d | %.1f | %.3f | %.1f | %.3f | %.1f |\n", name, grid, a, bytes / (a * 1e3) / ceiling, b,
+               bytes / (b * 1e3) / ceiling, b - a);
+        fflush(stdout);
+    };
+    for (int g = 2; g <= 8; g *= 2)
+        row("stream of the same bytes (contiguous)", sms * g, [&](int r) {
+            stream_kernel<<<sms * g, 512, 0, s>>>((const uint4 *)buf + (r % slots) * nvec, nvec, sink);
+        });
+    for (int g = 2; g <= 8; g *= 2)
+        row("pages: a warp per 32 KiB page (pkv's pages floor)", sms * g, [&](int r) {
+            page_kernel<<<sms * g, 256, 0, s>>>(ids + (size_t)(r % rows) * pages_per_row, npages, (const uint4 *)k,
+                                                (const uint4 *)v, sink);
+        });
+    {
+        const int splits = kStates, grid = kHeads * splits, smem = 2 * 8192 * kWarps;
+        CK(cudaFuncSetAttribute(head_cp_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        row("the decode's mapping by cp.async, 2 stages (2/SM), no math", grid, [&](int r) {
+            head_cp_kernel<2><<<grid, 128, smem, s>>>(ids + (size_t)(r % rows) * pages_per_row, pages_per_row, splits,
+                                                       (const uint4 *)k, (const uint4 *)v, sink);
+        });
+    }
+    // the merge checked against the host (a wrong stand-in would time the wrong thing)
+    merge();
+    CK(cudaStreamSynchronize(s));
+    std::vector<__half> h_out((size_t)merges * 128);
+    CK(cudaMemcpy(h_out.data(), out, h_out.size() * sizeof(__half), cudaMemcpyDeviceToHost));
+    double worst = 0;
+    for (int m = 0; m < merges; m++)
+        for (int c = 0; c < 128; c++) {
+            double mx = -1e30, tot = 0, acc = 0;
+            for (int j = 0; j < kStates; j++) mx = std::max(mx, (double)h_l[m * kStates + j]);
+            for (int j = 0; j < kStates; j++) {
+                const double w = exp2(h_l[m * kStates + j] - mx);
+                tot += w;
+                acc += w * h_o[((size_t)m * kStates + j) * 128 + c];
+            }
+            worst = std::max(worst, fabs(acc / tot - (double)__half2float(h_out[(size_t)m * 128 + c])));
+        }
+    printf("merge stand-in vs float64 host: max abs err %.2e (%s)\n", worst, worst < 2e-3 ? "ok" : "WRONG");
+    return worst < 2e-3 ? 0 : 1;
+}
+
+int main(int argc, char **argv) {
     int sms = 0;
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
+    if (argc > 1 && std::string(argv[1]) == "bound") return bound_main(sms, prop);
     const int64_t pool_pages = (int64_t)1 << 19; // 16 GiB per pool
     char *k = nullptr, *v = nullptr, *buf = nullptr;
     const size_t pool_bytes = (size_t)pool_pages * kPageBytes;
