@@ -286,6 +286,33 @@ struct timer {
 };
 
 
+// The probes' buffers: K and V pools of 16 GiB each (pages of 32 KiB, filled), a 4 GiB stream buffer, a
+// sink, and kRows rows of kPagesPerRow page ids drawn without repetition from a seeded permutation.
+struct probe_buffers {
+    static constexpr int64_t kPoolPages = (int64_t)1 << 19;
+    static constexpr int kPagesPerRow = 2048, kRows = 64;
+    const size_t pool_bytes = (size_t)kPoolPages * kPageBytes, stream_bytes = (size_t)4 << 30;
+    char *k = nullptr, *v = nullptr, *buf = nullptr;
+    uint32_t *sink = nullptr;
+    int32_t *ids = nullptr;
+    probe_buffers() {
+        CK(cudaMalloc(&k, pool_bytes));
+        CK(cudaMalloc(&v, pool_bytes));
+        CK(cudaMemset(k, 0x3c, pool_bytes));
+        CK(cudaMemset(v, 0x5a, pool_bytes));
+        CK(cudaMalloc(&buf, stream_bytes));
+        CK(cudaMemset(buf, 0x11, stream_bytes));
+        CK(cudaMalloc(&sink, 4));
+        std::mt19937_64 rng(20261129);
+        std::vector<int32_t> perm(kPoolPages);
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        const size_t n = (size_t)kRows * kPagesPerRow;
+        CK(cudaMalloc(&ids, n * sizeof(int32_t)));
+        CK(cudaMemcpy(ids, perm.data(), n * sizeof(int32_t), cudaMemcpyHostToDevice));
+    }
+};
+
 // ---- the bound section (argument "bound"): the fastest split decode of B1_N32768 conceivable -------------
 // A split decode of one row is a grid that reads the row's K and V, then a merge of the splits' partial
 // states that cannot start before that grid has completed.  Here the read is a kernel with no attention
@@ -379,26 +406,13 @@ template <typename F> double queued_median_us(cudaStream_t s, F run, int reps = 
 }
 
 int bound_main(int sms, const cudaDeviceProp &prop) {
-    const int64_t pool_pages = (int64_t)1 << 19; // 16 GiB per pool, as above
-    const size_t pool_bytes = (size_t)pool_pages * kPageBytes;
-    char *k = nullptr, *v = nullptr, *buf = nullptr;
-    CK(cudaMalloc(&k, pool_bytes));
-    CK(cudaMalloc(&v, pool_bytes));
-    CK(cudaMemset(k, 0x3c, pool_bytes));
-    CK(cudaMemset(v, 0x5a, pool_bytes));
-    const size_t stream_bytes = (size_t)4 << 30;
-    CK(cudaMalloc(&buf, stream_bytes));
-    CK(cudaMemset(buf, 0x11, stream_bytes));
-    uint32_t *sink = nullptr;
-    CK(cudaMalloc(&sink, 4));
-    const int pages_per_row = 2048, rows = 64;
+    const probe_buffers pb;
+    char *k = pb.k, *v = pb.v, *buf = pb.buf;
+    uint32_t *sink = pb.sink;
+    const int32_t *ids = pb.ids;
+    const size_t stream_bytes = pb.stream_bytes;
+    const int pages_per_row = probe_buffers::kPagesPerRow, rows = probe_buffers::kRows;
     std::mt19937_64 rng(20261203);
-    std::vector<int32_t> perm(pool_pages);
-    std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), rng);
-    int32_t *ids = nullptr;
-    CK(cudaMalloc(&ids, (size_t)rows * pages_per_row * sizeof(int32_t)));
-    CK(cudaMemcpy(ids, perm.data(), (size_t)rows * pages_per_row * sizeof(int32_t), cudaMemcpyHostToDevice));
     // the merge's inputs: 32 (KV head, query head) x 33 states, random values, finite lse
     const int merges = kHeads * 4;
     std::vector<float> h_o((size_t)merges * kStates * 128), h_l((size_t)merges * kStates);
@@ -496,26 +510,12 @@ int main(int argc, char **argv) {
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     if (argc > 1 && std::string(argv[1]) == "bound") return bound_main(sms, prop);
-    const int64_t pool_pages = (int64_t)1 << 19; // 16 GiB per pool
-    char *k = nullptr, *v = nullptr, *buf = nullptr;
-    const size_t pool_bytes = (size_t)pool_pages * kPageBytes;
-    CK(cudaMalloc(&k, pool_bytes));
-    CK(cudaMalloc(&v, pool_bytes));
-    CK(cudaMemset(k, 0x3c, pool_bytes));
-    CK(cudaMemset(v, 0x5a, pool_bytes));
-    const size_t stream_bytes = (size_t)4 << 30;
-    CK(cudaMalloc(&buf, stream_bytes));
-    CK(cudaMemset(buf, 0x11, stream_bytes));
-    uint32_t *sink = nullptr;
-    CK(cudaMalloc(&sink, 4));
-    const int pages_per_row = 2048;
-    std::mt19937_64 rng(20261129);
-    std::vector<int32_t> perm(pool_pages);
-    std::iota(perm.begin(), perm.end(), 0);
-    std::shuffle(perm.begin(), perm.end(), rng);
-    int32_t *ids = nullptr;
-    CK(cudaMalloc(&ids, 64 * pages_per_row * sizeof(int32_t)));
-    CK(cudaMemcpy(ids, perm.data(), 64 * pages_per_row * sizeof(int32_t), cudaMemcpyHostToDevice));
+    const probe_buffers pb;
+    char *k = pb.k, *v = pb.v, *buf = pb.buf;
+    uint32_t *sink = pb.sink;
+    const int32_t *ids = pb.ids;
+    const size_t pool_bytes = pb.pool_bytes, stream_bytes = pb.stream_bytes;
+    const int pages_per_row = probe_buffers::kPagesPerRow;
     timer tm;
     printf("# dev/probe_read_patterns.cu on %s (%d SMs), pools 2 x %.0f GiB, pages of 32 KiB (NHD, Hkv 8, d 128)\n",
            prop.name, sms, pool_bytes / 1073741824.0);
