@@ -158,12 +158,24 @@ __device__ __forceinline__ uint32_t smem_addr(const void *p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// arrive (the bound section; NULL elsewhere): at its end the CTA counts itself on its KV head's word
+// (release), as the fused route's decode CTAs do
+__device__ __forceinline__ void count_arrival(int *arrive, int head) {
+    if (!arrive) return;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(arrive + head, 1);
+    }
+}
+
 // The same mapping with cp.async (16 bytes per instruction, L2 only) into S shared-memory stages of
 // 8 KiB per warp: lane l copies vectors l + 32 u of the tile's K and V (as head-ldg); one commit group
 // per tile; the warp waits for the oldest group, then refills its stage.  Nothing reads the stages.
+// arrive: see count_arrival.
 template <int S>
 __global__ void __launch_bounds__(128) head_cp_kernel(const int32_t *ids, int pages_per_row, int splits,
-                                                     const uint4 *k, const uint4 *v, uint32_t *sink) {
+                                                     const uint4 *k, const uint4 *v, uint32_t *sink, int *arrive) {
     extern __shared__ __align__(128) unsigned char sm[];
     pkv::pdl_launch_dependents();
     const cta_pages cp(ids, pages_per_row, splits);
@@ -199,6 +211,7 @@ __global__ void __launch_bounds__(128) head_cp_kernel(const int32_t *ids, int pa
     }
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     if (ntiles < 0) *sink = 1;
+    count_arrival(arrive, head);
 }
 
 // The same mapping with bulk copies: lane l copies the 256-byte head vector of token l (K, l < 16)
@@ -207,7 +220,7 @@ __global__ void __launch_bounds__(128) head_cp_kernel(const int32_t *ids, int pa
 // measures the copy rate alone).
 template <int S>
 __global__ void __launch_bounds__(128) head_bulk_kernel(const int32_t *ids, int pages_per_row, int splits,
-                                                       const char *k, const char *v, uint32_t *sink) {
+                                                       const char *k, const char *v, uint32_t *sink, int *arrive) {
     extern __shared__ __align__(128) unsigned char sm[];
     __shared__ __align__(8) uint64_t bars[kWarps][S];
     const cta_pages cp(ids, pages_per_row, splits);
@@ -257,6 +270,7 @@ __global__ void __launch_bounds__(128) head_bulk_kernel(const int32_t *ids, int 
         }
     }
     if (ntiles < 0) *sink = 1;
+    count_arrival(arrive, head);
 }
 
 struct timer {
@@ -328,9 +342,21 @@ constexpr int kStates = 33; // the split route's splits of B1_N32768 (264 CTAs =
 constexpr int kMergeGroups = 4, kPerGroup = (kStates + kMergeGroups - 1) / kMergeGroups;
 
 // CTA m = (KV head, query head) of 8 x 4; thread (group, float4 column of d 128)
+// arrive NULL: the merge waits for the read's grid to complete (griddepcontrol.wait, pkv's merge kernels);
+// otherwise it spins until its KV head's word counts every split (acquire): legal because a programmatic
+// dependent is launched only once every CTA of the grid before it has started (each triggers at its start)
 __global__ void __launch_bounds__(128) merge_standin_kernel(const float4 *state_o, const float *state_lse,
-                                                            __half *o) {
-    pkv::pdl_wait();
+                                                            __half *o, const int *arrive = nullptr) {
+    if (!arrive) {
+        pkv::pdl_wait();
+    } else {
+        if (threadIdx.x == 0) {
+            int n = 0;
+            do asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(n) : "l"(arrive + blockIdx.x / 4) : "memory");
+            while (n < kStates);
+        }
+        __syncthreads();
+    }
     __shared__ float4 acc_s[kMergeGroups][32];
     __shared__ float mx_s[kMergeGroups], sum_s[kMergeGroups];
     const int m = blockIdx.x, grp = threadIdx.x >> 5, col = threadIdx.x & 31;
@@ -431,14 +457,14 @@ int bound_main(int sms, const cudaDeviceProp &prop) {
     cudaLaunchAttribute pdl[1];
     pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
     pdl[0].val.programmaticStreamSerializationAllowed = 1;
-    auto merge = [&] {
+    auto merge = [&](const int *arrive) {
         cudaLaunchConfig_t cfg = {};
         cfg.gridDim = dim3(merges);
         cfg.blockDim = dim3(128);
         cfg.stream = s;
         cfg.attrs = pdl;
         cfg.numAttrs = 1;
-        CK(cudaLaunchKernelEx(&cfg, merge_standin_kernel, (const float4 *)d_o, (const float *)d_l, out));
+        CK(cudaLaunchKernelEx(&cfg, merge_standin_kernel, (const float4 *)d_o, (const float *)d_l, out, arrive));
     };
     // the read ceiling as pkv measures it: 4 GiB streaming, best of 3 grids
     double ceiling = 0;
@@ -460,7 +486,7 @@ int bound_main(int sms, const cudaDeviceProp &prop) {
         const double a = queued_median_us(s, [&](int r) { read(r); });
         const double b = queued_median_us(s, [&](int r) {
             read(r);
-            merge();
+            merge(nullptr);
         });
         printf("| %s | %d | %.1f | %.3f | %.1f | %.3f | %.1f |\n", name, grid, a, bytes / (a * 1e3) / ceiling, b,
                bytes / (b * 1e3) / ceiling, b - a);
@@ -480,11 +506,36 @@ int bound_main(int sms, const cudaDeviceProp &prop) {
         CK(cudaFuncSetAttribute(head_cp_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
         row("the decode's mapping by cp.async, 2 stages (2/SM), no math", grid, [&](int r) {
             head_cp_kernel<2><<<grid, 128, smem, s>>>(ids + (size_t)(r % rows) * pages_per_row, pages_per_row, splits,
-                                                       (const uint4 *)k, (const uint4 *)v, sink);
+                                                       (const uint4 *)k, (const uint4 *)v, sink, nullptr);
         });
     }
+    {
+        // the same with the merge signalled by the splits' arrivals instead of the grid's completion: a word
+        // per KV head and run (zeroed before each batch of runs, off the clock)
+        const int splits = kStates, grid = kHeads * splits, smem = 2 * 8192 * kWarps, slots = 512;
+        int *words = nullptr;
+        CK(cudaMalloc(&words, (size_t)slots * kHeads * sizeof(int)));
+        int next = 0;
+        auto read = [&](int r, int *arrive) {
+            head_cp_kernel<2><<<grid, 128, smem, s>>>(ids + (size_t)(r % rows) * pages_per_row, pages_per_row, splits,
+                                                       (const uint4 *)k, (const uint4 *)v, sink, arrive);
+        };
+        auto timed = [&](bool with_merge) {
+            CK(cudaMemsetAsync(words, 0, (size_t)slots * kHeads * sizeof(int), s));
+            next = 0;
+            return queued_median_us(s, [&](int r) {
+                int *w = words + (size_t)(next++ % slots) * kHeads;
+                read(r, w);
+                if (with_merge) merge(w);
+            });
+        };
+        const double a = timed(false), b = timed(true);
+        printf("| the decode's mapping, 2/SM, no math; arrivals counted, merge spins on them | %d | %.1f | %.3f | %.1f | %.3f | %.1f |\n",
+               grid, a, bytes / (a * 1e3) / ceiling, b, bytes / (b * 1e3) / ceiling, b - a);
+        CK(cudaFree(words));
+    }
     // the merge checked against the host (a wrong stand-in would time the wrong thing)
-    merge();
+    merge(nullptr);
     CK(cudaStreamSynchronize(s));
     std::vector<__half> h_out((size_t)merges * 128);
     CK(cudaMemcpy(h_out.data(), out, h_out.size() * sizeof(__half), cudaMemcpyDeviceToHost));
@@ -575,7 +626,7 @@ int main(int argc, char **argv) {
                 CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
                 char name[64];
                 snprintf(name, sizeof name, "%s S=%d (%d/SM)", pat, S, per_sm);
-                row(name, grid, tm.median_us([&] { kernel<<<grid, 128, smem>>>(ids, pages_per_row, splits, args..., sink); }));
+                row(name, grid, tm.median_us([&] { kernel<<<grid, 128, smem>>>(ids, pages_per_row, splits, args..., sink, nullptr); }));
             }
         };
         for (int per_sm : {1, 2, 3}) {
