@@ -501,14 +501,16 @@ int bound_main(int sms, const cudaDeviceProp &prop) {
             page_kernel<<<sms * g, 256, 0, s>>>(ids + (size_t)(r % rows) * pages_per_row, npages, (const uint4 *)k,
                                                 (const uint4 *)v, sink);
         });
-    {
-        const int splits = kStates, grid = kHeads * splits, smem = 2 * 8192 * kWarps;
-        CK(cudaFuncSetAttribute(head_cp_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-        row("the decode's mapping by cp.async, 2 stages (2/SM), no math", grid, [&](int r) {
-            head_cp_kernel<2><<<grid, 128, smem, s>>>(ids + (size_t)(r % rows) * pages_per_row, pages_per_row, splits,
-                                                       (const uint4 *)k, (const uint4 *)v, sink, nullptr);
+    auto head_cp_row = [&](const char *name, auto kernel, int stages) {
+        const int splits = kStates, grid = kHeads * splits, smem = stages * 8192 * kWarps;
+        CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        row(name, grid, [&](int r) {
+            kernel<<<grid, 128, smem, s>>>(ids + (size_t)(r % rows) * pages_per_row, pages_per_row, splits,
+                                           (const uint4 *)k, (const uint4 *)v, sink, nullptr);
         });
-    }
+    };
+    head_cp_row("the decode's mapping by cp.async, 2 stages (2/SM), no math", head_cp_kernel<2>, 2);
+    head_cp_row("the decode's mapping by cp.async, 3 stages (2/SM), no math", head_cp_kernel<3>, 3);
     {
         // the same with the merge signalled by the splits' arrivals instead of the grid's completion: a word
         // per KV head and run (zeroed before each batch of runs, off the clock)
