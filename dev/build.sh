@@ -63,3 +63,11 @@ dev_probe_finish() {
   cp "$r/summary.txt" "$out/summary.txt"
   tar -czf "$out/probe.tgz" -C "$r" .
 }
+# dev_nomath_variant FILE: writes FILE (relative to the root) as src/cuda/decode.cu with the tensor-copy
+# kernel's per-tile math (S^T, softmax, O^T) compiled out - the ring is filled and drained as before, the
+# outputs are garbage (time it with --no-check); fails when the edit did not apply.
+dev_nomath_variant() {
+  sed -e '/\/\/ ---- S^T = K Q^T (two accumulators per n-tile/i #if 0 // dev/probe_nomath.sh: no math' \
+    -e '/\/\/ ---- refill this stage with tile it + S/i #endif' "$dev_root/src/cuda/decode.cu" >"$dev_root/$1"
+  [ "$(grep -c "^#if 0 // dev/probe_nomath.sh" "$dev_root/$1")" = 1 ] || { echo "the variant's edit did not apply"; return 1; }
+}

@@ -9,11 +9,9 @@ set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?usage: dev/probe_b1_parts.sh OUT}
 mkdir -p "$out"
-variant=dev/decode_nomath.cu
-sed -e '/\/\/ ---- S^T = K Q^T (two accumulators per n-tile/i #if 0 // dev/probe_nomath.sh: no math' \
-  -e '/\/\/ ---- refill this stage with tile it + S/i #endif' "$root/src/cuda/decode.cu" >"$root/$variant"
-[ "$(grep -c "^#if 0 // dev/probe_nomath.sh" "$root/$variant")" = 1 ] || { echo "the variant's edit did not apply"; exit 1; }
 . "$root/dev/build.sh"
+variant=dev/decode_nomath.cu
+dev_nomath_variant "$variant" || exit 1
 r=$(mktemp -d); a=$root/build-gpu; b=$root/build-variant
 dev_build "$a" "$r/build.log" pkv -DBUILD_TESTING=OFF &
 dev_build "$b" "$r/build_variant.log" pkv -DBUILD_TESTING=OFF -DPKV_DECODE_SOURCE="$variant" &
