@@ -71,3 +71,9 @@ dev_nomath_variant() {
     -e '/\/\/ ---- refill this stage with tile it + S/i #endif' "$dev_root/src/cuda/decode.cu" >"$dev_root/$1"
   [ "$(grep -c "^#if 0 // dev/probe_nomath.sh" "$dev_root/$1")" = 1 ] || { echo "the variant's edit did not apply"; return 1; }
 }
+# dev_build_read_probe BIN LOG: dev/probe_read_patterns.cu (standalone, nvcc alone, sm_90a) into BIN, its
+# output to LOG; fails with the log's tail.
+dev_build_read_probe() {
+  nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I"$dev_root/include" -I"$dev_root/src/core" \
+    -I"$dev_root/src/cuda" "$dev_root/dev/probe_read_patterns.cu" -o "$1" >"$2" 2>&1 || { tail -n 30 "$2"; return 1; }
+}

@@ -15,8 +15,7 @@ dev_nomath_variant "$variant" || exit 1
 r=$(mktemp -d); a=$root/build-gpu; b=$root/build-variant
 dev_build "$a" "$r/build.log" pkv -DBUILD_TESTING=OFF &
 dev_build "$b" "$r/build_variant.log" pkv -DBUILD_TESTING=OFF -DPKV_DECODE_SOURCE="$variant" &
-nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I"$root/include" -I"$root/src/core" -I"$root/src/cuda" \
-  "$root/dev/probe_read_patterns.cu" -o "$r/probe" >"$r/probe_build.log" 2>&1 &
+dev_build_read_probe "$r/probe" "$r/probe_build.log" &
 wait
 rm -f "$root/$variant"
 for f in "$a/pkv" "$b/pkv" "$r/probe"; do [ -x "$f" ] || { tail -n 30 "$r"/*.log; exit 1; }; done
@@ -32,8 +31,8 @@ one() { # NAME BIN ENV...: B1_N32768, split, 200 CUDA-event runs
   echo "| setting (B1_N32768, split) | kernel us | p10 | p90 | decode kernel |"
   echo "| --- | ---: | ---: | ---: | --- |"
   for k in 1 2; do
-    one "default_$k" "$a/pkv" X=1
-    one "nomath_$k" "$b/pkv" X=1
+    one "default_$k" "$a/pkv"
+    one "nomath_$k" "$b/pkv"
     one "stages2_$k" "$a/pkv" PKV_TMA_STAGES=2
     one "stages3_$k" "$a/pkv" PKV_TMA_STAGES=3
     one "stages4_$k" "$a/pkv" PKV_TMA_STAGES=4

@@ -346,7 +346,7 @@ constexpr int kMergeGroups = 4, kPerGroup = (kStates + kMergeGroups - 1) / kMerg
 // otherwise it spins until its KV head's word counts every split (acquire): legal because a programmatic
 // dependent is launched only once every CTA of the grid before it has started (each triggers at its start)
 __global__ void __launch_bounds__(128) merge_standin_kernel(const float4 *state_o, const float *state_lse,
-                                                            __half *o, const int *arrive = nullptr) {
+                                                            __half *o, const int *arrive) {
     if (!arrive) {
         pkv::pdl_wait();
     } else {
@@ -514,19 +514,19 @@ int bound_main(int sms, const cudaDeviceProp &prop) {
     {
         // the same with the merge signalled by the splits' arrivals instead of the grid's completion: a word
         // per KV head and run (zeroed before each batch of runs, off the clock)
-        const int splits = kStates, grid = kHeads * splits, smem = 2 * 8192 * kWarps, slots = 512;
+        const int splits = kStates, grid = kHeads * splits, smem = 2 * 8192 * kWarps, word_slots = 512;
         int *words = nullptr;
-        CK(cudaMalloc(&words, (size_t)slots * kHeads * sizeof(int)));
+        CK(cudaMalloc(&words, (size_t)word_slots * kHeads * sizeof(int)));
         int next = 0;
         auto read = [&](int r, int *arrive) {
             head_cp_kernel<2><<<grid, 128, smem, s>>>(ids + (size_t)(r % rows) * pages_per_row, pages_per_row, splits,
                                                        (const uint4 *)k, (const uint4 *)v, sink, arrive);
         };
         auto timed = [&](bool with_merge) {
-            CK(cudaMemsetAsync(words, 0, (size_t)slots * kHeads * sizeof(int), s));
+            CK(cudaMemsetAsync(words, 0, (size_t)word_slots * kHeads * sizeof(int), s));
             next = 0;
             return queued_median_us(s, [&](int r) {
-                int *w = words + (size_t)(next++ % slots) * kHeads;
+                int *w = words + (size_t)(next++ % word_slots) * kHeads;
                 read(r, w);
                 if (with_merge) merge(w);
             });

@@ -4,7 +4,7 @@
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?usage: dev/probe_read_patterns.sh OUT}
+. "$root/dev/build.sh"
 b=$(mktemp -d)
-nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I"$root/include" -I"$root/src/core" -I"$root/src/cuda" \
-  "$root/dev/probe_read_patterns.cu" -o "$b/probe" || exit 1
+dev_build_read_probe "$b/probe" "$b/build.log" || exit 1
 timeout 120 "$b/probe" | tee "$out/read_patterns.txt"

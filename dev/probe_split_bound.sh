@@ -9,8 +9,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:?usage: dev/probe_split_bound.sh OUT}
 . "$root/dev/build.sh"
 dev_probe_start "$out" pkv -DBUILD_TESTING=OFF
-nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I"$root/include" -I"$root/src/core" -I"$root/src/cuda" \
-  "$root/dev/probe_read_patterns.cu" -o "$r/probe" >"$r/probe_build.log" 2>&1 || { tail -n 30 "$r/probe_build.log"; exit 1; }
+dev_build_read_probe "$r/probe" "$r/probe_build.log" || exit 1
 {
   dev_probe_header dev/probe_split_bound.sh
   for k in 1 2; do
