@@ -1,25 +1,29 @@
 /*
  * persistentkv.h - decode attention over a paged KV cache for grouped-query attention.
  *
- * One header, C11, sized integer types, `pkv_` prefix.  A decode step is two calls:
+ * The serving API: one header, C11, sized integer types, `pkv_` prefix.  A decode step is two calls:
  *
- *   pkv_plan_step(ctx, &problem, &table, &opts, plan);  host only, O(B + tasks), no device sync
- *   pkv_run(ctx, plan, workspace, bytes, &tensors, stream);   per layer, allocates nothing
+ *   pkv_plan_step(ctx, &problem, &table, &opts, plan);       host only, O(B + tasks), no device sync
+ *   pkv_run(ctx, plan, workspace, bytes, &tensors, stream);  per layer, allocates nothing
  *
- * A plan is plain data (tasks, merges, counters) and is reused by every layer of the step.
- * The CPU backend and the CUDA backend execute the same plans.  CUDA graphs: plan graph-stable steps
- * (pkv_plan_options.graph_max_batch), capture pkv_run once, then per step pkv_plan_step,
- * pkv_plan_upload and replay.
+ * A plan is plain data (tasks, merges, counters) reused by every layer of the step.  The CPU backend and
+ * the CUDA backend execute the same plans.  CUDA graphs: plan graph-stable steps
+ * (pkv_plan_options.graph_max_batch), capture pkv_run once, then per step pkv_plan_step, pkv_plan_upload
+ * and replay.
  *
  * Math (for query head h of row i, KV head g = h / G, G = Hq / Hkv, N_i tokens):
  *   s_j = scale * dot(q[i,h,:], K[i,g,j,:]),  o[i,h,:] = sum_j softmax(s)_j V[i,g,j,:],
  *   lse[i,h] = ln(sum_j exp(s_j)); a row with N_i = 0 yields o = 0 and lse = -inf.
  *
- * Threads: a context, a plan and a workspace are each used by one thread at a time; distinct ones
- * may be used by distinct threads at once (e.g. a context per GPU worker thread).  A plan is only
- * read by pkv_run, so several contexts may run one plan at the same time, each with its own
- * workspace.  pkv_last_error() is per thread, pkv_context_last_error() per context.  Checked by
- * tests/test_threads.c, also under ThreadSanitizer (scripts/sanitize.sh).
+ * Errors: every call that can fail returns a pkv_status; the message of the last failing call on the
+ * calling thread is pkv_last_error().
+ *
+ * Threads: a context, a plan and a workspace are each used by one thread at a time; distinct ones may be
+ * used by distinct threads at once (e.g. a context per GPU worker thread).  A plan is only read by
+ * pkv_run, so several contexts may run one plan at the same time, each with its own workspace.
+ *
+ * Tools, tests and benchmarks use a second library beside this one, the lab (lab/pkv_lab.h: traces, the
+ * float64 reference, cost-model fitting, device timers); a server needs none of it.
  */
 #ifndef PERSISTENTKV_H
 #define PERSISTENTKV_H
@@ -31,12 +35,21 @@
 extern "C" {
 #endif
 
+/* The functions the shared library exports: this header's and no others. */
+#if defined(_WIN32)
+#define PKV_API
+#elif defined(__GNUC__) || defined(__clang__)
+#define PKV_API __attribute__((visibility("default")))
+#else
+#define PKV_API
+#endif
+
 #define PKV_VERSION_MAJOR 0
-#define PKV_VERSION_MINOR 3
+#define PKV_VERSION_MINOR 4
 #define PKV_VERSION_PATCH 0
 
 /* ------------------------------------------------------------------------------------------------
- * Status codes.  Values never change once released; new codes are appended.
+ * Status codes and errors.  Values never change once released; new codes are appended.
  * ---------------------------------------------------------------------------------------------- */
 typedef enum pkv_status {
     PKV_OK = 0,
@@ -52,7 +65,7 @@ typedef enum pkv_status {
     PKV_ERR_BAD_INDPTR = 10,         /* kv_indptr not starting at 0 or not non-decreasing */
     PKV_ERR_UNSUPPORTED = 11,        /* a valid request this build/backend does not implement */
     PKV_ERR_BACKEND_UNAVAILABLE = 12,/* e.g. CUDA asked for without a GPU or without CUDA support */
-    PKV_ERR_CUDA = 13,               /* a CUDA runtime call failed; message has the details */
+    PKV_ERR_CUDA = 13,               /* a CUDA runtime call failed; the message has the details */
     PKV_ERR_OUT_OF_MEMORY = 14,      /* host allocation failed */
     PKV_ERR_PLAN_MISMATCH = 15,      /* plan made for another problem or context */
     PKV_ERR_IO = 16,                 /* file could not be opened, read or written */
@@ -62,13 +75,17 @@ typedef enum pkv_status {
 } pkv_status;
 
 /* PKV_VERSION_MAJOR * 10000 + MINOR * 100 + PATCH of the loaded library (bindings check it). */
-uint32_t pkv_version(void);
+PKV_API uint32_t pkv_version(void);
 
 /* Never NULL; "unknown status" for codes this version does not know. */
-const char *pkv_status_string(pkv_status status);
+PKV_API const char *pkv_status_string(pkv_status status);
+
+/* The message of the last call on the calling thread that failed ("status: why"; "" if none).  Valid on
+ * that thread until its next failing call. */
+PKV_API const char *pkv_last_error(void);
 
 /* ------------------------------------------------------------------------------------------------
- * Problem description.
+ * Problem and page table.
  * ---------------------------------------------------------------------------------------------- */
 typedef enum pkv_dtype { PKV_DTYPE_FP16 = 0, PKV_DTYPE_BF16 = 1, PKV_DTYPE_FP32 = 2 } pkv_dtype;
 
@@ -87,20 +104,20 @@ typedef struct pkv_problem {
     float sm_scale;        /* <= 0 selects 1 / sqrt(head_dim); at most 1e20 (fp16 scores then stay finite in
                             * float; bf16 inputs whose q.k overflows float give non-finite outputs) */
     float logits_soft_cap; /* > 0: each score s = sm_scale q.k becomes cap x tanh(s / cap) before the
-                            * softmax (Gemma-2: 50); 0: none.  Both backends */
+                            * softmax (Gemma-2: 50); 0: none */
     int32_t window;        /* > 0: sliding-window attention, each row attends to its last `window` tokens
-                            * only (FlashInfer's window_left + 1; Mistral-7B v0.1: 4096, Gemma-2's local
-                            * layers: 4096); 0: every token.  Both backends; the planner plans the
+                            * only (FlashInfer's window_left + 1); 0: every token.  The planner plans the
                             * attended tokens only */
 } pkv_problem;
 
-/* Fills p with the defaults of the `paper` shape (Hq 32, Hkv 8, d 128, page 16, NHD, fp16). */
-void pkv_problem_default(pkv_problem *p);
+/* Fills p with the defaults of the `paper` shape (Hq 32, Hkv 8, d 128, page 16, NHD, fp16).  NULL: nothing. */
+PKV_API void pkv_problem_default(pkv_problem *p);
 
 /* The page table in CSR form (host arrays, as FlashInfer's plan takes them).
  * Row i owns pages kv_page_indices[kv_indptr[i] .. kv_indptr[i+1]) and its true length seq_lens[i]
- * (0 .. 2^30 tokens; longer rows fail with PKV_ERR_INVALID_ARGUMENT) must fit in them.  kv_page_indices may be NULL in pkv_plan when the caller only wants a schedule
- * (page ids are then checked by pkv_check_page_table or trusted). */
+ * (0 .. 2^30 tokens; longer rows fail with PKV_ERR_INVALID_ARGUMENT) must fit in them.  kv_page_indices
+ * may be NULL in pkv_plan_step when the caller only wants a schedule (page ids are then checked by
+ * pkv_check_page_table or trusted). */
 typedef struct pkv_page_table {
     int32_t batch_size;
     const int32_t *kv_indptr;       /* [batch_size + 1] */
@@ -108,17 +125,17 @@ typedef struct pkv_page_table {
     const int32_t *seq_lens;        /* [batch_size] */
 } pkv_page_table;
 
+/* Validates the whole page table against the problem (indptr, lengths, page ids); pkv_plan_step runs
+ * the same checks. */
+PKV_API pkv_status pkv_check_page_table(const pkv_problem *problem, const pkv_page_table *table);
+
 /* Converts a vLLM-style padded block table [batch_size, max_pages] (row-major, entries past a row's
  * page count are ignored) into CSR: indptr_out [batch_size + 1], indices_out [capacity].
  * Row i uses ceil(seq_lens[i] / page_size) pages.  Fails with PKV_ERR_LENGTH_EXCEEDS_PAGES if a row
  * would need more than max_pages pages, PKV_ERR_INVALID_ARGUMENT if capacity is too small. */
-pkv_status pkv_block_table_to_csr(const int32_t *block_table, int32_t batch_size, int32_t max_pages,
-                                  const int32_t *seq_lens, int32_t page_size, int32_t *indptr_out,
-                                  int32_t *indices_out, int64_t capacity);
-
-/* Validates the whole page table against the problem (indptr, lengths, page ids).  pkv_plan runs the
- * same checks. */
-pkv_status pkv_check_page_table(const pkv_problem *problem, const pkv_page_table *table);
+PKV_API pkv_status pkv_block_table_to_csr(const int32_t *block_table, int32_t batch_size, int32_t max_pages,
+                                          const int32_t *seq_lens, int32_t page_size, int32_t *indptr_out,
+                                          int32_t *indices_out, int64_t capacity);
 
 /* ------------------------------------------------------------------------------------------------
  * Context and backends.
@@ -139,33 +156,34 @@ typedef struct pkv_context_config {
      * dependents (PDL) of the kernel before them on the stream, so their CTAs are scheduled while that
      * kernel drains instead of after it; they read q, the pages, K, V and write outputs only once it
      * has completed, so any kernel may come before a run.  0: plain stream order (the merge kernel
-     * still follows the attention kernel by PDL).  The environment variable PKV_NO_PDL turns both off. */
+     * still follows the attention kernel by PDL). */
     int32_t pdl;
 } pkv_context_config;
 
-void pkv_context_config_default(pkv_context_config *cfg);
+/* The defaults: the best backend, device 0, every processor, PDL on.  NULL: nothing. */
+PKV_API void pkv_context_config_default(pkv_context_config *cfg);
 
-/* On failure *ctx is NULL unless the failure is reported through the context itself; the status
- * says why. */
-pkv_status pkv_context_create(const pkv_context_config *cfg, pkv_context **ctx);
-void pkv_context_free(pkv_context *ctx); /* accepts NULL */
-/* The message of the last failing call on this context ("" if none).  Valid until the next call. */
-const char *pkv_context_last_error(const pkv_context *ctx);
-/* The message of the last failure of a call that had no context (thread-local). */
-const char *pkv_last_error(void);
-pkv_backend_kind pkv_context_backend(const pkv_context *ctx);
-/* Parallel units the planner splits work over: SM count (CUDA) or thread count (CPU). */
-int32_t pkv_context_parallelism(const pkv_context *ctx);
-/* Human-readable device name ("cpu (2 threads)", "NVIDIA H200 (132 SMs)"). */
-const char *pkv_context_device_name(const pkv_context *ctx);
-/* 1 if this build has the CUDA backend and a device is visible. */
-int pkv_cuda_available(void);
+/* Creates a context on the configured backend (cfg NULL: the defaults).  At creation the context reads
+ * two environment variables, the only ones the library reads: PKV_POLICY=file, a policy file
+ * (pkv_cost_model_load) that replaces the backend's default cost model on contexts of the backend it was
+ * measured on - a file that does not load, or was measured with another parallelism, fails the creation;
+ * and PKV_TUNING=key=value,... (experiments and tests: docs/tuning.md), whose unknown keys or bad values
+ * fail the creation.  On failure *ctx is NULL. */
+PKV_API pkv_status pkv_context_create(const pkv_context_config *cfg, pkv_context **ctx);
+PKV_API void pkv_context_free(pkv_context *ctx); /* accepts NULL */
+PKV_API pkv_backend_kind pkv_context_backend(const pkv_context *ctx);
+/* Parallel units the planner splits work over: SM count (CUDA) or thread count (CPU); 0 for NULL. */
+PKV_API int32_t pkv_context_parallelism(const pkv_context *ctx);
+/* Human-readable device name ("cpu (2 threads)", "NVIDIA H200 (132 SMs, sm_90)"); "" for NULL. */
+PKV_API const char *pkv_context_device_name(const pkv_context *ctx);
+/* 1 if this build has the CUDA backend and a device is visible, else 0. */
+PKV_API int pkv_cuda_available(void);
 
 /* ------------------------------------------------------------------------------------------------
  * Plans.
  * ---------------------------------------------------------------------------------------------- */
 typedef enum pkv_route {
-    PKV_ROUTE_AUTO = 0,      /* the policy picks (today: the documented heuristic, see pkv_plan) */
+    PKV_ROUTE_AUTO = 0,      /* the context's policy picks (the cost model, or the rule of pkv_plan_step) */
     PKV_ROUTE_SINGLE = 1,    /* one task per (row, KV head); no merge */
     PKV_ROUTE_SPLIT = 2,     /* rectangular (row, KV head, S) grid over true lengths + merge */
     PKV_ROUTE_BUCKETED = 3,  /* rows grouped by length bucket, split + merge launch per bucket */
@@ -175,9 +193,10 @@ typedef enum pkv_route {
     PKV_ROUTE_COUNT_ = 6
 } pkv_route;
 
-const char *pkv_route_name(pkv_route route);
+/* "auto", "single", ...; "unknown" for values outside the enum. */
+PKV_API const char *pkv_route_name(pkv_route route);
 /* Parses "auto", "single", "split", "bucketed", "workqueue", "fused". */
-pkv_status pkv_route_parse(const char *name, pkv_route *route);
+PKV_API pkv_status pkv_route_parse(const char *name, pkv_route *route);
 
 typedef struct pkv_plan_options {
     pkv_route route;
@@ -202,13 +221,13 @@ typedef struct pkv_plan_options {
      * batch of up to graph_max_batch rows (one wave of the resident CTAs below 128 (row, KV head) pairs,
      * else 4 waves or more), so every step is planned as a plain work-queue step; raised to
      * graph_max_batch x Hkv if below.  A smaller grid caps the step's tasks (fewer, longer splits).  The
-     * surplus CTAs cost kernel time against the plain work queue (H200, 26 anchor steps: geomean 2.1%,
-     * -2..+8% but +18% for a step of one task per SM or fewer; docs/benchmarks.md): the price of
+     * surplus CTAs cost some kernel time against the plain work queue (docs/benchmarks.md): the price of
      * replaying one graph. */
     int32_t graph_tasks;
 } pkv_plan_options;
 
-void pkv_plan_options_default(pkv_plan_options *opts);
+/* The defaults: route AUTO, every other field 0 (the planner chooses).  NULL: nothing. */
+PKV_API void pkv_plan_options_default(pkv_plan_options *opts);
 
 /* A task: attention of one (row, KV head) over tokens [tok_begin, tok_end) for all G query heads.
  * state_slot < 0: the task covers the whole row and writes o/lse directly; otherwise it writes the
@@ -230,10 +249,10 @@ typedef struct pkv_merge {
 typedef struct pkv_phase {
     int32_t task_begin, task_end, merge_begin, merge_end;
     int32_t grid_splits;  /* SPLIT/BUCKETED/SINGLE: S of the rectangular grid; WORKQUEUE: 0 */
-    int32_t row_begin, row_end; /* rows of this phase in the plan's row order (rect routes) */
+    int32_t row_begin, row_end; /* rows of this phase in the order of pkv_plan_rows (rect routes) */
 } pkv_phase;
 
-/* Per-row schedule of the rectangular routes (row order as in pkv_plan.row_order). */
+/* Per-row schedule of the rectangular routes, in the order the plan runs them (pkv_plan_rows). */
 typedef struct pkv_row_sched {
     int32_t row, seq_len, page_base, chunk_tokens, num_splits, slot_base;
     int32_t tok_begin; /* first token the row attends to (a sliding window's start; else 0); splits cut
@@ -249,100 +268,65 @@ typedef struct pkv_counters {
     int64_t kv_bytes;          /* K and V bytes that must be read */
     int64_t qo_bytes;          /* q read + o written + lse written */
     int64_t merge_state_bytes; /* partial states written and read back */
-    int64_t total_tokens;      /* sum of seq_lens */
+    int64_t total_tokens;      /* sum of the attended lengths */
 } pkv_counters;
 
 typedef struct pkv_plan pkv_plan;
 
-pkv_status pkv_plan_create(pkv_plan **plan);
-void pkv_plan_free(pkv_plan *plan); /* accepts NULL */
+PKV_API pkv_status pkv_plan_create(pkv_plan **plan);
+PKV_API void pkv_plan_free(pkv_plan *plan); /* accepts NULL */
 
-/* Plans one decode step.  Reuses the plan's storage (allocates only to grow).  Validates the page
- * table.  Host only; never touches device memory. */
-pkv_status pkv_plan_step(pkv_context *ctx, const pkv_problem *problem, const pkv_page_table *table,
-                    const pkv_plan_options *opts, pkv_plan *plan);
+/* Plans one decode step.  Reuses the plan's storage (allocates only to grow).  Validates the problem,
+ * the options and the page table.  Host only; never touches device memory.  AUTO: with a cost model set
+ * on the context (pkv_context_set_cost_model; the CUDA backend sets one for its device) the candidate
+ * routes' predicted times are compared in one O(B) pass and the fastest is planned; without one, the
+ * rule: SINGLE when the non-empty (row, KV head) pairs fill the parallel units and the batch is even
+ * (WORKQUEUE when it is ragged: longest row above 1.25 x the mean), WORKQUEUE for one non-empty row of
+ * 4096 tokens or more, FUSED otherwise. */
+PKV_API pkv_status pkv_plan_step(pkv_context *ctx, const pkv_problem *problem, const pkv_page_table *table,
+                                 const pkv_plan_options *opts, pkv_plan *plan);
 
-/* pkv_plan_step without a context (CPU tools, tests); parallelism must be set in opts. */
-pkv_status pkv_plan_step_host(const pkv_problem *problem, const pkv_page_table *table,
-                         const pkv_plan_options *opts, pkv_plan *plan);
+/* pkv_plan_step without a context (host tools, tests): opts->parallelism must be set; AUTO uses the rule. */
+PKV_API pkv_status pkv_plan_step_host(const pkv_problem *problem, const pkv_page_table *table,
+                                      const pkv_plan_options *opts, pkv_plan *plan);
 
-/* Read-only views of a plan. */
-pkv_route pkv_plan_route(const pkv_plan *plan);
-const pkv_counters *pkv_plan_counters(const pkv_plan *plan);
-int32_t pkv_plan_num_tasks(const pkv_plan *plan);
-const pkv_task *pkv_plan_tasks(const pkv_plan *plan);
-int32_t pkv_plan_num_merges(const pkv_plan *plan);
-const pkv_merge *pkv_plan_merges(const pkv_plan *plan);
-int32_t pkv_plan_num_phases(const pkv_plan *plan);
-const pkv_phase *pkv_plan_phases(const pkv_plan *plan);
-int32_t pkv_plan_num_rows(const pkv_plan *plan);
-const pkv_row_sched *pkv_plan_rows(const pkv_plan *plan);
-int32_t pkv_plan_num_state_slots(const pkv_plan *plan);
-const pkv_problem *pkv_plan_problem(const pkv_plan *plan);
-int32_t pkv_plan_batch_size(const pkv_plan *plan);
+/* Read-only views of a plan (NULL plan: AUTO, NULL, 0).  The arrays live until the plan is re-planned
+ * or freed. */
+PKV_API pkv_route pkv_plan_route(const pkv_plan *plan);
+PKV_API const pkv_counters *pkv_plan_counters(const pkv_plan *plan);
+PKV_API int32_t pkv_plan_num_tasks(const pkv_plan *plan);
+PKV_API const pkv_task *pkv_plan_tasks(const pkv_plan *plan);
+PKV_API int32_t pkv_plan_num_merges(const pkv_plan *plan);
+PKV_API const pkv_merge *pkv_plan_merges(const pkv_plan *plan);
+PKV_API int32_t pkv_plan_num_phases(const pkv_plan *plan);
+PKV_API const pkv_phase *pkv_plan_phases(const pkv_plan *plan);
+PKV_API int32_t pkv_plan_num_rows(const pkv_plan *plan);
+PKV_API const pkv_row_sched *pkv_plan_rows(const pkv_plan *plan);
+
 /* Bytes of workspace this plan needs on its backend (plan data + partial states). */
-size_t pkv_plan_workspace_size(const pkv_plan *plan);
+PKV_API size_t pkv_plan_workspace_size(const pkv_plan *plan);
+/* An upper bound of pkv_plan_workspace_size for any plan of this problem with up to max_batch rows
+ * under the given options (defaults if NULL) on this context: allocate once, plan every step into it. */
+PKV_API pkv_status pkv_workspace_size(pkv_context *ctx, const pkv_problem *problem, int32_t max_batch,
+                                      const pkv_plan_options *opts, size_t *bytes);
 /* A graph-stable plan's launch signature (pkv_plan_options.graph_max_batch): equal for two plans whose
  * runs launch the same kernels with the same parameters (problem, capacities, route) on the same
  * context and tensors, so a graph captured running one replays the other after pkv_plan_upload.
  * 0 for other plans (a graph replays those only with the very plan it was captured with). */
-uint64_t pkv_plan_graph_signature(const pkv_plan *plan);
+PKV_API uint64_t pkv_plan_graph_signature(const pkv_plan *plan);
 /* Tasks the plan's grid holds (graph-stable plans: graph_tasks as resolved; else its task count). */
-int32_t pkv_plan_grid_tasks(const pkv_plan *plan);
-
-/* Checks the plan's internal consistency: every token of every (row, KV head) covered exactly once,
- * slots unique, merges consistent with tasks, counters consistent.  Returns PKV_ERR_INVALID_ARGUMENT
- * with a message in *why (a per-thread buffer, valid on the calling thread until its next call; why may be
- * NULL) on the first violation. */
-pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens, const char **why);
-
-/* An upper bound of pkv_plan_workspace_size for any plan of this problem with up to max_batch rows
- * under the given options (defaults if NULL) on this context. */
-pkv_status pkv_workspace_size(pkv_context *ctx, const pkv_problem *problem, int32_t max_batch,
-                              const pkv_plan_options *opts, size_t *bytes);
+PKV_API int32_t pkv_plan_grid_tasks(const pkv_plan *plan);
+/* Checks the plan's internal consistency against the lengths it was planned for: every attended token of
+ * every (row, KV head) covered exactly once, slots unique, merges consistent with tasks, counters
+ * consistent.  PKV_ERR_INVALID_ARGUMENT with the first violation in pkv_last_error(). */
+PKV_API pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens);
 
 /* ------------------------------------------------------------------------------------------------
- * Cost model (the policy behind PKV_ROUTE_AUTO).
- * The terms of a plan (pkv_cost_terms; the planner computes the same for its candidate routes in
- * one O(B) pass without building them):
- *   PKV_TERM_LAUNCHES    kernel launches per layer
- *   PKV_TERM_MB          MB moved: K, V, q, o and partial states
- *   PKV_TERM_LONGEST_MB  KV MB of the longest task (one CTA's critical path)
- *   PKV_TERM_MERGE_MB    partial states of the largest merge, MB (count x G x (d + 1) x 4 bytes)
- *   PKV_TERM_TASKS       tasks that read KV (CTAs with work)
- *   PKV_TERM_SLOTS       resident task slots (SMs x CTAs per SM of the kernel that runs the problem)
- *   PKV_TERM_TASK_MB     mean KV MB of a task
- *   PKV_TERM_TOKEN_MB    KV MB per token of one task (K and V of one KV head)
- *   PKV_TERM_RECT        1 for a rectangular grid in row order (single, split), else 0
- *   PKV_TERM_FUSED       1 when the last CTA of a split merges it (fused), else 0
- * The model (roofline form, version 2; docs/benchmarks.md section 4):
- *   L = LONGEST_MB / TOKEN_MB tokens, N = TASKS, R = SLOTS, w = ceil(N / R) waves,
- *   X = MB (+ the idle end of a one-wave or row-ordered grid: with n_sat = rho / TOKEN_MB tasks
- *       needed to saturate the bandwidth and q = n_sat / min(N, R) < 1, X += rho q (L - lo) / 2,
- *       lo = max(0, 2 TASK_MB / TOKEN_MB - L)),
- *   Y = rho L (the longest task's own critical path),
- *   idle = (w > 1) (1 - n_last / R) MB R / N (empty slots of the last wave),
- *   us = const + launch x LAUNCHES + (FUSED ? fused_merge : merge) x MERGE_MB
- *        + us_per_mb x (X^p + Y^p)^(1/p) + idle_us_per_mb x idle.
- * pkv_cost_model_fit finds rho and p by a grid search and the rest by non-negative least squares
- * on relative error from measured runs; pkv_cost_model_fit_steps (`pkv calibrate`) picks among the
- * near-best pairs the one that ranks each step's measured routes best; pkv_cost_model_default
- * derives them from device properties.
+ * The policy behind PKV_ROUTE_AUTO: a roofline cost model of a plan's time, with coefficients that
+ * `pkv calibrate` fits on a GPU and writes to a policy file (docs/benchmarks.md section 4 gives the
+ * model's form).  The CUDA backend sets defaults derived from its device at context creation.
  * ---------------------------------------------------------------------------------------------- */
-enum {
-    PKV_TERM_LAUNCHES,
-    PKV_TERM_MB,
-    PKV_TERM_LONGEST_MB,
-    PKV_TERM_MERGE_MB,
-    PKV_TERM_TASKS,
-    PKV_TERM_SLOTS,
-    PKV_TERM_TASK_MB,
-    PKV_TERM_TOKEN_MB,
-    PKV_TERM_RECT,
-    PKV_TERM_FUSED,
-    PKV_COST_TERMS
-};
-enum {
+typedef enum pkv_cost_coef {
     PKV_COEF_CONST_US,        /* us per step */
     PKV_COEF_LAUNCH_US,       /* us per launch */
     PKV_COEF_FUSED_MERGE,     /* us per MB of the largest merge, merged by the last CTA (fused) */
@@ -352,56 +336,24 @@ enum {
     PKV_COEF_RHO,             /* MB of device streaming per token of one task's critical path */
     PKV_COEF_P,               /* soft-max exponent of the bandwidth and critical-path terms (0: max) */
     PKV_COST_COEFS
-};
+} pkv_cost_coef;
+
 typedef struct pkv_cost_model {
-    int32_t version;      /* file format version (2) */
+    double coef[PKV_COST_COEFS]; /* finite and >= 0; rho > 0; p 0 or in [1, 16] */
     int32_t parallelism;  /* SMs (or threads) the model was measured with */
     int32_t cuda_version; /* CUDA runtime version of the measurements (0: CPU) */
     char device[128];     /* device name of the measurements */
-    double coef[PKV_COST_COEFS];
     double rms_us;        /* root-mean-square error of the fit */
     int32_t samples;      /* measurements behind the fit */
 } pkv_cost_model;
 
-/* Terms of a plan (see above), for the parallelism and residency it was planned for; a plan whose last
- * pkv_plan_step failed has none (PKV_ERR_INVALID_ARGUMENT). */
-pkv_status pkv_cost_terms(const pkv_plan *plan, double terms[PKV_COST_TERMS]);
-/* The model's predicted time (us) of a plan with these terms; NaN if either pointer is NULL. */
-double pkv_cost_predict(const pkv_cost_model *m, const double terms[PKV_COST_TERMS]);
-/* Whether the policy weighs a candidate with these terms (1) or not (0): not a rectangular plan without
- * split merges (the single route, or a split route that splits nothing) whose tasks fill fewer than half
- * of the `parallelism` units.  Its time is then one task's own critical path, which the model's
- * per-token rho underestimates for long head vectors (H200, d = 256, a 4096-token window: 64 such
- * tasks took 94.9 us, predicted 69.4, where the fused route took 71.4); the work queue and fused plans
- * of the same rows stay candidates.  NULL terms: 0. */
-int pkv_cost_candidate(const double terms[PKV_COST_TERMS], int32_t parallelism);
-/* Defaults from device properties: SMs, read bandwidth (GB/s; <= 0: 2000), launch latency (us;
- * <= 0: 3).  NULL m: nothing. */
-void pkv_cost_model_default(pkv_cost_model *m, int32_t parallelism, double read_gbps, double launch_us);
-/* Fit from n measurements (terms [n][PKV_COST_TERMS], us [n]): rho and p by grid search, the
- * linear coefficients by least squares on relative error (rows weighted by 1 / us), kept
- * non-negative.  Fills coef, rms_us (absolute) and samples; keeps the identity fields. */
-pkv_status pkv_cost_model_fit(int32_t n, const double *terms, const double *us, pkv_cost_model *m);
-/* The same fit ranked by the choice it drives: step[i] in [0, n) names the step that measurement i
- * (one route of it) belongs to; among the (rho, p) pairs whose squared relative error is within 25%
- * of the best pair's, the one whose predicted fastest route per step has the lowest mean regret
- * against the measured fastest is kept (ties: the lower error).  step NULL: pkv_cost_model_fit. */
-pkv_status pkv_cost_model_fit_steps(int32_t n, const double *terms, const double *us, const int32_t *step,
-                                    pkv_cost_model *m);
-/* Small versioned text file: "persistentkv-policy 2" then key = value lines. */
-pkv_status pkv_cost_model_save(const pkv_cost_model *m, const char *path);
-pkv_status pkv_cost_model_load(const char *path, pkv_cost_model *m);
-/* PKV_ROUTE_AUTO with a model set computes each candidate route's terms (single, split, workqueue,
- * fused; one O(B) pass, no plan built) and keeps the one with the lowest predicted time among those
- * pkv_cost_candidate weighs (the rule's route when no prediction is finite).  The CUDA backend sets pkv_cost_model_default for its device
- * at context creation; PKV_POLICY=file replaces it with a policy file on contexts of the backend
- * the file was measured on (cuda_version > 0: CUDA, else CPU), and a file that does not load or
- * was measured with another parallelism fails the context's creation.  NULL clears the model, and
- * auto then uses the documented rule of pkv_plan_step.  The context copies the model; a model
- * needs finite coefficients >= 0, rho > 0 and p = 0 (max) or in [1, 16]. */
-pkv_status pkv_context_set_cost_model(pkv_context *ctx, const pkv_cost_model *m);
-/* Copies the model auto uses on this context into *m: 1, or 0 when none is set. */
-int pkv_context_get_cost_model(const pkv_context *ctx, pkv_cost_model *m);
+/* Reads a policy file written by `pkv calibrate` into *m (PKV_ERR_IO, or PKV_ERR_PARSE naming the line). */
+PKV_API pkv_status pkv_cost_model_load(const char *path, pkv_cost_model *m);
+/* Sets the model AUTO uses on this context (copied); NULL clears it, and AUTO then uses the rule of
+ * pkv_plan_step.  PKV_ERR_INVALID_ARGUMENT for coefficients out of their ranges. */
+PKV_API pkv_status pkv_context_set_cost_model(pkv_context *ctx, const pkv_cost_model *m);
+/* Copies the model AUTO uses on this context into *m: 1, or 0 when none is set. */
+PKV_API int pkv_context_get_cost_model(const pkv_context *ctx, pkv_cost_model *m);
 
 /* ------------------------------------------------------------------------------------------------
  * Run.
@@ -440,93 +392,14 @@ typedef struct pkv_tensors {
  * CUDA graph once its plan is uploaded (see pkv_plan_upload).  A captured graph replays the plan it was
  * captured with (its grid sizes, and for a one-row phase the row's schedule, are launch
  * parameters): capture again after planning a new step - or plan graph-stable steps
- * (pkv_plan_options.graph_max_batch): upload each new one and replay.  A workspace serves one stream at a time:
- * the partial states (and the fused route's arrival counters) live in it. */
-pkv_status pkv_run(pkv_context *ctx, const pkv_plan *plan, void *workspace, size_t workspace_bytes,
-                   const pkv_tensors *tensors, void *stream);
+ * (pkv_plan_options.graph_max_batch): upload each new one and replay.  A workspace serves one stream at a
+ * time: the partial states (and the fused route's arrival counters) live in it. */
+PKV_API pkv_status pkv_run(pkv_context *ctx, const pkv_plan *plan, void *workspace, size_t workspace_bytes,
+                           const pkv_tensors *tensors, void *stream);
 
-/* Uploads the plan into the workspace now (CUDA); a no-op on the CPU backend. */
-pkv_status pkv_plan_upload(pkv_context *ctx, const pkv_plan *plan, void *workspace,
-                           size_t workspace_bytes, void *stream);
-
-/* ------------------------------------------------------------------------------------------------
- * Float64 reference (CPU): the definition every backend is checked against.  Inputs are host
- * arrays of problem->dtype (dense page pools); o_ref [B, Hq, d] and lse_ref [B, Hq] are doubles.
- * ---------------------------------------------------------------------------------------------- */
-pkv_status pkv_reference(const pkv_problem *problem, const pkv_page_table *table, const void *q,
-                         const void *k_cache, const void *v_cache, double *o_ref, double *lse_ref);
-
-/* fp16 / bf16 <-> float conversions used by the library (round to nearest even). */
-uint16_t pkv_float_to_half(float f);
-float pkv_half_to_float(uint16_t h);
-uint16_t pkv_float_to_bf16(float f);
-float pkv_bf16_to_float(uint16_t h);
-
-/* ------------------------------------------------------------------------------------------------
- * Traces (workloads.md).  A trace is a sequence of decode steps; each step lists its active rows
- * (request id, current length).  Generators are deterministic for a seed on every platform.
- * ---------------------------------------------------------------------------------------------- */
-typedef enum pkv_trace_family {
-    PKV_TRACE_UNIFORM = 0,
-    PKV_TRACE_BIMODAL = 1,
-    PKV_TRACE_ZIPF = 2,
-    PKV_TRACE_BUCKETED = 3,
-    PKV_TRACE_HOMOGENEOUS = 4,
-    PKV_TRACE_FAMILY_COUNT_ = 5
-} pkv_trace_family;
-
-const char *pkv_trace_family_name(pkv_trace_family f);
-pkv_status pkv_trace_family_parse(const char *name, pkv_trace_family *f);
-
-typedef struct pkv_trace_config {
-    pkv_trace_family family;
-    uint64_t seed;
-    int32_t num_requests; /* requests in the trace */
-    int32_t max_active;   /* rows served per step (B in steady state) */
-    int32_t max_steps;    /* stop after this many steps (<= 0: until every request finished) */
-    int32_t page_size;    /* for the page permutation */
-    double hole_fraction; /* fraction of unused pages in the pool, [0, 0.9] */
-} pkv_trace_config;
-
-/* Defaults of workloads.md for the family: B8 runs (24 requests, max_active 8, 48 steps), or the
- * B1 bucketed run (16 requests, max_active 1, 64 steps) for PKV_TRACE_BUCKETED. */
-void pkv_trace_config_default(pkv_trace_config *cfg, pkv_trace_family family);
-
-typedef struct pkv_trace pkv_trace;
-
-pkv_status pkv_trace_generate(const pkv_trace_config *cfg, pkv_trace **trace);
-void pkv_trace_free(pkv_trace *trace); /* accepts NULL */
-
-int32_t pkv_trace_num_steps(const pkv_trace *t);
-int32_t pkv_trace_num_requests(const pkv_trace *t);
-const pkv_trace_config *pkv_trace_get_config(const pkv_trace *t);
-/* Active rows of step s: count, and pointers to request ids and lengths (valid while t lives). */
-int32_t pkv_trace_step(const pkv_trace *t, int32_t s, const int32_t **request_ids,
-                       const int32_t **seq_lens);
-/* Prompt and decode lengths of request r. */
-void pkv_trace_request(const pkv_trace *t, int32_t r, int32_t *prompt_len, int32_t *decode_len);
-/* Total pages of the pool (including holes) and the physical page of page j of request r. */
-int64_t pkv_trace_num_pages(const pkv_trace *t);
-int32_t pkv_trace_page(const pkv_trace *t, int32_t request, int32_t j);
-/* Fills the CSR page table of step s: indptr [B+1], indices (capacity entries), lens [B]. */
-pkv_status pkv_trace_step_table(const pkv_trace *t, int32_t s, int32_t *indptr, int32_t *indices,
-                                int64_t capacity, int32_t *lens);
-/* A 64-bit FNV-1a checksum of every step's rows and lengths and every request's pages. */
-uint64_t pkv_trace_checksum(const pkv_trace *t);
-
-/* Trace files: a small CSV (header comment with the config, then "step,request,seq_len" rows and
- * "page" rows).  Reading a written file gives a trace with the same checksum. */
-pkv_status pkv_trace_write(const pkv_trace *t, const char *path);
-pkv_status pkv_trace_read(const char *path, pkv_trace **trace);
-
-/* Our deterministic RNG (splitmix64), exposed so tools and tests draw the same numbers. */
-typedef struct pkv_rng { uint64_t state; } pkv_rng;
-void pkv_rng_seed(pkv_rng *r, uint64_t seed);
-uint64_t pkv_rng_next(pkv_rng *r);
-/* lo + next() % (hi - lo + 1), as anchors.md defines it. */
-int64_t pkv_rng_uniform_int(pkv_rng *r, int64_t lo, int64_t hi);
-/* (next() >> 11) * 2^-53, in [0, 1). */
-double pkv_rng_uniform01(pkv_rng *r);
+/* Uploads the plan into the workspace now (CUDA: one async copy on the stream); a no-op on the CPU backend. */
+PKV_API pkv_status pkv_plan_upload(pkv_context *ctx, const pkv_plan *plan, void *workspace,
+                                   size_t workspace_bytes, void *stream);
 
 #ifdef __cplusplus
 }

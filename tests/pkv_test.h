@@ -3,6 +3,8 @@
 #ifndef PKV_TEST_H
 #define PKV_TEST_H
 
+#include "persistentkv.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -49,6 +51,15 @@ static int pkv_test_failed = 0;
         printf("\n");                                                                    \
         return 77;                                                                       \
     } while (0)
+
+/* pkv_plan_validate with its message: *why is "" when the plan is valid, else the violation (the thread's
+ * pkv_last_error, valid until its next failing call). */
+#define pkv_test_validate(plan, lens, why) pkv_test_validate_((plan), (lens), (why))
+static inline pkv_status pkv_test_validate_(const pkv_plan *plan, const int32_t *lens, const char **why) {
+    const pkv_status st = pkv_plan_validate(plan, lens);
+    if (why) *why = st == PKV_OK ? "" : pkv_last_error();
+    return st;
+}
 
 static inline int pkv_test_finish(const char *name) {
     printf("%s: %d passed, %d failed\n", name, pkv_test_passed, pkv_test_failed);

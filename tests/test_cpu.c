@@ -13,8 +13,7 @@
  * (bf16); the bounds below sit 3 to 5 times above. */
 #include "persistentkv.h"
 #include "pkv_test.h"
-#include "test_device.h"
-#include "test_util.h"
+#include "pkv_lab.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -63,7 +62,7 @@ static pkv_status run_poisoned(pkv_context *ctx, const pkv_plan *plan, pkv_test_
     void *ws = workspace_for(need ? need : 1);
     pkv_tensors t = tensors_of(tc, with_lse);
     pkv_status st = pkv_run(ctx, plan, ws, need, &t, NULL);
-    if (st != PKV_OK) fprintf(stderr, "pkv_run: %s\n", pkv_context_last_error(ctx));
+    if (st != PKV_OK) fprintf(stderr, "pkv_run: %s\n", pkv_last_error());
     return st;
 }
 
@@ -125,10 +124,10 @@ static void check_case(pkv_context *ctx1, pkv_context *ctx4, pkv_test_case *tc, 
         char label[512];
         describe(tc, label, sizeof label, pkv_route_name((pkv_route)r), case_id);
         pkv_status st = pkv_plan_step(ctx4, &tc->problem, &tc->table, &opts, plan);
-        CHECK_MSG(st == PKV_OK, "%s: pkv_plan: %s", label, pkv_context_last_error(ctx4));
+        CHECK_MSG(st == PKV_OK, "%s: pkv_plan: %s", label, pkv_last_error());
         if (st != PKV_OK) continue;
         const char *why = NULL;
-        CHECK_MSG(pkv_plan_validate(plan, tc->seq_lens, &why) == PKV_OK, "%s: %s", label, why);
+        CHECK_MSG(pkv_test_validate(plan, tc->seq_lens, &why) == PKV_OK, "%s: %s", label, why);
 
         CHECK_OK(run_poisoned(ctx4, plan, tc, true));
         if (!check_outputs(tc, label)) continue;
@@ -356,11 +355,10 @@ static void test_run_errors(pkv_context *ctx4) {
     pkv_tensors t = tensors_of(&tc, true);
     pkv_test_poison(&tc);
     CHECK_STATUS(pkv_run(ctx4, plan, ws, need - 1, &t, NULL), PKV_ERR_WORKSPACE_TOO_SMALL);
-    CHECK(pkv_context_last_error(ctx4)[0] != '\0');
+    CHECK(pkv_last_error()[0] != '\0');
     CHECK(pkv_test_unwritten(&tc) == tc.q_elems + tc.lse_elems); /* nothing written */
     CHECK_STATUS(pkv_run(ctx4, plan, ws, 0, &t, NULL), PKV_ERR_WORKSPACE_TOO_SMALL);
     CHECK_OK(pkv_run(ctx4, plan, ws, need, &t, NULL));
-    CHECK(pkv_context_last_error(ctx4)[0] == '\0');
     /* a page id out of range in the run's copy of the table */
     int32_t *bad = (int32_t *)malloc((size_t)tc.kv_indptr[2] * sizeof(int32_t));
     memcpy(bad, tc.kv_page_indices, (size_t)tc.kv_indptr[2] * sizeof(int32_t));
@@ -369,7 +367,7 @@ static void test_run_errors(pkv_context *ctx4) {
     CHECK_STATUS(pkv_run(ctx4, plan, ws, need, &t, NULL), PKV_ERR_PAGE_OUT_OF_RANGE);
     bad[3] = -1;
     CHECK_STATUS(pkv_run(ctx4, plan, ws, need, &t, NULL), PKV_ERR_PAGE_OUT_OF_RANGE);
-    CHECK(pkv_context_last_error(ctx4)[0] != '\0');
+    CHECK(pkv_last_error()[0] != '\0');
     free(bad);
     pkv_plan_free(plan);
     pkv_test_case_free(&tc);
@@ -436,7 +434,7 @@ static void test_strides(pkv_context *ctx4) {
         pkv_test_poison(&tc);
         t.kv_page_stride = page - 1;
         CHECK_STATUS(pkv_run(ctx4, plan, ws, need, &t, NULL), PKV_ERR_INVALID_ARGUMENT);
-        CHECK(strstr(pkv_context_last_error(ctx4), "kv_page_stride") != NULL);
+        CHECK(strstr(pkv_last_error(), "kv_page_stride") != NULL);
         t.kv_page_stride = -2 * page;
         CHECK_STATUS(pkv_run(ctx4, plan, ws, need, &t, NULL), PKV_ERR_INVALID_ARGUMENT);
         CHECK(pkv_test_unwritten(&tc) == tc.q_elems + tc.lse_elems); /* nothing written */
@@ -453,7 +451,7 @@ static void test_strides(pkv_context *ctx4) {
                 *(which ? &tb.o_row_stride : &tb.q_row_stride) = bad_rows[i];
                 pkv_test_poison(&tc);
                 CHECK_STATUS(pkv_run(ctx4, plan, ws, need, &tb, NULL), PKV_ERR_INVALID_ARGUMENT);
-                CHECK(strstr(pkv_context_last_error(ctx4), which ? "o_row_stride" : "q_row_stride") != NULL);
+                CHECK(strstr(pkv_last_error(), which ? "o_row_stride" : "q_row_stride") != NULL);
                 CHECK(pkv_test_unwritten(&tc) == tc.q_elems + tc.lse_elems);
             }
         t.q_row_stride = t.o_row_stride = row; /* one dense row: the same as 0 */

@@ -10,7 +10,7 @@
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "internal.h" /* the graph-stable plan's work-claim words (PKV_COUNTS_*) */
 #include "pkv_test.h"
-#include "test_device.h"
+#include "pkv_lab.h"
 
 #include <stdbool.h>
 #include <string.h>
@@ -37,7 +37,7 @@ static void check_case(pkv_context *ctx, pkv_plan *plan, pkv_test_case *tc, cons
         pkv_status st = pkv_plan_step(ctx, p, &tc->table, &opts, plan);
         int64_t gap_writes = 0;
         if (st == PKV_OK) st = pkv_test_run_layout(ctx, plan, tc, &L, &gap_writes);
-        CHECK_MSG(st == PKV_OK, "%s route %s: %s", what, rname, pkv_context_last_error(ctx));
+        CHECK_MSG(st == PKV_OK, "%s route %s: %s", what, rname, pkv_last_error());
         if (st != PKV_OK) continue;
         double err = pkv_test_rel_l2(tc), lerr = pkv_test_lse_err(tc);
         int64_t unwritten = pkv_test_unwritten(tc);
@@ -424,10 +424,10 @@ static void repeat_and_graph(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
             const int64_t row = (int64_t)tc.problem.num_qo_heads * tc.problem.head_dim;
             t.q_row_stride = row + 4;
             CHECK_STATUS(pkv_run(ctx, plan, ws, wsb, &t, NULL), PKV_ERR_INVALID_ARGUMENT);
-            CHECK(strstr(pkv_context_last_error(ctx), "q_row_stride") != NULL);
+            CHECK(strstr(pkv_last_error(), "q_row_stride") != NULL);
             t.q_row_stride = 0, t.o_row_stride = row + 12;
             CHECK_STATUS(pkv_run(ctx, plan, ws, wsb, &t, NULL), PKV_ERR_INVALID_ARGUMENT);
-            CHECK(strstr(pkv_context_last_error(ctx), "o_row_stride") != NULL);
+            CHECK(strstr(pkv_last_error(), "o_row_stride") != NULL);
         }
         pkv_dev_free(ctx, ws);
     }
@@ -485,7 +485,7 @@ static void graph_stable_replay(pkv_context *ctx, pkv_plan *plan_g, pkv_rng *rng
             CHECK(st == PKV_OK && pkv_plan_workspace_size(plan_g) == wsb);
             if (st == PKV_OK) st = pkv_dev_graph_replay(ctx, graph, plan_g, ws, wsb);
             CHECK_MSG(st == PKV_OK, "graph-stable replay, shape %d step %d: %s", shape, step,
-                      pkv_context_last_error(ctx));
+                      pkv_last_error());
             if (st != PKV_OK) break;
             CHECK_MSG(claim_words_reset(ctx, plan_g, ws),
                       "graph-stable replay, shape %d step %d: work-claim words not reset", shape, step);

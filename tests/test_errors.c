@@ -2,7 +2,7 @@
  * bad shapes, bad lengths, bad page tables, a small workspace, unknown routes, an unavailable CUDA
  * backend; status strings for every code; the free functions accept NULL. */
 #include "persistentkv.h"
-#include "pkv_dev.h"
+#include "pkv_lab.h"
 #include "pkv_test.h"
 
 #include <math.h>
@@ -19,7 +19,7 @@
         pkv_route r__;                                                                            \
         (void)pkv_route_parse(SENTINEL, &r__);                                                    \
         pkv_status st__ = (expr);                                                                 \
-        const char *msg__ = (ctx) ? pkv_context_last_error(ctx) : pkv_last_error();               \
+        const char *msg__ = (ctx) ? pkv_last_error() : pkv_last_error();               \
         CHECK_MSG(st__ == (expected), "%s returned %d (%s), expected %d (%s)", #expr, (int)st__,  \
                   pkv_status_string(st__), (int)(expected), pkv_status_string(expected));        \
         CHECK_MSG(msg__ && msg__[0] != '\0', "%s: empty message", #expr);                         \
@@ -472,7 +472,7 @@ static void test_null_and_run_errors(pkv_context *ctx) {
     CHECK(need > 0 && need <= sizeof ws);
     CHECK(pkv_plan_num_state_slots(plan) > 0);
     CHECK_OK(pkv_run(ctx, plan, ws, need, &t, NULL));
-    CHECK(pkv_context_last_error(ctx)[0] == '\0'); /* a success clears the message */
+    CHECK(pkv_last_error()[0] == '\0'); /* a success clears the message */
 
     CHECK_ERR(pkv_run(NULL, plan, ws, need, &t, NULL), PKV_ERR_NULL_POINTER, (pkv_context *)NULL);
     CHECK_ERR(pkv_run(ctx, NULL, ws, need, &t, NULL), PKV_ERR_NULL_POINTER, ctx);

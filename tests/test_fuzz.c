@@ -14,7 +14,7 @@
  * cases (default 4000). */
 #include "persistentkv.h"
 #include "pkv_test.h"
-#include "test_util.h"
+#include "pkv_lab.h"
 
 #include <math.h>
 #include <stdbool.h>
@@ -118,13 +118,13 @@ int main(void) {
         const pkv_status st = pkv_plan_step(ctx, &p, &t, &o, plan);
         if (st != PKV_OK) {
             refused++;
-            CHECK_MSG(pkv_context_last_error(ctx)[0] != '\0', "case %d: status %d without a message", c, (int)st);
+            CHECK_MSG(pkv_last_error()[0] != '\0', "case %d: status %d without a message", c, (int)st);
             continue;
         }
         planned++;
         graph_planned += pkv_plan_graph_signature(plan) != 0;
         const char *why = NULL;
-        CHECK_MSG(pkv_plan_validate(plan, lens, &why) == PKV_OK, "case %d (%s): invalid plan: %s", c,
+        CHECK_MSG(pkv_test_validate(plan, lens, &why) == PKV_OK, "case %d (%s): invalid plan: %s", c,
                   pkv_route_name(pkv_plan_route(plan)), why);
         const pkv_counters *cn = pkv_plan_counters(plan);
         int64_t attended = 0;
@@ -178,7 +178,7 @@ int main(void) {
             x.k_cache = kv, x.v_cache = kv + dense, x.kv_page_stride = (int64_t)(2 * dense);
         }
         const pkv_status rs = pkv_run(ctx, plan, ws, ws_bytes, &x, NULL);
-        CHECK_MSG(rs == PKV_OK, "case %d: run failed: %s", c, pkv_context_last_error(ctx));
+        CHECK_MSG(rs == PKV_OK, "case %d: run failed: %s", c, pkv_last_error());
         free(kv);
         CHECK_OK(pkv_test_case_reference(&tc));
         /* compared where float32 scores are well conditioned (an sm_scale of 1e29 makes the softmax

@@ -7,6 +7,7 @@
  *   (e) pkv_block_table_to_csr conversions and its errors. */
 #include "persistentkv.h"
 #include "internal.h"
+#include "pkv_lab.h"
 #include "pkv_test.h"
 
 #include <stdbool.h>
@@ -217,7 +218,7 @@ static bool check_rules(int case_id, const pkv_problem *pb, const batch *b, cons
     const int64_t P = effective_wave(b, hkv, opts);
 
     const char *why = NULL;
-    pkv_status vst = pkv_plan_validate(plan, b->lens, &why);
+    pkv_status vst = pkv_test_validate(plan, b->lens, &why);
     RULE(vst == PKV_OK, "validate: %s", why ? why : "?");
     const char *rc = rect_contract(plan);
     RULE(rc == NULL, "the rect kernels' contract: %s", rc);
@@ -529,12 +530,12 @@ static int mutations_tried = 0;
 static void expect_rejected(pkv_plan *plan, const plan_snapshot *snap, const int32_t *lens, const char *route,
                             const char *what, int32_t index) {
     const char *why = NULL;
-    pkv_status st = pkv_plan_validate(plan, lens, &why);
+    pkv_status st = pkv_test_validate(plan, lens, &why);
     CHECK_MSG(st != PKV_OK, "%s: mutation '%s' at %d was not detected", route, what, index);
     CHECK_MSG(st == PKV_OK || (why && why[0]), "%s: mutation '%s' rejected without a message", route, what);
     mutations_tried++;
     snapshot_restore(snap, plan);
-    CHECK_MSG(pkv_plan_validate(plan, lens, &why) == PKV_OK, "%s: restored plan invalid: %s", route, why);
+    CHECK_MSG(pkv_test_validate(plan, lens, &why) == PKV_OK, "%s: restored plan invalid: %s", route, why);
 }
 
 static void mutate_plan(pkv_plan *plan, const int32_t *lens, const char *route) {
@@ -675,7 +676,7 @@ static void test_mutations(void) {
         opts.parallelism = 16;
         CHECK_OK(pkv_plan_step_host(&pb, &b.table, &opts, plan));
         const char *why = NULL;
-        CHECK_MSG(pkv_plan_validate(plan, lens, &why) == PKV_OK, "%s: %s", pkv_route_name((pkv_route)r), why);
+        CHECK_MSG(pkv_test_validate(plan, lens, &why) == PKV_OK, "%s: %s", pkv_route_name((pkv_route)r), why);
         if (r != PKV_ROUTE_SINGLE)
             CHECK_MSG(pkv_plan_num_state_slots(plan) > 0, "%s plan has no split", pkv_route_name((pkv_route)r));
         if (r == PKV_ROUTE_BUCKETED) CHECK(pkv_plan_num_phases(plan) > 2);
@@ -683,8 +684,8 @@ static void test_mutations(void) {
     }
     /* NULL arguments */
     const char *why = NULL;
-    CHECK_STATUS(pkv_plan_validate(NULL, lens, &why), PKV_ERR_NULL_POINTER);
-    CHECK_STATUS(pkv_plan_validate(plan, NULL, &why), PKV_ERR_NULL_POINTER);
+    CHECK_STATUS(pkv_test_validate(NULL, lens, &why), PKV_ERR_NULL_POINTER);
+    CHECK_STATUS(pkv_test_validate(plan, NULL, &why), PKV_ERR_NULL_POINTER);
     printf("mutations: %d planted bugs tried\n", mutations_tried);
     pkv_plan_free(plan);
     batch_free(&b);
@@ -710,7 +711,7 @@ static void test_anchor_b8_bimodal(void) {
         opts.route = (pkv_route)r;
         CHECK_OK(pkv_plan_step_host(&pb, &b.table, &opts, plan));
         const char *why = NULL;
-        CHECK_MSG(pkv_plan_validate(plan, lens, &why) == PKV_OK, "%s", why);
+        CHECK_MSG(pkv_test_validate(plan, lens, &why) == PKV_OK, "%s", why);
         const pkv_counters *c = pkv_plan_counters(plan);
         CHECK(c->kv_bytes == total * 8 * 128 * 2 * 2);
         CHECK(c->kv_bytes == 250548224); /* anchor-steps.txt: kv_MB = 250.55 */
@@ -793,7 +794,7 @@ static void test_extreme_options(void) {
                           "%s, min chunk %d: row %d chunk %d tokens", pkv_route_name((pkv_route)route), o.min_chunk_tokens,
                           rows[r].row, rows[r].chunk_tokens);
             const char *why = NULL;
-            CHECK_MSG(pkv_plan_validate(plan, lens, &why) == PKV_OK, "%s", why);
+            CHECK_MSG(pkv_test_validate(plan, lens, &why) == PKV_OK, "%s", why);
             batch_free(&b);
         }
     pkv_plan_free(plan);
@@ -823,7 +824,7 @@ static void test_plan_reuse(void) {
         for (int s = 0; s < 3; s++) {
             CHECK_OK(pkv_plan_step_host(pbs[s], &seq[s]->table, &opts, reused));
             const char *why = NULL;
-            CHECK_MSG(pkv_plan_validate(reused, seq[s]->lens, &why) == PKV_OK, "reuse %s step %d: %s",
+            CHECK_MSG(pkv_test_validate(reused, seq[s]->lens, &why) == PKV_OK, "reuse %s step %d: %s",
                       pkv_route_name((pkv_route)r), s, why);
             CHECK_OK(pkv_plan_create(&fresh));
             CHECK_OK(pkv_plan_step_host(pbs[s], &seq[s]->table, &opts, fresh));
@@ -843,7 +844,7 @@ static void test_plan_reuse(void) {
     pkv_plan_options_default(&opts);
     opts.parallelism = 8;
     CHECK_OK(pkv_plan_step_host(&pb_small, &bs.table, &opts, reused));
-    CHECK(pkv_plan_validate(reused, bs.lens, NULL) == PKV_OK);
+    CHECK(pkv_test_validate(reused, bs.lens, NULL) == PKV_OK);
 
     /* the planner through a CPU context uses its parallelism and ctas_per_unit */
     pkv_context_config cfg;
@@ -857,7 +858,7 @@ static void test_plan_reuse(void) {
         pkv_plan_options_default(&opts);
         opts.route = PKV_ROUTE_WORKQUEUE;
         CHECK_OK(pkv_plan_step(ctx, &pb_small, &bs.table, &opts, reused));
-        CHECK(pkv_plan_validate(reused, bs.lens, NULL) == PKV_OK);
+        CHECK(pkv_test_validate(reused, bs.lens, NULL) == PKV_OK);
         CHECK_MSG(pkv_plan_num_tasks(reused) <= 4 * 3 * 4 || pkv_plan_num_state_slots(reused) == 0, "%d tasks",
                   pkv_plan_num_tasks(reused)); /* at most 4 waves of 3 threads x 4 */
         size_t bound = 0;
@@ -971,7 +972,7 @@ static void test_window(void) {
         CHECK_OK(pkv_plan_step_host(&pw_prob, &b.table, &opts, pw));
         CHECK_OK(pkv_plan_step_host(&pb, &te, &opts, pe));
         const char *why = NULL;
-        CHECK_MSG(pkv_plan_validate(pw, lens, &why) == PKV_OK, "window case %d (W %d, %s): %s", case_id,
+        CHECK_MSG(pkv_test_validate(pw, lens, &why) == PKV_OK, "window case %d (W %d, %s): %s", case_id,
                   pw_prob.window, pkv_route_name(opts.route), why);
         const char *rc = rect_contract(pw);
         CHECK_MSG(rc == NULL, "window case %d (W %d, %s): the rect kernels' contract: %s", case_id, pw_prob.window,
@@ -1057,18 +1058,18 @@ static void test_graph_stable(void) {
                 continue;
             }
             const char *why = NULL;
-            valid += pkv_plan_validate(plan, b.lens, &why) == PKV_OK;
-            if (pkv_plan_validate(plan, b.lens, &why) != PKV_OK) printf("  invalid graph-stable plan: %s\n", why);
+            valid += pkv_test_validate(plan, b.lens, &why) == PKV_OK;
+            if (pkv_test_validate(plan, b.lens, &why) != PKV_OK) printf("  invalid graph-stable plan: %s\n", why);
             if (step == 0) { /* planted bugs in the uploaded words: a wrong widest merge, a claim word not zero */
                 int32_t *w = (int32_t *)(void *)((char *)plan->blob + plan->off_counts);
                 const int32_t keep = w[PKV_COUNTS_WIDEST];
                 w[PKV_COUNTS_WIDEST] = keep + 1;
-                CHECK_MSG(pkv_plan_validate(plan, b.lens, &why) != PKV_OK, "a wrong widest merge was not detected");
+                CHECK_MSG(pkv_test_validate(plan, b.lens, &why) != PKV_OK, "a wrong widest merge was not detected");
                 w[PKV_COUNTS_WIDEST] = keep;
                 w[PKV_COUNTS_SM + 3] = 1;
-                CHECK_MSG(pkv_plan_validate(plan, b.lens, &why) != PKV_OK, "a claim word not zero was not detected");
+                CHECK_MSG(pkv_test_validate(plan, b.lens, &why) != PKV_OK, "a claim word not zero was not detected");
                 w[PKV_COUNTS_SM + 3] = 0;
-                CHECK(pkv_plan_validate(plan, b.lens, &why) == PKV_OK);
+                CHECK(pkv_test_validate(plan, b.lens, &why) == PKV_OK);
             }
             if (step == 0) sig = pkv_plan_graph_signature(plan), ws = pkv_plan_workspace_size(plan);
             same += sig != 0 && pkv_plan_graph_signature(plan) == sig && pkv_plan_workspace_size(plan) == ws &&

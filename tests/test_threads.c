@@ -7,15 +7,16 @@
  *   - each plans and runs its own steps on its own route, against the reference, and validates each of
  *     its plans many times (pkv_plan_validate) while the others validate theirs;
  *   - each makes a plan fail with a page id of its own and, after every thread has done the same,
- *     still reads its own message from pkv_last_error() and pkv_context_last_error().
+ *     still reads its own message from pkv_last_error() and pkv_last_error().
  * Meant for a ThreadSanitizer build too (-fsanitize=thread), where a data race fails the run. */
 #define _POSIX_C_SOURCE 200809L /* pthread barriers under strict C11 */
 #include "persistentkv.h"
 #include "pkv_test.h"
-#include "test_util.h"
+#include "pkv_lab.h"
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -109,7 +110,7 @@ static void *work(void *arg) {
         if (pkv_plan_step(ctx, &tc.problem, &tc.table, &opts, plan) == PKV_OK) {
             for (int v = 0; v < 200; v++, w->validations++) {
                 const char *why = NULL;
-                if (pkv_plan_validate(plan, tc.table.seq_lens, &why) == PKV_OK && why && why[0] == '\0')
+                if (pkv_test_validate(plan, tc.table.seq_lens, &why) == PKV_OK && why && why[0] == '\0')
                     w->validations_ok++;
             }
             const size_t bytes = pkv_plan_workspace_size(plan);
@@ -137,7 +138,7 @@ static void *work(void *arg) {
     w->bad_status = plan ? pkv_plan_step(ctx, &sh->tc.problem, &bad, NULL, plan) : PKV_ERR_NULL_POINTER;
     pthread_barrier_wait(w->barrier); /* every thread has failed its own plan */
     snprintf(w->error_seen, sizeof w->error_seen, "%s", pkv_last_error());
-    snprintf(w->ctx_error_seen, sizeof w->ctx_error_seen, "%s", pkv_context_last_error(ctx));
+    snprintf(w->ctx_error_seen, sizeof w->ctx_error_seen, "%s", pkv_last_error());
     pthread_barrier_wait(w->barrier);
     pkv_plan_free(plan);
     pkv_context_free(ctx);
@@ -195,7 +196,7 @@ int main(void) {
                   "thread %d: pkv_last_error() = \"%s\", expected its own id \"%s\"", i, w[i].error_seen,
                   w[i].error_wanted);
         CHECK_MSG(strstr(w[i].ctx_error_seen, w[i].error_wanted) != NULL,
-                  "thread %d: pkv_context_last_error() = \"%s\", expected \"%s\"", i, w[i].ctx_error_seen,
+                  "thread %d: pkv_last_error() = \"%s\", expected \"%s\"", i, w[i].ctx_error_seen,
                   w[i].error_wanted);
     }
     pkv_plan_free(plan);

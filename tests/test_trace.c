@@ -8,7 +8,7 @@
  * values of anchors.md (B4_uniform, B8_uniform) are a published check of the same RNG. */
 #define _POSIX_C_SOURCE 200809L /* getpid */
 
-#include "persistentkv.h"
+#include "pkv_lab.h"
 #include "pkv_test.h"
 
 #include <inttypes.h>

@@ -8,7 +8,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "cli.h"
 #include "internal.h" /* the plan options' bounds (PKV_MAX_PER_UNIT, ...) */
-#include "pkv_dev.h"
+#include "pkv_lab.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -105,7 +105,7 @@ static void *xmalloc(size_t n) {
 }
 
 static void die_status(pkv_context *ctx, pkv_status st, const char *what) {
-    fprintf(stderr, "pkv bench: %s failed: %s\n", what, ctx ? pkv_context_last_error(ctx) : pkv_last_error());
+    fprintf(stderr, "pkv bench: %s failed: %s\n", what, pkv_last_error());
     (void)st;
     exit(1);
 }

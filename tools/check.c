@@ -2,8 +2,7 @@
  * random problems (G, head dim, page size, layout, dtype, lengths including 0 and 1, scattered
  * pages, NaN in every KV slot no row may read), outputs poisoned before each run. */
 #include "cli.h"
-#include "pkv_dev.h"
-#include "test_device.h"
+#include "pkv_lab.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -101,7 +100,7 @@ int cmd_check(int argc, char **argv) {
                        p->head_dim, p->page_size, p->layout == PKV_LAYOUT_HND ? "HND" : "NHD",
                        p->dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", pad >= 0 ? " interleaved K/V" : "", p->window,
                        (double)p->logits_soft_cap,
-                       st == PKV_OK ? "ok" : pkv_context_last_error(ctx), err, lerr, (long long)unwritten);
+                       st == PKV_OK ? "ok" : pkv_last_error(), err, lerr, (long long)unwritten);
             }
         }
         if ((n + 1) % 10 == 0 || n + 1 == count) fprintf(stderr, "[%d/%d] %d passed, %d failed\n", n + 1, count, passed, failed);

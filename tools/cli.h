@@ -2,7 +2,7 @@
 #ifndef PKV_CLI_H
 #define PKV_CLI_H
 
-#include "persistentkv.h"
+#include "pkv_lab.h"
 
 #include <stdbool.h>
 #include <stdio.h>

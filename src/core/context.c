@@ -51,7 +51,7 @@ pkv_status pkv_context_create(const pkv_context_config *cfg, pkv_context **out) 
             st = pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, "%s was measured with parallelism %d, this %s has %d", policy,
                           m.parallelism, ctx->device_name, ctx->parallelism);
         if (applies && st == PKV_OK) st = pkv_context_set_cost_model(ctx, &m);
-        if (st != PKV_OK) { /* the reason, on the context (copied thread-locally) for the clean-up below */
+        if (st != PKV_OK) { /* the reason, prefixed with the variable's name */
             char msg[400];
             const char *why = pkv_last_error(), *prefix = pkv_status_string(st);
             const size_t n = strlen(prefix);
@@ -61,8 +61,6 @@ pkv_status pkv_context_create(const pkv_context_config *cfg, pkv_context **out) 
         }
     }
     if (st != PKV_OK) {
-        /* keep the message thread-locally, the context goes away */
-        if (!ctx->last_error[0]) pkv_fail(NULL, st, "backend initialisation failed"); /* else already copied */
         if (ctx->ops && ctx->ops->destroy) ctx->ops->destroy(ctx);
         free(ctx);
         return st;
@@ -103,7 +101,6 @@ static pkv_status check_run_args(pkv_context *ctx, const pkv_plan *plan, void *w
 pkv_status pkv_run(pkv_context *ctx, const pkv_plan *plan, void *workspace, size_t ws_bytes,
                    const pkv_tensors *t, void *stream) {
     if (!ctx) return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "context is NULL");
-    pkv_clear_error(ctx);
     pkv_status st = check_run_args(ctx, plan, workspace, ws_bytes);
     if (st != PKV_OK) return st;
     if (!t) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "tensors is NULL");
@@ -162,7 +159,6 @@ pkv_status pkv_run(pkv_context *ctx, const pkv_plan *plan, void *workspace, size
 pkv_status pkv_plan_upload(pkv_context *ctx, const pkv_plan *plan, void *workspace, size_t ws_bytes,
                            void *stream) {
     if (!ctx) return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "context is NULL");
-    pkv_clear_error(ctx);
     pkv_status st = check_run_args(ctx, plan, workspace, ws_bytes);
     if (st != PKV_OK) return st;
     return ctx->ops->upload ? ctx->ops->upload(ctx, plan, workspace, ws_bytes, stream) : PKV_OK;

@@ -1,4 +1,4 @@
-/* errors.c - status strings and the per-context / thread-local last-error message. */
+/* errors.c - status strings and the last-error message, one per thread. */
 #include "internal.h"
 
 #include <stdio.h>
@@ -34,25 +34,26 @@ const char *pkv_status_string(pkv_status status) {
     return "unknown status";
 }
 
+pkv_status pkv_failv(pkv_status st, const char *fmt, va_list ap) {
+    int n = snprintf(pkv_tls_error, sizeof pkv_tls_error, "%s: ", pkv_status_string(st));
+    if (n < 0 || (size_t)n >= sizeof pkv_tls_error) n = 0;
+    vsnprintf(pkv_tls_error + n, sizeof pkv_tls_error - (size_t)n, fmt, ap);
+    return st;
+}
+
+/* One error channel: the message is the calling thread's, whichever context the call had. */
 pkv_status pkv_fail(pkv_context *ctx, pkv_status st, const char *fmt, ...) {
-    char *buf = ctx ? ctx->last_error : pkv_tls_error;
-    size_t cap = ctx ? sizeof ctx->last_error : sizeof pkv_tls_error;
-    int n = snprintf(buf, cap, "%s: ", pkv_status_string(st));
-    if (n < 0 || (size_t)n >= cap) n = 0;
+    (void)ctx;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf + n, cap - (size_t)n, fmt, ap);
+    pkv_failv(st, fmt, ap);
     va_end(ap);
-    if (ctx) memcpy(pkv_tls_error, buf, sizeof pkv_tls_error < cap ? sizeof pkv_tls_error : cap);
     return st;
 }
 
 void pkv_clear_error(pkv_context *ctx) {
-    if (ctx) ctx->last_error[0] = '\0';
-}
-
-const char *pkv_context_last_error(const pkv_context *ctx) {
-    return ctx ? ctx->last_error : pkv_tls_error;
+    (void)ctx;
+    pkv_tls_error[0] = '\0';
 }
 
 const char *pkv_last_error(void) { return pkv_tls_error; }

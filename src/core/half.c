@@ -1,5 +1,5 @@
 /* half.c - fp16 / bf16 <-> fp32 conversions (round to nearest even), portable C. */
-#include "persistentkv.h"
+#include "internal.h"
 
 #include <string.h>
 

@@ -40,6 +40,25 @@ extern "C" {
  * [0, nsm), which the claim's coverage needs (planner.c; tested by test_plan). */
 int32_t pkv_graph_claim_multiplier(int32_t nsm);
 
+/* The terms of a plan's cost (pkv_lab.h documents each; the lab header spells the same enum, and whichever
+ * of the two headers comes first defines it). */
+#ifndef PKV_COST_TERM_ENUM
+#define PKV_COST_TERM_ENUM
+typedef enum pkv_cost_term {
+    PKV_TERM_LAUNCHES,
+    PKV_TERM_MB,
+    PKV_TERM_LONGEST_MB,
+    PKV_TERM_MERGE_MB,
+    PKV_TERM_TASKS,
+    PKV_TERM_SLOTS,
+    PKV_TERM_TASK_MB,
+    PKV_TERM_TOKEN_MB,
+    PKV_TERM_RECT,
+    PKV_TERM_FUSED,
+    PKV_COST_TERMS
+} pkv_cost_term;
+#endif
+
 /* Loops that vectorise: on x86-64 Linux (GCC) an AVX2 clone of the function is picked at load time
  * where the CPU has it (twice the lanes of the SSE2 baseline, and the 32-bit min/max it lacks). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
@@ -74,7 +93,6 @@ struct pkv_context {
     int32_t device;
     uint64_t id;             /* unique per context */
     char device_name[160];
-    char last_error[512];
     bool has_cost_model;
     pkv_cost_model cost_model;
     pkv_plan *scratch_plan; /* the policy's candidate plans */
@@ -130,7 +148,14 @@ pkv_status pkv_fail(pkv_context *ctx, pkv_status st, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
+pkv_status pkv_failv(pkv_status st, const char *fmt, va_list ap);
 void pkv_clear_error(pkv_context *ctx);
+
+/* fp16 / bf16 <-> float, round to nearest even (half.c). */
+uint16_t pkv_float_to_half(float f);
+float pkv_half_to_float(uint16_t h);
+uint16_t pkv_float_to_bf16(float f);
+float pkv_bf16_to_float(uint16_t h);
 
 /* Shape checks shared by plan, reference and backends. */
 pkv_status pkv_check_problem(pkv_context *ctx, const pkv_problem *p);
@@ -158,7 +183,20 @@ static inline int64_t pkv_row_stride(const pkv_problem *p, int64_t given) {
 pkv_status pkv_plan_route_terms(const pkv_problem *problem, const pkv_page_table *table, const pkv_plan_options *opts,
                                 int32_t default_per_unit, double terms[PKV_COST_TERMS]);
 
-/* Fills the cost terms (persistentkv.h) from a plan's tallies; kv_mb: KV MB of all tasks. */
+/* The cost model (cost.c): terms of a built plan, the predicted time, whether the policy weighs a
+ * candidate, defaults from device properties, and the policy file's writer (the reader is public). */
+pkv_status pkv_cost_terms(const pkv_plan *plan, double terms[PKV_COST_TERMS]);
+double pkv_cost_predict(const pkv_cost_model *m, const double terms[PKV_COST_TERMS]);
+int pkv_cost_candidate(const double terms[PKV_COST_TERMS], int32_t parallelism);
+void pkv_cost_model_default(pkv_cost_model *m, int32_t parallelism, double read_gbps, double launch_us);
+pkv_status pkv_cost_model_save(const pkv_cost_model *m, const char *path);
+/* The model's streaming term (bandwidth and critical path under the soft max) and the last wave's idle
+ * slots, for given rho and p (the prediction's and the fit's shared part). */
+void pkv_cost_roofline_parts(const double t[PKV_COST_TERMS], double rho, double p, double *stream, double *idle);
+/* Why a model cannot drive the policy, written to why (false: it can). */
+bool pkv_cost_model_invalid(const pkv_cost_model *m, char *why, size_t cap);
+
+/* Fills the cost terms from a plan's tallies; kv_mb: KV MB of all tasks. */
 void pkv_cost_fill_terms(double t[PKV_COST_TERMS], int64_t launches, double mb, double longest_mb, double merge_mb,
                          int64_t tasks, int64_t slots, double kv_mb, double token_mb, int rect, int fused);
 
@@ -166,6 +204,9 @@ void pkv_cost_fill_terms(double t[PKV_COST_TERMS], int64_t launches, double mb, 
 pkv_status pkv_cpu_backend_init(pkv_context *ctx, int32_t num_threads);
 pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bool pdl); /* stub without CUDA */
 int pkv_cuda_device_count(void);
+/* The decode kernel a run of the plan with these tensors launches on a CUDA context (static storage);
+ * PKV_ERR_UNSUPPORTED on another backend, PKV_ERR_BACKEND_UNAVAILABLE without CUDA. */
+pkv_status pkv_cuda_decode_kernel_of(pkv_context *ctx, const pkv_plan *plan, const pkv_tensors *t, const char **name);
 
 #ifdef __cplusplus
 }

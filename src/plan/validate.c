@@ -7,12 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-static _Thread_local char why_buf[256]; /* distinct plans validate on distinct threads */
-
+/* The first violation: its message as the thread's last error (pkv_last_error). */
 #define BAD(...)                                                  \
     do {                                                          \
-        snprintf(why_buf, sizeof why_buf, __VA_ARGS__);           \
-        if (why) *why = why_buf;                                  \
+        pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, __VA_ARGS__);    \
         free(idx);                                                \
         free(keys);                                               \
         free(slot_phase);                                         \
@@ -44,15 +42,11 @@ static int32_t phase_of_merge(const pkv_plan *p, int32_t k) {
     return -1;
 }
 
-pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens, const char **why) {
+pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens) {
     int32_t *idx = NULL, *slot_phase = NULL;
     task_key *keys = NULL;
-    if (why) *why = "";
-    if (!plan || (!seq_lens && plan->batch_size > 0)) {
-        snprintf(why_buf, sizeof why_buf, "plan or seq_lens is NULL");
-        if (why) *why = why_buf;
-        return PKV_ERR_NULL_POINTER;
-    }
+    if (!plan || (!seq_lens && plan->batch_size > 0))
+        return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "plan or seq_lens is NULL");
     const int32_t B = plan->batch_size, hkv = plan->problem.num_kv_heads, nt = plan->num_tasks;
     idx = (int32_t *)malloc(((size_t)nt + 1 + (size_t)B) * sizeof *idx);
     int32_t *row_base = idx ? idx + nt + 1 : NULL; /* page_base of each row, from the plan's rows */

@@ -20,7 +20,7 @@ static float uniform(void) { /* [-1, 1) */
     return (float)(rng >> 8) / (float)(1u << 23) - 1.0f;
 }
 static int fail(const char *what, pkv_status s, const pkv_context *ctx) {
-    fprintf(stderr, "consumer: %s: %s (%s)\n", what, pkv_status_string(s), ctx ? pkv_context_last_error(ctx) : "");
+    fprintf(stderr, "consumer: %s: %s (%s)\n", what, pkv_status_string(s), pkv_last_error());
     return 1;
 }
 
@@ -91,7 +91,7 @@ int main(void) {
     /* a page id past the pool: refused with its status and a message, nothing run */
     pages[npages - 1] = pool;
     s = pkv_plan_step(ctx, &p, &t, &opts, plan);
-    if (s != PKV_ERR_PAGE_OUT_OF_RANGE || pkv_context_last_error(ctx)[0] == 0) {
+    if (s != PKV_ERR_PAGE_OUT_OF_RANGE || pkv_last_error()[0] == 0) {
         fprintf(stderr, "consumer: a page id out of range gave %s\n", pkv_status_string(s));
         return 1;
     }

@@ -22,7 +22,7 @@ int main() {
     pkv_status s = pkv_plan_create(&plan);
     if (s == PKV_OK) s = pkv_plan_step(ctx, &p, &t, &o, plan);
     if (s != PKV_OK) {
-        std::fprintf(stderr, "consumer_cpp: %s\n", pkv_context_last_error(ctx));
+        std::fprintf(stderr, "consumer_cpp: %s\n", pkv_last_error());
         return 1;
     }
     const size_t nq = 32 * 128, nkv = 4 * 16 * 8 * 128;

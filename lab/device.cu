@@ -1,8 +1,11 @@
-// devtools.cu - device helpers for the pkv tool, benchmarks and tests: memory, random fill, the
-// ceilings measured in the same run (streaming read, launch latency) and event timing of plans.
-#include "cuda_common.cuh"
-#include "pkv_cuda.h"
-#include "pkv_dev.h"
+// device.cu - the lab's device helpers for the pkv tool, benchmarks and tests (pkv_lab.h): memory, random
+// fill, the ceilings measured in the same run (streaming read, pages floor, launch latency), event timing
+// of plans and CUDA graphs.  Public API only: plans run through pkv_run.
+#include "pkv_lab.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
 
 #include <algorithm>
 #include <stdio.h>
@@ -10,11 +13,37 @@
 #include <string.h>
 #include <vector>
 
+// Records a failing CUDA call with file and line as the thread's last error and returns PKV_ERR_CUDA.
+#define LAB_CUDA_TRY(ctx, call)                                                                        \
+    do {                                                                                               \
+        (void)(ctx);                                                                                   \
+        cudaError_t err_ = (call);                                                                     \
+        if (err_ != cudaSuccess)                                                                       \
+            return pkv_lab_fail(PKV_ERR_CUDA, "%s:%d: %s: %s", __FILE__, __LINE__, #call,              \
+                                cudaGetErrorString(err_));                                             \
+    } while (0)
+
 namespace {
+
+// A 16-byte load that bypasses L1 (the streaming reads of the ceilings).
+__device__ __forceinline__ uint4 ldg_nc_v4(const void *p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+// Programmatic dependent launch (sm_90): lets the kernels queued behind this one start; a no-op before sm_90.
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
 
 // A late producer: its dependents may start now (griddepcontrol.launch_dependents); it writes after delay_ns.
 __device__ __forceinline__ void start_dependents_then_wait(int64_t delay_ns) {
-    pkv::pdl_launch_dependents();
+    pdl_launch_dependents();
     uint64_t t0, t1;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
     do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t1));
@@ -62,7 +91,7 @@ __global__ void empty_kernel() {}
 // dependent be scheduled from its start (griddepcontrol.launch_dependents), as PDL-aware kernels do;
 // else the dependent is scheduled as its CTAs exit.
 __global__ void producer_kernel(uint32_t *q, int64_t n32, uint32_t x, int trigger) {
-    if (trigger) pkv::pdl_launch_dependents();
+    if (trigger) pdl_launch_dependents();
     for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n32; i += (int64_t)gridDim.x * blockDim.x)
         q[i] ^= x;
 }
@@ -72,12 +101,12 @@ __global__ void read_kernel(const uint4 *__restrict__ src, int64_t n16, uint32_t
     int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x;
     const int64_t stride = (int64_t)gridDim.x * blockDim.x;
     for (; i + 3 * stride < n16; i += 4 * stride) {
-        uint4 a = pkv::ldg_nc_v4(src + i), b = pkv::ldg_nc_v4(src + i + stride);
-        uint4 c = pkv::ldg_nc_v4(src + i + 2 * stride), d = pkv::ldg_nc_v4(src + i + 3 * stride);
+        uint4 a = ldg_nc_v4(src + i), b = ldg_nc_v4(src + i + stride);
+        uint4 c = ldg_nc_v4(src + i + 2 * stride), d = ldg_nc_v4(src + i + 3 * stride);
         x ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
     }
     for (; i < n16; i += stride) {
-        uint4 a = pkv::ldg_nc_v4(src + i);
+        uint4 a = ldg_nc_v4(src + i);
         x ^= a.x ^ a.y ^ a.z ^ a.w;
     }
     if (x == 0x12345678u) *sink = x; // keeps the loads alive
@@ -96,12 +125,12 @@ __global__ void gather_kernel(const int32_t *__restrict__ pages, int32_t npages,
         for (; i + 7 * 32 < page_vec; i += 8 * 32) {
             uint4 r[8];
 #pragma unroll
-            for (int u = 0; u < 8; u++) r[u] = pkv::ldg_nc_v4(src + i + u * 32);
+            for (int u = 0; u < 8; u++) r[u] = ldg_nc_v4(src + i + u * 32);
 #pragma unroll
             for (int u = 0; u < 8; u++) x ^= r[u].x ^ r[u].y ^ r[u].z ^ r[u].w;
         }
         for (; i < page_vec; i += 32) {
-            const uint4 a = pkv::ldg_nc_v4(src + i);
+            const uint4 a = ldg_nc_v4(src + i);
             x ^= a.x ^ a.y ^ a.z ^ a.w;
         }
     }
@@ -123,12 +152,12 @@ constexpr int64_t kSpinNs = 30000;
 template <typename Enqueue>
 pkv_status time_runs(pkv_context *ctx, int32_t reps, const char *what, Enqueue enqueue, double *samples_us) {
     std::vector<cudaEvent_t> ev(2 * (size_t)reps);
-    for (auto &e : ev) PKV_CUDA_TRY(ctx, cudaEventCreate(&e));
+    for (auto &e : ev) LAB_CUDA_TRY(ctx, cudaEventCreate(&e));
     pkv_status result = PKV_OK;
     for (int32_t r = 0; r < reps && result == PKV_OK; r++) {
         if (r % 16 == 0) {
             spin_kernel<<<1, 1>>>(kSpinNs * 4);
-            if (cudaGetLastError() != cudaSuccess) result = pkv_fail(ctx, PKV_ERR_CUDA, "spin launch failed");
+            if (cudaGetLastError() != cudaSuccess) result = pkv_lab_fail(PKV_ERR_CUDA, "spin launch failed");
         }
         cudaEventRecord(ev[2 * r], nullptr);
         if (result == PKV_OK) result = enqueue(r);
@@ -136,11 +165,11 @@ pkv_status time_runs(pkv_context *ctx, int32_t reps, const char *what, Enqueue e
     }
     cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess && result == PKV_OK)
-        result = pkv_fail(ctx, PKV_ERR_CUDA, "%s failed: %s", what, cudaGetErrorString(e));
+        result = pkv_lab_fail(PKV_ERR_CUDA, "%s failed: %s", what, cudaGetErrorString(e));
     for (int32_t r = 0; r < reps && result == PKV_OK; r++) {
         float ms = 0;
         e = cudaEventElapsedTime(&ms, ev[2 * r], ev[2 * r + 1]);
-        if (e != cudaSuccess) result = pkv_fail(ctx, PKV_ERR_CUDA, "event timing failed: %s", cudaGetErrorString(e));
+        if (e != cudaSuccess) result = pkv_lab_fail(PKV_ERR_CUDA, "event timing failed: %s", cudaGetErrorString(e));
         samples_us[r] = ms * 1000.0;
     }
     for (auto &x : ev) cudaEventDestroy(x);
@@ -165,7 +194,7 @@ pkv_status best_median_over_grids(pkv_context *ctx, int32_t reps, int64_t max_gr
             ctx, reps, what,
             [&](int32_t r) {
                 launch(grid, r);
-                return cudaGetLastError() == cudaSuccess ? PKV_OK : pkv_fail(ctx, PKV_ERR_CUDA, "%s launch failed", what);
+                return cudaGetLastError() == cudaSuccess ? PKV_OK : pkv_lab_fail(PKV_ERR_CUDA, "%s launch failed", what);
             },
             t.data());
         if (st != PKV_OK) return st;
@@ -180,13 +209,13 @@ pkv_status best_median_over_grids(pkv_context *ctx, int32_t reps, int64_t max_gr
 extern "C" {
 
 pkv_status pkv_dev_malloc(pkv_context *ctx, size_t bytes, void **ptr) {
-    if (!ptr) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "ptr is NULL");
+    if (!ptr) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "ptr is NULL");
     *ptr = nullptr;
-    PKV_CUDA_TRY(ctx, cudaMalloc(ptr, bytes ? bytes : 1));
+    LAB_CUDA_TRY(ctx, cudaMalloc(ptr, bytes ? bytes : 1));
     return PKV_OK;
 }
 pkv_status pkv_dev_free(pkv_context *ctx, void *ptr) {
-    if (ptr) PKV_CUDA_TRY(ctx, cudaFree(ptr));
+    if (ptr) LAB_CUDA_TRY(ctx, cudaFree(ptr));
     return PKV_OK;
 }
 // The copies and the memset return when they are done on the device: a pageable cudaMemcpy to the
@@ -194,73 +223,66 @@ pkv_status pkv_dev_free(pkv_context *ctx, void *ptr) {
 // against a non-blocking stream (a graph replay's) that reads the buffer next.
 pkv_status pkv_dev_copy_h2d(pkv_context *ctx, void *dst, const void *src, size_t bytes) {
     if (!bytes) return PKV_OK;
-    PKV_CUDA_TRY(ctx, cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
-    PKV_CUDA_TRY(ctx, cudaDeviceSynchronize());
+    LAB_CUDA_TRY(ctx, cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
+    LAB_CUDA_TRY(ctx, cudaDeviceSynchronize());
     return PKV_OK;
 }
 pkv_status pkv_dev_copy_d2h(pkv_context *ctx, void *dst, const void *src, size_t bytes) {
-    if (bytes) PKV_CUDA_TRY(ctx, cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+    if (bytes) LAB_CUDA_TRY(ctx, cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
     return PKV_OK;
 }
 pkv_status pkv_dev_memset(pkv_context *ctx, void *dst, int value, size_t bytes) {
     if (!bytes) return PKV_OK;
-    PKV_CUDA_TRY(ctx, cudaMemset(dst, value, bytes));
-    PKV_CUDA_TRY(ctx, cudaDeviceSynchronize());
+    LAB_CUDA_TRY(ctx, cudaMemset(dst, value, bytes));
+    LAB_CUDA_TRY(ctx, cudaDeviceSynchronize());
     return PKV_OK;
 }
 pkv_status pkv_dev_synchronize(pkv_context *ctx) {
-    PKV_CUDA_TRY(ctx, cudaDeviceSynchronize());
+    LAB_CUDA_TRY(ctx, cudaDeviceSynchronize());
     return PKV_OK;
 }
 
 pkv_status pkv_dev_fill_random(pkv_context *ctx, void *dst, int64_t count, pkv_dtype dtype, uint64_t seed) {
     if (count <= 0) return PKV_OK;
     fill_random_kernel<<<1024, 256>>>(static_cast<uint16_t *>(dst), count, seed, dtype == PKV_DTYPE_BF16, 0);
-    PKV_CUDA_TRY(ctx, cudaGetLastError());
-    PKV_CUDA_TRY(ctx, cudaDeviceSynchronize());
+    LAB_CUDA_TRY(ctx, cudaGetLastError());
+    LAB_CUDA_TRY(ctx, cudaDeviceSynchronize());
     return PKV_OK;
 }
 
 pkv_status pkv_dev_fill_random_late(pkv_context *ctx, void *dst, int64_t count, pkv_dtype dtype, uint64_t seed,
                                     int64_t delay_ns) {
     if (!dst || count <= 0 || delay_ns <= 0)
-        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "a late fill needs a buffer, a count and a delay");
+        return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "a late fill needs a buffer, a count and a delay");
     fill_random_kernel<<<1, 256>>>(static_cast<uint16_t *>(dst), count, seed, dtype == PKV_DTYPE_BF16, delay_ns);
-    PKV_CUDA_TRY(ctx, cudaGetLastError());
+    LAB_CUDA_TRY(ctx, cudaGetLastError());
     return PKV_OK;
 }
 
 pkv_status pkv_dev_copy_late(pkv_context *ctx, void *dst, const void *src, size_t bytes, int64_t delay_ns) {
     if (!dst || !src || bytes == 0 || bytes % 4 != 0 || delay_ns <= 0)
-        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "a late copy needs buffers, a multiple of 4 bytes and a delay");
+        return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "a late copy needs buffers, a multiple of 4 bytes and a delay");
     copy_late_kernel<<<1, 256>>>(static_cast<uint32_t *>(dst), static_cast<const uint32_t *>(src),
                                  (int64_t)(bytes / 4), delay_ns);
-    PKV_CUDA_TRY(ctx, cudaGetLastError());
+    LAB_CUDA_TRY(ctx, cudaGetLastError());
     return PKV_OK;
 }
 
-pkv_status pkv_dev_decode_kernel(pkv_context *ctx, const pkv_plan *plan, const pkv_tensors *t, const char **name) {
-    if (!ctx || !plan || !t || !name)
-        return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "context, plan, tensors and name must not be NULL");
-    *name = "";
-    return pkv_cuda_decode_kernel_of(ctx, plan, t, name);
-}
-
 pkv_status pkv_dev_get_info(pkv_context *ctx, pkv_dev_info *info) {
-    if (!info) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "info is NULL");
+    if (!info) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "info is NULL");
     memset(info, 0, sizeof *info);
     int dev = 0;
-    PKV_CUDA_TRY(ctx, cudaGetDevice(&dev));
+    LAB_CUDA_TRY(ctx, cudaGetDevice(&dev));
     cudaDeviceProp p;
-    PKV_CUDA_TRY(ctx, cudaGetDeviceProperties(&p, dev));
+    LAB_CUDA_TRY(ctx, cudaGetDeviceProperties(&p, dev));
     snprintf(info->name, sizeof info->name, "%.127s", p.name);
     info->sms = p.multiProcessorCount;
     info->cc_major = p.major;
     info->cc_minor = p.minor;
     info->l2_bytes = p.l2CacheSize;
     info->mem_bytes = (int64_t)p.totalGlobalMem;
-    PKV_CUDA_TRY(ctx, cudaRuntimeGetVersion(&info->runtime_version));
-    PKV_CUDA_TRY(ctx, cudaDriverGetVersion(&info->driver_version));
+    LAB_CUDA_TRY(ctx, cudaRuntimeGetVersion(&info->runtime_version));
+    LAB_CUDA_TRY(ctx, cudaDriverGetVersion(&info->driver_version));
     return PKV_OK;
 }
 
@@ -268,8 +290,8 @@ pkv_status pkv_dev_time_plan(pkv_context *ctx, const pkv_plan *plan, void *ws, s
                              const pkv_tensors *base, const int32_t *const *page_sets, int32_t nsets, int32_t warmup,
                              int32_t reps, double *samples_us) {
     if (!plan || !base || !samples_us || (nsets > 0 && !page_sets))
-        return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "plan, tensors, page sets and samples must not be NULL");
-    if (reps <= 0) return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "reps must be positive");
+        return pkv_lab_fail(PKV_ERR_NULL_POINTER, "plan, tensors, page sets and samples must not be NULL");
+    if (reps <= 0) return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "reps must be positive");
     pkv_tensors t = *base;
     pkv_status st = pkv_plan_upload(ctx, plan, ws, ws_bytes, nullptr);
     if (st != PKV_OK) return st;
@@ -291,15 +313,15 @@ pkv_status pkv_dev_time_plan_behind(pkv_context *ctx, const pkv_plan *plan, void
                                     const pkv_tensors *base, const int32_t *const *page_sets, int32_t nsets,
                                     int32_t warmup, int32_t reps, int trigger, double *producer_us, double *pair_us) {
     if (!plan || !base || !producer_us || !pair_us || (nsets > 0 && !page_sets))
-        return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "plan, tensors, page sets and outputs must not be NULL");
-    if (reps <= 0) return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "reps must be positive");
+        return pkv_lab_fail(PKV_ERR_NULL_POINTER, "plan, tensors, page sets and outputs must not be NULL");
+    if (reps <= 0) return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "reps must be positive");
     const pkv_problem *pr = pkv_plan_problem(plan);
     if (base->q_row_stride != 0 && base->q_row_stride != (int64_t)pr->num_qo_heads * pr->head_dim)
-        return pkv_fail(ctx, PKV_ERR_UNSUPPORTED, "the producer writes a dense q: q_row_stride must be 0 here");
+        return pkv_lab_fail(PKV_ERR_UNSUPPORTED, "the producer writes a dense q: q_row_stride must be 0 here");
     const int64_t n32 = (int64_t)pkv_plan_batch_size(plan) * pr->num_qo_heads * pr->head_dim / 2;
     int dev = 0, sms = 0;
-    PKV_CUDA_TRY(ctx, cudaGetDevice(&dev));
-    PKV_CUDA_TRY(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    LAB_CUDA_TRY(ctx, cudaGetDevice(&dev));
+    LAB_CUDA_TRY(ctx, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     const unsigned grid = (unsigned)std::max<int64_t>(1, std::min<int64_t>(2 * (int64_t)sms, (n32 + 255) / 256));
     uint32_t *q = static_cast<uint32_t *>(const_cast<void *>(base->q));
     pkv_tensors t = *base;
@@ -318,7 +340,7 @@ pkv_status pkv_dev_time_plan_behind(pkv_context *ctx, const pkv_plan *plan, void
             [&](int32_t r) {
                 if (nsets > 0) t.kv_page_indices = page_sets[(warmup + r) % nsets];
                 producer_kernel<<<grid, 256>>>(q, n32, 0u, trigger);
-                if (cudaGetLastError() != cudaSuccess) return pkv_fail(ctx, PKV_ERR_CUDA, "producer launch failed");
+                if (cudaGetLastError() != cudaSuccess) return pkv_lab_fail(PKV_ERR_CUDA, "producer launch failed");
                 return pass == 1 ? pkv_run(ctx, plan, ws, ws_bytes, &t, nullptr) : PKV_OK;
             },
             samples[pass].data());
@@ -331,12 +353,12 @@ pkv_status pkv_dev_time_plan_behind(pkv_context *ctx, const pkv_plan *plan, void
 
 pkv_status pkv_dev_time_read(pkv_context *ctx, const void *buf, size_t buf_bytes, size_t bytes, int32_t reps,
                              double *median_us) {
-    if (!buf || !median_us) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "buffer and output must not be NULL");
+    if (!buf || !median_us) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "buffer and output must not be NULL");
     bytes &= ~(size_t)15;
     if (bytes == 0 || bytes > buf_bytes)
-        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "read of %zu bytes from a %zu-byte buffer", bytes, buf_bytes);
+        return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "read of %zu bytes from a %zu-byte buffer", bytes, buf_bytes);
     uint32_t *sink = nullptr;
-    PKV_CUDA_TRY(ctx, cudaMalloc(&sink, sizeof(uint32_t)));
+    LAB_CUDA_TRY(ctx, cudaMalloc(&sink, sizeof(uint32_t)));
     const size_t windows = std::max<size_t>(1, buf_bytes / bytes);
     const int64_t n16 = (int64_t)(bytes / 16);
     const pkv_status st = best_median_over_grids(
@@ -353,12 +375,12 @@ pkv_status pkv_dev_time_read(pkv_context *ctx, const void *buf, size_t buf_bytes
 pkv_status pkv_dev_time_gather(pkv_context *ctx, const void *k, const void *v, size_t page_bytes,
                                const int32_t *const *page_sets, int32_t nsets, int32_t npages, int32_t reps,
                                double *median_us) {
-    if (!k || !v || !page_sets || !median_us) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "pools, page sets and output must not be NULL");
+    if (!k || !v || !page_sets || !median_us) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "pools, page sets and output must not be NULL");
     if (nsets <= 0 || npages <= 0 || reps <= 0 || page_bytes == 0 || page_bytes % 16 != 0)
-        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "gather of %d pages of %zu bytes, %d sets, %d reps", npages,
+        return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "gather of %d pages of %zu bytes, %d sets, %d reps", npages,
                         page_bytes, nsets, reps);
     uint32_t *sink = nullptr;
-    PKV_CUDA_TRY(ctx, cudaMalloc(&sink, sizeof(uint32_t)));
+    LAB_CUDA_TRY(ctx, cudaMalloc(&sink, sizeof(uint32_t)));
     const pkv_status st = best_median_over_grids(
         ctx, reps, (2 * (int64_t)npages + 7) / 8 /* 8 warps per CTA, a warp per page */, "gather",
         [&](int grid, int32_t r) {
@@ -371,22 +393,22 @@ pkv_status pkv_dev_time_gather(pkv_context *ctx, const void *k, const void *v, s
 }
 
 pkv_status pkv_dev_launch_latency(pkv_context *ctx, double *empty_us, double *graph_us) {
-    if (!empty_us || !graph_us) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "outputs must not be NULL");
+    if (!empty_us || !graph_us) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "outputs must not be NULL");
     cudaStream_t s;
-    PKV_CUDA_TRY(ctx, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    LAB_CUDA_TRY(ctx, cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     cudaEvent_t a, b;
-    PKV_CUDA_TRY(ctx, cudaEventCreate(&a));
-    PKV_CUDA_TRY(ctx, cudaEventCreate(&b));
+    LAB_CUDA_TRY(ctx, cudaEventCreate(&a));
+    LAB_CUDA_TRY(ctx, cudaEventCreate(&b));
     const int n = 2000;
     for (int i = 0; i < 100; i++) empty_kernel<<<1, 32, 0, s>>>();
-    PKV_CUDA_TRY(ctx, cudaStreamSynchronize(s));
+    LAB_CUDA_TRY(ctx, cudaStreamSynchronize(s));
     std::vector<double> per;
     for (int rep = 0; rep < 5; rep++) {
         spin_kernel<<<1, 1, 0, s>>>(kSpinNs * 100); // the host queues all launches meanwhile
         cudaEventRecord(a, s);
         for (int i = 0; i < n; i++) empty_kernel<<<1, 32, 0, s>>>();
         cudaEventRecord(b, s);
-        PKV_CUDA_TRY(ctx, cudaStreamSynchronize(s));
+        LAB_CUDA_TRY(ctx, cudaStreamSynchronize(s));
         float ms = 0;
         cudaEventElapsedTime(&ms, a, b);
         per.push_back(ms * 1000.0 / n);
@@ -394,19 +416,19 @@ pkv_status pkv_dev_launch_latency(pkv_context *ctx, double *empty_us, double *gr
     *empty_us = median(per);
     cudaGraph_t g;
     cudaGraphExec_t ge;
-    PKV_CUDA_TRY(ctx, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    LAB_CUDA_TRY(ctx, cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
     empty_kernel<<<1, 32, 0, s>>>();
-    PKV_CUDA_TRY(ctx, cudaStreamEndCapture(s, &g));
-    PKV_CUDA_TRY(ctx, cudaGraphInstantiate(&ge, g, 0));
+    LAB_CUDA_TRY(ctx, cudaStreamEndCapture(s, &g));
+    LAB_CUDA_TRY(ctx, cudaGraphInstantiate(&ge, g, 0));
     for (int i = 0; i < 100; i++) cudaGraphLaunch(ge, s);
-    PKV_CUDA_TRY(ctx, cudaStreamSynchronize(s));
+    LAB_CUDA_TRY(ctx, cudaStreamSynchronize(s));
     per.clear();
     for (int rep = 0; rep < 5; rep++) {
         spin_kernel<<<1, 1, 0, s>>>(kSpinNs * 100);
         cudaEventRecord(a, s);
         for (int i = 0; i < n; i++) cudaGraphLaunch(ge, s);
         cudaEventRecord(b, s);
-        PKV_CUDA_TRY(ctx, cudaStreamSynchronize(s));
+        LAB_CUDA_TRY(ctx, cudaStreamSynchronize(s));
         float ms = 0;
         cudaEventElapsedTime(&ms, a, b);
         per.push_back(ms * 1000.0 / n);
@@ -429,34 +451,34 @@ struct pkv_dev_graph {
 
 pkv_status pkv_dev_graph_capture(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_bytes,
                                  const pkv_tensors *t, void **graph) {
-    if (!graph) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "graph output is NULL");
+    if (!graph) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "graph output is NULL");
     *graph = nullptr;
     pkv_dev_graph *h = static_cast<pkv_dev_graph *>(calloc(1, sizeof(pkv_dev_graph)));
-    if (!h) return pkv_fail(ctx, PKV_ERR_OUT_OF_MEMORY, "cannot allocate a graph handle");
+    if (!h) return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "cannot allocate a graph handle");
     h->signature = pkv_plan_graph_signature(plan);
     if (cudaStreamCreateWithFlags(&h->stream, cudaStreamNonBlocking) != cudaSuccess) {
         free(h);
-        return pkv_fail(ctx, PKV_ERR_CUDA, "cannot create the graph's stream");
+        return pkv_lab_fail(PKV_ERR_CUDA, "cannot create the graph's stream");
     }
     if (cudaEventCreateWithFlags(&h->queued, cudaEventDisableTiming) != cudaSuccess) {
         pkv_dev_graph_free(h);
-        return pkv_fail(ctx, PKV_ERR_CUDA, "cannot create the graph's event");
+        return pkv_lab_fail(PKV_ERR_CUDA, "cannot create the graph's event");
     }
     pkv_status st = pkv_plan_upload(ctx, plan, ws, ws_bytes, h->stream);
-    if (st == PKV_OK && cudaStreamSynchronize(h->stream) != cudaSuccess) st = pkv_fail(ctx, PKV_ERR_CUDA, "upload failed");
+    if (st == PKV_OK && cudaStreamSynchronize(h->stream) != cudaSuccess) st = pkv_lab_fail(PKV_ERR_CUDA, "upload failed");
     cudaGraph_t g = nullptr;
     if (st == PKV_OK && cudaStreamBeginCapture(h->stream, cudaStreamCaptureModeThreadLocal) != cudaSuccess)
-        st = pkv_fail(ctx, PKV_ERR_CUDA, "cannot begin capture");
+        st = pkv_lab_fail(PKV_ERR_CUDA, "cannot begin capture");
     if (st == PKV_OK) {
         pkv_status rs = pkv_run(ctx, plan, ws, ws_bytes, t, h->stream);
         cudaError_t e = cudaStreamEndCapture(h->stream, &g);
         if (rs != PKV_OK)
             st = rs;
         else if (e != cudaSuccess)
-            st = pkv_fail(ctx, PKV_ERR_CUDA, "capture failed: %s", cudaGetErrorString(e));
+            st = pkv_lab_fail(PKV_ERR_CUDA, "capture failed: %s", cudaGetErrorString(e));
     }
     if (st == PKV_OK && cudaGraphInstantiate(&h->exec, g, 0) != cudaSuccess)
-        st = pkv_fail(ctx, PKV_ERR_CUDA, "graph instantiation failed");
+        st = pkv_lab_fail(PKV_ERR_CUDA, "graph instantiation failed");
     if (g) cudaGraphDestroy(g);
     if (st != PKV_OK) {
         pkv_dev_graph_free(h);
@@ -468,21 +490,21 @@ pkv_status pkv_dev_graph_capture(pkv_context *ctx, const pkv_plan *plan, void *w
 
 pkv_status pkv_dev_graph_replay(pkv_context *ctx, void *graph, const pkv_plan *plan, void *ws, size_t ws_bytes) {
     pkv_dev_graph *h = static_cast<pkv_dev_graph *>(graph);
-    if (!h || !plan) return pkv_fail(ctx, PKV_ERR_NULL_POINTER, "graph or plan is NULL");
+    if (!h || !plan) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "graph or plan is NULL");
     const uint64_t sig = pkv_plan_graph_signature(plan);
     if (sig == 0 || sig != h->signature)
-        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT,
+        return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT,
                         "the plan's launches are not the captured ones (graph signature %llx, captured %llx)",
                         (unsigned long long)sig, (unsigned long long)h->signature);
     // after what the caller queued on the default stream (its inputs, a poisoned output), as a replay
     // on that stream would be; the stream is non-blocking, so nothing orders it otherwise
     if (cudaEventRecord(h->queued, cudaStreamLegacy) != cudaSuccess || cudaStreamWaitEvent(h->stream, h->queued, 0) != cudaSuccess)
-        return pkv_fail(ctx, PKV_ERR_CUDA, "cannot order the replay after the default stream");
+        return pkv_lab_fail(PKV_ERR_CUDA, "cannot order the replay after the default stream");
     pkv_status st = pkv_plan_upload(ctx, plan, ws, ws_bytes, h->stream);
     if (st != PKV_OK) return st;
-    if (cudaGraphLaunch(h->exec, h->stream) != cudaSuccess) return pkv_fail(ctx, PKV_ERR_CUDA, "graph launch failed");
+    if (cudaGraphLaunch(h->exec, h->stream) != cudaSuccess) return pkv_lab_fail(PKV_ERR_CUDA, "graph launch failed");
     cudaError_t e = cudaStreamSynchronize(h->stream);
-    if (e != cudaSuccess) return pkv_fail(ctx, PKV_ERR_CUDA, "graph replay failed: %s", cudaGetErrorString(e));
+    if (e != cudaSuccess) return pkv_lab_fail(PKV_ERR_CUDA, "graph replay failed: %s", cudaGetErrorString(e));
     return PKV_OK;
 }
 
@@ -493,9 +515,9 @@ pkv_status pkv_dev_graph_run(pkv_context *ctx, const pkv_plan *plan, void *ws, s
     if (st != PKV_OK) return st;
     pkv_dev_graph *h = static_cast<pkv_dev_graph *>(graph);
     for (int32_t r = 0; st == PKV_OK && r < replays; r++)
-        if (cudaGraphLaunch(h->exec, h->stream) != cudaSuccess) st = pkv_fail(ctx, PKV_ERR_CUDA, "graph launch failed");
+        if (cudaGraphLaunch(h->exec, h->stream) != cudaSuccess) st = pkv_lab_fail(PKV_ERR_CUDA, "graph launch failed");
     if (st == PKV_OK && cudaStreamSynchronize(h->stream) != cudaSuccess)
-        st = pkv_fail(ctx, PKV_ERR_CUDA, "graph replay failed");
+        st = pkv_lab_fail(PKV_ERR_CUDA, "graph replay failed");
     pkv_dev_graph_free(graph);
     return st;
 }

@@ -24,9 +24,10 @@
  * 0), shuffled by Fisher-Yates; request 0 takes the first pages of the shuffled pool, request 1 the
  * next ones, and so on; the remaining num_pages - T pages are the holes.  Page ids are int32, so
  * num_pages must not exceed INT32_MAX. */
-#include "internal.h"
+#include "pkv_lab.h"
 
 #include <inttypes.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <limits.h>
 #include <stdio.h>
@@ -59,14 +60,14 @@ const char *pkv_trace_family_name(pkv_trace_family f) {
 }
 
 pkv_status pkv_trace_family_parse(const char *name, pkv_trace_family *f) {
-    if (!name || !f) return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "trace family name or output is NULL");
+    if (!name || !f) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "trace family name or output is NULL");
     for (int i = 0; i < (int)PKV_TRACE_FAMILY_COUNT_; i++) {
         if (strcmp(name, family_names[i]) == 0) {
             *f = (pkv_trace_family)i;
             return PKV_OK;
         }
     }
-    return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT,
+    return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT,
                     "unknown trace family '%s' (uniform, bimodal, zipf, bucketed, homogeneous)", name);
 }
 
@@ -219,7 +220,7 @@ static pkv_status run_schedule(pkv_trace *t, int32_t *served, bool record, int32
         if (finished == n) break;
         if (t->config.max_steps > 0 && step >= t->config.max_steps) break;
         if (step >= INT32_MAX)
-            return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, "trace would exceed INT32_MAX steps");
+            return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "trace would exceed INT32_MAX steps");
         int64_t arrived = (step + 1) * max_active; /* requests i with floor(i / max_active) <= step */
         if (arrived > n) arrived = n;
         while (first_open < n && served[first_open] >= t->decode_len[first_open]) first_open++;
@@ -243,14 +244,14 @@ static pkv_status run_schedule(pkv_trace *t, int32_t *served, bool record, int32
 }
 
 pkv_status pkv_trace_generate(const pkv_trace_config *cfg, pkv_trace **trace) {
-    if (!trace) return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "trace output pointer is NULL");
+    if (!trace) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "trace output pointer is NULL");
     *trace = NULL;
-    if (!cfg) return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "trace config is NULL");
+    if (!cfg) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "trace config is NULL");
     const char *why = config_problem(cfg);
-    if (why) return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, "trace config: %s", why);
+    if (why) return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "trace config: %s", why);
 
     pkv_trace *t = trace_alloc(cfg);
-    if (!t) return pkv_fail(NULL, PKV_ERR_OUT_OF_MEMORY, "cannot allocate a trace of %" PRId32 " requests",
+    if (!t) return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "cannot allocate a trace of %" PRId32 " requests",
                             cfg->num_requests);
     if (t->config.hole_fraction == 0.0) t->config.hole_fraction = 0.0; /* -0.0 -> +0.0 */
 
@@ -271,7 +272,7 @@ pkv_status pkv_trace_generate(const pkv_trace_config *cfg, pkv_trace **trace) {
     }
     if (pool > INT32_MAX) {
         pkv_trace_free(t);
-        return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT,
+        return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT,
                         "trace needs a pool of %" PRId64 " pages (with holes); page ids are int32",
                         pool);
     }
@@ -283,7 +284,7 @@ pkv_status pkv_trace_generate(const pkv_trace_config *cfg, pkv_trace **trace) {
     if (!t->pages || !served) {
         free(served);
         pkv_trace_free(t);
-        return pkv_fail(NULL, PKV_ERR_OUT_OF_MEMORY, "cannot allocate a pool of %" PRId64 " pages", pool);
+        return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "cannot allocate a pool of %" PRId64 " pages", pool);
     }
     for (int64_t k = 0; k < pool; k++) t->pages[k] = (int32_t)k;
     for (int64_t k = pool - 1; k >= 1; k--) {
@@ -302,7 +303,7 @@ pkv_status pkv_trace_generate(const pkv_trace_config *cfg, pkv_trace **trace) {
         t->row_request = (int32_t *)alloc_array(num_rows, sizeof(int32_t));
         t->row_len = (int32_t *)alloc_array(num_rows, sizeof(int32_t));
         if (!t->step_offset || !t->row_request || !t->row_len)
-            st = pkv_fail(NULL, PKV_ERR_OUT_OF_MEMORY, "cannot allocate %" PRId64 " trace rows", num_rows);
+            st = pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "cannot allocate %" PRId64 " trace rows", num_rows);
     }
     if (st == PKV_OK) st = run_schedule(t, served, true, &num_steps, &num_rows);
     free(served);
@@ -356,16 +357,16 @@ int32_t pkv_trace_page(const pkv_trace *t, int32_t request, int32_t j) {
 pkv_status pkv_trace_step_table(const pkv_trace *t, int32_t s, int32_t *indptr, int32_t *indices,
                                 int64_t capacity, int32_t *lens) {
     if (!t || !indptr || !lens || (!indices && capacity > 0))
-        return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "trace, indptr, indices or lens is NULL");
+        return pkv_lab_fail(PKV_ERR_NULL_POINTER, "trace, indptr, indices or lens is NULL");
     if (s < 0 || s >= t->num_steps)
-        return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, "step %" PRId32 " outside [0, %" PRId32 ")", s,
+        return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "step %" PRId32 " outside [0, %" PRId32 ")", s,
                         t->num_steps);
     const int64_t begin = t->step_offset[s], end = t->step_offset[s + 1];
     const int64_t page_size = t->config.page_size;
     int64_t needed = 0;
     for (int64_t row = begin; row < end; row++) needed += ceil_div(t->row_len[row], page_size);
     if (capacity < needed)
-        return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT,
+        return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT,
                         "step %" PRId32 " needs %" PRId64 " page indices, capacity is %" PRId64, s, needed,
                         capacity);
     int64_t filled = 0;
@@ -465,9 +466,9 @@ uint64_t pkv_trace_checksum(const pkv_trace *t) {
 #define TRACE_MAGIC "# persistentkv-trace v1"
 
 pkv_status pkv_trace_write(const pkv_trace *t, const char *path) {
-    if (!t || !path) return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "trace or path is NULL");
+    if (!t || !path) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "trace or path is NULL");
     FILE *f = fopen(path, "w");
-    if (!f) return pkv_fail(NULL, PKV_ERR_IO, "cannot open trace file '%s' for writing", path);
+    if (!f) return pkv_lab_fail(PKV_ERR_IO, "cannot open trace file '%s' for writing", path);
     const pkv_trace_config *c = &t->config;
     bool ok = fprintf(f, "%s\n", TRACE_MAGIC) >= 0;
     ok = ok && fprintf(f,
@@ -490,7 +491,7 @@ pkv_status pkv_trace_write(const pkv_trace *t, const char *path) {
     }
     ok = ok && !ferror(f);
     if (fclose(f) != 0) ok = false;
-    if (!ok) return pkv_fail(NULL, PKV_ERR_IO, "cannot write trace file '%s'", path);
+    if (!ok) return pkv_lab_fail(PKV_ERR_IO, "cannot write trace file '%s'", path);
     return PKV_OK;
 }
 
@@ -634,7 +635,7 @@ static pkv_status parse_fail(const trace_reader *rd, const char *what, ...) {
     va_start(ap, what);
     vsnprintf(detail, sizeof detail, what, ap);
     va_end(ap);
-    return pkv_fail(NULL, PKV_ERR_PARSE, "trace file '%s', line %ld: %s", rd->path, rd->lines.number,
+    return pkv_lab_fail(PKV_ERR_PARSE, "trace file '%s', line %ld: %s", rd->path, rd->lines.number,
                     detail);
 }
 
@@ -642,8 +643,8 @@ static pkv_status parse_fail(const trace_reader *rd, const char *what, ...) {
 static pkv_status next_header_line(trace_reader *rd) {
     int got = read_line(&rd->lines);
     if (got == 1) return PKV_OK;
-    if (got == -1) return pkv_fail(NULL, PKV_ERR_OUT_OF_MEMORY, "cannot allocate a line buffer");
-    if (got == -2) return pkv_fail(NULL, PKV_ERR_IO, "cannot read trace file '%s'", rd->path);
+    if (got == -1) return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "cannot allocate a line buffer");
+    if (got == -2) return pkv_lab_fail(PKV_ERR_IO, "cannot read trace file '%s'", rd->path);
     rd->lines.number++;
     return parse_fail(rd, "file ends inside the header");
 }
@@ -728,7 +729,7 @@ static pkv_status parse_request_line(trace_reader *rd, const char *p) {
             return parse_fail(rd, "page %" PRId64 " of request %" PRId32 " is not an id in [0, %" PRId64 ")",
                               k, r, t->num_pages);
         if (!i32_push(&rd->pages, (int32_t)page))
-            return pkv_fail(NULL, PKV_ERR_OUT_OF_MEMORY, "cannot allocate trace pages");
+            return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "cannot allocate trace pages");
     }
     if (*p != '\0')
         return parse_fail(rd, "request %" PRId32 " has more than its %" PRId64 " pages (or trailing text)",
@@ -765,7 +766,7 @@ static pkv_status parse_step_line(trace_reader *rd, const char *p) {
                           t->config.max_active);
     if (!i32_push(&rd->row_step, (int32_t)s) || !i32_push(&rd->row_request, (int32_t)r) ||
         !i32_push(&rd->row_len, (int32_t)len))
-        return pkv_fail(NULL, PKV_ERR_OUT_OF_MEMORY, "cannot allocate trace rows");
+        return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "cannot allocate trace rows");
     rd->rows_in_last_step = in_step + 1;
     return PKV_OK;
 }
@@ -778,7 +779,7 @@ static pkv_status finish_trace(trace_reader *rd) {
                           t->num_requests);
     const int64_t total = rd->pages.size;
     uint64_t *keys = (uint64_t *)alloc_array(total, sizeof(uint64_t)); /* page << 32 | request */
-    if (!keys) return pkv_fail(NULL, PKV_ERR_OUT_OF_MEMORY, "cannot allocate %" PRId64 " page keys", total);
+    if (!keys) return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "cannot allocate %" PRId64 " page keys", total);
     for (int32_t r = 0; r < t->num_requests; r++)
         for (int64_t k = t->page_offset[r]; k < t->page_offset[r + 1]; k++)
             keys[k] = ((uint64_t)(uint32_t)rd->pages.data[k] << 32) | (uint32_t)r;
@@ -797,10 +798,10 @@ static pkv_status finish_trace(trace_reader *rd) {
     t->pages = rd->pages.data; /* the trace takes the arrays over */
     rd->pages.data = NULL;
     if (!t->pages && !(t->pages = (int32_t *)malloc(1)))
-        return pkv_fail(NULL, PKV_ERR_OUT_OF_MEMORY, "cannot allocate trace pages");
+        return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "cannot allocate trace pages");
     const int64_t rows = rd->row_step.size;
     t->step_offset = (int64_t *)alloc_array((int64_t)t->num_steps + 1, sizeof(int64_t));
-    if (!t->step_offset) return pkv_fail(NULL, PKV_ERR_OUT_OF_MEMORY, "cannot allocate trace steps");
+    if (!t->step_offset) return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "cannot allocate trace steps");
     int64_t row = 0;
     for (int32_t s = 0; s <= t->num_steps; s++) {
         t->step_offset[s] = row;
@@ -812,7 +813,7 @@ static pkv_status finish_trace(trace_reader *rd) {
     if (!t->row_request) t->row_request = (int32_t *)malloc(1);
     if (!t->row_len) t->row_len = (int32_t *)malloc(1);
     if (!t->row_request || !t->row_len)
-        return pkv_fail(NULL, PKV_ERR_OUT_OF_MEMORY, "cannot allocate trace rows");
+        return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "cannot allocate trace rows");
     return PKV_OK;
 }
 
@@ -824,14 +825,14 @@ static pkv_status read_trace(trace_reader *rd) {
     rd->trace = trace_alloc(&cfg);
     rd->request_line = (long *)alloc_array(cfg.num_requests, sizeof(long));
     if (!rd->trace || !rd->request_line)
-        return pkv_fail(NULL, PKV_ERR_OUT_OF_MEMORY, "cannot allocate a trace of %" PRId32 " requests",
+        return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "cannot allocate a trace of %" PRId32 " requests",
                         cfg.num_requests);
     rd->trace->num_pages = num_pages;
     rd->trace->num_steps = (int32_t)num_steps;
     for (;;) {
         int got = read_line(&rd->lines);
-        if (got == -1) return pkv_fail(NULL, PKV_ERR_OUT_OF_MEMORY, "cannot allocate a line buffer");
-        if (got == -2) return pkv_fail(NULL, PKV_ERR_IO, "cannot read trace file '%s'", rd->path);
+        if (got == -1) return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "cannot allocate a line buffer");
+        if (got == -2) return pkv_lab_fail(PKV_ERR_IO, "cannot read trace file '%s'", rd->path);
         if (got == 0) break;
         const char *p = rd->lines.buf;
         if (*p == '\0' || *p == '#') continue;
@@ -844,14 +845,14 @@ static pkv_status read_trace(trace_reader *rd) {
 }
 
 pkv_status pkv_trace_read(const char *path, pkv_trace **trace) {
-    if (!trace) return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "trace output pointer is NULL");
+    if (!trace) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "trace output pointer is NULL");
     *trace = NULL;
-    if (!path) return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "trace file path is NULL");
+    if (!path) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "trace file path is NULL");
     trace_reader rd;
     memset(&rd, 0, sizeof rd);
     rd.path = path;
     rd.lines.file = fopen(path, "r");
-    if (!rd.lines.file) return pkv_fail(NULL, PKV_ERR_IO, "cannot open trace file '%s'", path);
+    if (!rd.lines.file) return pkv_lab_fail(PKV_ERR_IO, "cannot open trace file '%s'", path);
     pkv_status st = read_trace(&rd);
     fclose(rd.lines.file);
     free(rd.lines.buf);

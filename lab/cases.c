@@ -1,72 +1,25 @@
-/* test_util.h - helpers shared by the CPU and GPU tests (header only, static inline functions):
- * a seeded random problem generator (shape, lengths, a scattered page pool, fp16/bf16 data, the CSR
- * table), the float64 reference of a generated problem, output poisoning and the comparisons
- * (relative L2 and max abs error of o, lse error, "every element written").
- *
- * Typical use:
- *   pkv_test_case tc;
- *   pkv_test_choices ch; pkv_test_choices_default(&ch);
- *   pkv_test_case_random(&rng, &ch, &tc);      // or pkv_test_case_build(&rng, &problem, B, lens, &tc)
- *   pkv_test_case_reference(&tc);              // o_ref, lse_ref
- *   pkv_test_poison(&tc);  ... run into tc.o / tc.lse ...
- *   pkv_test_unwritten(&tc) == 0, pkv_test_rel_l2(&tc) < tol, pkv_test_lse_err(&tc) < tol
- *   pkv_test_case_free(&tc);
- *
- * Data: q, K and V are uniform in [-1, 1] rounded to the dtype, never zero.  With
- * poison_unused_kv set, every KV slot no row reads (the tail of a row's last page, pages a row owns
- * past its length, and the unused "hole" pages of the pool) holds NaN, so a kernel that reads or
- * mixes in a token it must not see turns its output into NaN. */
-#ifndef PKV_TEST_UTIL_H
-#define PKV_TEST_UTIL_H
-
-#include "persistentkv.h"
+/* cases.c - test cases shared by the tests and `pkv check` (pkv_lab.h): the random problem generator,
+ * its float64 reference, poisoning, comparisons, and runs of a case on any backend. */
+#include "pkv_lab.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* NaN bit patterns used to poison outputs and unused KV slots. */
-#define PKV_TEST_NAN_FP16 ((uint16_t)0x7e00u)
-#define PKV_TEST_NAN_BF16 ((uint16_t)0x7fc0u)
-
-/* The CPU backend's tolerances against the float64 reference (test_cpu, test_fuzz). */
-#define PKV_TEST_TOL_O_FP16 1.0e-3 /* relative L2 of o */
-#define PKV_TEST_TOL_O_BF16 6.0e-3
-#define PKV_TEST_TOL_LSE 5.0e-5    /* |lse - ref| / max(1, |ref|), fp32 lse */
-
-static inline uint16_t pkv_test_nan_bits(pkv_dtype dtype) {
+uint16_t pkv_test_nan_bits(pkv_dtype dtype) {
     return dtype == PKV_DTYPE_BF16 ? PKV_TEST_NAN_BF16 : PKV_TEST_NAN_FP16;
 }
 
-static inline float pkv_test_to_float(uint16_t bits, pkv_dtype dtype) {
+float pkv_test_to_float(uint16_t bits, pkv_dtype dtype) {
     return dtype == PKV_DTYPE_BF16 ? pkv_bf16_to_float(bits) : pkv_half_to_float(bits);
 }
 
-static inline uint16_t pkv_test_from_float(float f, pkv_dtype dtype) {
+uint16_t pkv_test_from_float(float f, pkv_dtype dtype) {
     return dtype == PKV_DTYPE_BF16 ? pkv_float_to_bf16(f) : pkv_float_to_half(f);
 }
 
-/* What the random generator may pick.  Each list has count entries (count 0: the default noted). */
-typedef struct pkv_test_choices {
-    const int32_t *groups;      int32_t num_groups;      /* G; default {1, 4, 8} */
-    const int32_t *kv_heads;    int32_t num_kv_heads;    /* Hkv; default {1, 2} */
-    const int32_t *head_dims;   int32_t num_head_dims;   /* default {64, 128} */
-    const int32_t *page_sizes;  int32_t num_page_sizes;  /* default {1, 16, 64} */
-    const pkv_layout *layouts;  int32_t num_layouts;     /* default {NHD, HND} */
-    const pkv_dtype *dtypes;    int32_t num_dtypes;      /* default {FP16, BF16} */
-    int32_t max_batch;          /* B drawn in [min_batch, max_batch]; default 1..6 */
-    int32_t min_batch;
-    int32_t max_len;            /* typical lengths drawn in [2, max_len]; default 3000 */
-    int32_t long_len;           /* with probability long_prob a row gets up to long_len tokens */
-    double long_prob;
-    double empty_prob;          /* probability of a row of length 0; default 0.1 */
-    double one_prob;            /* probability of a row of length 1; default 0.1 */
-    double hole_fraction;       /* unused pages / used pages; default 0.25 */
-    int poison_unused_kv;       /* NaN in every KV slot no row reads; default 1 */
-} pkv_test_choices;
-
-static inline void pkv_test_choices_default(pkv_test_choices *c) {
+void pkv_test_choices_default(pkv_test_choices *c) {
     memset(c, 0, sizeof *c);
     c->max_batch = 6;
     c->min_batch = 1;
@@ -79,31 +32,12 @@ static inline void pkv_test_choices_default(pkv_test_choices *c) {
     c->poison_unused_kv = 1;
 }
 
-/* A generated problem with its host data, outputs and reference. */
-typedef struct pkv_test_case {
-    pkv_problem problem;
-    pkv_page_table table;     /* points at the arrays below */
-    int32_t batch_size;
-    int32_t *seq_lens;        // [B]
-    int32_t *kv_indptr;       // [B + 1]
-    int32_t *kv_page_indices; // [kv_indptr[B]]
-    uint16_t *q;              // [B, Hq, d]
-    uint16_t *k_cache;        // [num_pages, page_size, Hkv, d] (NHD) or [num_pages, Hkv, page_size, d] (HND)
-    uint16_t *v_cache;
-    uint16_t *o;              // [B, Hq, d]   output under test
-    float *lse;               // [B, Hq]      output under test
-    double *o_ref;            // [B, Hq, d]
-    double *lse_ref;          // [B, Hq]
-    int64_t q_elems, kv_elems, lse_elems, total_tokens;
-    int ok;                   /* 1 when every allocation succeeded */
-} pkv_test_case;
-
-static inline int64_t pkv_test_pick(pkv_rng *rng, int64_t count) {
+int64_t pkv_test_pick(pkv_rng *rng, int64_t count) {
     return count <= 1 ? 0 : pkv_rng_uniform_int(rng, 0, count - 1);
 }
 
 /* Uniform in [-1, 1], rounded to the dtype, never zero (nor -0). */
-static inline uint16_t pkv_test_random_value(pkv_rng *rng, pkv_dtype dtype) {
+uint16_t pkv_test_random_value(pkv_rng *rng, pkv_dtype dtype) {
     for (;;) {
         float f = (float)(2.0 * pkv_rng_uniform01(rng) - 1.0);
         uint16_t bits = pkv_test_from_float(f, dtype);
@@ -111,7 +45,7 @@ static inline uint16_t pkv_test_random_value(pkv_rng *rng, pkv_dtype dtype) {
     }
 }
 
-static inline void pkv_test_case_free(pkv_test_case *tc) {
+void pkv_test_case_free(pkv_test_case *tc) {
     free(tc->seq_lens);
     free(tc->kv_indptr);
     free(tc->kv_page_indices);
@@ -126,7 +60,7 @@ static inline void pkv_test_case_free(pkv_test_case *tc) {
 }
 
 /* Element offset of token t of row i, KV head h, in the K or V pool (dense). */
-static inline int64_t pkv_test_kv_at(const pkv_test_case *tc, int32_t i, int32_t t, int32_t h) {
+int64_t pkv_test_kv_at(const pkv_test_case *tc, int32_t i, int32_t t, int32_t h) {
     const pkv_problem *p = &tc->problem;
     const int32_t ps = p->page_size, hkv = p->num_kv_heads, d = p->head_dim;
     const int64_t page = tc->kv_page_indices[tc->kv_indptr[i] + t / ps];
@@ -137,7 +71,7 @@ static inline int64_t pkv_test_kv_at(const pkv_test_case *tc, int32_t i, int32_t
 
 /* Under the problem's sliding window, NaN in K and V of every token before a row's window (tokens a
  * kernel may bring in with the window's first tile but must never let reach the output). */
-static inline void pkv_test_poison_before_window(pkv_test_case *tc) {
+void pkv_test_poison_before_window(pkv_test_case *tc) {
     const pkv_problem *p = &tc->problem;
     if (p->window <= 0) return;
     const uint16_t nan_bits = pkv_test_nan_bits(p->dtype);
@@ -152,7 +86,7 @@ static inline void pkv_test_poison_before_window(pkv_test_case *tc) {
 /* A random logits soft cap c in [1, 50] with sm_scale set so that the scaled scores of the tests' data
  * (q, k uniform in [-1, 1]: q.k has a standard deviation of sqrt(d) / 3) spread over 0.5..2 c: a cap that
  * binds, so a backend that ignored it would fail. */
-static inline void pkv_test_random_cap(pkv_rng *rng, pkv_problem *p) {
+void pkv_test_random_cap(pkv_rng *rng, pkv_problem *p) {
     const double c = (double)pkv_rng_uniform_int(rng, 1, 50), spread = 0.5 + 1.5 * pkv_rng_uniform01(rng);
     p->logits_soft_cap = (float)c;
     p->sm_scale = (float)(spread * c * 3.0 / sqrt((double)p->head_dim));
@@ -161,7 +95,7 @@ static inline void pkv_test_random_cap(pkv_rng *rng, pkv_problem *p) {
 /* Builds a case for the given problem shape (num_pages is computed) and lengths: each row owns
  * ceil(len / page_size) pages, sometimes one more; page ids are a random permutation of the pool
  * (no page shared between rows) with hole_fraction unused pages.  Returns tc->ok. */
-static inline int pkv_test_case_build(pkv_rng *rng, const pkv_problem *shape, int32_t batch_size,
+int pkv_test_case_build(pkv_rng *rng, const pkv_problem *shape, int32_t batch_size,
                                       const int32_t *lens, double hole_fraction, int poison_unused_kv,
                                       pkv_test_case *tc) {
     memset(tc, 0, sizeof *tc);
@@ -243,7 +177,7 @@ static inline int pkv_test_case_build(pkv_rng *rng, const pkv_problem *shape, in
 }
 
 /* Draws one random length under the choices. */
-static inline int32_t pkv_test_random_len(pkv_rng *rng, const pkv_test_choices *c) {
+int32_t pkv_test_random_len(pkv_rng *rng, const pkv_test_choices *c) {
     double u = pkv_rng_uniform01(rng);
     if (u < c->empty_prob) return 0;
     if (u < c->empty_prob + c->one_prob) return 1;
@@ -253,7 +187,7 @@ static inline int32_t pkv_test_random_len(pkv_rng *rng, const pkv_test_choices *
 }
 
 /* Draws a whole random case under the choices.  Returns tc->ok. */
-static inline int pkv_test_case_random(pkv_rng *rng, const pkv_test_choices *c, pkv_test_case *tc) {
+int pkv_test_case_random(pkv_rng *rng, const pkv_test_choices *c, pkv_test_case *tc) {
     static const int32_t def_groups[] = {1, 4, 8}, def_kv[] = {1, 2}, def_dims[] = {64, 128},
                          def_pages[] = {1, 16, 64};
     static const pkv_layout def_layouts[] = {PKV_LAYOUT_NHD, PKV_LAYOUT_HND};
@@ -281,19 +215,19 @@ static inline int pkv_test_case_random(pkv_rng *rng, const pkv_test_choices *c, 
 }
 
 /* Fills o_ref and lse_ref with the float64 reference. */
-static inline pkv_status pkv_test_case_reference(pkv_test_case *tc) {
+pkv_status pkv_test_case_reference(pkv_test_case *tc) {
     return pkv_reference(&tc->problem, &tc->table, tc->q, tc->k_cache, tc->v_cache, tc->o_ref, tc->lse_ref);
 }
 
 /* Fills o with the dtype's NaN pattern and lse with NaN, so unwritten elements show. */
-static inline void pkv_test_poison(pkv_test_case *tc) {
+void pkv_test_poison(pkv_test_case *tc) {
     const uint16_t nan_bits = pkv_test_nan_bits(tc->problem.dtype);
     for (int64_t e = 0; e < tc->q_elems; e++) tc->o[e] = nan_bits;
     for (int64_t e = 0; e < tc->lse_elems; e++) tc->lse[e] = NAN;
 }
 
 /* Output elements (o and lse) still NaN: 0 when every element was written with a number. */
-static inline int64_t pkv_test_unwritten(const pkv_test_case *tc) {
+int64_t pkv_test_unwritten(const pkv_test_case *tc) {
     int64_t bad = 0;
     for (int64_t e = 0; e < tc->q_elems; e++) {
         float f = pkv_test_to_float(tc->o[e], tc->problem.dtype);
@@ -306,7 +240,7 @@ static inline int64_t pkv_test_unwritten(const pkv_test_case *tc) {
 
 /* Relative L2 error of o against o_ref: ||o - o_ref|| / max(||o_ref||, tiny).  NaN or inf in o
  * gives +inf. */
-static inline double pkv_test_rel_l2(const pkv_test_case *tc) {
+double pkv_test_rel_l2(const pkv_test_case *tc) {
     double num = 0.0, den = 0.0;
     for (int64_t e = 0; e < tc->q_elems; e++) {
         double x = (double)pkv_test_to_float(tc->o[e], tc->problem.dtype);
@@ -320,7 +254,7 @@ static inline double pkv_test_rel_l2(const pkv_test_case *tc) {
 }
 
 /* Largest |o - o_ref|; +inf when o holds NaN or inf. */
-static inline double pkv_test_max_abs(const pkv_test_case *tc) {
+double pkv_test_max_abs(const pkv_test_case *tc) {
     double worst = 0.0;
     for (int64_t e = 0; e < tc->q_elems; e++) {
         double x = (double)pkv_test_to_float(tc->o[e], tc->problem.dtype);
@@ -333,7 +267,7 @@ static inline double pkv_test_max_abs(const pkv_test_case *tc) {
 
 /* Largest |lse - lse_ref| / max(1, |lse_ref|); empty rows must give -inf in both (0 error), any
  * other mismatch of infinities or a NaN gives +inf. */
-static inline double pkv_test_lse_err(const pkv_test_case *tc) {
+double pkv_test_lse_err(const pkv_test_case *tc) {
     double worst = 0.0;
     for (int64_t e = 0; e < tc->lse_elems; e++) {
         double x = (double)tc->lse[e], r = tc->lse_ref[e];
@@ -348,7 +282,7 @@ static inline double pkv_test_lse_err(const pkv_test_case *tc) {
 }
 
 /* Rows of length 0 must give o == +0 or -0 exactly: count the elements that do not. */
-static inline int64_t pkv_test_empty_rows_nonzero(const pkv_test_case *tc) {
+int64_t pkv_test_empty_rows_nonzero(const pkv_test_case *tc) {
     const int64_t row = (int64_t)tc->problem.num_qo_heads * tc->problem.head_dim;
     int64_t bad = 0;
     for (int32_t i = 0; i < tc->batch_size; i++)
@@ -358,4 +292,135 @@ static inline int64_t pkv_test_empty_rows_nonzero(const pkv_test_case *tc) {
     return bad;
 }
 
-#endif /* PKV_TEST_UTIL_H */
+/* The case's K and V pools as one buffer that interleaves them per page (FlashInfer's and vLLM's
+ * [pages, 2, ...] cache) with pad elements after each page's V: page stride 2 x page + pad. */
+uint16_t *pkv_test_interleave(const pkv_test_case *tc, int64_t pad, int64_t *stride) {
+    const pkv_problem *p = &tc->problem;
+    const int64_t page = (int64_t)p->page_size * p->num_kv_heads * p->head_dim;
+    *stride = 2 * page + pad;
+    uint16_t *kv = (uint16_t *)malloc((size_t)(p->num_pages * *stride) * 2 + 2);
+    if (!kv) return NULL;
+    const uint16_t nan_bits = pkv_test_nan_bits(p->dtype); /* NaN in the padding (0x7e00 is finite in bf16) */
+    for (int64_t i = 0; i < p->num_pages * *stride; i++) kv[i] = nan_bits;
+    for (int64_t pg = 0; pg < p->num_pages; pg++) {
+        memcpy(kv + pg * *stride, (const uint16_t *)tc->k_cache + pg * page, (size_t)page * 2);
+        memcpy(kv + pg * *stride + page, (const uint16_t *)tc->v_cache + pg * page, (size_t)page * 2);
+    }
+    return kv;
+}
+
+/* A copy of B rows of `row` elements spread `stride` apart, the gaps filled with `fill`. */
+uint16_t *pkv_test_spread_rows(const uint16_t *src, int32_t B, int64_t row, int64_t stride,
+                                             uint16_t fill) {
+    uint16_t *dst = (uint16_t *)malloc((size_t)(B * stride) * 2 + 2);
+    if (!dst) return NULL;
+    for (int64_t i = 0; i < B * stride; i++) dst[i] = fill;
+    for (int32_t b = 0; b < B; b++) memcpy(dst + b * stride, src + b * row, (size_t)row * 2);
+    return dst;
+}
+
+/* The rows back from a spread copy; returns how many gap elements are no longer `fill`. */
+int64_t pkv_test_gather_rows(uint16_t *dst, const uint16_t *src, int32_t B, int64_t row,
+                                           int64_t stride, uint16_t fill) {
+    int64_t touched = 0;
+    for (int32_t b = 0; b < B; b++) {
+        memcpy(dst + b * row, src + b * stride, (size_t)row * 2);
+        for (int64_t e = row; e < stride; e++) touched += src[b * stride + e] != fill;
+    }
+    return touched;
+}
+
+/* Runs the case with its tensors laid out as L says; the outputs come back into tc->o / tc->lse, and
+ * *gap_writes (when not NULL) counts the elements between o's rows that the run changed. */
+pkv_status pkv_test_run_layout(pkv_context *ctx, const pkv_plan *plan, pkv_test_case *tc,
+                                             const pkv_test_layout *L, int64_t *gap_writes) {
+    const pkv_problem *p = &tc->problem;
+    const int32_t B = tc->batch_size;
+    const int64_t page = (int64_t)p->page_size * p->num_kv_heads * p->head_dim;
+    const int64_t row = (int64_t)p->num_qo_heads * p->head_dim;
+    const int64_t qs = L->q_pad > 0 ? row + L->q_pad : 0, os = L->o_pad > 0 ? row + L->o_pad : 0;
+    const uint16_t gap_fill = 0x3c01; /* finite in fp16 and bf16, and not the outputs' poison */
+    size_t ws_bytes = pkv_plan_workspace_size(plan);
+    int64_t stride = 0;
+    uint16_t *kv = NULL, *qh = NULL, *oh = NULL;
+    pkv_status st = PKV_OK;
+    if (gap_writes) *gap_writes = 0;
+    if (L->kv_pad >= 0 && !(kv = pkv_test_interleave(tc, L->kv_pad, &stride))) st = PKV_ERR_OUT_OF_MEMORY;
+    if (st == PKV_OK && qs &&
+        !(qh = pkv_test_spread_rows((const uint16_t *)tc->q, B, row, qs, pkv_test_nan_bits(p->dtype))))
+        st = PKV_ERR_OUT_OF_MEMORY;
+    if (st == PKV_OK && os && !(oh = pkv_test_spread_rows((const uint16_t *)tc->o, B, row, os, gap_fill)))
+        st = PKV_ERR_OUT_OF_MEMORY;
+    const void *q_host = qh ? (const void *)qh : tc->q;
+    void *o_host = oh ? (void *)oh : tc->o;
+    size_t qb = (size_t)(qs ? B * qs : tc->q_elems) * 2, ob = (size_t)(os ? B * os : tc->q_elems) * 2;
+    if (st == PKV_OK && pkv_context_backend(ctx) == PKV_BACKEND_CPU) {
+        void *ws = malloc(ws_bytes ? ws_bytes : 1);
+        if (!ws) st = PKV_ERR_OUT_OF_MEMORY;
+        pkv_tensors t = {.q = q_host,
+                         .k_cache = kv ? (const void *)kv : tc->k_cache,
+                         .v_cache = kv ? (const void *)(kv + page) : tc->v_cache,
+                         .kv_page_indices = tc->kv_page_indices,
+                         .o = o_host,
+                         .lse = tc->lse,
+                         .kv_page_stride = stride,
+                         .q_row_stride = qs,
+                         .o_row_stride = os};
+        if (st == PKV_OK) st = pkv_run(ctx, plan, ws, ws_bytes, &t, NULL);
+        free(ws);
+    } else if (st == PKV_OK) {
+        size_t kvb = (size_t)tc->kv_elems * 2, lb = (size_t)tc->lse_elems * 4;
+        size_t ib = (size_t)tc->kv_indptr[B] * 4, kvib = (size_t)(p->num_pages * stride) * 2;
+        void *q = NULL, *k = NULL, *v = NULL, *o = NULL, *lse = NULL, *idx = NULL, *ws = NULL;
+        st = pkv_dev_malloc(ctx, qb, &q);
+        if (st == PKV_OK) st = pkv_dev_malloc(ctx, kv ? kvib : kvb, &k);
+        if (st == PKV_OK && !kv) st = pkv_dev_malloc(ctx, kvb, &v);
+        if (st == PKV_OK) st = pkv_dev_malloc(ctx, ob, &o);
+        if (st == PKV_OK) st = pkv_dev_malloc(ctx, lb, &lse);
+        if (st == PKV_OK) st = pkv_dev_malloc(ctx, ib, &idx);
+        if (st == PKV_OK) st = pkv_dev_malloc(ctx, ws_bytes, &ws);
+        if (st == PKV_OK) st = pkv_dev_copy_h2d(ctx, q, q_host, qb);
+        if (st == PKV_OK) st = pkv_dev_copy_h2d(ctx, k, kv ? (const void *)kv : tc->k_cache, kv ? kvib : kvb);
+        if (st == PKV_OK && !kv) st = pkv_dev_copy_h2d(ctx, v, tc->v_cache, kvb);
+        if (st == PKV_OK) st = pkv_dev_copy_h2d(ctx, idx, tc->kv_page_indices, ib);
+        if (st == PKV_OK) st = pkv_dev_copy_h2d(ctx, o, o_host, ob);      /* poisoned */
+        if (st == PKV_OK) st = pkv_dev_copy_h2d(ctx, lse, tc->lse, lb); /* poisoned */
+        if (st == PKV_OK) {
+            const void *vp = kv ? (const void *)((const uint16_t *)k + page) : v;
+            pkv_tensors t = {.q = q,
+                             .k_cache = k,
+                             .v_cache = vp,
+                             .kv_page_indices = (const int32_t *)idx,
+                             .o = o,
+                             .lse = (float *)lse,
+                             .kv_page_stride = stride,
+                             .q_row_stride = qs,
+                             .o_row_stride = os};
+            st = pkv_run(ctx, plan, ws, ws_bytes, &t, NULL);
+        }
+        if (st == PKV_OK) st = pkv_dev_synchronize(ctx);
+        if (st == PKV_OK) st = pkv_dev_copy_d2h(ctx, o_host, o, ob);
+        if (st == PKV_OK) st = pkv_dev_copy_d2h(ctx, tc->lse, lse, lb);
+        void *bufs[] = {q, k, v, o, lse, idx, ws};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) pkv_dev_free(ctx, bufs[i]);
+    }
+    if (st == PKV_OK && oh) {
+        const int64_t touched = pkv_test_gather_rows((uint16_t *)tc->o, oh, B, row, os, gap_fill);
+        if (gap_writes) *gap_writes = touched;
+    }
+    free(kv);
+    free(qh);
+    free(oh);
+    return st;
+}
+
+/* pad < 0: K and V in their own dense pools; pad >= 0: one interleaved buffer (pkv_test_interleave). */
+pkv_status pkv_test_run_kv(pkv_context *ctx, const pkv_plan *plan, pkv_test_case *tc, int64_t pad) {
+    const pkv_test_layout L = {pad, 0, 0};
+    return pkv_test_run_layout(ctx, plan, tc, &L, NULL);
+}
+
+pkv_status pkv_test_run(pkv_context *ctx, const pkv_plan *plan, pkv_test_case *tc) {
+    return pkv_test_run_kv(ctx, plan, tc, -1);
+}
+

@@ -8,11 +8,14 @@
  *         j in [max(0, N - W), N) only
  *   o[i,h,:] = sum_j exp(s_j - max s) V[i,g,j,:] / sum_j exp(s_j - max s)
  *   lse[i,h] = max s + ln(sum_j exp(s_j - max s));     N = 0: o = 0, lse = -inf. */
-#include "internal.h"
+#include "pkv_lab.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* The largest G the library documents (persistentkv.h): the per-head sums below. */
+#define REF_MAX_GROUP 16
 
 static double load_elem(const uint16_t *base, int64_t index, pkv_dtype dtype) {
     uint16_t bits = base[index];
@@ -21,25 +24,29 @@ static double load_elem(const uint16_t *base, int64_t index, pkv_dtype dtype) {
 
 pkv_status pkv_reference(const pkv_problem *problem, const pkv_page_table *table, const void *q,
                          const void *k_cache, const void *v_cache, double *o_ref, double *lse_ref) {
-    pkv_status st = pkv_check_problem(NULL, problem);
-    if (st != PKV_OK) return st;
-    st = pkv_check_table(NULL, problem, table, true);
+    /* the library's own checks of the shapes and the table: the reference defines the math, not the bounds */
+    pkv_status st = pkv_check_page_table(problem, table);
     if (st != PKV_OK) return st;
     const int32_t B = table->batch_size;
     if (B == 0) return PKV_OK;
     if (!q || !o_ref || !lse_ref)
-        return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "q, o_ref and lse_ref must not be NULL");
+        return pkv_lab_fail(PKV_ERR_NULL_POINTER, "q, o_ref and lse_ref must not be NULL");
     int64_t max_len = 0;
     for (int32_t i = 0; i < B; i++)
         if (table->seq_lens[i] > max_len) max_len = table->seq_lens[i];
     if (max_len > 0 && (!k_cache || !v_cache))
-        return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "k_cache and v_cache must not be NULL");
+        return pkv_lab_fail(PKV_ERR_NULL_POINTER, "k_cache and v_cache must not be NULL");
 
     const int32_t hq = problem->num_qo_heads, hkv = problem->num_kv_heads, d = problem->head_dim;
     const int32_t G = hq / hkv, ps = problem->page_size;
     const pkv_dtype dtype = problem->dtype;
-    const double scale = (double)pkv_problem_scale(problem), cap = (double)problem->logits_soft_cap;
-    const pkv_kv_strides kvs = pkv_kv_strides_of(problem);
+    /* the scale as the library takes it: a float (1 / sqrt(d) rounded to float by default) */
+    const double scale = problem->sm_scale > 0 ? (double)problem->sm_scale : (double)(float)(1.0 / sqrt((double)d));
+    const double cap = (double)problem->logits_soft_cap;
+    /* element strides of a page, a KV head and a token in the pool, by layout */
+    const int64_t s_page = (int64_t)ps * hkv * d;
+    const int64_t s_head = problem->layout == PKV_LAYOUT_NHD ? d : (int64_t)ps * d;
+    const int64_t s_token = problem->layout == PKV_LAYOUT_NHD ? (int64_t)hkv * d : d;
     const uint16_t *q16 = (const uint16_t *)q;        // q [B, Hq, d]
     const uint16_t *k16 = (const uint16_t *)k_cache;  // K pages, NHD or HND
     const uint16_t *v16 = (const uint16_t *)v_cache;
@@ -53,11 +60,12 @@ pkv_status pkv_reference(const pkv_problem *problem, const pkv_page_table *table
         free(scores);
         free(qd);
         free(row);
-        return pkv_fail(NULL, PKV_ERR_OUT_OF_MEMORY, "cannot allocate the reference's scratch");
+        return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "cannot allocate the reference's scratch");
     }
 
     for (int32_t i = 0; i < B; i++) {
-        const int32_t n = table->seq_lens[i], t0 = pkv_row_start(problem, n);
+        const int32_t n = table->seq_lens[i];
+        const int32_t t0 = problem->window > 0 && n > problem->window ? n - problem->window : 0;
         const int32_t *pages = n > 0 ? table->kv_page_indices + table->kv_indptr[i] : NULL;
         for (int32_t g = 0; g < hkv; g++) {
             double *o_rows = o_ref + ((int64_t)i * hq + (int64_t)g * G) * d; // o_ref [B, Hq, d]
@@ -72,7 +80,7 @@ pkv_status pkv_reference(const pkv_problem *problem, const pkv_page_table *table
                     qd[(int64_t)j * d + e] = load_elem(q16, ((int64_t)i * hq + (int64_t)g * G + j) * d + e, dtype);
             /* pass 1: scores */
             for (int32_t t = t0; t < n; t++) {
-                int64_t at = (int64_t)pages[t / ps] * kvs.page + (int64_t)g * kvs.head + (int64_t)(t % ps) * kvs.token;
+                int64_t at = (int64_t)pages[t / ps] * s_page + (int64_t)g * s_head + (int64_t)(t % ps) * s_token;
                 for (int32_t e = 0; e < d; e++) row[e] = load_elem(k16, at + e, dtype);
                 for (int32_t j = 0; j < G; j++) {
                     double dot = 0.0;
@@ -81,7 +89,7 @@ pkv_status pkv_reference(const pkv_problem *problem, const pkv_page_table *table
                 }
             }
             /* pass 2: softmax weights and the weighted sum of V */
-            double maxs[PKV_MAX_GROUP], sums[PKV_MAX_GROUP];
+            double maxs[REF_MAX_GROUP], sums[REF_MAX_GROUP];
             for (int32_t j = 0; j < G; j++) {
                 double m = -INFINITY;
                 for (int32_t t = t0; t < n; t++)
@@ -90,7 +98,7 @@ pkv_status pkv_reference(const pkv_problem *problem, const pkv_page_table *table
                 sums[j] = 0.0;
             }
             for (int32_t t = t0; t < n; t++) {
-                int64_t at = (int64_t)pages[t / ps] * kvs.page + (int64_t)g * kvs.head + (int64_t)(t % ps) * kvs.token;
+                int64_t at = (int64_t)pages[t / ps] * s_page + (int64_t)g * s_head + (int64_t)(t % ps) * s_token;
                 for (int32_t e = 0; e < d; e++) row[e] = load_elem(v16, at + e, dtype);
                 for (int32_t j = 0; j < G; j++) {
                     double p = exp(scores[(int64_t)j * n + t] - maxs[j]);

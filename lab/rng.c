@@ -2,7 +2,7 @@
  *
  * The same seed gives the same sequence on every platform: only 64-bit unsigned integer arithmetic
  * (which wraps modulo 2^64 by definition), and one exact power-of-two scaling for uniform01. */
-#include "persistentkv.h"
+#include "pkv_lab.h"
 
 void pkv_rng_seed(pkv_rng *r, uint64_t seed) {
     if (r) r->state = seed;
