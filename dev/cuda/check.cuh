@@ -1,4 +1,4 @@
-// probe_check.cuh - the CUDA call check of the standalone dev probes (each built with nvcc alone):
+// check.cuh - the CUDA call check of the standalone dev probes (each built with nvcc alone):
 // CK(call) prints the failing call, its place and CUDA's message, and exits.
 #pragma once
 #include <cstdio>

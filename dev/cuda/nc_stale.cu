@@ -1,4 +1,4 @@
-// probe_nc_stale.cu - can a load through the non-coherent path (ld.global.nc, what __ldg compiles to) return
+// nc_stale.cu - can a load through the non-coherent path (ld.global.nc, what __ldg compiles to) return
 // data that a copy overwrote between two kernels?  A standalone probe for kernel-notes v13c: a
 // graph-stable task entry read with ld.global.nc failed two test_cuda cases that the same code with a
 // plain ld.global passed (the two builds' SASS differ in those loads' cache path only), and the decode
@@ -13,7 +13,7 @@
 // non-coherent without L1 allocation (ld.global.nc.L1::no_allocate).  Also a buffer freed and allocated
 // again at the same address between rounds.  Prints the stale words seen per case (0 everywhere: the
 // non-coherent path is not the difference by itself).
-// Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a dev/probe_nc_stale.cu -o probe_nc_stale
+// Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a dev/cuda/nc_stale.cu -o nc_stale
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -22,7 +22,7 @@
 #include <cstring>
 #include <vector>
 
-#include "probe_check.cuh"
+#include "check.cuh"
 
 constexpr int kWords = 4096; // 16 KiB
 constexpr int kRounds = 200;
@@ -147,7 +147,7 @@ int main() {
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     const int grid = prop.multiProcessorCount * 4;
-    printf("# dev/probe_nc_stale.cu on %s (%d SMs): a 16 KiB buffer rewritten between reading kernels, %d rounds,\n"
+    printf("# dev/cuda/nc_stale.cu on %s (%d SMs): a 16 KiB buffer rewritten between reading kernels, %d rounds,\n"
            "# every CTA of %d reading it whole twice; stale words seen (of %lld read per case)\n",
            prop.name, prop.multiProcessorCount, kRounds, grid, 2LL * kRounds * grid * kWords);
     printf("| rewrite | reading kernel | %s | %s | %s |\n| --- | --- | ---: | ---: | ---: |\n", mode_name[0],

@@ -1,4 +1,4 @@
-// probe_read_patterns.cu - how fast can the KV bytes of a decode step be read off scattered NHD pages,
+// read_patterns.cu - how fast can the KV bytes of a decode step be read off scattered NHD pages,
 // by access pattern, with no attention math?  A standalone probe for the next kernel version:
 //
 //   stream      a contiguous read of the same bytes (and of 4 GiB: the read ceiling)
@@ -18,7 +18,7 @@
 // without repetition from a 16 GiB K pool and a 16 GiB V pool (anchors.md: a 32 GiB pool), rows of
 // 2048 pages (32K tokens): 16 rows = 2.15 GB (B16_homo32K), 1 row = 134 MB (B1_N32768).  Time: CUDA
 // events around each run, median of 30.  Build: nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a
-//   -Iinclude -Isrc/core -Isrc/cuda dev/probe_read_patterns.cu -o probe_read_patterns
+//   -Iinclude -Isrc/core -Isrc/cuda dev/cuda/read_patterns.cu -o read_patterns
 #include <cuda_runtime.h>
 
 #include "cuda_common.cuh"
@@ -34,7 +34,7 @@
 #include <cuda_fp16.h>
 #include <vector>
 
-#include "probe_check.cuh"
+#include "check.cuh"
 
 constexpr int kHeads = 8;
 constexpr int kTokBytes = 256;                  // one head vector: d 128 x 2 bytes
@@ -476,7 +476,7 @@ int bound_main(int sms, const cudaDeviceProp &prop) {
     const int64_t npages = pages_per_row;
     const double bytes = 2.0 * npages * kPageBytes;
     const int64_t nvec = (int64_t)(bytes / 16), slots = (int64_t)(stream_bytes / 16) / nvec;
-    printf("# dev/probe_read_patterns.cu bound on %s (%d SMs): B1_N32768 of the paper shape, %.1f MB of K and V\n",
+    printf("# dev/cuda/read_patterns.cu bound on %s (%d SMs): B1_N32768 of the paper shape, %.1f MB of K and V\n",
            prop.name, sms, bytes / 1e6);
     printf("read ceiling (4 GiB streaming, best of 3 grids, timed as a step): %.0f GB/s; 0.80 of it is %.1f us\n",
            ceiling, bytes / (0.8 * ceiling * 1e3));
@@ -570,7 +570,7 @@ int main(int argc, char **argv) {
     const size_t pool_bytes = pb.pool_bytes, stream_bytes = pb.stream_bytes;
     const int pages_per_row = probe_buffers::kPagesPerRow;
     timer tm;
-    printf("# dev/probe_read_patterns.cu on %s (%d SMs), pools 2 x %.0f GiB, pages of 32 KiB (NHD, Hkv 8, d 128)\n",
+    printf("# dev/cuda/read_patterns.cu on %s (%d SMs), pools 2 x %.0f GiB, pages of 32 KiB (NHD, Hkv 8, d 128)\n",
            prop.name, sms, pool_bytes / 1073741824.0);
     double best_stream = 0;
     for (int g = 2; g <= 8; g *= 2) {

@@ -1,7 +1,7 @@
 /* plan_imbalance.c - the longest task over the mean task of the work queue's plans for 132 SMs on
  * held-out trace steps (seed 20260623, every 4th step): in a one-wave plan the longest chunk sets
  * the step.  Host plans (2 resident CTAs per SM).
- *   cc -O2 -I include dev/plan_imbalance.c -o plan_imbalance -L build -lpersistentkv -Wl,-rpath,build */
+ *   cc -O2 -I include dev/host/plan_imbalance.c -o plan_imbalance -L build -lpersistentkv -Wl,-rpath,build */
 #include "dev_plan.h"
 #include "persistentkv.h"
 

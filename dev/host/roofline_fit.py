@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
 """Roofline-form cost model for the auto route: fit on the calibration traces, evaluate on held-out steps.
 
-  python3 dev/roofline_fit.py            (from the repo root; numpy)
+  python3 dev/host/roofline_fit.py DIR       (numpy)
 
-Reads the JSON's six terms of the linear model (files measured before "terms_version": 2, as the
-committed ones at commit 172211f); the C model (src/plan/cost.c) is this script's R3, and
-`pkv calibrate --from-json ... --evaluate ...` reproduces its numbers.
+DIR holds the policy data measured at commit 172211f (the hand rule's held-out run), which left the
+tree with the older results; it is in git at 8d2bad8:
+  git archive 8d2bad8 bench/results/policy_172211f | tar -x -C /tmp/pkv && DIR=/tmp/pkv/bench/results/policy_172211f
+Reads the JSON's six terms of the linear model (files measured before "terms_version": 2); the C
+model (src/plan/cost.c) is this script's R3, and `pkv calibrate --from-json ... --evaluate ...`
+reproduces its numbers.
 
-Fits only on bench/results/policy/calibration.json (paper shape, seed 20260622) and evaluates only on
-bench/results/policy/heldout_*.json, replaying the route each policy picks among single, fused, split
+Fits only on DIR/calibration.json (paper shape, seed 20260622) and evaluates only on
+DIR/heldout_*.json, replaying the route each policy picks among single, fused, split
 and workqueue exactly as bench/policy_rule_eval.py does (regret per step against the fastest measured
-route, bucketed included; pooled per workload row).  Prints the planner's rule and the current linear
-model (bench/results/h200.policy) from the same code for comparison.
+route, bucketed included; pooled per workload row).  Prints the planner's rule and the linear model
+of that time (bench/results/h200.policy at 172211f) from the same code for comparison.
 
 Every feature is O(1) per candidate from the tallies candidate_terms() already makes in its O(B) pass
 (planner.c): the six cost terms, the candidate's task count, tokens, Hkv, d, dtype size, SMs and the
@@ -34,10 +37,12 @@ import sys
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from policy_rule_eval import row_key, rule  # noqa: E402  (the same row keys and rule mirror)
-POL = os.path.join(ROOT, "bench", "results", "policy_172211f")
+if len(sys.argv) != 2:
+    sys.exit(__doc__.split("\n\n")[1])
+POL = sys.argv[1]
 CALIB = ["calibration"]
 HELDOUT = ["heldout_paper", "heldout_g8", "heldout_g7", "heldout_mha", "heldout_d256", "heldout_d64"]
 CANDIDATES = ("single", "fused", "split", "workqueue")  # the planner's tie order: earlier wins

@@ -1,9 +1,9 @@
 /* wave_model.c - the cost model's predicted mean step time of the work queue at 2, 3 and 4 tasks
- * per SM (--ctas-per-unit) on the rows of dev/sweep_wave.sh, beside the times that sweep measured
+ * per SM (--ctas-per-unit) on the rows of dev/probes/06_wave_on_ragged_traces.sh, beside the times that sweep measured
  * (bench/results/probes/h200_sweep_wave.txt): does the model rank the wave sizes as the GPU does?
  * Host plans for 132 SMs with the device's resident CTAs per SM (3 at d = 128, 4 at d = 64) as the
  * slots term, seed 20260623, steps 0..15.
- *   cc -O2 -I include dev/wave_model.c -o wave_model -L build -lpersistentkv -lm -Wl,-rpath,build
+ *   cc -O2 -I include dev/host/wave_model.c -o wave_model -L build -lpersistentkv -lm -Wl,-rpath,build
  *   ./wave_model bench/results/h200.policy */
 #include "dev_plan.h"
 #include "persistentkv.h"

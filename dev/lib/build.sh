@@ -1,7 +1,7 @@
-# dev/build.sh - sourced by the dev probes: the GPU builds they start with.
+# dev/lib/build.sh - sourced by the dev probes: the GPU builds they start with.
 # dev_build DIR LOG TARGETS [CMAKE OPTIONS...]: a Release build for sm_90a of TARGETS ("" for all) in DIR,
 # with the extra cmake options (e.g. -DBUILD_TESTING=OFF -DPKV_TIMELINE=ON); its output goes to LOG.
-dev_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+dev_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 dev_build() {
   local dir=$1 log=$2 targets=$3
   shift 3
@@ -29,7 +29,7 @@ dev_ab_setup() {
 }
 # dev_bench NAME BIN ENV... -- ARGS...: every anchor and route on the GPU (30 CUDA-event runs each, no
 # reference check) by BIN (a pkv) under the environment ENV, with ARGS, into $r/NAME.json (r: the probe's log
-# directory; its stderr appends to $r/bench.log).  dev/ab_table.py then compares such runs.
+# directory; its stderr appends to $r/bench.log).  dev/lib/ab_table.py then compares such runs.
 dev_bench() {
   local name=$1 bin=$2; shift 2
   local envs=()
@@ -67,13 +67,13 @@ dev_probe_finish() {
 # kernel's per-tile math (S^T, softmax, O^T) compiled out - the ring is filled and drained as before, the
 # outputs are garbage (time it with --no-check); fails when the edit did not apply.
 dev_nomath_variant() {
-  sed -e '/\/\/ ---- S^T = K Q^T (two accumulators per n-tile/i #if 0 // dev/probe_nomath.sh: no math' \
+  sed -e '/\/\/ ---- S^T = K Q^T (two accumulators per n-tile/i #if 0 // dev/probes/29_no_math.sh: no math' \
     -e '/\/\/ ---- refill this stage with tile it + S/i #endif' "$dev_root/src/cuda/decode.cu" >"$dev_root/$1"
-  [ "$(grep -c "^#if 0 // dev/probe_nomath.sh" "$dev_root/$1")" = 1 ] || { echo "the variant's edit did not apply"; return 1; }
+  [ "$(grep -c "^#if 0 // dev/probes/29_no_math.sh" "$dev_root/$1")" = 1 ] || { echo "the variant's edit did not apply"; return 1; }
 }
-# dev_build_read_probe BIN LOG: dev/probe_read_patterns.cu (standalone, nvcc alone, sm_90a) into BIN, its
+# dev_build_read_probe BIN LOG: dev/cuda/read_patterns.cu (standalone, nvcc alone, sm_90a) into BIN, its
 # output to LOG; fails with the log's tail.
 dev_build_read_probe() {
   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -I"$dev_root/include" -I"$dev_root/src/core" \
-    -I"$dev_root/src/cuda" "$dev_root/dev/probe_read_patterns.cu" -o "$1" >"$2" 2>&1 || { tail -n 30 "$2"; return 1; }
+    -I"$dev_root/src/cuda" "$dev_root/dev/cuda/read_patterns.cu" -o "$1" >"$2" 2>&1 || { tail -n 30 "$2"; return 1; }
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# sweep_split.sh BUILD OUT - tasks per SM (--ctas-per-unit) and smallest split against kernel time on
+# 01_tasks_per_sm.sh BUILD OUT - tasks per SM (--ctas-per-unit) and smallest split against kernel time on
 # the anchors that miss FlashInfer (single requests, B8 ragged), fused and workqueue routes.
 set -u
 build=${1:?build dir}; out=${2:?out dir}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# probe_b1.sh BUILD OUT - why short single-request steps lose: Nsight Compute sections of the fused
+# 02_short_steps_ncu.sh BUILD OUT - why short single-request steps lose: Nsight Compute sections of the fused
 # kernel on B1_N8192 at 1, 2 and 3 tasks per SM, and kernel time against tasks per SM for B1 steps.
 set -u
 build=${1:?build dir}; out=${2:?out dir}

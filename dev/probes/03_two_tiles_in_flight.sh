@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# probe_deep.sh OUT - kernel v4 A/B in one run: the two-tiles-in-flight heads-in-N variant
+# 03_two_tiles_in_flight.sh OUT - kernel v4 A/B in one run: the two-tiles-in-flight heads-in-N variant
 # (PKV_DECODE_DEEP=1 always, 0 never, default: grids of <= 2 CTAs per SM) and the heads-in-N kernel
 # at d = 256 (vs PKV_DECODE_KERNEL=m); correctness of each variant first (test_cuda, pkv check).
 set -u -o pipefail
-out=${1:?usage: dev/probe_deep.sh OUT}
+out=${1:?usage: dev/probes/03_two_tiles_in_flight.sh OUT}
 mkdir -p "$out"
-root=$(cd "$(dirname "$0")/.." && pwd)
+root=$(cd "$(dirname "$0")/../.." && pwd)
 build="$root/build-gpu"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real >/dev/null &&
   cmake --build "$build" -j "$(nproc)" 2>&1 | grep -E "error|spill" | tee "$out/build.txt"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# probe_layout_d256.sh OUT - (1) single long requests in the NHD and HND layouts (does the access
+# 04_layout_and_d256.sh OUT - (1) single long requests in the NHD and HND layouts (does the access
 # pattern, 256-byte head vectors 2 KiB apart in NHD, cost the B1 steps their last 20%?); (2) d = 256
 # on the heads-in-N kernel vs the heads-in-M kernel (PKV_DECODE_KERNEL=m), fused route.
 set -u -o pipefail
-out=${1:?usage: dev/probe_layout_d256.sh OUT}
+out=${1:?usage: dev/probes/04_layout_and_d256.sh OUT}
 build=${PKV_BUILD:-build-gpu}
 for lay in nhd hnd; do
   for a in B1_N8192 B1_N32768 B1_N65536 B4_homo8K; do

@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# probe_timeline.sh OUT - where the fixed ~11 us of single-request steps goes, and the merge kernel A/B.
+# 05_b1_timeline.sh OUT - where the fixed ~11 us of single-request steps goes, and the merge kernel A/B.
 #  1. builds the library (build-gpu) and a timeline build (build-tl, -DPKV_TIMELINE=ON);
 #  2. correctness: test_cuda and pkv check with the per-head merge kernel (default) and the earlier
 #     per-row one (PKV_MERGE_KERNEL=row), memcheck and racecheck on a small set;
 #  3. A/B of the two merge kernels: every anchor and route, and B1 steps of the few-KV-head shapes;
 #  4. per-CTA start/end times (%globaltimer) of the decode and merge kernels on B1 and B4/B64 steps,
-#     summarised by dev/timeline_summary.py;
+#     summarised by dev/lib/timeline_summary.py;
 #  5. tasks per SM against kernel time for the B1 anchors (split and workqueue routes).
 # Everything lands in OUT/probe.tgz (and OUT/summary.txt).
 set -u
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:?usage: dev/probe_timeline.sh OUT}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+out=${1:?usage: dev/probes/05_b1_timeline.sh OUT}
 r=$(mktemp -d)
 b=$root/build-gpu; tl=$root/build-tl
-. "$root/dev/build.sh"
+. "$root/dev/lib/build.sh"
 dev_build "$b" "$r/build.log" "" &
 dev_build "$tl" "$r/build_tl.log" pkv -DPKV_TIMELINE=ON &
 wait
@@ -81,7 +81,7 @@ tlrun b1_8k_split --anchor B1_N8192 --route split
 tlrun b1_128k_split --anchor B1_N131072 --route split
 tlrun b4_homo32k_auto --anchor B4_homo32K --route auto
 tlrun b64_homo32k_auto --anchor B64_homo32K --route auto
-python3 "$root/dev/timeline_summary.py" "$r"/tl_*.csv | tee -a "$S"
+python3 "$root/dev/lib/timeline_summary.py" "$r"/tl_*.csv | tee -a "$S"
 
 echo "== tasks per SM sweep (new merge)" | tee -a "$S"
 for route in split workqueue; do

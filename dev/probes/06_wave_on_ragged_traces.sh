@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# sweep_wave.sh BUILD OUT - tasks per SM (--ctas-per-unit) against mean kernel time on the trace rows
+# 06_wave_on_ragged_traces.sh BUILD OUT - tasks per SM (--ctas-per-unit) against mean kernel time on the trace rows
 # that trail FlashInfer (ragged B8; d64 B32 bimodal) and neighbours (B4, B16), work-queue and fused;
 # SWEEP_CPUS (default "2 3 4") sets the tasks per SM; SWEEP_EXTRA adds comma-separated "shape family batch"
 # rows (e.g. the batches of 2-4 long rows where auto's resident wave lost on kernel v8:

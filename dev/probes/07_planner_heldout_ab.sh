@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# ab_planner.sh OUT [POLICY] - a planner change checked on the GPU in one call: test_cuda, then every
+# 07_planner_heldout_ab.sh OUT [POLICY] - a planner change checked on the GPU in one call: test_cuda, then every
 # route on the held-out subsets it touches (shapes d64, g7, g8 at B 1, 4, 16, 64, seed 20260623;
 # paper B 4 and 8, five seeds) and the anchors, JSON into OUT/ab.tgz, to set beside an earlier
 # scripts/policy_data.sh run of the same sets.
 set -u
-out=${1:?usage: dev/ab_planner.sh OUT [POLICY]}
+out=${1:?usage: dev/probes/07_planner_heldout_ab.sh OUT [POLICY]}
 policy=${2:-bench/results/h200.policy}
 mkdir -p "$out/ab"
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real >/dev/null &&

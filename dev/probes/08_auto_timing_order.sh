@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# probe_order.sh BUILD - is auto's extra time on single-row trace steps the route or the order?
+# 08_auto_timing_order.sh BUILD - is auto's extra time on single-row trace steps the route or the order?
 # The same B1 trace steps timed with auto alone, split alone (separate processes) and all routes in
 # one process (auto timed first), with the live policy.
 set -u

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# b1_heldout.sh BUILD OUT - every route and auto (live policy) on the held-out single-request rows of
+# 09_b1_heldout_100_reps.sh BUILD OUT - every route and auto (live policy) on the held-out single-request rows of
 # every shape, with 100 timing repetitions (policy_data.sh uses 20): the B1 rows are where auto runs
 # a fixed route's own plan and its regret is the measurement's noise.
 set -u

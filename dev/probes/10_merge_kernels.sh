@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# probe_merge.sh OUT - the merge kernels A/B (PKV_MERGE_KERNEL=head|row, and the default choice) on
+# 10_merge_kernels.sh OUT - the merge kernels A/B (PKV_MERGE_KERNEL=head|row, and the default choice) on
 # the anchors that merge (split and work-queue routes), their correctness (test_cuda with each merge
-# kernel forced), and the tail timelines of dev/probe_tail.sh.  OUT/summary.txt, OUT/probe.tgz.
+# kernel forced), and the tail timelines of dev/probes/11_merge_tail.sh.  OUT/summary.txt, OUT/probe.tgz.
 set -u
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:?usage: dev/probe_merge.sh OUT}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+out=${1:?usage: dev/probes/10_merge_kernels.sh OUT}
 r=$(mktemp -d)
 b=$root/build-gpu
-. "$root/dev/build.sh"
+. "$root/dev/lib/build.sh"
 dev_build "$b" "$r/build.log" "pkv test_cuda" &
-bash "$root/dev/probe_tail.sh" "$r" >"$r/tail.log" 2>&1 &
+bash "$root/dev/probes/11_merge_tail.sh" "$r" >"$r/tail.log" 2>&1 &
 wait
 [ -x "$b/pkv" ] || { tail -n 40 "$r/build.log"; exit 1; }
 S="$r/summary.txt"

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# probe_b1_tail.sh OUT - single long requests (B1 32K-128K): NHD against HND pages, and per-CTA
+# 12_b1_layouts_and_tail.sh OUT - single long requests (B1 32K-128K): NHD against HND pages, and per-CTA
 # timelines of the split and fused routes at 64K (where the merge tail goes since kernel v7).
 # Everything lands in OUT/probe.tgz and OUT/summary.txt.
 set -u
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:?usage: dev/probe_b1_tail.sh OUT}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+out=${1:?usage: dev/probes/12_b1_layouts_and_tail.sh OUT}
 r=$(mktemp -d)
 b=$root/build-gpu; tl=$root/build-tl
-. "$root/dev/build.sh"
+. "$root/dev/lib/build.sh"
 dev_build "$b" "$r/build.log" pkv -DBUILD_TESTING=OFF &
 dev_build "$tl" "$r/build_tl.log" pkv -DBUILD_TESTING=OFF -DPKV_TIMELINE=ON &
 wait
@@ -29,7 +29,7 @@ for a in B1_N32768 B1_N65536; do
       --wall-reps 1 --no-check --quiet >"$r/tl_${a}_$rt.md" 2>>"$r/bench.log"
   done
 done
-python3 "$root/dev/timeline_summary.py" "$r"/tl_*.csv | tee -a "$S"
+python3 "$root/dev/lib/timeline_summary.py" "$r"/tl_*.csv | tee -a "$S"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv >>"$S" 2>&1
 cp "$S" "$out/summary.txt"
 tar -czf "$out/probe.tgz" -C "$r" .

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# probe_variant_ab.sh OUT VARIANT_SOURCE [ROUNDS] - a kernel change A/B on the GPU in one call: builds the
+# 13_decode_source_ab.sh OUT VARIANT_SOURCE [ROUNDS] - a kernel change A/B on the GPU in one call: builds the
 # working tree (build-gpu) and the decode source VARIANT_SOURCE (build-variant, e.g. a copy of the previous
 # src/cuda/decode.cu under dev/), checks the working tree's kernels (test_cuda with each merge kernel,
 # pkv check, memcheck on a reduced set), then times both builds on every anchor and route, alternating
@@ -14,16 +14,16 @@
 # space (e.g. "pack3:--pack=1,--ctas-per-unit=3").  A new kernel that fails or hangs its first test stops
 # the probe before the timings (every test run has a time limit).
 set -u
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:?usage: dev/probe_variant_ab.sh OUT VARIANT_SOURCE [ROUNDS]}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+out=${1:?usage: dev/probes/13_decode_source_ab.sh OUT VARIANT_SOURCE [ROUNDS]}
 mkdir -p "$out"
 variant=${2:?variant decode source, relative to the repository root}
 rounds=${3:-2}
-. "$root/dev/build.sh"
+. "$root/dev/lib/build.sh"
 dev_ab_setup "$variant"
 S="$r/summary.txt"
 {
-  echo "# dev/probe_variant_ab.sh: working tree (new) vs $variant (old); every anchor and route; $rounds rounds"
+  echo "# dev/probes/13_decode_source_ab.sh: working tree (new) vs $variant (old); every anchor and route; $rounds rounds"
   nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader 2>/dev/null
   PKV_TEST_CASES=40 timeout 240 "$a/tests/test_cuda" >"$r/test_cuda.log" 2>&1
   rc=$?

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# probe_tma.sh OUT OLD_SOURCE [ROUNDS] - the tensor-copy (TMA) decode kernel's settings against the register
+# 15_tma_settings.sh OUT OLD_SOURCE [ROUNDS] - the tensor-copy (TMA) decode kernel's settings against the register
 # kernel in one device call: builds the working tree (build-gpu) and OLD_SOURCE (build-variant, e.g.
 # dev/decode_v7.cu from `git show 6976e0f:src/cuda/decode.cu`), runs test_cuda with the tensor-copy
 # kernel (default), 3 stages and the register kernels (PKV_DECODE_TMA=0), times every anchor (route
@@ -10,11 +10,11 @@
 # environment settings of the draft kernel; v8 keeps one of each.)
 # OUT/summary.txt, OUT/probe.tgz (JSON, logs, ncu reports as text).
 set -u
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:?usage: dev/probe_tma.sh OUT OLD_SOURCE [ROUNDS]}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+out=${1:?usage: dev/probes/15_tma_settings.sh OUT OLD_SOURCE [ROUNDS]}
 variant=${2:?old decode source, relative to the repository root}
 rounds=${3:-2}
-. "$root/dev/build.sh"
+. "$root/dev/lib/build.sh"
 t0=$(date +%s)
 dev_ab_setup "$variant"
 # name:binary:ctas-per-unit (0: default):environment; TMA_CONFIGS replaces the list (@A: the new build's
@@ -24,7 +24,7 @@ oldcpu2:$b/pkv:2: reg:$a/pkv:0:PKV_DECODE_TMA=0"}
 configs=${configs//@A/$a}; configs=${configs//@B/$b}
 S="$r/summary.txt"
 {
-  echo "# dev/probe_tma.sh: working tree vs $variant; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
+  echo "# dev/probes/15_tma_settings.sh: working tree vs $variant; $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader)"
   for setting in PKV_DECODE_TMA=1 PKV_TMA_STAGES=3 PKV_DECODE_TMA=0; do
     echo "test_cuda $setting: $(env $setting PKV_TEST_CASES=24 timeout 200 "$a/tests/test_cuda" 2>&1 | tail -n 1)"
   done

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# probe_settings.sh OUT [ROUNDS] - one build of the working tree timed under several environment settings
+# 16_settings_ab.sh OUT [ROUNDS] - one build of the working tree timed under several environment settings
 # in one device call, alternating the settings for ROUNDS rounds (default 2; no round starts after ~5
 # minutes): every route of the chosen anchor steps in a chosen shape, each a median of CUDA-event runs.
 # test_cuda runs first under every setting (a setting whose kernels fail stops nothing but is marked).
@@ -13,18 +13,18 @@
 # best route and auto under each setting, medians over rounds, ratios to the first setting),
 # OUT/probe.tgz (the JSON and logs).
 set -u
-. "$(dirname "$0")/build.sh"
+. "$(dirname "$0")/../lib/build.sh"
 root=$dev_root
 rounds=${2:-2}
 t0=$(date +%s)
-dev_probe_start "${1:?usage: dev/probe_settings.sh OUT [ROUNDS]}" "pkv test_cuda" -DBUILD_TESTING=ON
+dev_probe_start "${1:?usage: dev/probes/16_settings_ab.sh OUT [ROUNDS]}" "pkv test_cuda" -DBUILD_TESTING=ON
 settings=${PROBE_SETTINGS:-"reg:PKV_DECODE_TMA=0 tma:"}
 shape=${PROBE_SHAPE:-"--shape d256 --dtype bf16"}
 anchors=${PROBE_ANCHORS:-"B1_N2048 B1_N8192 B1_N32768 B1_N65536 B4_zipf B8_bimodal B8_uniform B16_zipf B32_bimodal B64_uniform"}
 reps=${PROBE_REPS:-50}
 S="$r/summary.txt"
 {
-  echo "# dev/probe_settings.sh: commit ${PKV_COMMIT:-$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null)};" \
+  echo "# dev/probes/16_settings_ab.sh: commit ${PKV_COMMIT:-$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null)};" \
     "$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null); $(date -u +%FT%TZ);" \
     "shape: $shape; settings: $settings; $rounds rounds of $reps runs"
   for c in $settings; do

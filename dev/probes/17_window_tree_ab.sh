@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# probe_window_ab.sh OUT OLD_TREE [ROUNDS] - a planner + kernel change under sliding windows, A/B on the GPU in
+# 17_window_tree_ab.sh OUT OLD_TREE [ROUNDS] - a planner + kernel change under sliding windows, A/B on the GPU in
 # one call: builds the working tree (build-gpu) and a whole older source tree OLD_TREE (e.g. `git archive`
 # of the previous commit, build-old), checks the new build (test_cuda, memcheck, racecheck on a reduced
 # set), then times both builds alternating for ROUNDS rounds on every anchor and route: the d256 shape
@@ -7,8 +7,8 @@
 # off page boundaries on every row), and the paper shape without a window (the unwindowed path must not
 # move).  OUT/summary.txt, OUT/probe.tgz.
 set -u
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:?usage: dev/probe_window_ab.sh OUT OLD_TREE [ROUNDS]}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+out=${1:?usage: dev/probes/17_window_tree_ab.sh OUT OLD_TREE [ROUNDS]}
 old=$(cd "${2:?old source tree}" && pwd)
 rounds=${3:-2}
 mkdir -p "$out"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# probe_pdl.sh OUT - programmatic dependent launch of a run's kernels (pkv_context_config.pdl): correctness
+# 18_pdl.sh OUT - programmatic dependent launch of a run's kernels (pkv_context_config.pdl): correctness
 # and what it saves.
 #  1. builds pkv and test_cuda (build-gpu); test_cuda (every route right behind a late producer of q,
 #     PDL on and off, besides the random cases) and memcheck/racecheck on a small set;
@@ -8,11 +8,11 @@
 #     producer that does not and one that does trigger its dependents).
 # Everything lands in OUT (summary.txt, the JSON and Markdown of each pass, logs).
 set -u
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:?usage: dev/probe_pdl.sh OUT}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+out=${1:?usage: dev/probes/18_pdl.sh OUT}
 mkdir -p "$out"
 b=$root/build-gpu
-. "$root/dev/build.sh"
+. "$root/dev/lib/build.sh"
 dev_build "$b" "$out/build.log" "pkv test_cuda" || { tail -n 40 "$out/build.log"; exit 1; }
 S="$out/summary.txt"
 {

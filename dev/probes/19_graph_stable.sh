@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# probe_graph.sh OUT [ROUNDS] - graph-stable plans (pkv_plan_options.graph_max_batch) on the GPU in one
+# 19_graph_stable.sh OUT [ROUNDS] - graph-stable plans (pkv_plan_options.graph_max_batch) on the GPU in one
 # device call: test_cuda by default (its graph-stable cases capture a CUDA graph once and replay it for
 # steps of other lengths and batch sizes), with the tasks dealt over 16 SMs (PKV_GRAPH_CLAIM_SMS=16: more
 # tasks per SM than CTAs, the waiting CTAs must find and run the unclaimed ones), without the claim by SM
@@ -16,11 +16,11 @@
 # Default: plain, the claim by SM, and without it.  The grids of dfe7155's probe, for instance:
 # VARIANTS="plain:-:- graph1:-:- graph2:-:--graph-tasks,792 graph4:-:--graph-tasks,1584"
 set -u
-. "$(dirname "$0")/build.sh"
+. "$(dirname "$0")/../lib/build.sh"
 root=$dev_root
 rounds=${2:-2}
 t0=$(date +%s)
-dev_probe_start "${1:?usage: dev/probe_graph.sh OUT [ROUNDS]}" "pkv test_cuda" -DBUILD_TESTING=ON
+dev_probe_start "${1:?usage: dev/probes/19_graph_stable.sh OUT [ROUNDS]}" "pkv test_cuda" -DBUILD_TESTING=ON
 echo "build: $(( $(date +%s) - t0 )) s"
 variants=${VARIANTS:-"plain:-:- claim:-:- spread:PKV_GRAPH_CLAIM=0:-"}
 if [ "${TESTS:-full}" = quick ]; then # test_cuda once under each variant's environment, side by side

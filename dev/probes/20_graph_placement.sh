@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
-# probe_graph_place.sh OUT - where a graph-stable plan's tasks land: per-CTA SM and times (a PKV_TIMELINE
+# 20_graph_placement.sh OUT - where a graph-stable plan's tasks land: per-CTA SM and times (a PKV_TIMELINE
 # build) of the work queue, plain and graph-stable (one resident wave, then four), the tasks in the first
 # CTAs (default) or spread over the grid (PKV_GRAPH_SPREAD=1), on steps whose tasks fill less than the
 # grid; then the 26 anchors, plain against both graph-stable orders (kernel time, medians of 50 runs).
 set -u
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:?usage: dev/probe_graph_place.sh OUT}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+out=${1:?usage: dev/probes/20_graph_placement.sh OUT}
 r=$(mktemp -d)
 b=$root/build-gpu; tl=$root/build-tl
-. "$root/dev/build.sh"
+. "$root/dev/lib/build.sh"
 dev_build "$b" "$r/build.log" "pkv test_cuda" &
 dev_build "$tl" "$r/build_tl.log" pkv -DPKV_TIMELINE=ON -DBUILD_TESTING=OFF &
 wait

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# probe_chunked.sh OUT OLD_DECODE_SOURCE - the chunked tensor-copy kernel (pages that are not a multiple of
+# 22_chunked_tensor_copies.sh OUT OLD_DECODE_SOURCE - the chunked tensor-copy kernel (pages that are not a multiple of
 # 16 tokens, v14) on the GPU in one call: builds the working tree (pkv, test_cuda) and OLD_DECODE_SOURCE
 # (pkv) side by side; test_cuda (default, and with the chunked kernel off), memcheck and racecheck with
 # chunks of any size on a reduced set; then every anchor and route at page size 1 with chunks of any size
@@ -9,15 +9,15 @@
 # git show 0d315fa:src/cuda/decode.cu > dev/decode_v13d.cu (not committed).  QUICK=1: test_cuda default
 # and with chunks of any size, memcheck with them, and the page-16 comparison only.
 set -u
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:?usage: dev/probe_chunked.sh OUT OLD_DECODE_SOURCE}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+out=${1:?usage: dev/probes/22_chunked_tensor_copies.sh OUT OLD_DECODE_SOURCE}
 old_src=${2:?old decode source, relative to the repository root}
 mkdir -p "$out"
-. "$root/dev/build.sh"
+. "$root/dev/lib/build.sh"
 dev_ab_setup "$old_src"
 S="$r/summary.txt"
 {
-  echo "# dev/probe_chunked.sh at ${PKV_COMMIT:-unknown}, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "# dev/probes/22_chunked_tensor_copies.sh at ${PKV_COMMIT:-unknown}, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null
   timeout 200 "$a/tests/test_cuda" >"$r/test_cuda.log" 2>&1
   rc=$?
@@ -43,7 +43,7 @@ S="$r/summary.txt"
   fi
   dev_bench new16_1 "$a/pkv" PKV_TMA_CHUNKED=all --
   dev_bench old16_1 "$b/pkv" PKV_TMA_CHUNKED=all --
-  ab="$root/dev/ab_table.py"
+  ab="$root/dev/lib/ab_table.py"
   python3 "$ab" "$r" "page 1: chunked tensor copies / register kernels" c1_1,c1_2 r1_1,r1_2
   python3 "$ab" "$r" "page 8: chunked / register" c8_1 r8_1
   python3 "$ab" "$r" "page 16: working tree / old source" new16_1 old16_1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# probe_cpasync.sh OUT - the cp.async fill of the shared-memory ring (pages whose chunks take no tensor
+# 23_cpasync_ring.sh OUT - the cp.async fill of the shared-memory ring (pages whose chunks take no tensor
 # copies, v15) on the GPU in one call: builds the working tree (pkv, test_cuda); test_cuda with cp.async on
 # every grid (PKV_DECODE_CPASYNC=all: pages of 1, 2, 4, 12, ... tokens), with the chunked tensor copies off
 # too (cp.async at pages of 8) and with cp.async off; memcheck, racecheck and synccheck on a reduced set
@@ -9,11 +9,11 @@
 # OUT/summary.txt, OUT/probe.tgz.  (It ran at df35b3e, where cp.async was on for every grid by default;
 # PKV_DECODE_CPASYNC=all is that setting now.)
 set -u
-. "$(dirname "$0")/build.sh"
-dev_probe_start "${1:?usage: dev/probe_cpasync.sh OUT}" "pkv test_cuda"
+. "$(dirname "$0")/../lib/build.sh"
+dev_probe_start "${1:?usage: dev/probes/23_cpasync_ring.sh OUT}" "pkv test_cuda"
 grep -E "spill" "$r/build.log" | head -n 8
 {
-  dev_probe_header dev/probe_cpasync.sh
+  dev_probe_header dev/probes/23_cpasync_ring.sh
   PKV_DECODE_CPASYNC=all timeout 200 "$a/tests/test_cuda" >"$r/test_cuda.log" 2>&1
   rc=$?
   echo "test_cuda, PKV_DECODE_CPASYNC=all (rc $rc): $(tail -n 1 "$r/test_cuda.log")"
@@ -42,7 +42,7 @@ grep -E "spill" "$r/build.log" | head -n 8
   dev_bench c8_1 "$a/pkv" PKV_TMA_CHUNKED=0 PKV_DECODE_CPASYNC=all -- --page-size 8
   dev_bench t8_1 "$a/pkv" PKV_TMA_CHUNKED=8 -- --page-size 8
   dev_bench r8_1 "$a/pkv" PKV_TMA_CHUNKED=0 PKV_DECODE_CPASYNC=0 -- --page-size 8
-  ab="$dev_root/dev/ab_table.py"
+  ab="$dev_root/dev/lib/ab_table.py"
   python3 "$ab" "$r" "page 1: cp.async / register kernels" c1_1,c1_2 r1_1,r1_2
   python3 "$ab" "$r" "page 8: cp.async / chunked tensor copies" c8_1 t8_1
   python3 "$ab" "$r" "page 8: cp.async / register kernels" c8_1 r8_1

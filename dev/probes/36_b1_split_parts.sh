@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# probe_b1_parts.sh OUT - where B1_N32768's split route spends the time above dev/probe_read_patterns.cu's
+# 36_b1_split_parts.sh OUT - where B1_N32768's split route spends the time above dev/cuda/read_patterns.cu's
 # bound (the decode's read pattern with no math + the cheapest dependent merge): pkv bench on that one step,
 # route split, under settings that each take one part away or change it - the ring's stages (PKV_TMA_STAGES),
 # the merge kernel (PKV_MERGE_KERNEL), PDL (PKV_NO_PDL), the register kernels (PKV_DECODE_TMA=0) - and a
-# build with the per-tile math compiled out (as dev/probe_nomath.sh), two alternating rounds, then the bound
+# build with the per-tile math compiled out (as dev/probes/29_no_math.sh), two alternating rounds, then the bound
 # in the same process order.  OUT/summary.txt, OUT/probe.tgz.
 set -u
-root=$(cd "$(dirname "$0")/.." && pwd)
-out=${1:?usage: dev/probe_b1_parts.sh OUT}
+root=$(cd "$(dirname "$0")/../.." && pwd)
+out=${1:?usage: dev/probes/36_b1_split_parts.sh OUT}
 mkdir -p "$out"
-. "$root/dev/build.sh"
+. "$root/dev/lib/build.sh"
 variant=dev/decode_nomath.cu
 dev_nomath_variant "$variant" || exit 1
 r=$(mktemp -d); a=$root/build-gpu; b=$root/build-variant
@@ -27,7 +27,7 @@ one() { # NAME BIN ENV...: B1_N32768, split, 200 CUDA-event runs
     "$r/$name.json" "$name" 2>/dev/null || echo "| $name | failed | | | |"
 }
 {
-  dev_probe_header dev/probe_b1_parts.sh
+  dev_probe_header dev/probes/36_b1_split_parts.sh
   echo "| setting (B1_N32768, split) | kernel us | p10 | p90 | decode kernel |"
   echo "| --- | ---: | ---: | ---: | --- |"
   for k in 1 2; do
