@@ -5,7 +5,7 @@
 
 DIR holds the policy data measured at commit 172211f (the hand rule's held-out run), which left the
 tree with the older results; it is in git at 8d2bad8:
-  git archive 8d2bad8 bench/results/policy_172211f | tar -x -C /tmp/pkv && DIR=/tmp/pkv/bench/results/policy_172211f
+  mkdir -p old && git archive 8d2bad8 bench/results/policy_172211f | tar -x -C old   # DIR: old/bench/results/policy_172211f
 Reads the JSON's six terms of the linear model (files measured before "terms_version": 2); the C
 model (src/plan/cost.c) is this script's R3, and `pkv calibrate --from-json ... --evaluate ...`
 reproduces its numbers.
