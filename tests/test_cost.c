@@ -1,6 +1,7 @@
 /* test_cost.c - the cost model of the adaptive policy on the CPU: its terms follow the plan's
  * counters, the fit recovers known coefficients, policy files round-trip and bad ones are refused,
- * and auto with a model picks the candidate of lowest predicted time (synthetic device constants). */
+ * and auto with a model picks the candidate of lowest predicted time (synthetic device constants).
+ * Simulated GPUs are planned for through pkv_plan_step_caps with their capabilities. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdlib.h>
 #include "pkv_test.h"
@@ -33,28 +34,29 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Plan time of auto and of the route auto chose (at auto's wave); the difference is the
- * decision's cost. */
-static pkv_route time_decision(pkv_context *ctx, const pkv_problem *p, const pkv_page_table *t, pkv_plan *plan,
-                               int32_t alt_wave, double *auto_us, double *fixed_us) {
+/* Plan time of auto and of the route auto chose (at auto's wave) on a device of these capabilities
+ * and cost model (NULL: the auto rule); the difference is the decision's cost. */
+static pkv_route time_decision(const pkv_backend_caps *caps, const pkv_cost_model *model, const pkv_problem *p,
+                               const pkv_page_table *t, pkv_plan *plan, int32_t alt_wave, double *auto_us,
+                               double *fixed_us) {
     pkv_plan_options a;
     pkv_plan_options_default(&a);
-    a.parallelism = 132; /* an H200's SMs, as the GPU backend would plan */
-    for (int k = 0; k < 50; k++) pkv_plan_step(ctx, p, t, &a, plan);
+    a.parallelism = 132; /* a GPU's SMs, as its backend would plan */
+    for (int k = 0; k < 50; k++) pkv_plan_step_caps(caps, model, p, t, &a, plan);
     const pkv_route chosen = pkv_plan_route(plan);
     const int32_t tasks = pkv_plan_num_tasks(plan);
     {   /* the fixed route at auto's wave (a plan's cost grows with its tasks): the planner's, or
          * the other one auto weighs, one wave of the resident CTAs (alt_wave per unit) */
         pkv_plan_options f = a;
         f.route = chosen;
-        if (pkv_plan_step(ctx, p, t, &f, plan) == PKV_OK && pkv_plan_num_tasks(plan) != tasks) {
+        if (pkv_plan_step_caps(caps, model, p, t, &f, plan) == PKV_OK && pkv_plan_num_tasks(plan) != tasks) {
             a.ctas_per_unit = alt_wave;
             f.ctas_per_unit = alt_wave;
-            CHECK(pkv_plan_step(ctx, p, t, &f, plan) == PKV_OK && pkv_plan_num_tasks(plan) == tasks);
+            CHECK(pkv_plan_step_caps(caps, model, p, t, &f, plan) == PKV_OK && pkv_plan_num_tasks(plan) == tasks);
         }
     }
-    /* each plan timed alone, the two kinds alternating; the 10th percentile of 2000 each (on a noisy
-     * 2-core machine a mean over a batch of plans moved by +-1 us between runs) */
+    /* each plan timed alone, the two kinds alternating; the 10th percentile of 2000 each, which a busy
+     * machine's outliers do not move as they move a mean */
     enum { N = 2000 };
     static double ts[2][N];
     const int32_t wave = a.ctas_per_unit;
@@ -63,7 +65,7 @@ static pkv_route time_decision(pkv_context *ctx, const pkv_problem *p, const pkv
             a.route = which ? chosen : PKV_ROUTE_AUTO;
             a.ctas_per_unit = which ? wave : 0;
             double t0 = now_us();
-            pkv_plan_step(ctx, p, t, &a, plan);
+            pkv_plan_step_caps(caps, model, p, t, &a, plan);
             ts[which][k] = now_us() - t0;
         }
     }
@@ -110,7 +112,8 @@ int main(void) {
     }
     CHECK_STATUS(pkv_cost_terms(NULL, NULL), PKV_ERR_NULL_POINTER);
 
-    /* the policy's fast terms (no plan built) equal the terms of the built plans */
+    /* the policy's fast terms (no plan built) equal the terms of the built plans: host plans, and plans
+     * for simulated devices (residency, row gathering) */
     {
         static const int32_t hkvs[] = {1, 2, 4, 8}, groups[] = {1, 4, 7, 16}, pages[] = {1, 16, 64};
         int mismatches = 0, compared = 0;
@@ -130,12 +133,22 @@ int main(void) {
             if (k % 5 == 2) fo.min_chunk_tokens = (int32_t)pkv_rng_uniform_int(&r, 1, 2000);
             if (k % 7 == 3) fo.num_splits = (int32_t)pkv_rng_uniform_int(&r, 1, 40);
             const pkv_route rs[] = {PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_WORKQUEUE, PKV_ROUTE_FUSED};
+            pkv_backend_caps caps;
+            pkv_backend_caps_host(&caps);
+            if (k % 2 == 1) { /* a simulated device */
+                static const int32_t res[] = {0, 2, 3, 4, 6};
+                caps.ctas_per_unit = (int32_t)pkv_rng_uniform_int(&r, 1, 4);
+                for (int di = 0; di < 3; di++)
+                    for (int gi = 0; gi < 2; gi++) caps.resident[di][gi] = res[pkv_rng_uniform_int(&r, 0, 4)];
+                caps.row_gather_below = pkv_rng_uniform01(&r) < 0.5 ? 0 : 8;
+                if (pkv_rng_uniform01(&r) < 0.3) q.head_dim = 64;
+            }
             for (int ri = 0; ri < 4; ri++) {
                 fo.route = rs[ri];
                 double a[PKV_COST_TERMS], b[PKV_COST_TERMS];
-                CHECK_OK(pkv_plan_step_host(&q, &t, &fo, plan));
+                CHECK_OK(pkv_plan_step_caps(&caps, NULL, &q, &t, &fo, plan));
                 CHECK_OK(pkv_cost_terms(plan, a));
-                CHECK_OK(pkv_plan_route_terms(&q, &t, &fo, 2, b));
+                CHECK_OK(pkv_plan_route_terms(&caps, &q, &t, &fo, b));
                 compared++;
                 for (int j = 0; j < PKV_COST_TERMS; j++)
                     if (fabs(a[j] - b[j]) > 1e-9 * (1 + fabs(a[j]))) {
@@ -442,40 +455,45 @@ int main(void) {
                   pkv_route_name(pkv_plan_route(plan)));
     }
     /* the planner's wave from the kernel's residency: a (fake) kernel holding 6 CTAs per unit gets
-     * one wave of them for a ragged batch of 32-127 (row, KV head) pairs, 4 per unit (the CPU
-     * backend's wave) below 32 pairs and for the bucketed baseline */
+     * one wave of them for a ragged batch of 32-127 (row, KV head) pairs, 4 per unit (the device's
+     * wave) below 32 pairs and for the bucketed baseline */
     {
+        pkv_backend_caps six;
+        memset(&six, 0, sizeof six);
+        six.parallelism = 4;
+        six.ctas_per_unit = 4;
+        six.resident[1][0] = 6;
         pkv_plan_options a;
         pkv_plan_options_default(&a);
         a.parallelism = 132;
         a.route = PKV_ROUTE_WORKQUEUE;
-        ctx->resident[1][0] = 6;
         for (int i = 0; i < 8; i++) lens[i] = i % 2 ? 30000 : 2000; /* 8 rows x 8 KV heads: 64 pairs, ragged */
         table_for(lens, 8, 16, indptr, &t);
-        CHECK_OK(pkv_plan_step(ctx, &p, &t, &a, plan));
+        CHECK_OK(pkv_plan_step_caps(&six, NULL, &p, &t, &a, plan));
         const int32_t wide = pkv_plan_num_tasks(plan);
         CHECK_MSG(wide > 132 * 4 && wide <= 132 * 6, "64 ragged pairs: %d tasks, expected (528, 792]", wide);
         a.route = PKV_ROUTE_BUCKETED;
-        CHECK_OK(pkv_plan_step(ctx, &p, &t, &a, plan));
+        CHECK_OK(pkv_plan_step_caps(&six, NULL, &p, &t, &a, plan));
         const pkv_phase *ph = pkv_plan_phases(plan);
         for (int32_t k = 0; k < pkv_plan_num_phases(plan); k++)
             CHECK_MSG(ph[k].task_end - ph[k].task_begin <= 132 * 4 + 8 * 8, "bucket %d: %d tasks", k,
                       ph[k].task_end - ph[k].task_begin);
         a.route = PKV_ROUTE_WORKQUEUE;
         table_for(lens, 3, 16, indptr, &t); /* 24 pairs */
-        CHECK_OK(pkv_plan_step(ctx, &p, &t, &a, plan));
+        CHECK_OK(pkv_plan_step_caps(&six, NULL, &p, &t, &a, plan));
         CHECK_MSG(pkv_plan_num_tasks(plan) <= 132 * 4, "24 ragged pairs: %d tasks", pkv_plan_num_tasks(plan));
-        ctx->resident[1][0] = 0;
     }
     /* pages gathered row by row (a backend's row_gather_below) under a kernel of 4 resident CTAs per unit (d = 64):
      * the wave counts all 4 where the planner's default is 2 - a single row at page 1, 2 or 4 (12: chunks of 4) is
      * split 4 x 132 / 8 = 66 ways; pages of 8 and 16, d = 128 (3 resident) and a forced ctas_per_unit keep the
      * default; a ragged batch of 128 pairs keeps its 4 waves of the resident tasks */
     {
-        const int32_t saved_cpu = ctx->ctas_per_unit;
-        ctx->ctas_per_unit = 2;
-        ctx->resident[0][0] = 4;
-        ctx->resident[1][0] = 3;
+        pkv_backend_caps gather;
+        memset(&gather, 0, sizeof gather);
+        gather.parallelism = 4;
+        gather.ctas_per_unit = 2;
+        gather.resident[0][0] = 4;
+        gather.resident[1][0] = 3;
         pkv_problem p64 = p;
         p64.head_dim = 64;
         pkv_plan_options a;
@@ -484,18 +502,18 @@ int main(void) {
         a.route = PKV_ROUTE_SPLIT;
         static const int32_t pages[] = {1, 2, 4, 12, 8, 16};
         for (int g = 0; g < 2; g++) {
-            ctx->row_gather_below = g ? 8 : 0;
+            gather.row_gather_below = g ? 8 : 0;
             for (int k = 0; k < 6; k++) {
                 lens[0] = 32768;
                 table_for(lens, 1, pages[k], indptr, &t);
                 p64.page_size = pages[k];
-                CHECK_OK(pkv_plan_step(ctx, &p64, &t, &a, plan));
+                CHECK_OK(pkv_plan_step_caps(&gather, NULL, &p64, &t, &a, plan));
                 const int32_t want = g && pages[k] % 8 ? 528 : 264;
                 CHECK_MSG(pkv_plan_num_tasks(plan) == want, "d 64, page %d, row_gather_below %d: %d tasks, expected %d",
-                          pages[k], ctx->row_gather_below, pkv_plan_num_tasks(plan), want);
+                          pages[k], gather.row_gather_below, pkv_plan_num_tasks(plan), want);
                 pkv_problem p128 = p64;
                 p128.head_dim = 128;
-                CHECK_OK(pkv_plan_step(ctx, &p128, &t, &a, plan));
+                CHECK_OK(pkv_plan_step_caps(&gather, NULL, &p128, &t, &a, plan));
                 CHECK_MSG(pkv_plan_num_tasks(plan) == 264, "d 128, page %d: %d tasks, expected 264", pages[k],
                           pkv_plan_num_tasks(plan));
             }
@@ -503,7 +521,7 @@ int main(void) {
         a.ctas_per_unit = 3;
         table_for(lens, 1, 1, indptr, &t);
         p64.page_size = 1;
-        CHECK_OK(pkv_plan_step(ctx, &p64, &t, &a, plan));
+        CHECK_OK(pkv_plan_step_caps(&gather, NULL, &p64, &t, &a, plan));
         CHECK_MSG(pkv_plan_num_tasks(plan) == 8 * (132 * 3 / 8), "forced 3 per unit: %d tasks", pkv_plan_num_tasks(plan));
         a.ctas_per_unit = 0;
         a.route = PKV_ROUTE_WORKQUEUE;
@@ -511,14 +529,11 @@ int main(void) {
         table_for(lens, 16, 1, indptr, &t);
         int32_t ragged[2];
         for (int g = 0; g < 2; g++) {
-            ctx->row_gather_below = g ? 8 : 0;
-            CHECK_OK(pkv_plan_step(ctx, &p64, &t, &a, plan));
+            gather.row_gather_below = g ? 8 : 0;
+            CHECK_OK(pkv_plan_step_caps(&gather, NULL, &p64, &t, &a, plan));
             ragged[g] = pkv_plan_num_tasks(plan);
         }
         CHECK_MSG(ragged[0] == ragged[1] && ragged[1] > 132 * 4, "128 ragged pairs: %d and %d tasks", ragged[0], ragged[1]);
-        ctx->row_gather_below = 0;
-        ctx->resident[0][0] = ctx->resident[1][0] = 0;
-        ctx->ctas_per_unit = saved_cpu;
     }
     /* auto's wave: with fewer (row, KV head) pairs than resident slots, >= 2 rows and a planner's
      * wave of one wave (ragged batches of >= 128 pairs get 4), the split, work-queue and fused
@@ -526,14 +541,15 @@ int main(void) {
      * at most every route's at the waves weighed (forced by ctas_per_unit), on ragged B <= 15 steps
      * the device defaults pick a wave other than the planner's in some step (else the search is
      * off), and a ragged B = 16 step (128 pairs) keeps the planner's 4 waves */
+    /* a GPU as its backend describes it at d = 128: the planner's wave 2 per unit, the light kernel holds 3 */
+    pkv_backend_caps gpu;
+    memset(&gpu, 0, sizeof gpu);
+    gpu.parallelism = 132;
+    gpu.ctas_per_unit = 2;
+    gpu.resident[1][0] = 3;
     {
         pkv_cost_model dev;
         pkv_cost_model_default(&dev, 132, 4600, 3);
-        CHECK_OK(pkv_context_set_cost_model(ctx, &dev));
-        /* the H200's d = 128 numbers: the planner's wave 2 per unit, the light kernel holds 3 */
-        const int32_t saved_cpu = ctx->ctas_per_unit;
-        ctx->ctas_per_unit = 2;
-        ctx->resident[1][0] = 3;
         int other_wave = 0;
         for (int k = 0; k < 30; k++) {
             const int32_t B = 2 + (int32_t)pkv_rng_uniform_int(&r, 0, 14);
@@ -543,14 +559,14 @@ int main(void) {
             pkv_plan_options a;
             pkv_plan_options_default(&a);
             a.parallelism = 132;
-            CHECK_OK(pkv_plan_step(ctx, &p, &t, &a, plan));
+            CHECK_OK(pkv_plan_step_caps(&gpu, &dev, &p, &t, &a, plan));
             double tm[PKV_COST_TERMS];
             CHECK_OK(pkv_cost_terms(plan, tm));
             const double chosen = pkv_cost_predict(&dev, tm);
             const pkv_route picked = pkv_plan_route(plan);
             const int32_t picked_tasks = pkv_plan_num_tasks(plan);
             a.route = picked;
-            CHECK_OK(pkv_plan_step(ctx, &p, &t, &a, plan));
+            CHECK_OK(pkv_plan_step_caps(&gpu, &dev, &p, &t, &a, plan));
             other_wave += pkv_plan_num_tasks(plan) != picked_tasks;
             if (B * p.num_kv_heads >= 128)
                 CHECK_MSG(pkv_plan_num_tasks(plan) == picked_tasks, "B %d ragged: auto left the planner's 4 waves (%d "
@@ -561,7 +577,7 @@ int main(void) {
                 for (int route = PKV_ROUTE_SINGLE; route <= PKV_ROUTE_FUSED; route++) {
                     if (route == PKV_ROUTE_BUCKETED) continue;
                     a.route = (pkv_route)route;
-                    CHECK_OK(pkv_plan_step(ctx, &p, &t, &a, plan));
+                    CHECK_OK(pkv_plan_step_caps(&gpu, &dev, &p, &t, &a, plan));
                     CHECK_OK(pkv_cost_terms(plan, tm));
                     CHECK_MSG(chosen <= pkv_cost_predict(&dev, tm) * (1 + 1e-12), "B %d: auto (%s) predicted %.3f us, "
                               "%s at %d per unit %.3f us", B, pkv_route_name(picked), chosen,
@@ -570,14 +586,13 @@ int main(void) {
             }
         }
         CHECK_MSG(other_wave > 0, "auto never left the planner's wave on 30 ragged B <= 16 steps");
-        {   /* 16 ragged rows, 128 pairs: the planner's 4 resident waves, never one, also under the H200
-             * policy of kernel v8 (bench/results/h200.policy), which would take one resident wave on
-             * some of these steps if it were weighed */
-            pkv_cost_model h200 = dev;
+        {   /* 16 ragged rows, 128 pairs: the planner's 4 resident waves, never one, also under the
+             * coefficients of a policy fitted on a GPU, which would take one resident wave on some of
+             * these steps if it were weighed */
+            pkv_cost_model fitted = dev;
             const double coef[PKV_COST_COEFS] = {7.19447622, 1.70602385, 37.4617022, 0,
                                                  0.225445815, 0.0415522585, 0.0438918171, 0};
-            memcpy(h200.coef, coef, sizeof coef);
-            CHECK_OK(pkv_context_set_cost_model(ctx, &h200));
+            memcpy(fitted.coef, coef, sizeof coef);
             int one_wave = 0;
             for (int k = 0; k < 40; k++) {
                 for (int i = 0; i < 16; i++)
@@ -588,11 +603,10 @@ int main(void) {
                 pkv_plan_options a;
                 pkv_plan_options_default(&a);
                 a.parallelism = 132;
-                CHECK_OK(pkv_plan_step(ctx, &p, &t, &a, plan));
+                CHECK_OK(pkv_plan_step_caps(&gpu, &fitted, &p, &t, &a, plan));
                 one_wave += pkv_plan_num_tasks(plan) <= 132 * 3;
             }
             CHECK_MSG(one_wave == 0, "ragged B16: auto planned one resident wave on %d of 40 steps", one_wave);
-            CHECK_OK(pkv_context_set_cost_model(ctx, &dev));
         }
         /* a single row keeps the planner's wave (its route planned alone gives the same tasks) */
         for (int k = 0; k < 10; k++) {
@@ -601,41 +615,34 @@ int main(void) {
             pkv_plan_options a;
             pkv_plan_options_default(&a);
             a.parallelism = 132;
-            CHECK_OK(pkv_plan_step(ctx, &p, &t, &a, plan));
+            CHECK_OK(pkv_plan_step_caps(&gpu, &dev, &p, &t, &a, plan));
             const int32_t auto_tasks = pkv_plan_num_tasks(plan);
             a.route = pkv_plan_route(plan);
-            CHECK_OK(pkv_plan_step(ctx, &p, &t, &a, plan));
+            CHECK_OK(pkv_plan_step_caps(&gpu, &dev, &p, &t, &a, plan));
             CHECK_MSG(pkv_plan_num_tasks(plan) == auto_tasks, "B1 of %d tokens: auto planned %d tasks, its route %d",
                       lens[0], auto_tasks, pkv_plan_num_tasks(plan));
         }
-        ctx->ctas_per_unit = saved_cpu;
-        ctx->resident[1][0] = 0;
     }
     /* decision cost of auto with a model (reported, not asserted: timings are not tests): auto's
-     * plan time minus the plan time of the route it chose, with the H200's d = 128 numbers (the
-     * planner's 2 per unit, the light kernel's 3 resident) */
-    ctx->ctas_per_unit = 2;
-    ctx->resident[1][0] = 3;
-    CHECK_OK(pkv_context_set_cost_model(ctx, &models[2]));
+     * plan time minus the plan time of the route it chose, on the GPU above */
     for (int i = 0; i < 128; i++) lens[i] = (int32_t)pkv_rng_uniform_int(&r, 1, 32768);
     table_for(lens, 128, 16, indptr, &t);
     double with_model, fixed;
-    pkv_route chosen = time_decision(ctx, &p, &t, plan, 3, &with_model, &fixed);
+    pkv_route chosen = time_decision(&gpu, &models[2], &p, &t, plan, 3, &with_model, &fixed);
     printf("plan, B = 128 for 132 SMs: auto with the cost model %.2f us, the chosen route (%s) alone %.2f us: "
            "decision %.2f us\n", with_model, pkv_route_name(chosen), fixed, with_model - fixed);
     { /* B = 16 ragged: fewer pairs than slots, so the split routes are also weighed at 3 per SM */
         for (int i = 0; i < 16; i++) lens[i] = (int32_t)(i % 4 == 0 ? pkv_rng_uniform_int(&r, 16384, 65536) : pkv_rng_uniform_int(&r, 256, 8192));
         table_for(lens, 16, 16, indptr, &t);
         double m16, f16;
-        const pkv_route c16 = time_decision(ctx, &p, &t, plan, 3, &m16, &f16);
+        const pkv_route c16 = time_decision(&gpu, &models[2], &p, &t, plan, 3, &m16, &f16);
         printf("plan, B = 16 ragged for 132 SMs (two waves weighed): auto with the cost model %.2f us, the chosen route (%s) "
                "alone %.2f us: decision %.2f us\n", m16, pkv_route_name(c16), f16, m16 - f16);
         for (int i = 0; i < 128; i++) lens[i] = (int32_t)pkv_rng_uniform_int(&r, 1, 32768);
         table_for(lens, 128, 16, indptr, &t);
     }
-    CHECK_OK(pkv_context_set_cost_model(ctx, NULL)); /* the rule: one comparison after the O(B) pass */
-    double with_rule;
-    chosen = time_decision(ctx, &p, &t, plan, 3, &with_rule, &fixed);
+    double with_rule; /* the rule: one comparison after the O(B) pass */
+    chosen = time_decision(&gpu, NULL, &p, &t, plan, 3, &with_rule, &fixed);
     printf("plan, B = 128 for 132 SMs: auto with the rule %.2f us, the chosen route (%s) alone %.2f us: decision %.2f us\n",
            with_rule, pkv_route_name(chosen), fixed, with_rule - fixed);
     pkv_context_free(ctx);

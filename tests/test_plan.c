@@ -4,7 +4,9 @@
  *   (b) planted bugs: one-field mutations of valid plans that pkv_plan_validate must reject;
  *   (c) the B8 bimodal anchor step (anchor-steps.txt) on the paper shape;
  *   (d) one plan object reused for a bigger, a smaller and a bigger batch again;
- *   (e) pkv_block_table_to_csr conversions and its errors. */
+ *   (e) pkv_block_table_to_csr conversions and its errors;
+ *   (f) planning for given capabilities (pkv_plan_step_caps): the context's plans, the host's, and the
+ *       capabilities' residency in the plan. */
 #include "persistentkv.h"
 #include "internal.h"
 #include "pkv_lab.h"
@@ -80,7 +82,7 @@ static int rules_failed = 0; /* plans with at least one broken rule (printed for
         }                                                                                          \
     } while (0)
 
-/* The planner's P (planner.c): parallelism x ctas_per_unit (2 without a context), and, when
+/* The planner's P (src/plan/params.c): parallelism x ctas_per_unit (2 without a context), and, when
  * ctas_per_unit is not forced and the batch is ragged (longest row > 1.25 x the mean) with at least
  * 128 (row, KV head) pairs, 4 waves. */
 static int64_t effective_wave(const batch *b, int32_t hkv, const pkv_plan_options *opts) {
@@ -1153,11 +1155,135 @@ static void test_claim_order(void) {
             CHECK_MSG(b < nsm && b >= (nsm + 7) / 8, "claim stride for %d SMs: %d", nsm, b);
         }
     }
-    CHECK(pkv_graph_claim_multiplier(132) == 101); /* H200: stride 17 */
+    CHECK(pkv_graph_claim_multiplier(132) == 101); /* 132 SMs: stride 17 */
+}
+
+/* ---- (f) capabilities ------------------------------------------------------------------------------ */
+/* Whether two plans hold the same schedule: route, lists, counters and workspace. */
+static bool same_plan(const pkv_plan *a, const pkv_plan *b) {
+    if (pkv_plan_route(a) != pkv_plan_route(b) || pkv_plan_num_tasks(a) != pkv_plan_num_tasks(b) ||
+        pkv_plan_num_merges(a) != pkv_plan_num_merges(b) || pkv_plan_num_phases(a) != pkv_plan_num_phases(b) ||
+        pkv_plan_num_rows(a) != pkv_plan_num_rows(b) || pkv_plan_num_state_slots(a) != pkv_plan_num_state_slots(b) ||
+        pkv_plan_workspace_size(a) != pkv_plan_workspace_size(b) ||
+        pkv_plan_graph_signature(a) != pkv_plan_graph_signature(b))
+        return false;
+    const size_t nt = (size_t)pkv_plan_num_tasks(a), nm = (size_t)pkv_plan_num_merges(a);
+    const size_t np = (size_t)pkv_plan_num_phases(a), nr = (size_t)pkv_plan_num_rows(a);
+    return (nt == 0 || memcmp(pkv_plan_tasks(a), pkv_plan_tasks(b), nt * sizeof(pkv_task)) == 0) &&
+           (nm == 0 || memcmp(pkv_plan_merges(a), pkv_plan_merges(b), nm * sizeof(pkv_merge)) == 0) &&
+           (np == 0 || memcmp(pkv_plan_phases(a), pkv_plan_phases(b), np * sizeof(pkv_phase)) == 0) &&
+           (nr == 0 || memcmp(pkv_plan_rows(a), pkv_plan_rows(b), nr * sizeof(pkv_row_sched)) == 0) &&
+           memcmp(pkv_plan_counters(a), pkv_plan_counters(b), sizeof(pkv_counters)) == 0;
+}
+
+static void test_caps(void) {
+    pkv_plan *a = NULL, *b = NULL;
+    CHECK_OK(pkv_plan_create(&a));
+    CHECK_OK(pkv_plan_create(&b));
+    pkv_rng rng;
+    pkv_rng_seed(&rng, 20261207);
+    pkv_context_config cfg;
+    pkv_context_config_default(&cfg);
+    cfg.backend = PKV_BACKEND_CPU;
+    cfg.num_threads = 5;
+    pkv_context *ctx = NULL;
+    CHECK_OK(pkv_context_create(&cfg, &ctx));
+    pkv_cost_model model;
+    pkv_cost_model_default(&model, 5, 100, 1);
+    pkv_backend_caps host;
+    pkv_backend_caps_host(&host);
+    int differ = 0;
+    for (int k = 0; ctx && k < 300; k++) {
+        pkv_problem pb;
+        pkv_problem_default(&pb);
+        pb.page_size = k % 3 == 0 ? 1 : 16;
+        pb.window = k % 5 == 0 ? 3000 : 0;
+        int32_t lens[40];
+        const int32_t B = (int32_t)pkv_rng_uniform_int(&rng, 0, 40);
+        for (int32_t i = 0; i < B; i++) lens[i] = (int32_t)pkv_rng_uniform_int(&rng, 0, 30000);
+        batch bt;
+        batch_make(&bt, lens, B, &pb, &rng, false);
+        pkv_plan_options o;
+        pkv_plan_options_default(&o);
+        o.route = (pkv_route)pkv_rng_uniform_int(&rng, 0, PKV_ROUTE_COUNT_ - 1);
+        if (k % 7 == 1) o.graph_max_batch = 40, o.route = PKV_ROUTE_AUTO;
+        const bool with_model = k % 2 == 1;
+        CHECK_OK(pkv_context_set_cost_model(ctx, with_model ? &model : NULL));
+        /* a context's plans are those of its capabilities */
+        CHECK_OK(pkv_plan_step(ctx, &pb, &bt.table, &o, a));
+        CHECK_OK(pkv_plan_step_caps(&ctx->caps, with_model ? &model : NULL, &pb, &bt.table, &o, b));
+        differ += !same_plan(a, b);
+        size_t wa = 0, wb = 1;
+        CHECK_OK(pkv_workspace_size(ctx, &pb, 40, &o, &wa));
+        CHECK_OK(pkv_workspace_size_caps(&ctx->caps, &pb, 40, &o, &wb));
+        differ += wa != wb;
+        /* host plans are those of the host capabilities */
+        o.parallelism = (int32_t)pkv_rng_uniform_int(&rng, 1, 140);
+        CHECK_OK(pkv_plan_step_host(&pb, &bt.table, &o, a));
+        CHECK_OK(pkv_plan_step_caps(&host, NULL, &pb, &bt.table, &o, b));
+        differ += !same_plan(a, b);
+        CHECK_OK(pkv_workspace_size(NULL, &pb, 40, &o, &wa));
+        CHECK_OK(pkv_workspace_size_caps(&host, &pb, 40, &o, &wb));
+        differ += wa != wb;
+        batch_free(&bt);
+    }
+    CHECK_MSG(differ == 0, "%d plans or workspace sizes differ between a context and its capabilities", differ);
+    pkv_context_free(ctx);
+
+    /* a simulated GPU: its residency is the plan's resident slots, its wave the planner's */
+    pkv_problem pb;
+    pkv_problem_default(&pb); /* d = 128, G = 4 */
+    int32_t lens[2] = {20000, 3000};
+    batch bt;
+    batch_make(&bt, lens, 2, &pb, NULL, false);
+    pkv_backend_caps gpu;
+    memset(&gpu, 0, sizeof gpu);
+    gpu.parallelism = 132;
+    gpu.ctas_per_unit = 2;
+    gpu.resident[1][0] = 3;
+    pkv_plan_options o;
+    pkv_plan_options_default(&o);
+    o.route = PKV_ROUTE_WORKQUEUE;
+    CHECK_OK(pkv_plan_step_caps(&gpu, NULL, &pb, &bt.table, &o, a));
+    double terms[PKV_COST_TERMS];
+    CHECK_OK(pkv_cost_terms(a, terms));
+    CHECK_MSG(terms[PKV_TERM_SLOTS] == 132.0 * 3, "resident slots %g, expected 396", terms[PKV_TERM_SLOTS]);
+    CHECK_MSG(pkv_plan_num_tasks(a) <= 132 * 2 && pkv_plan_num_tasks(a) > 132, "%d tasks for a wave of 264",
+              pkv_plan_num_tasks(a));
+    pb.head_dim = 256; /* no residency known at d = 256: the wave's 2 per unit */
+    CHECK_OK(pkv_plan_step_caps(&gpu, NULL, &pb, &bt.table, &o, a));
+    CHECK_OK(pkv_cost_terms(a, terms));
+    CHECK(terms[PKV_TERM_SLOTS] == 132.0 * 2);
+
+    /* capabilities out of range fail and leave no runnable plan */
+    CHECK_STATUS(pkv_plan_step_caps(NULL, NULL, &pb, &bt.table, &o, a), PKV_ERR_NULL_POINTER);
+    CHECK_STATUS(pkv_cost_terms(a, terms), PKV_ERR_INVALID_ARGUMENT);
+    pkv_backend_caps bad[5];
+    for (int k = 0; k < 5; k++) bad[k] = gpu;
+    bad[0].ctas_per_unit = 0;
+    bad[1].parallelism = -1;
+    bad[2].resident[2][1] = -1;
+    bad[3].row_gather_below = -8;
+    bad[4].parallelism = PKV_MAX_PARALLELISM + 1;
+    for (int k = 0; k < 5; k++) {
+        CHECK_OK(pkv_plan_step_caps(&gpu, NULL, &pb, &bt.table, &o, a));
+        CHECK_STATUS(pkv_plan_step_caps(&bad[k], NULL, &pb, &bt.table, &o, a), PKV_ERR_INVALID_ARGUMENT);
+        CHECK_STATUS(pkv_cost_terms(a, terms), PKV_ERR_INVALID_ARGUMENT);
+        size_t ws = 0;
+        CHECK_STATUS(pkv_workspace_size_caps(&bad[k], &pb, 2, &o, &ws), PKV_ERR_INVALID_ARGUMENT);
+    }
+    /* no parallelism in the capabilities nor the options */
+    host.parallelism = 0;
+    o.parallelism = 0;
+    CHECK_STATUS(pkv_plan_step_caps(&host, NULL, &pb, &bt.table, &o, a), PKV_ERR_INVALID_ARGUMENT);
+    batch_free(&bt);
+    pkv_plan_free(a);
+    pkv_plan_free(b);
 }
 
 int main(void) {
     test_claim_order();
+    test_caps();
     test_route_names();
     test_window();
     test_graph_stable();

@@ -47,9 +47,9 @@ pkv_status pkv_context_create(const pkv_context_config *cfg, pkv_context **out) 
         pkv_cost_model m;
         st = pkv_cost_model_load(policy, &m);
         const bool applies = st == PKV_OK && (m.cuda_version > 0) == (kind == PKV_BACKEND_CUDA);
-        if (applies && m.parallelism != ctx->parallelism)
+        if (applies && m.parallelism != ctx->caps.parallelism)
             st = pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, "%s was measured with parallelism %d, this %s has %d", policy,
-                          m.parallelism, ctx->device_name, ctx->parallelism);
+                          m.parallelism, ctx->device_name, ctx->caps.parallelism);
         if (applies && st == PKV_OK) st = pkv_context_set_cost_model(ctx, &m);
         if (st != PKV_OK) { /* the reason, prefixed with the variable's name */
             char msg[400];
@@ -77,7 +77,7 @@ void pkv_context_free(pkv_context *ctx) {
 }
 
 pkv_backend_kind pkv_context_backend(const pkv_context *ctx) { return ctx ? ctx->kind : PKV_BACKEND_CPU; }
-int32_t pkv_context_parallelism(const pkv_context *ctx) { return ctx ? ctx->parallelism : 0; }
+int32_t pkv_context_parallelism(const pkv_context *ctx) { return ctx ? ctx->caps.parallelism : 0; }
 const char *pkv_context_device_name(const pkv_context *ctx) { return ctx ? ctx->device_name : ""; }
 
 static pkv_status check_run_args(pkv_context *ctx, const pkv_plan *plan, void *workspace, size_t ws_bytes) {

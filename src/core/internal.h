@@ -37,7 +37,7 @@ extern "C" {
 /* The claim's order of the SMs in a round of tasks (decode.cu, claim_task): task j of a round goes to SM
  * j x b mod nsm, b the first stride from nsm / 8 up that is coprime with nsm (SMs far apart in %smid
  * order, so in different GPCs); returns its inverse a, so SM s ranks s x a mod nsm - a permutation of
- * [0, nsm), which the claim's coverage needs (planner.c; tested by test_plan). */
+ * [0, nsm), which the claim's coverage needs (src/plan/layout.c; tested by test_plan). */
 int32_t pkv_graph_claim_multiplier(int32_t nsm);
 
 /* The terms of a plan's cost (pkv_lab.h documents each; the lab header spells the same enum, and whichever
@@ -81,15 +81,32 @@ typedef struct pkv_backend_ops {
     void (*destroy)(pkv_context *ctx);
 } pkv_backend_ops;
 
+/* What a backend tells the planner about its device: the planner's only input from the backend.  Filled
+ * by the backend's init (ctx->caps); tests and tools that plan for a simulated device pass their own to
+ * pkv_plan_step_caps instead of writing into a context. */
+typedef struct pkv_backend_caps {
+    int32_t parallelism;      /* units the planner splits work over: SMs or threads */
+    int32_t ctas_per_unit;    /* tasks per unit of the planner's default wave (>= 1) */
+    int32_t resident[3][2];   /* CTAs per unit that the kernel running [d 64, 128, 256][G <= PKV_CAPS_GROUP_SPLIT,
+                                 G > PKV_CAPS_GROUP_SPLIT] holds resident (CUDA: the occupancy API); 0: unknown */
+    int32_t row_gather_below; /* pages whose largest power-of-two divisor is below this many tokens are gathered
+                                 row by row (CUDA: cp.async rows); 0: none */
+} pkv_backend_caps;
+/* The G that splits the two kernel families of resident[][] (the second index: G > PKV_CAPS_GROUP_SPLIT). */
+#define PKV_CAPS_GROUP_SPLIT 8
+/* The first index of resident[][] for a head dim: 0, 1, 2 for d = 64, 128, 256; -1 for others. */
+static inline int pkv_caps_dim_index(int32_t head_dim) {
+    return head_dim == 64 ? 0 : head_dim == 128 ? 1 : head_dim == 256 ? 2 : -1;
+}
+/* The capabilities host plans assume (pkv_plan_step_host): parallelism 0 (the options give it), 2 tasks
+ * per unit, residency unknown, no row gathering. */
+void pkv_backend_caps_host(pkv_backend_caps *caps);
+
 struct pkv_context {
     pkv_backend_kind kind;
     const pkv_backend_ops *ops;
     void *backend_state;
-    int32_t parallelism;     /* SMs or threads */
-    int32_t ctas_per_unit;   /* planner default for this backend */
-    int32_t resident[3][2];  /* CUDA: CTAs per SM of the kernel that runs [d 64, 128, 256][G <= 8, G > 8]; 0: unknown */
-    int32_t row_gather_below; /* CUDA: pages whose largest power-of-two divisor is below this many tokens are
-                                 gathered row by row (cp.async); 0: none (the planner's full-wave rule) */
+    pkv_backend_caps caps;   /* what the backend reported at creation; the planner reads only this */
     int32_t device;
     uint64_t id;             /* unique per context */
     char device_name[160];
@@ -178,10 +195,21 @@ static inline int64_t pkv_row_stride(const pkv_problem *p, int64_t given) {
     return given > 0 ? given : (int64_t)p->num_qo_heads * p->head_dim;
 }
 
-/* Cost-model terms of a route without building its plan (the policy's fast path; tests compare
- * them with pkv_cost_terms of the built plan).  default_per_unit: ctas_per_unit when not forced. */
-pkv_status pkv_plan_route_terms(const pkv_problem *problem, const pkv_page_table *table, const pkv_plan_options *opts,
-                                int32_t default_per_unit, double terms[PKV_COST_TERMS]);
+/* Plans one step as pkv_plan_step would on a context of these capabilities, without a context: tests and
+ * tools plan for a simulated device this way.  model: the cost model auto weighs (as
+ * pkv_context_set_cost_model accepts), NULL: the auto rule.  Errors are reported thread-locally
+ * (pkv_last_error); capabilities out of range are PKV_ERR_INVALID_ARGUMENT. */
+pkv_status pkv_plan_step_caps(const pkv_backend_caps *caps, const pkv_cost_model *model, const pkv_problem *problem,
+                              const pkv_page_table *table, const pkv_plan_options *opts, pkv_plan *plan);
+/* pkv_workspace_size for a device of these capabilities, without a context. */
+pkv_status pkv_workspace_size_caps(const pkv_backend_caps *caps, const pkv_problem *problem, int32_t max_batch,
+                                   const pkv_plan_options *opts, size_t *bytes);
+
+/* Cost-model terms of a route (single, split, workqueue or fused) without building its plan (the policy's
+ * fast path; tests compare them with pkv_cost_terms of the plan pkv_plan_step_caps builds for the same
+ * capabilities).  The parallelism: the options', else the capabilities'. */
+pkv_status pkv_plan_route_terms(const pkv_backend_caps *caps, const pkv_problem *problem, const pkv_page_table *table,
+                                const pkv_plan_options *opts, double terms[PKV_COST_TERMS]);
 
 /* The cost model (cost.c): terms of a built plan, the predicted time, whether the policy weighs a
  * candidate, defaults from device properties, and the policy file's writer (the reader is public). */

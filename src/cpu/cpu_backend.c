@@ -489,8 +489,8 @@ pkv_status pkv_cpu_backend_init(pkv_context *ctx, int32_t num_threads) {
     }
     ctx->backend_state = pool;
     ctx->ops = &cpu_ops;
-    ctx->parallelism = num_threads;
-    ctx->ctas_per_unit = 4;
+    ctx->caps.parallelism = num_threads;
+    ctx->caps.ctas_per_unit = 4;
     snprintf(ctx->device_name, sizeof ctx->device_name, "cpu (%d thread%s)", (int)num_threads,
              num_threads == 1 ? "" : "s");
     return PKV_OK;

@@ -3,19 +3,24 @@
  * the split tasks in slot order, empty rows merged as empty, counters that match the lists. */
 #include "internal.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* The first violation: its message as the thread's last error (pkv_last_error). */
-#define BAD(...)                                                  \
-    do {                                                          \
-        pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, __VA_ARGS__);    \
-        free(idx);                                                \
-        free(keys);                                               \
-        free(slot_phase);                                         \
-        return PKV_ERR_INVALID_ARGUMENT;                          \
-    } while (0)
+/* Records why the plan is invalid as the thread's last error (pkv_last_error); returns
+ * PKV_ERR_INVALID_ARGUMENT. */
+#if defined(__GNUC__)
+__attribute__((format(printf, 1, 2)))
+#endif
+static pkv_status bad(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    pkv_failv(PKV_ERR_INVALID_ARGUMENT, fmt, ap);
+    va_end(ap);
+    return PKV_ERR_INVALID_ARGUMENT;
+}
+#define BAD(...) return bad(__VA_ARGS__)
 
 /* a task's sort key with its index (qsort has no context argument in C11: the key carries its data) */
 typedef struct task_key {
@@ -42,30 +47,38 @@ static int32_t phase_of_merge(const pkv_plan *p, int32_t k) {
     return -1;
 }
 
-pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens) {
-    int32_t *idx = NULL, *slot_phase = NULL;
-    task_key *keys = NULL;
-    if (!plan || (!seq_lens && plan->batch_size > 0))
-        return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "plan or seq_lens is NULL");
-    const int32_t B = plan->batch_size, hkv = plan->problem.num_kv_heads, nt = plan->num_tasks;
-    idx = (int32_t *)malloc(((size_t)nt + 1 + (size_t)B) * sizeof *idx);
-    int32_t *row_base = idx ? idx + nt + 1 : NULL; /* page_base of each row, from the plan's rows */
-    slot_phase = (int32_t *)malloc(((size_t)plan->num_state_slots + 1) * sizeof *slot_phase);
-    keys = (task_key *)malloc(((size_t)nt + 1) * sizeof *keys);
-    if (!idx || !slot_phase || !keys) BAD("out of memory");
-    for (int32_t s = 0; s < plan->num_state_slots; s++) slot_phase[s] = -1;
-    for (int32_t i = 0; i < B; i++) row_base[i] = -1;
-    if (plan->num_rows != B) BAD("plan lists %d rows for a batch of %d", plan->num_rows, B);
+/* The plan under validation, its lengths and the validator's buffers. */
+typedef struct vstate {
+    const pkv_plan *plan;
+    const int32_t *lens;
+    int32_t B, hkv, nt;
+    int32_t *idx;        /* task indices sorted by (row, KV head, first token) */
+    int32_t *row_base;   /* page_base of each row, from the plan's rows */
+    int32_t *slot_phase; /* the phase that last wrote each slot */
+    task_key *keys;
+} vstate;
+
+/* One row record per row, each with the row's tokens. */
+static pkv_status check_rows(const vstate *v) {
+    const pkv_plan *plan = v->plan;
+    for (int32_t i = 0; i < v->B; i++) v->row_base[i] = -1;
+    if (plan->num_rows != v->B) BAD("plan lists %d rows for a batch of %d", plan->num_rows, v->B);
     for (int32_t r = 0; r < plan->num_rows; r++) {
         const pkv_row_sched *rs = &plan->rows[r];
-        if (rs->row < 0 || rs->row >= B || row_base[rs->row] != -1) BAD("row record %d names row %d twice or out of range", r, rs->row);
-        row_base[rs->row] = rs->page_base;
-        if (rs->seq_len != seq_lens[rs->row] || rs->tok_begin != pkv_row_start(&plan->problem, seq_lens[rs->row]))
+        if (rs->row < 0 || rs->row >= v->B || v->row_base[rs->row] != -1)
+            BAD("row record %d names row %d twice or out of range", r, rs->row);
+        v->row_base[rs->row] = rs->page_base;
+        const int32_t n = v->lens[rs->row];
+        if (rs->seq_len != n || rs->tok_begin != pkv_row_start(&plan->problem, n))
             BAD("row record %d: tokens [%d, %d), the row attends to [%d, %d)", r, rs->tok_begin, rs->seq_len,
-                pkv_row_start(&plan->problem, seq_lens[rs->row]), seq_lens[rs->row]);
+                pkv_row_start(&plan->problem, n), n);
     }
+    return PKV_OK;
+}
 
-    /* phases tile the task and merge lists in order */
+/* Phases tile the task and merge lists in order. */
+static pkv_status check_phases(const vstate *v) {
+    const pkv_plan *plan = v->plan;
     int32_t tb = 0, mb = 0;
     for (int32_t i = 0; i < plan->num_phases; i++) {
         const pkv_phase *ph = &plan->phases[i];
@@ -74,107 +87,160 @@ pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens) {
         tb = ph->task_end;
         mb = ph->merge_end;
     }
-    if (tb != nt || mb != plan->num_merges) BAD("phases do not cover the task and merge lists");
+    if (tb != v->nt || mb != plan->num_merges) BAD("phases do not cover the task and merge lists");
+    return PKV_OK;
+}
 
-    for (int32_t k = 0; k < nt; k++) {
+/* Each task on its own: in range, within its row's window, its page base and slot; then the tasks
+ * sorted by (row, KV head, first token) into idx. */
+static pkv_status check_tasks(const vstate *v) {
+    const pkv_plan *plan = v->plan;
+    for (int32_t s = 0; s < plan->num_state_slots; s++) v->slot_phase[s] = -1;
+    for (int32_t k = 0; k < v->nt; k++) {
         const pkv_task *t = &plan->tasks[k];
-        if (t->row < 0 || t->row >= B) BAD("task %d has row %d outside [0, %d)", k, t->row, B);
-        if (t->kv_head < 0 || t->kv_head >= hkv) BAD("task %d has KV head %d outside [0, %d)", k, t->kv_head, hkv);
+        if (t->row < 0 || t->row >= v->B) BAD("task %d has row %d outside [0, %d)", k, t->row, v->B);
+        if (t->kv_head < 0 || t->kv_head >= v->hkv) BAD("task %d has KV head %d outside [0, %d)", k, t->kv_head, v->hkv);
         if (t->tok_begin < 0 || t->tok_end <= t->tok_begin) BAD("task %d has an empty or negative range", k);
-        if (t->tok_end > seq_lens[t->row]) BAD("task %d ends at %d past the row's %d tokens", k, t->tok_end, seq_lens[t->row]);
-        if (t->tok_begin < pkv_row_start(&plan->problem, seq_lens[t->row]))
+        if (t->tok_end > v->lens[t->row]) BAD("task %d ends at %d past the row's %d tokens", k, t->tok_end, v->lens[t->row]);
+        if (t->tok_begin < pkv_row_start(&plan->problem, v->lens[t->row]))
             BAD("task %d starts at %d, before its row's window", k, t->tok_begin);
         if (t->state_slot < -1) BAD("task %d has slot %d", k, t->state_slot);
-        if (row_base[t->row] != t->page_base)
-            BAD("task %d has page_base %d, its row starts at %d", k, t->page_base, row_base[t->row]);
-        if (t->state_slot >= plan->num_state_slots) BAD("task %d slot %d outside [0, %d)", k, t->state_slot, plan->num_state_slots);
+        if (v->row_base[t->row] != t->page_base)
+            BAD("task %d has page_base %d, its row starts at %d", k, t->page_base, v->row_base[t->row]);
+        if (t->state_slot >= plan->num_state_slots)
+            BAD("task %d slot %d outside [0, %d)", k, t->state_slot, plan->num_state_slots);
         if (t->state_slot >= 0) {
             int32_t ph = phase_of_task(plan, k);
-            if (slot_phase[t->state_slot] == ph) BAD("slot %d used twice in phase %d", t->state_slot, ph);
-            slot_phase[t->state_slot] = ph;
+            if (v->slot_phase[t->state_slot] == ph) BAD("slot %d used twice in phase %d", t->state_slot, ph);
+            v->slot_phase[t->state_slot] = ph;
         }
-        keys[k] = (task_key){t->row, t->kv_head, t->tok_begin, k};
+        v->keys[k] = (task_key){t->row, t->kv_head, t->tok_begin, k};
     }
-    qsort(keys, (size_t)nt, sizeof *keys, cmp_key);
-    for (int32_t k = 0; k < nt; k++) idx[k] = keys[k].index;
+    qsort(v->keys, (size_t)v->nt, sizeof *v->keys, cmp_key);
+    for (int32_t k = 0; k < v->nt; k++) v->idx[k] = v->keys[k].index;
+    return PKV_OK;
+}
 
-    /* walk (row, head) in order: coverage, slots and merges */
+/* The one merge of a split or empty (row i, KV head h) whose count tasks start at idx[first]: in range,
+ * in its tasks' phase, named by its tasks, reading their slots in split order. */
+static pkv_status check_merge_of(const vstate *v, int32_t i, int32_t h, int32_t first, int32_t count) {
+    const pkv_plan *plan = v->plan;
+    int32_t found = -1;
+    for (int32_t m = 0; m < plan->num_merges; m++)
+        if (plan->merges[m].row == i && plan->merges[m].kv_head == h) {
+            if (found >= 0) BAD("row %d head %d merged twice", i, h);
+            found = m;
+        }
+    if (found < 0) BAD("row %d head %d has %d tasks and no merge", i, h, count);
+    const pkv_merge *m = &plan->merges[found];
+    if (m->count > 0 && (m->first_slot < 0 || m->first_slot + m->count > plan->num_state_slots))
+        BAD("merge of row %d head %d reads slots [%d, %d) outside [0, %d)", i, h, m->first_slot,
+            m->first_slot + m->count, plan->num_state_slots);
+    if (m->count != count) BAD("merge of row %d head %d counts %d states for %d tasks", i, h, m->count, count);
+    if (count > 0 && phase_of_merge(plan, found) != phase_of_task(plan, v->idx[first]))
+        BAD("merge of row %d head %d is not in its tasks' phase", i, h);
+    for (int32_t j = 0; j < count; j++)
+        if (plan->tasks[v->idx[first + j]].merge != found)
+            BAD("row %d head %d: split %d names merge %d, not %d", i, h, j, plan->tasks[v->idx[first + j]].merge, found);
+    for (int32_t j = 0; j < count; j++)
+        if (plan->tasks[v->idx[first + j]].state_slot != m->first_slot + j)
+            BAD("row %d head %d: split %d writes slot %d, merge expects %d", i, h, j,
+                plan->tasks[v->idx[first + j]].state_slot, m->first_slot + j);
+    return PKV_OK;
+}
+
+/* Walks (row, KV head) in order over the sorted tasks: every attended token covered exactly once, in
+ * one phase; a single task writes no partial state; split and empty pairs have their merge. */
+static pkv_status check_coverage(const vstate *v) {
+    const pkv_plan *plan = v->plan;
     int32_t k = 0, merges_seen = 0;
-    for (int32_t i = 0; i < B; i++) {
-        for (int32_t h = 0; h < hkv; h++) {
-            int32_t first = k, at = pkv_row_start(&plan->problem, seq_lens[i]);
-            while (k < nt && plan->tasks[idx[k]].row == i && plan->tasks[idx[k]].kv_head == h) {
-                const pkv_task *t = &plan->tasks[idx[k]];
-                if (t->tok_begin != at) BAD("row %d head %d: tokens [%d, %d) not covered exactly once", i, h, at, t->tok_begin > at ? t->tok_begin : at);
+    for (int32_t i = 0; i < v->B; i++) {
+        for (int32_t h = 0; h < v->hkv; h++) {
+            int32_t first = k, at = pkv_row_start(&plan->problem, v->lens[i]);
+            while (k < v->nt && plan->tasks[v->idx[k]].row == i && plan->tasks[v->idx[k]].kv_head == h) {
+                const pkv_task *t = &plan->tasks[v->idx[k]];
+                if (t->tok_begin != at)
+                    BAD("row %d head %d: tokens [%d, %d) not covered exactly once", i, h, at,
+                        t->tok_begin > at ? t->tok_begin : at);
                 at = t->tok_end;
-                if (phase_of_task(plan, idx[k]) != phase_of_task(plan, idx[first]))
+                if (phase_of_task(plan, v->idx[k]) != phase_of_task(plan, v->idx[first]))
                     BAD("row %d head %d spread over two phases", i, h);
                 k++;
             }
-            if (at != seq_lens[i]) BAD("row %d head %d: covered %d of %d tokens", i, h, at, seq_lens[i]);
+            if (at != v->lens[i]) BAD("row %d head %d: covered %d of %d tokens", i, h, at, v->lens[i]);
             int32_t count = k - first;
-            if (count == 1 && plan->tasks[idx[first]].state_slot != -1)
+            if (count == 1 && plan->tasks[v->idx[first]].state_slot != -1)
                 BAD("row %d head %d has one task but writes a partial state", i, h);
             if (count == 1) continue;
-            /* split or empty: exactly one merge */
-            int32_t found = -1;
-            for (int32_t m = 0; m < plan->num_merges; m++)
-                if (plan->merges[m].row == i && plan->merges[m].kv_head == h) {
-                    if (found >= 0) BAD("row %d head %d merged twice", i, h);
-                    found = m;
-                }
-            if (found < 0) BAD("row %d head %d has %d tasks and no merge", i, h, count);
+            const pkv_status st = check_merge_of(v, i, h, first, count);
+            if (st != PKV_OK) return st;
             merges_seen++;
-            const pkv_merge *m = &plan->merges[found];
-            if (m->count > 0 && (m->first_slot < 0 || m->first_slot + m->count > plan->num_state_slots))
-                BAD("merge of row %d head %d reads slots [%d, %d) outside [0, %d)", i, h, m->first_slot,
-                    m->first_slot + m->count, plan->num_state_slots);
-            if (m->count != count) BAD("merge of row %d head %d counts %d states for %d tasks", i, h, m->count, count);
-            if (count > 0 && phase_of_merge(plan, found) != phase_of_task(plan, idx[first]))
-                BAD("merge of row %d head %d is not in its tasks' phase", i, h);
-            for (int32_t j = 0; j < count; j++)
-                if (plan->tasks[idx[first + j]].merge != found)
-                    BAD("row %d head %d: split %d names merge %d, not %d", i, h, j, plan->tasks[idx[first + j]].merge, found);
-            for (int32_t j = 0; j < count; j++)
-                if (plan->tasks[idx[first + j]].state_slot != m->first_slot + j)
-                    BAD("row %d head %d: split %d writes slot %d, merge expects %d", i, h, j,
-                        plan->tasks[idx[first + j]].state_slot, m->first_slot + j);
         }
     }
     if (merges_seen != plan->num_merges) BAD("%d merges listed, %d expected", plan->num_merges, merges_seen);
+    return PKV_OK;
+}
 
-    /* counters */
+/* The counters against the lists and the lengths. */
+static pkv_status check_counters(const vstate *v) {
+    const pkv_plan *plan = v->plan;
     int64_t kv = 0, split_tasks = 0;
     const int64_t es = (int64_t)pkv_dtype_size(plan->problem.dtype), d = plan->problem.head_dim;
-    for (int32_t j = 0; j < nt; j++) {
+    for (int32_t j = 0; j < v->nt; j++) {
         kv += (int64_t)(plan->tasks[j].tok_end - plan->tasks[j].tok_begin) * d * es * 2;
         split_tasks += plan->tasks[j].state_slot >= 0;
     }
     int64_t total = 0;
-    for (int32_t i = 0; i < B; i++) total += seq_lens[i] - pkv_row_start(&plan->problem, seq_lens[i]);
-    if (kv != total * hkv * d * es * 2) BAD("tasks read %lld KV bytes, lengths need %lld", (long long)kv, (long long)(total * hkv * d * es * 2));
+    for (int32_t i = 0; i < v->B; i++) total += v->lens[i] - pkv_row_start(&plan->problem, v->lens[i]);
+    if (kv != total * v->hkv * d * es * 2)
+        BAD("tasks read %lld KV bytes, lengths need %lld", (long long)kv, (long long)(total * v->hkv * d * es * 2));
     if (plan->counters.kv_bytes != kv) BAD("kv_bytes counter %lld != %lld", (long long)plan->counters.kv_bytes, (long long)kv);
-    if (plan->counters.tasks != nt) BAD("tasks counter wrong");
+    if (plan->counters.tasks != v->nt) BAD("tasks counter wrong");
     if (plan->counters.merge_state_bytes != 2 * split_tasks * plan->group * (d + 1) * 4) BAD("merge_state_bytes counter wrong");
-    if (plan->graph_tasks > 0) {
-        /* graph-stable: the step fits the fixed grids and the counts the kernels read are the plan's */
-        const int32_t *counts = (const int32_t *)(const void *)((const char *)plan->blob + plan->off_counts);
-        if (plan->route != PKV_ROUTE_WORKQUEUE || plan->num_phases != 1) BAD("graph-stable plan is not one work-queue phase");
-        if (nt > plan->graph_tasks || plan->num_state_slots > plan->graph_tasks)
-            BAD("%d tasks (%d slots) on a grid of %d", nt, plan->num_state_slots, plan->graph_tasks);
-        if (plan->num_merges > plan->graph_merges) BAD("%d merges on a grid of %d", plan->num_merges, plan->graph_merges);
-        if (counts[PKV_COUNTS_TASKS] != nt || counts[PKV_COUNTS_MERGES] != plan->num_merges)
-            BAD("counts %d, %d in the workspace for %d tasks, %d merges", counts[PKV_COUNTS_TASKS],
-                counts[PKV_COUNTS_MERGES], nt, plan->num_merges);
-        if (counts[PKV_COUNTS_WIDEST] != plan->max_merge_count)
-            BAD("widest merge %d in the workspace, the plan's is %d", counts[PKV_COUNTS_WIDEST], plan->max_merge_count);
-        for (int w = PKV_COUNTS_MERGES + 1; w < PKV_COUNTS_WORDS; w++)
-            if (w != PKV_COUNTS_WIDEST && counts[w] != 0) BAD("work claim word %d is %d, not 0", w, counts[w]);
-        if (plan->off_counts + PKV_COUNTS_WORDS * sizeof(int32_t) > plan->blob_bytes || plan->off_state_o < plan->blob_bytes)
-            BAD("graph-stable layout broken");
-    }
-    free(idx);
-    free(keys);
-    free(slot_phase);
     return PKV_OK;
+}
+
+/* Graph-stable plans: the step fits the fixed grids and the counts the kernels read are the plan's. */
+static pkv_status check_graph(const vstate *v) {
+    const pkv_plan *plan = v->plan;
+    if (plan->graph_tasks <= 0) return PKV_OK;
+    const int32_t *counts = (const int32_t *)(const void *)((const char *)plan->blob + plan->off_counts);
+    if (plan->route != PKV_ROUTE_WORKQUEUE || plan->num_phases != 1) BAD("graph-stable plan is not one work-queue phase");
+    if (v->nt > plan->graph_tasks || plan->num_state_slots > plan->graph_tasks)
+        BAD("%d tasks (%d slots) on a grid of %d", v->nt, plan->num_state_slots, plan->graph_tasks);
+    if (plan->num_merges > plan->graph_merges) BAD("%d merges on a grid of %d", plan->num_merges, plan->graph_merges);
+    if (counts[PKV_COUNTS_TASKS] != v->nt || counts[PKV_COUNTS_MERGES] != plan->num_merges)
+        BAD("counts %d, %d in the workspace for %d tasks, %d merges", counts[PKV_COUNTS_TASKS],
+            counts[PKV_COUNTS_MERGES], v->nt, plan->num_merges);
+    if (counts[PKV_COUNTS_WIDEST] != plan->max_merge_count)
+        BAD("widest merge %d in the workspace, the plan's is %d", counts[PKV_COUNTS_WIDEST], plan->max_merge_count);
+    for (int w = PKV_COUNTS_MERGES + 1; w < PKV_COUNTS_WORDS; w++)
+        if (w != PKV_COUNTS_WIDEST && counts[w] != 0) BAD("work claim word %d is %d, not 0", w, counts[w]);
+    if (plan->off_counts + PKV_COUNTS_WORDS * sizeof(int32_t) > plan->blob_bytes || plan->off_state_o < plan->blob_bytes)
+        BAD("graph-stable layout broken");
+    return PKV_OK;
+}
+
+pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens) {
+    if (!plan || (!seq_lens && plan->batch_size > 0))
+        return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "plan or seq_lens is NULL");
+    vstate v;
+    v.plan = plan;
+    v.lens = seq_lens;
+    v.B = plan->batch_size, v.hkv = plan->problem.num_kv_heads, v.nt = plan->num_tasks;
+    v.idx = (int32_t *)malloc(((size_t)v.nt + 1 + (size_t)v.B) * sizeof *v.idx);
+    v.row_base = v.idx ? v.idx + v.nt + 1 : NULL;
+    v.slot_phase = (int32_t *)malloc(((size_t)plan->num_state_slots + 1) * sizeof *v.slot_phase);
+    v.keys = (task_key *)malloc(((size_t)v.nt + 1) * sizeof *v.keys);
+    pkv_status st = !v.idx || !v.slot_phase || !v.keys ? bad("out of memory") : PKV_OK;
+    if (st == PKV_OK) st = check_rows(&v);
+    if (st == PKV_OK) st = check_phases(&v);
+    if (st == PKV_OK) st = check_tasks(&v);
+    if (st == PKV_OK) st = check_coverage(&v);
+    if (st == PKV_OK) st = check_counters(&v);
+    if (st == PKV_OK) st = check_graph(&v);
+    free(v.idx);
+    free(v.keys);
+    free(v.slot_phase);
+    return st;
 }
