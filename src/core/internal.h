@@ -3,6 +3,7 @@
 #define PKV_INTERNAL_H
 
 #include "persistentkv.h"
+#include "tuning.h"
 
 #include <stdarg.h>
 #include <stdbool.h>
@@ -78,6 +79,7 @@ struct pkv_context {
     bool has_cost_model;
     pkv_cost_model cost_model;
     pkv_plan *scratch_plan; /* the policy's candidate plans */
+    pkv_tuning tuning;      /* PKV_TUNING and PKV_POLICY, parsed at creation (tuning.c); the backends read it */
 };
 
 /* Plan storage: tasks, rows and merges live in one host blob so the CUDA backend uploads the
