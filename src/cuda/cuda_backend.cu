@@ -1,7 +1,11 @@
-// cuda_backend.cu - the CUDA backend behind the C API: device selection, plan upload (one async
-// copy of the plan blob into the workspace, skipped when that plan is already there), and run.
+// cuda_backend.cu - the CUDA backend behind the C API: device selection and the launch options from the
+// context's tuning (pkv_cuda_backend_init), plan upload (one async copy of the plan blob into the workspace,
+// skipped when that plan is already there), and run; and the C entry points of the decode side
+// (pkv_cuda.h), whose work is in launch.cu.
 #include "cuda_common.cuh"
+#include "launch.cuh"
 #include "pkv_cuda.h"
+#include "timeline.cuh"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +19,7 @@ namespace {
  * each reused once its copy has executed (an event per buffer): a host fewer than kStaging uploads
  * ahead of the GPU never waits, and the plan's own storage is free again as soon as the upload returns. */
 constexpr int kStaging = 4;
+constexpr size_t kStagingMinBytes = 64 * 1024; // a staging buffer's first size (doubled until a plan fits)
 struct staging_buffer {
     void *buf;        // page-locked, cap bytes
     size_t cap;
@@ -57,7 +62,7 @@ pkv_status staged_upload(pkv_context *ctx, cuda_state *s, const pkv_plan *plan, 
         if (b.buf) cudaFreeHost(b.buf);
         b.buf = nullptr;
         b.cap = 0;
-        size_t cap = 64 * 1024;
+        size_t cap = kStagingMinBytes;
         while (cap < plan->blob_bytes) cap *= 2;
         if (cudaHostAlloc(&b.buf, cap, cudaHostAllocDefault) != cudaSuccess) {
             cudaGetLastError(); // e.g. a locked-memory limit: stay correct, copy from pageable memory
@@ -78,6 +83,8 @@ pkv_status staged_upload(pkv_context *ctx, cuda_state *s, const pkv_plan *plan, 
     return PKV_OK;
 }
 
+constexpr int kMaxGridY = 65535; // the rectangular routes' grid: (rows, KV heads, splits)
+
 cuda_state *state_of(pkv_context *ctx) { return static_cast<cuda_state *>(ctx->backend_state); }
 
 pkv_status cuda_supports(pkv_context *ctx, const pkv_problem *p) {
@@ -87,8 +94,9 @@ pkv_status cuda_supports(pkv_context *ctx, const pkv_problem *p) {
         return pkv_fail(ctx, PKV_ERR_UNSUPPORTED_HEAD_DIM, "the CUDA backend runs head dims 64, 128, 256");
     if (p->num_qo_heads / p->num_kv_heads > PKV_MAX_GROUP)
         return pkv_fail(ctx, PKV_ERR_UNSUPPORTED, "the CUDA backend runs G <= %d", PKV_MAX_GROUP);
-    if (p->num_kv_heads > 65535)
-        return pkv_fail(ctx, PKV_ERR_UNSUPPORTED, "num_kv_heads %d is above the grid limit 65535", p->num_kv_heads);
+    if (p->num_kv_heads > kMaxGridY)
+        return pkv_fail(ctx, PKV_ERR_UNSUPPORTED, "num_kv_heads %d is above the grid limit %d", p->num_kv_heads,
+                        kMaxGridY);
     return PKV_OK;
 }
 
@@ -134,7 +142,7 @@ pkv_status cuda_run(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_
 void cuda_destroy(pkv_context *ctx) {
 #ifdef PKV_TIMELINE
     const char *tl = ctx->tuning.timeline_out;
-    if (tl[0] && pkv_cuda_timeline_dump(tl) != 0) fprintf(stderr, "persistentkv: cannot write the timeline to %s\n", tl);
+    if (tl[0] && pkv::timeline_dump(tl) != 0) fprintf(stderr, "persistentkv: cannot write the timeline to %s\n", tl);
 #endif
     cuda_state *s = state_of(ctx);
     if (s) {
@@ -171,6 +179,32 @@ extern "C" int pkv_cuda_device_count(void) {
     return n;
 }
 
+extern "C" cudaError_t pkv_cuda_decode_init_attributes(int cc_major, size_t smem_optin,
+                                                       int32_t tma_stages[PKV_TMA_HEAD_DIMS][2],
+                                                       int32_t tma_max_stages[PKV_TMA_HEAD_DIMS], int *sm90_code) {
+    return pkv::decode_init_attributes(cc_major, smem_optin, tma_stages, tma_max_stages, sm90_code);
+}
+
+extern "C" int pkv_cuda_decode_resident_ctas(int32_t group, int32_t head_dim) {
+    return pkv::decode_resident_ctas(group, head_dim);
+}
+
+extern "C" cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace, const pkv_tensors *t,
+                                           cudaStream_t stream, const pkv_cuda_launch_opts *opts) {
+    return pkv::decode_run(plan, workspace, t, stream, opts);
+}
+
+extern "C" const char *pkv_cuda_decode_kernel_name(const pkv_plan *plan, const pkv_tensors *t,
+                                                   const pkv_cuda_launch_opts *opts) {
+    return pkv::decode_kernel_name(plan, t, opts);
+}
+
+/* auto's cost model until a policy file replaces it: the read bandwidth from the memory clock and bus width
+ * times the share of that peak a streaming read reaches (the read ceiling of docs/kernel-notes.md, H200),
+ * and a fixed cost per launch */
+constexpr double kStreamReadShare = 0.92;
+constexpr double kLaunchUs = 3.0;
+
 extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bool pdl) {
     int n = pkv_cuda_device_count();
     if (n <= 0) return pkv_fail(ctx, PKV_ERR_BACKEND_UNAVAILABLE, "no CUDA device is visible");
@@ -200,28 +234,23 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bo
      * JIT-compiled here has none, and its merge must wait for the decode grid the ordinary way) */
     s->launch.use_pdl = sm90_code && tu.pdl;
     s->launch.entry_pdl = s->launch.use_pdl && pdl;
-    s->launch.allow_n8 = 1;
     s->launch.merge_kernel = tu.merge;
-    s->launch.deep_max_ctas = 0; /* retired: two tiles in flight (kernel-notes v4) */
-    /* sm_90: K and V through shared memory by TMA tensor copies where the shape allows (tma=0: the register
-     * kernels everywhere); pages of 8, 24, ... in chunks of 8 tokens, the other page sizes by cp.async into
-     * the whole-tile boxes on every grid */
+    s->launch.merge_wide_at = tu.merge_wide_at;
+    /* sm_90: K and V through shared memory (tensor copies, cp.async) where the shape allows (launch.cu
+     * tma_maps_for); tma=0: the register kernels, as on sm_80-89 */
     s->launch.tma = sm90_code && tu.tma;
-    s->launch.tma_chunk_min = 8;
-    s->launch.cp_async = 1;
-    s->launch.cp_async_min_ctas = 2 * prop.multiProcessorCount + 1; /* token-major rows only, retired */
-    s->launch.cp_async_tiles = 1;
-    /* graph-stable plans: steps of at most one task per SM in the grid's first CTAs, up to a resident wave
-     * claimed by SM (over claim_sms SMs: tests), more spread over the grid */
+    s->launch.tma_stages = tu.tma_stages;
+    /* graph-stable plans: a step of at most one task per SM runs them in the grid's first CTAs, which load
+     * their entries with the task count; up to a resident wave of tasks are claimed by the SM a CTA lands on
+     * (claim.cuh), over the device's SMs unless claim_sms deals them over fewer (tests: an SM is then dealt
+     * more tasks than it gets CTAs, and the CTAs that wait for unclaimed tasks must find and run them); more
+     * spread over the grid (docs/kernel-notes.md v13, v13b, v13c) */
     s->launch.graph_first = prop.multiProcessorCount;
     const int32_t nsm = tu.claim_sms > 0                          ? tu.claim_sms
                         : prop.multiProcessorCount > PKV_CLAIM_SMS ? PKV_CLAIM_SMS
                                                                    : prop.multiProcessorCount;
     s->launch.claim_sms = nsm;
     s->launch.claim_mul = pkv_graph_claim_multiplier(nsm);
-    s->launch.graph_merge_adapt = 1;
-    s->launch.merge_wide_at = tu.merge_wide_at;
-    s->launch.tma_stages = tu.tma_stages;
     for (int k = 0; k < PKV_TMA_HEAD_DIMS; k++) {
         s->launch.tma_default_stages[k][0] = tma_stages[k][0];
         s->launch.tma_default_stages[k][1] = tma_stages[k][1];
@@ -231,27 +260,24 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bo
     ctx->ops = &cuda_ops;
     ctx->device = device;
     ctx->parallelism = prop.multiProcessorCount;
-    /* resident CTAs per SM of the kernels, as the planner's default tasks per SM */
-    const int m8 = pkv_cuda_decode_resident_ctas(8, 128, 0);
-    ctx->ctas_per_unit = m8 > 0 ? m8 : 2;
-    /* and of the kernel that runs each head dim and group size (the d = 64 kernels hold more CTAs
-     * than the d = 128 ones; heads in N, for G <= 8, more than heads in M) */
-    static const int32_t dims[3] = {64, 128, 256};
-    for (int k = 0; k < 3; k++) {
-        ctx->resident[k][0] = pkv_cuda_decode_resident_ctas(8, dims[k], s->launch.allow_n8);
-        ctx->resident[k][1] = pkv_cuda_decode_resident_ctas(16, dims[k], 0);
+    /* the planner's default tasks per SM: the heads-in-M kernel's residency at d = 128 (2 CTAs per SM on
+     * every GPU this library is built for; the wave of kernel-notes v3) */
+    const int m16 = pkv_cuda_decode_resident_ctas(16, 128);
+    ctx->ctas_per_unit = m16 > 0 ? m16 : 2;
+    /* and the residency of the register kernel that runs each head dim and group size (the d = 64 kernels
+     * hold more CTAs than the d = 128 ones; heads in N, for G <= 8, more than heads in M) */
+    static const int32_t dims[PKV_TMA_HEAD_DIMS] = {64, 128, 256};
+    for (int k = 0; k < PKV_TMA_HEAD_DIMS; k++) {
+        ctx->resident[k][0] = pkv_cuda_decode_resident_ctas(8, dims[k]);
+        ctx->resident[k][1] = pkv_cuda_decode_resident_ctas(16, dims[k]);
     }
-    /* the pages the cp.async copies gather row by row: chunks below tma_chunk_min tokens (all pages that are not
-     * a multiple of 16 when chunked tensor copies are off); the planner then fills a wave of every resident CTA
-     * of the d = 64 kernels (planner.c resolve_params; kernel-notes v18) */
-    ctx->row_gather_below = s->launch.tma && s->launch.cp_async
-                                ? (s->launch.tma_chunk_min > 0 ? s->launch.tma_chunk_min : 16)
-                                : 0;
+    /* the pages the cp.async copies gather row by row (sm_90 ring on): those whose largest power-of-two
+     * divisor is below the tensor copies' chunk; the planner then fills a wave of every resident CTA of the
+     * d = 64 kernels (planner.c resolve_params; docs/kernel-notes.md v18) */
+    ctx->row_gather_below = s->launch.tma ? PKV_TMA_CHUNK_TOKENS : 0;
     snprintf(ctx->device_name, sizeof ctx->device_name, "%.64s (%d SMs, sm_%d%d%s)", prop.name, prop.multiProcessorCount,
              prop.major, prop.minor,
              prop.major >= 9 && !sm90_code ? "; this build has no sm_90 code: register kernels, no PDL" : "");
-    /* auto's cost model until a policy file replaces it: the read bandwidth from the memory clock
-     * and bus width (a streaming read reaches ~92% of that peak on the H200), 3 us per launch */
     int mem_khz = 0, bus_bits = 0;
     if (cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, device) != cudaSuccess ||
         cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device) != cudaSuccess) {
@@ -259,7 +285,7 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bo
         mem_khz = bus_bits = 0;
     }
     const double peak_gbps = 2.0 * mem_khz * 1e3 * (bus_bits / 8.0) / 1e9;
-    pkv_cost_model_default(&ctx->cost_model, prop.multiProcessorCount, 0.92 * peak_gbps, 3.0);
+    pkv_cost_model_default(&ctx->cost_model, prop.multiProcessorCount, kStreamReadShare * peak_gbps, kLaunchUs);
     snprintf(ctx->cost_model.device, sizeof ctx->cost_model.device, "defaults for %.64s (%.0f GB/s peak)", prop.name,
              peak_gbps);
     ctx->has_cost_model = true;
