@@ -64,7 +64,18 @@ void pkv_tuning_default(pkv_tuning *t) {
 }
 
 typedef enum { KEY_BOOL, KEY_INT, KEY_MERGE, KEY_PATH } key_kind;
-typedef enum { K_TMA, K_TMA_STAGES, K_MERGE, K_MERGE_WIDE_AT, K_CLAIM_SMS, K_PAGEABLE_UPLOAD, K_PDL, K_CPU_F16C, K_TIMELINE_OUT, NKEYS } key_id;
+typedef enum {
+    K_TMA,
+    K_TMA_STAGES,
+    K_MERGE,
+    K_MERGE_WIDE_AT,
+    K_CLAIM_SMS,
+    K_PAGEABLE_UPLOAD,
+    K_PDL,
+    K_CPU_F16C,
+    K_TIMELINE_OUT,
+    NKEYS
+} key_id;
 typedef struct {
     const char *name;
     key_kind kind;
@@ -155,8 +166,8 @@ pkv_status pkv_tuning_parse(pkv_context *ctx, const char *text, pkv_tuning *t) {
         const size_t len = end ? (size_t)(end - s) : strlen(s);
         char item[PKV_TUNING_PATH_MAX + 32];
         if (len == 0)
-            return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "PKV_TUNING: an empty item in \"%.200s\" (key=value,key=value)",
-                            text);
+            return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT,
+                            "PKV_TUNING: an empty item in \"%.200s\" (key=value,key=value)", text);
         if (len >= sizeof item)
             return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "PKV_TUNING: an item of %zu bytes (\"%.40s...\")", len, s);
         memcpy(item, s, len);
@@ -176,8 +187,8 @@ pkv_status pkv_tuning_parse(pkv_context *ctx, const char *text, pkv_tuning *t) {
         if (!end) break;
         s = end + 1;
         if (!*s) /* a trailing comma: an empty last item */
-            return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "PKV_TUNING: an empty item in \"%.200s\" (key=value,key=value)",
-                            text);
+            return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT,
+                            "PKV_TUNING: an empty item in \"%.200s\" (key=value,key=value)", text);
     }
     return PKV_OK;
 }
