@@ -9,7 +9,6 @@
 #   --tests-only / --bench-only   one half: build, tests, portability and sanitizers; or build and the
 #             benchmark (the whole check takes ~9-10 minutes on an H200: two calls of a machine that limits
 #             one command's time; the second reuses the first's build folder when it is still there)
-# PKV_COMPARE_M=1 also benches the anchors with the heads-in-M kernel for every shape (A/B in one run).
 set -u -o pipefail
 usage="usage: scripts/gpu_check.sh OUT_DIR [--quick] [--tests-only|--bench-only]"
 out=${1:?$usage}
@@ -55,27 +54,23 @@ if [ $tests = 1 ]; then
   # ctest -j 6: the CPU tests (test_fuzz ~70 s) run beside test_cuda
   if ! PKV_TEST_CASES=$cases ctest --test-dir "$build" -j 6 --output-on-failure >"$log/tests.log" 2>&1; then status=1; fi
   grep -E "tests passed|Passed|Failed|SKIP|passed, " "$log/tests.log" | tail -n 20
-  # then, as concurrent processes on the one GPU (correctness runs, nothing timed; ~65 s together instead of
-  # ~270 s one after the other): pkv check; test_cuda with the register kernels where sm_90 runs the
-  # tensor-copy kernel (PKV_DECODE_TMA=0), tensor copies in chunks of any size (PKV_TMA_CHUNKED=all) and in
-  # none (pages of 8 fill the ring by cp.async into the whole-tile boxes too, as 1, 2, 4, ... do by default),
-  # cp.async into v14's token-major rows on every grid (PKV_CPASYNC_LAYOUT=rows,PKV_DECODE_CPASYNC=all; by
-  # default that layout runs on grids of more than 2 CTAs per SM only, and the tests' grids are small; d = 256
-  # runs the register kernels there),
-  # the opt-in two-tiles-in-flight variant (off by default), both merge kernels (the default picks one per
-  # plan by the merges' width), the tensor-copy kernel with a forced 3-stage ring (one CTA per SM at d = 256,
-  # 2 at d = 128), graph-stable tasks dealt over 16 SMs (more per SM than its CTAs: the unclaimed tasks must
-  # be found and run by the CTAs that wait for them), graph-stable grids without the claim by SM (the tasks
-  # spread over the grid) and plan uploads from pageable memory (the staging ring's fallback; test_cuda prints
-  # how long three uploads queued behind a 300 ms kernel kept the host there) and graph-stable steps merged by
-  # the per-head kernel whatever their merges' width (PKV_GRAPH_MERGE=head; by default a narrow step merges
-  # one CTA per merge)
-  settings="PKV_DECODE_TMA=0 PKV_TMA_CHUNKED=all PKV_TMA_CHUNKED=0 PKV_CPASYNC_LAYOUT=rows,PKV_DECODE_CPASYNC=all PKV_DECODE_TMA=0,PKV_DECODE_DEEP=1 PKV_MERGE_KERNEL=head PKV_MERGE_KERNEL=row PKV_TMA_STAGES=3 PKV_GRAPH_CLAIM_SMS=16 PKV_GRAPH_CLAIM=0 PKV_PAGEABLE_UPLOAD=1 PKV_GRAPH_MERGE=head"
+  # then, as concurrent processes on the one GPU (correctness runs, nothing timed): pkv check, and test_cuda
+  # under each PKV_TUNING setting that reaches a path the default does not take on this GPU (src/core/tuning.c
+  # documents the keys): the register kernels where sm_90 runs the ring kernel (tma=0: the kernels of
+  # sm_80-89 GPUs), each merge kernel on every plan (merge=head also merges graph-stable steps per head
+  # whatever their width; by default a narrow step merges one CTA per merge), the ring kernel with a forced
+  # 3-stage ring (one CTA per SM at d = 256, 2 at d = 128), graph-stable tasks dealt over 16 SMs (more per SM
+  # than its CTAs: the unclaimed tasks must be found and run by the CTAs that wait for them), plan uploads from
+  # pageable memory (the staging ring's fallback; test_cuda prints how long three uploads queued behind a
+  # 300 ms kernel kept the host there) and no programmatic dependent launch at all (pdl=0: the launch order
+  # of GPUs and builds without sm_90 code)
+  settings="tma=0 merge=head merge=row tma_stages=3 claim_sms=16 pageable_upload=1 pdl=0"
   pids=""
   "$build/pkv" check --backend cuda --count $((cases / 2)) >"$log/check.log" 2>&1 & pids="$pids $!"
   i=0
   for setting in $settings; do
-    env ${setting//,/ } PKV_TEST_CASES=$((cases / 3)) "$build/tests/test_cuda" >"$log/setting_$i.log" 2>&1 & pids="$pids $!"
+    PKV_TUNING="$setting" PKV_TEST_CASES=$((cases / 3)) "$build/tests/test_cuda" >"$log/setting_$i.log" 2>&1 &
+    pids="$pids $!"
     i=$((i + 1))
   done
   for pid in $pids; do wait "$pid" || status=1; done
@@ -84,8 +79,8 @@ if [ $tests = 1 ]; then
   grep -q " 0 failed" "$log/check.log" || status=1
   i=0
   for setting in $settings; do
-    echo "$setting: $(tail -n 1 "$log/setting_$i.log")" | tee -a "$log/tests.log"
-    grep -q "$setting: test_cuda: .* 0 failed" "$log/tests.log" || status=1
+    echo "PKV_TUNING=$setting: $(tail -n 1 "$log/setting_$i.log")" | tee -a "$log/tests.log"
+    grep -q "PKV_TUNING=$setting: test_cuda: .* 0 failed" "$log/tests.log" || status=1
     i=$((i + 1))
   done
   if [ $quick = 0 ]; then
@@ -131,23 +126,6 @@ if [ $bench = 1 ]; then
     say "benchmark: anchor steps as graph-stable plans (work queue, capacity = batch rounded up to a power of two)"
     "$build/pkv" bench --backend cuda --anchor all --route workqueue --graph-max-batch pow2 --reps 50 --wall-reps 5 \
       --quiet --json "$out/anchors_graph_stable.json" >"$out/anchors_graph_stable.md" 2>>"$log/bench.log" || status=1
-  fi
-  if [ -n "${PKV_COMPARE_M:-}" ]; then
-    say "heads-in-M kernel everywhere (PKV_DECODE_KERNEL=m), anchors, same build"
-    PKV_DECODE_KERNEL=m "$build/pkv" bench --backend cuda --anchor all --reps $reps --quiet --no-check \
-      --json "$out/anchors_heads_in_m.json" >"$out/anchors_heads_in_m.md" 2>>"$log/bench.log" || status=1
-  fi
-
-  if [ -n "${PKV_COMPARE_VARIANT:-}" ]; then
-    vroutes=${PKV_COMPARE_ROUTES:-fused}
-    say "kernel variant $PKV_COMPARE_VARIANT (anchors, routes $vroutes)"
-    cmake -S "$root" -B "$root/build-variant" -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DCMAKE_CUDA_ARCHITECTURES="$arch" \
-      -DPKV_DECODE_SOURCE="$PKV_COMPARE_VARIANT" >/dev/null && cmake --build "$root/build-variant" -j "$jobs" >/dev/null 2>&1 &&
-    for vr in $vroutes; do
-      "$root/build-variant/pkv" bench --backend cuda --anchor all --route $vr --reps $reps --quiet --no-check \
-        --json "$log/variant_$vr.json" >>"$out/variant.md" 2>>"$log/bench.log" || status=1
-    done
-    tar -czf "$out/variant_json.tgz" -C "$log" $(cd "$log" && ls variant_*.json) 2>/dev/null
   fi
 fi
 

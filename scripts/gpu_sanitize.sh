@@ -13,23 +13,24 @@ if ! command -v compute-sanitizer >/dev/null; then
   echo "compute-sanitizer not found" | tee "$log/sanitizer.log"; exit 1
 fi
 status=0
-# run TOOL CASES [ENV...]: one tool over CASES random problems plus the fixed cases, into LOG/TOOL.log
-# (TOOL-registers.log for the run with PKV_DECODE_TMA=0).  Three processes at a time: memcheck in the
-# default setting (tensor copies, and cp.async into the whole-tile boxes on every grid) and with the register
-# kernels everywhere (PKV_DECODE_TMA=0: the kernels of sm_80-89 GPUs), racecheck with cp.async into
-# token-major rows; then initcheck over the register kernels and synccheck in the default setting.
-run() { # TOOL CASES [ENV...]
+# run TOOL CASES [TUNING]: one tool over CASES random problems plus the fixed cases, with PKV_TUNING=TUNING
+# (src/core/tuning.c), into LOG/TOOL.log (TOOL-registers.log for the run with tma=0).  Three processes at a
+# time: memcheck in the default setting (tensor copies, and cp.async into the whole-tile boxes) and with the
+# register kernels everywhere (tma=0: the kernels of sm_80-89 GPUs), racecheck in the default setting (the
+# shared-memory ring's stages and barriers); then initcheck over the register kernels and synccheck in the
+# default setting.
+run() { # TOOL CASES [TUNING]
   local name=$1
-  case " ${*:3} " in *" PKV_DECODE_TMA=0 "*) name=$1-registers ;; esac
-  env "${@:3}" PKV_TEST_SMALL=1 PKV_TEST_CASES=$2 timeout 300 compute-sanitizer --tool "$1" --error-exitcode 9 \
+  [ "${3:-}" = tma=0 ] && name=$1-registers
+  PKV_TUNING="${3:-}" PKV_TEST_SMALL=1 PKV_TEST_CASES=$2 timeout 300 compute-sanitizer --tool "$1" --error-exitcode 9 \
     "$build/tests/test_cuda" >"$log/$name.log" 2>&1
 }
 run memcheck 3 & a=$!
-run memcheck 2 PKV_DECODE_TMA=0 & b=$!
-run racecheck 1 PKV_DECODE_CPASYNC=all PKV_CPASYNC_LAYOUT=rows || status=1
+run memcheck 2 tma=0 & b=$!
+run racecheck 1 || status=1
 wait $a || status=1
 wait $b || status=1
-run initcheck 2 PKV_DECODE_TMA=0 & a=$!
+run initcheck 2 tma=0 & a=$!
 run synccheck 2 || status=1
 wait $a || status=1
 : >"$log/sanitizer.log"

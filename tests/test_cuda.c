@@ -101,20 +101,17 @@ static void fixed_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
         {48, 4, 64, 32, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 3, {3000, 17, 0}},
         {22, 2, 128, 32, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 3, {5000, 33, 1}}, /* G = 11: 3 heads of the 2nd n-tile */
         {128, 8, 128, 16, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 2, {20000, 100}},
-        /* pages that are not a multiple of 16 tokens through the chunked tensor-copy kernel on sm_90 (a
-         * tile in chunks of the largest power of two dividing the page size; chunks of 8 by default, of
-         * 1, 2 and 4 too under PKV_TMA_CHUNKED=all): chunks of 4 at d = 64, of 2 for G = 16, of 8 on pages
-         * of 24 (offsets by division), a long split row of G = 7 on pages of 4, G = 12 at d = 64 on pages
-         * of 8 */
+        /* pages that are not a multiple of 16 tokens on sm_90: tensor copies in chunks of 8 (pages of 24,
+         * offsets by division; G = 12 at d = 64 on pages of 8), cp.async into the tile's boxes for the
+         * others (pages of 12 at d = 64, of 2 for G = 16, a long split row of G = 7 on pages of 4) */
         {24, 4, 64, 12, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 3, {1000, 11, 13}},
         {64, 4, 128, 2, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 3, {3001, 3, 1}},
         {32, 8, 128, 24, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 2, {9001, 25}},
         {28, 4, 128, 4, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 3, {20000, 5, 0}},
         {48, 4, 64, 8, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 2, {5000, 9}},
-        /* G = 16 at d = 64 on pages of 2 (cp.async on the two n-tiles under PKV_DECODE_CPASYNC=all) */
+        /* G = 16 at d = 64 on pages of 2 (cp.async on the two n-tiles) */
         {64, 4, 64, 2, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 2, {6001, 3}},
-        /* d = 256 on pages of 4 (cp.async into tiles on sm_90, on every grid; the register kernels under
-         * PKV_CPASYNC_LAYOUT=rows) */
+        /* d = 256 on pages of 4 (cp.async into tiles on sm_90) */
         {16, 4, 256, 4, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 3, {4001, 33, 1}},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -134,13 +131,12 @@ static void fixed_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
 
 /* Logits soft caps and sliding windows (Gemma-2, Mistral): windows of 1 token, shorter than a 16-token
  * tile, starting mid-page and mid-tile, longer than the rows, on rows long enough to split; page sizes
- * the tensor-copy kernel takes whole (16, 32, 48, 64) and in chunks (8 and 24; 1, 4, 6 and 7 under
- * PKV_TMA_CHUNKED=all, by cp.async under PKV_DECODE_CPASYNC=all); K and V of every token before a window
- * are NaN.  Capped cases scale the scores (sm_scale) so that every cap binds (the uncapped reference must
- * differ), a cap of 0.05 saturates tanh (e^2y overflows), and each kernel runs capped: tensor copies at
- * d 64/128/256 and G 9..16 (d = 64/128), heads in N on pages of 7 (the tests' small grids; cp.async under
- * PKV_DECODE_CPASYNC=all), heads in M for G 16 at d = 256.  Under PKV_TEST_SMALL (rows clamped to 1500
- * tokens) windows above 1000 become 1000. */
+ * the tensor-copy kernel takes whole (16, 32, 48, 64) and in chunks (8 and 24), and that cp.async fills
+ * (1, 4, 6 and 7); K and V of every token before a window are NaN.  Capped cases scale the scores
+ * (sm_scale) so that every cap binds (the uncapped reference must differ), a cap of 0.05 saturates tanh
+ * (e^2y overflows), and each kernel runs capped: tensor copies at d 64/128/256 and G 9..16 (d = 64/128),
+ * cp.async on pages of 7, heads in M for G 16 at d = 256, and under PKV_TUNING=tma=0 the register kernels
+ * for all of them.  Under PKV_TEST_SMALL (rows clamped to 1500 tokens) windows above 1000 become 1000. */
 static void score_option_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     struct {
         int32_t hq, hkv, d, page;
@@ -166,8 +162,8 @@ static void score_option_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
         {32, 2, 256, 16, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 40.0f, 6.0f, 0, 2, {3000, 40}},
         {64, 8, 64, 16, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 0.05f, 2.0f, 0, 3, {2000, 64, 3}},
         {64, 4, 128, 16, PKV_LAYOUT_HND, PKV_DTYPE_FP16, 10.0f, 3.0f, 500, 3, {6000, 16, 777}},
-        /* windows that start inside a chunk of the chunked kernel: pages of 8 and 24 (chunks of 8, the
-         * default), capped on the second; pages of 4 and 6 (chunks of 4 and 2 under PKV_TMA_CHUNKED=all) */
+        /* windows that start inside a chunk of the chunked kernel: pages of 8 and 24 (chunks of 8), capped
+         * on the second; pages of 4 and 6 (cp.async) */
         {32, 8, 128, 8, PKV_LAYOUT_NHD, PKV_DTYPE_FP16, 0.0f, 0.0f, 37, 3, {3000, 38, 2}},
         {24, 4, 64, 24, PKV_LAYOUT_HND, PKV_DTYPE_BF16, 0.5f, 0.0f, 301, 3, {5000, 302, 7}},
         {32, 8, 128, 4, PKV_LAYOUT_NHD, PKV_DTYPE_BF16, 0.0f, 0.0f, 37, 3, {3000, 38, 2}},
@@ -288,31 +284,26 @@ static bool claim_words_reset(pkv_context *ctx, const pkv_plan *plan, void *ws) 
     return ok;
 }
 
+/* Whether PKV_TUNING (key=value,key=value: the library's switches) holds the item key=value. */
+static bool tuning_has(const char *item) {
+    const char *t = getenv("PKV_TUNING");
+    const size_t n = strlen(item);
+    for (const char *s = t; s && *s; s = strchr(s, ',') ? strchr(s, ',') + 1 : NULL)
+        if (strncmp(s, item, n) == 0 && (s[n] == ',' || s[n] == '\0')) return true;
+    return false;
+}
+
 /* The decode kernel each shape runs (pkv_dev_decode_kernel, the choice a run makes): with tensor copies
- * on (sm_90 code on an sm_90 device, neither PKV_DECODE_TMA=0 nor PKV_DECODE_KERNEL=m), pages that are
- * a multiple of 16 take them at G <= 16 for d = 64 and 128 and G <= 8 for d = 256, and pages of 8, 24,
- * ... at d = 64/128 take them in chunks of 8 (chunks of any size under PKV_TMA_CHUNKED=all, none under
- * =0), and the other page sizes fill the same ring by cp.async into the whole-tile boxes (unless
- * PKV_DECODE_CPASYNC=0) on every grid (no grid rule in the name); into token-major rows under
- * PKV_CPASYNC_LAYOUT=rows, d = 64/128 only, by default only on grids of more than 2 CTAs per SM, so that
- * name says the grid rule and these small plans run the register kernels there (a rows path that fell
- * back is caught under PKV_DECODE_CPASYNC=all, a setting of the GPU check); everything else runs the
- * register kernels.  The outputs would be right either way, so only this
+ * on (sm_90 code on an sm_90 device, not PKV_TUNING=tma=0), pages that are a multiple of 16 take them at
+ * G <= 16 for d = 64 and 128 and G <= 8 for d = 256, pages of 8, 24, ... at d = 64/128 take them in
+ * chunks of 8, and the other page sizes fill the same ring by cp.async into the whole-tile boxes;
+ * everything else runs the register kernels.  The outputs would be right either way, so only this
  * catches a tensor-copy path that silently falls back (a map the driver refuses, a gate too strict). */
 static void decode_kernel_choice(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     pkv_dev_info info;
     CHECK_OK(pkv_dev_get_info(ctx, &info));
-    const char *tma_env = getenv("PKV_DECODE_TMA"), *kind_env = getenv("PKV_DECODE_KERNEL"),
-               *chunk_env = getenv("PKV_TMA_CHUNKED"), *cpa_env = getenv("PKV_DECODE_CPASYNC"),
-               *layout_env = getenv("PKV_CPASYNC_LAYOUT");
-    const bool heads_in_m = kind_env && strcmp(kind_env, "m") == 0;
     const bool tma = info.cc_major >= 9 && !strstr(pkv_context_device_name(ctx), "no sm_90 code") &&
-                     !(tma_env && strcmp(tma_env, "0") == 0) && !heads_in_m;
-    const int32_t chunk_min = chunk_env && strcmp(chunk_env, "0") == 0     ? 0
-                              : chunk_env && strcmp(chunk_env, "all") == 0 ? 1
-                                                                            : 8;
-    const bool cp_async = !(cpa_env && strcmp(cpa_env, "0") == 0);
-    const bool tiles = !(layout_env && strcmp(layout_env, "rows") == 0);
+                     !tuning_has("tma=0");
     static const struct {
         int32_t hq, hkv, d, page;
     } shapes[] = {{32, 8, 128, 16}, {32, 8, 128, 48}, {64, 4, 128, 16}, {16, 8, 256, 16}, {64, 4, 256, 16},
@@ -332,11 +323,10 @@ static void decode_kernel_choice(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng)
             const bool whole = tma && (d <= 128 ? G <= 16 : G <= 8);
             char want[64];
             if (whole && page % 16 == 0) snprintf(want, sizeof want, "tensor copies");
-            else if (whole && d <= 128 && chunk_min > 0 && (page & -page) >= chunk_min)
-                snprintf(want, sizeof want, "tensor copies in chunks of %d", page & -page);
-            else if (whole && (d <= 128 || tiles) && cp_async)
-                snprintf(want, sizeof want, tiles ? "cp.async copies (into tiles" : "cp.async copies");
-            else snprintf(want, sizeof want, "registers, heads in %s", G > 8 || heads_in_m ? "M" : "N");
+            else if (whole && d <= 128 && (page & -page) == 8)
+                snprintf(want, sizeof want, "tensor copies in chunks of 8");
+            else if (whole) snprintf(want, sizeof want, "cp.async copies (into tiles");
+            else snprintf(want, sizeof want, "registers, heads in %s", G > 8 ? "M" : "N");
             const pkv_tensors t = dev_tensors(&dc);
             const char *got = "";
             CHECK_OK(pkv_plan_step(ctx, &tc.problem, &tc.table, NULL, plan));
@@ -344,8 +334,7 @@ static void decode_kernel_choice(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng)
             /* want, then the name's end or its qualifier (" (...)", or ")" / ";" inside one) */
             const bool prefix = strncmp(got, want, strlen(want)) == 0;
             const char next = prefix ? got[strlen(want)] : 0;
-            CHECK_MSG(prefix && (next == '\0' || next == ' ' || next == ')' || next == ';') &&
-                          (tiles || !strstr(got, "into tiles")) && !(tiles && strstr(got, "registers on grids")),
+            CHECK_MSG(prefix && (next == '\0' || next == ' ' || next == ')' || next == ';'),
                       "G=%d d=%d page=%d runs \"%s\", expected \"%s\"", G, d, page, got, want);
         }
         dev_case_free(ctx, &dc);
@@ -580,7 +569,7 @@ static double now_ms(void) {
  * the first three plan-and-run calls (fewer than the upload staging ring holds) return without waiting
  * for it, and eight steps of other lengths queued back to back on one plan object and one workspace
  * each give their own outputs (each upload took the plan as it was when uploaded).  Under
- * PKV_PAGEABLE_UPLOAD=1 (uploads from pageable memory) and PKV_TEST_SMALL (the sanitizer runs, whose
+ * PKV_TUNING=pageable_upload=1 (uploads from pageable memory) and PKV_TEST_SMALL (the sanitizer runs, whose
  * interception of each call costs time) the wait is printed, not checked. */
 static void upload_runs_ahead(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     enum { STEPS = 8, B = 3, AHEAD = 3 };
@@ -633,8 +622,7 @@ static void upload_runs_ahead(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
             if (k == AHEAD - 1) ahead_ms = now_ms() - t0;
         }
         if (warm) {
-            const char *pg = getenv("PKV_PAGEABLE_UPLOAD");
-            const bool pageable = pg && strcmp(pg, "1") == 0;
+            const bool pageable = tuning_has("pageable_upload=1");
             if (pageable || getenv("PKV_TEST_SMALL")) /* pageable, or under a sanitizer */
                 printf("uploads from %s: %d plan-and-run calls behind a 300 ms kernel took %.1f ms\n",
                        pageable ? "pageable memory" : "the staging ring (PKV_TEST_SMALL: not checked)", AHEAD,

@@ -35,13 +35,18 @@ pkv_status pkv_context_create(const pkv_context_config *cfg, pkv_context **out) 
     pkv_context *ctx = (pkv_context *)calloc(1, sizeof *ctx);
     if (!ctx) return pkv_fail(NULL, PKV_ERR_OUT_OF_MEMORY, "cannot allocate a context");
     ctx->id = atomic_fetch_add(&pkv_next_context_id, 1);
+    pkv_status st = pkv_tuning_from_env(NULL, &ctx->tuning); /* the message thread-locally: ctx goes away */
+    if (st != PKV_OK) {
+        free(ctx);
+        return st;
+    }
     pkv_backend_kind kind = cfg->backend;
     if (kind == PKV_BACKEND_BEST) kind = pkv_cuda_available() ? PKV_BACKEND_CUDA : PKV_BACKEND_CPU;
     ctx->kind = kind;
-    pkv_status st = kind == PKV_BACKEND_CUDA ? pkv_cuda_backend_init(ctx, cfg->device, cfg->pdl != 0)
-                                             : pkv_cpu_backend_init(ctx, cfg->num_threads);
-    const char *policy = getenv("PKV_POLICY");
-    if (st == PKV_OK && policy && policy[0]) {
+    st = kind == PKV_BACKEND_CUDA ? pkv_cuda_backend_init(ctx, cfg->device, cfg->pdl != 0)
+                                  : pkv_cpu_backend_init(ctx, cfg->num_threads);
+    const char *policy = ctx->tuning.policy;
+    if (st == PKV_OK && policy[0]) {
         /* the policy file of this GPU (`pkv calibrate`): it applies to the backend it was measured
          * on (a CUDA runtime version: CUDA contexts; none: CPU contexts), others keep theirs */
         pkv_cost_model m;

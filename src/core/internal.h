@@ -3,6 +3,7 @@
 #define PKV_INTERNAL_H
 
 #include "persistentkv.h"
+#include "tuning.h"
 
 #include <stdarg.h>
 #include <stdbool.h>
@@ -20,11 +21,11 @@ extern "C" {
 #define PKV_MAX_SEQ_LEN (1 << 30) /* longest row: token arithmetic (a split's end, a chunk) stays in int32 */
 #define PKV_WS_ALIGN 256
 /* Graph-stable plans: the int32 words at the plan's off_counts, uploaded with the plan (zeros but the
- * counts): the step's task and merge counts, then the CUDA work claim's (decode.cu, "tasks claimed by
+ * counts): the step's task and merge counts, then the CUDA work claim's (src/cuda/claim.cuh, "tasks claimed by
  * SM"; set back to zero by the merge kernel after each launch): tasks claimed, arrivals, orphan cursor,
  * and from PKV_COUNTS_SM a counter per SM for PKV_CLAIM_SMS SMs.  Beside them, and kept like the counts,
  * PKV_COUNTS_WIDEST: the step's widest merge (its state count), from which the CUDA merge kernel of a
- * graph-stable step picks one CTA per merge or one per head (decode.cu, merge_wide). */
+ * graph-stable step picks one CTA per merge or one per head (src/cuda/merge.cuh, merge_wide). */
 #define PKV_COUNTS_TASKS 0
 #define PKV_COUNTS_MERGES 1
 #define PKV_COUNTS_CLAIMED 2
@@ -34,7 +35,7 @@ extern "C" {
 #define PKV_COUNTS_SM 8
 #define PKV_CLAIM_SMS 256
 #define PKV_COUNTS_WORDS (PKV_COUNTS_SM + PKV_CLAIM_SMS)
-/* The claim's order of the SMs in a round of tasks (decode.cu, claim_task): task j of a round goes to SM
+/* The claim's order of the SMs in a round of tasks (src/cuda/claim.cuh, claim_task): task j of a round goes to SM
  * j x b mod nsm, b the first stride from nsm / 8 up that is coprime with nsm (SMs far apart in %smid
  * order, so in different GPCs); returns its inverse a, so SM s ranks s x a mod nsm - a permutation of
  * [0, nsm), which the claim's coverage needs (src/plan/layout.c; tested by test_plan). */
@@ -113,6 +114,7 @@ struct pkv_context {
     bool has_cost_model;
     pkv_cost_model cost_model;
     pkv_plan *scratch_plan; /* the policy's candidate plans */
+    pkv_tuning tuning;      /* PKV_TUNING and PKV_POLICY, parsed at creation (tuning.c); the backends read it */
 };
 
 /* Plan storage: tasks, rows and merges live in one host blob so the CUDA backend uploads the

@@ -71,7 +71,7 @@ __attribute__((target("avx,f16c"))) static void load_half_f16c(float *dst, const
 static void half_loads_init(void) {
     for (uint32_t h = 0; h < 65536u; h++) half_table[h] = pkv_half_to_float((uint16_t)h);
 #ifdef PKV_CPU_F16C
-    use_f16c = cpu_has_f16c() && getenv("PKV_CPU_NO_F16C") == NULL;
+    use_f16c = cpu_has_f16c() && pkv_tuning_env_cpu_f16c(); /* PKV_TUNING cpu_f16c (tuning.c) */
 #endif
 }
 

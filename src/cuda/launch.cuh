@@ -1,0 +1,16 @@
+// launch.cuh - the launcher's entry points (launch.cu), behind the C entry points of cuda_backend.cu
+// (pkv_cuda.h says what each does).
+#pragma once
+
+#include "pkv_cuda.h"
+
+namespace pkv {
+
+cudaError_t decode_init_attributes(int cc_major, size_t smem_optin, int32_t tma_stages[PKV_TMA_HEAD_DIMS][2],
+                                   int32_t tma_max_stages[PKV_TMA_HEAD_DIMS], int *sm90_code);
+int decode_resident_ctas(int32_t group, int32_t head_dim);
+cudaError_t decode_run(const pkv_plan *plan, void *workspace, const pkv_tensors *t, cudaStream_t stream,
+                       const pkv_cuda_launch_opts *opts);
+const char *decode_kernel_name(const pkv_plan *plan, const pkv_tensors *t, const pkv_cuda_launch_opts *opts);
+
+} // namespace pkv
