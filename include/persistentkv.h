@@ -44,6 +44,11 @@ extern "C" {
 #define PKV_API
 #endif
 
+/* Documented bounds of the inputs (each check refuses what lies past them). */
+#define PKV_MAX_BATCH (1 << 20)         /* rows of a step */
+#define PKV_MAX_PARALLELISM (1 << 16)   /* pkv_plan_options.parallelism */
+#define PKV_MAX_PER_UNIT 1024           /* pkv_plan_options.ctas_per_unit */
+
 #define PKV_VERSION_MAJOR 0
 #define PKV_VERSION_MINOR 4
 #define PKV_VERSION_PATCH 0

@@ -71,7 +71,8 @@ enum {
     PKV_LAB_COUNTS_ARRIVED = 3,
     PKV_LAB_COUNTS_CURSOR = 4,
     PKV_LAB_COUNTS_WIDEST = 5,
-    PKV_LAB_COUNTS_SM = 8
+    PKV_LAB_COUNTS_SM = 8,
+    PKV_LAB_MAX_COUNTS_WORDS = 8 + 256 /* the most words of any plan */
 };
 /* PKV_ERR_INVALID_ARGUMENT for a plan that is not graph-stable. */
 pkv_status pkv_lab_plan_counts(const pkv_plan *plan, size_t *offset, int32_t *words);
@@ -152,6 +153,9 @@ pkv_status pkv_cost_model_fit(int32_t n, const double *terms, const double *us, 
  * against the measured fastest is kept (ties: the lower error).  step NULL: pkv_cost_model_fit. */
 pkv_status pkv_cost_model_fit_steps(int32_t n, const double *terms, const double *us, const int32_t *step,
                                     pkv_cost_model *m);
+/* Fills the terms from a plan's tallies (as pkv_cost_terms does; kv_mb: KV MB of all tasks). */
+void pkv_cost_fill_terms(double t[PKV_COST_TERMS], int64_t launches, double mb, double longest_mb, double merge_mb,
+                         int64_t tasks, int64_t slots, double kv_mb, double token_mb, int rect, int fused);
 /* Writes the model as a policy file that pkv_cost_model_load reads: "persistentkv-policy 2", then key = value lines. */
 pkv_status pkv_cost_model_save(const pkv_cost_model *m, const char *path);
 

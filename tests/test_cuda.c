@@ -8,10 +8,10 @@
  * PKV_TEST_CASES=N sets the number of random problems (default 60); PKV_TEST_SMALL=1 keeps every row
  * short (for compute-sanitizer runs). */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
-#include "internal.h" /* the graph-stable plan's work-claim words (PKV_COUNTS_*) */
 #include "pkv_test.h"
 #include "pkv_lab.h"
 
+#include <math.h>
 #include <stdbool.h>
 #include <string.h>
 #include <time.h>
@@ -276,11 +276,13 @@ static bool mixed_case(pkv_rng *rng, pkv_test_case *tc) {
  * orphan cursor, a counter per SM) are back to zero for the next launch, and the step's counts and
  * widest merge are the plan's. */
 static bool claim_words_reset(pkv_context *ctx, const pkv_plan *plan, void *ws) {
-    int32_t w[PKV_COUNTS_WORDS];
-    if (pkv_dev_copy_d2h(ctx, w, (char *)ws + plan->off_counts, sizeof w) != PKV_OK) return false;
-    bool ok = w[PKV_COUNTS_TASKS] == plan->num_tasks && w[PKV_COUNTS_MERGES] == plan->num_merges &&
-              w[PKV_COUNTS_WIDEST] == plan->max_merge_count;
-    for (int i = PKV_COUNTS_MERGES + 1; i < PKV_COUNTS_WORDS; i++) ok = ok && (i == PKV_COUNTS_WIDEST || w[i] == 0);
+    size_t off = 0;
+    int32_t nw = 0, w[PKV_LAB_MAX_COUNTS_WORDS];
+    if (pkv_lab_plan_counts(plan, &off, &nw) != PKV_OK || nw > PKV_LAB_MAX_COUNTS_WORDS) return false;
+    if (pkv_dev_copy_d2h(ctx, w, (char *)ws + off, (size_t)nw * sizeof w[0]) != PKV_OK) return false;
+    bool ok = w[PKV_LAB_COUNTS_TASKS] == pkv_plan_num_tasks(plan) && w[PKV_LAB_COUNTS_MERGES] == pkv_plan_num_merges(plan) &&
+              w[PKV_LAB_COUNTS_WIDEST] == pkv_lab_plan_widest_merge(plan);
+    for (int i = PKV_LAB_COUNTS_MERGES + 1; i < nw; i++) ok = ok && (i == PKV_LAB_COUNTS_WIDEST || w[i] == 0);
     return ok;
 }
 

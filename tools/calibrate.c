@@ -6,12 +6,29 @@
  * fastest measured route of each step). */
 #define _POSIX_C_SOURCE 200809L
 #include "cli.h"
-#include "internal.h" /* pkv_cost_fill_terms, pkv_dtype_size: rebuilding the terms of older JSON */
 
 #include <math.h>
 #include <sys/stat.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define DEFAULT_POLICY_FILE "persistentkv.policy"
+#define DEFAULT_PARALLELISM 132 /* an H200's SMs: the parallelism of JSON that names none */
+#define MAX_ROW_BATCH 4096      /* the most rows of a measured step read back */
+#define SET_FIRST_CAP 256       /* measured rows of a set's first allocation */
+#define CUDA_DEFAULT_PER_UNIT 2 /* the CUDA backend's wave: tasks per SM (src/cuda/cuda_backend.cu) */
+#define CPU_DEFAULT_PER_UNIT 4  /* and the CPU backend's (src/cpu/cpu_backend.c) */
+/* The `light` kernel: d = LIGHT_HEAD_DIM and G <= LIGHT_MAX_GROUP; its CTAs per SM when no row shows them. */
+#define LIGHT_HEAD_DIM 128
+#define LIGHT_MAX_GROUP 8
+#define FALLBACK_LIGHT_CTAS_PER_SM 2
+/* JSON without "terms_version": 2 (terms v1): six terms, and the residency they assumed. */
+#define V1_TERMS 6
+#define V1_LIGHT_MAX_GROUP 8
+#define V1_LIGHT_MAX_HEAD_DIM 128
+#define V1_LIGHT_CTAS_PER_SM 3
+#define V1_CTAS_PER_SM 2
+#define ROW_REGRET_LIMIT 0.03 /* workload rows whose model regret is over this are counted */
 
 typedef struct meas {
     char step[48];
@@ -125,6 +142,12 @@ static long json_int_after(const char *p, const char *key) {
     return q ? strtol(q + strlen(pat), NULL, 10) : 0;
 }
 
+/* The text after pattern in the row that starts at q and ends at row_end (NULL: the text's end), or NULL. */
+static const char *row_field(const char *q, const char *row_end, const char *pattern) {
+    const char *x = strstr(q, pattern);
+    return x && (!row_end || x < row_end) ? x + strlen(pattern) : NULL;
+}
+
 /* "--trace bimodal --seed 20260623 --batch 8 --requests 24 --step 3" -> "--trace bimodal --batch 8
  * --requests 24": the row of the matrix a step belongs to (its seeds and steps pooled). */
 static void row_key(const char *args, char *out, size_t cap) {
@@ -148,6 +171,180 @@ static void row_key(const char *args, char *out, size_t cap) {
     }
 }
 
+/* What the rows of one JSON file are read against. */
+typedef struct json_file {
+    pkv_problem prob;    /* its shape (num_pages unbounded) */
+    char shape_name[32];
+    int32_t par;         /* the parallelism its plans were made for */
+    bool terms_v2;       /* "terms_version": 2: the rows carry every term of the plans that ran */
+    int64_t v1_slots;    /* else: the resident task slots that its six terms assumed */
+    double token_mb;     /* KV MB of one token of one KV head */
+    pkv_plan *plan;      /* re-plans the rows that carry no terms */
+} json_file;
+
+/* The JSON's shape into jf->prob and jf->shape_name (the paper shape's defaults where it names none). */
+static void json_shape(const char *s, json_file *jf) {
+    pkv_problem *prob = &jf->prob;
+    pkv_problem_default(prob);
+    const char *shape = strstr(s, "\"shape\": {");
+    snprintf(jf->shape_name, sizeof jf->shape_name, "paper");
+    if (shape) json_str_after(shape, "name", jf->shape_name, sizeof jf->shape_name);
+    if (shape) {
+        const char *end = strchr(shape, '}');
+        long hq = json_int_after(shape, "num_qo_heads"), hkv = json_int_after(shape, "num_kv_heads");
+        long d = json_int_after(shape, "head_dim"), ps = json_int_after(shape, "page_size");
+        if (end && hq > 0 && hkv > 0 && d > 0 && ps > 0) {
+            prob->num_qo_heads = (int32_t)hq;
+            prob->num_kv_heads = (int32_t)hkv;
+            prob->head_dim = (int32_t)d;
+            prob->page_size = (int32_t)ps;
+            const char *dt = strstr(shape, "\"dtype\": \"bf16\"");
+            prob->dtype = dt && dt < end ? PKV_DTYPE_BF16 : PKV_DTYPE_FP16;
+        }
+    }
+    prob->num_pages = INT32_MAX;
+}
+
+/* The run's settings: the parallelism its plans were made for (--parallelism, else the JSON's, else its
+ * GPU's SMs, else an H200's), the tasks per unit it forced, the first GPU named in the set; and how its
+ * rows' terms are written.  JSON without "terms_version": 2 carries the six terms of the linear model
+ * (const, launches, MB, longest task MB, extra waves, largest merge MB); the rest is rebuilt from the row
+ * (tasks, lengths) and the shape, with the residency those terms assumed: V1_LIGHT_CTAS_PER_SM CTAs per
+ * SM for G <= V1_LIGHT_MAX_GROUP and d <= V1_LIGHT_MAX_HEAD_DIM, else V1_CTAS_PER_SM. */
+static void json_run(const char *s, meas_set *set, int32_t parallelism_opt, json_file *jf) {
+    int32_t par = parallelism_opt;
+    const char *pl = strstr(s, "\"parallelism\": "), *sm = strstr(s, "\"sms\": ");
+    if (par <= 0 && pl) par = (int32_t)json_int_after(pl, "parallelism");
+    if (par <= 0 && sm) par = (int32_t)json_int_after(sm, "sms");
+    if (par <= 0) par = DEFAULT_PARALLELISM;
+    set->parallelism = jf->par = par;
+    if (strstr(s, "\"ctas_per_unit\": ")) set->ctas_per_unit = (int32_t)json_int_after(s, "ctas_per_unit");
+    const char *gpu = strstr(s, "\"gpu\": {");
+    if (gpu && !set->gpu[0]) {
+        json_str_after(gpu, "name", set->gpu, sizeof set->gpu);
+        set->cuda_version = (int32_t)json_int_after(gpu, "cuda_runtime");
+    }
+    const pkv_problem *prob = &jf->prob;
+    jf->terms_v2 = strstr(s, "\"terms_version\": 2") != NULL;
+    const int32_t G = prob->num_qo_heads / prob->num_kv_heads;
+    const bool light = G <= V1_LIGHT_MAX_GROUP && prob->head_dim <= V1_LIGHT_MAX_HEAD_DIM;
+    jf->v1_slots = (int64_t)par * (light ? V1_LIGHT_CTAS_PER_SM : V1_CTAS_PER_SM);
+    jf->token_mb = (double)prob->head_dim * (prob->dtype == PKV_DTYPE_FP32 ? 4.0 : 2.0) * 2.0 / 1e6;
+}
+
+/* The row's lengths into lens: its "lens", else the anchor or the trace step it names; the batch, or -1. */
+static int row_lens(const char *q, const char *row_end, const meas *m, const char *workload, int32_t *lens) {
+    const char *ls = row_field(q, row_end, "\"lens\": [");
+    if (!ls) return step_lens(m->step, workload, lens, MAX_ROW_BATCH);
+    int B = 0;
+    for (const char *x = ls; *x && *x != ']' && B < MAX_ROW_BATCH;) {
+        char *end;
+        lens[B++] = (int32_t)strtol(x, &end, 10);
+        x = *end == ',' ? end + 1 : end;
+        if (end == x && *x != ']') break;
+    }
+    return B;
+}
+
+/* The row's terms into m->terms: the plan's that ran, as the JSON gives them (rebuilt from the six of
+ * older JSON), else by re-planning the lengths with the row's fixed route (auto: none); false when
+ * re-planning fails. */
+static bool row_terms(const char *q, const char *row_end, const json_file *jf, const int32_t *lens, int B, meas *m) {
+    const char *tm = row_field(q, row_end, "\"terms\": [");
+    if (tm) {
+        const char *x = tm;
+        double v[PKV_COST_TERMS] = {0};
+        for (int k = 0; k < (jf->terms_v2 ? PKV_COST_TERMS : V1_TERMS); k++) {
+            char *end;
+            v[k] = strtod(x, &end);
+            x = *end == ',' ? end + 1 : end;
+        }
+        if (jf->terms_v2) {
+            memcpy(m->terms, v, sizeof v);
+        } else { /* v1: const, launches, MB, longest task MB, extra waves, largest merge MB */
+            int64_t tokens = 0;
+            for (int i = 0; i < B; i++) tokens += lens[i];
+            const long tasks = json_int_after(q, "tasks");
+            pkv_cost_fill_terms(m->terms, (int64_t)v[1], v[2], v[3], v[5], tasks, jf->v1_slots,
+                                (double)tokens * jf->prob.num_kv_heads * jf->token_mb, jf->token_mb,
+                                m->route == PKV_ROUTE_SINGLE || m->route == PKV_ROUTE_SPLIT,
+                                m->route == PKV_ROUTE_FUSED);
+        }
+        return true;
+    }
+    if (m->route == PKV_ROUTE_AUTO) return true;
+    static int32_t indptr[MAX_ROW_BATCH + 1];
+    const pkv_problem *prob = &jf->prob;
+    indptr[0] = 0;
+    for (int i = 0; i < B; i++) indptr[i + 1] = indptr[i] + (lens[i] + prob->page_size - 1) / prob->page_size;
+    pkv_page_table t = {B, indptr, NULL, lens};
+    pkv_plan_options o;
+    pkv_plan_options_default(&o);
+    o.route = m->route;
+    o.parallelism = jf->par;
+    if (pkv_plan_step_host(prob, &t, &o, jf->plan) != PKV_OK) return false;
+    pkv_cost_terms(jf->plan, m->terms);
+    return true;
+}
+
+/* The measured row whose "step" is at r into m (lens into lens; m->lens not set), read after the file's
+ * last "workload"; *next: where the search for the next row goes on.  The batch, or -1 to skip the row. */
+static int parse_row(const char *r, const char *workload, const json_file *jf, int32_t *lens, meas *m,
+                     const char **next) {
+    memset(m, 0, sizeof *m);
+    const char *q = json_str_after(r, "step", m->step, sizeof m->step);
+    char route[32];
+    const char *q2 = json_str_after(q, "route", route, sizeof route);
+    const char *ku = row_field(q, NULL, "\"kernel_us\": ");
+    const char *row_end = strchr(q, '\n');
+    *next = q;
+    if (!q2 || !ku || pkv_route_parse(route, &m->route) != PKV_OK) return -1;
+    m->us = strtod(ku, NULL);
+    char used[32];
+    m->used = m->route;
+    if (row_field(q, row_end, "\"route_used\": \"") && json_str_after(q, "route_used", used, sizeof used))
+        pkv_route_parse(used, &m->used);
+    const char *tk = row_field(q, row_end, "\"tasks\": "), *gc = row_field(q, row_end, "\"grid_ctas\": ");
+    if (tk) m->tasks = strtoll(tk, NULL, 10);
+    if (gc) m->grid_ctas = strtoll(gc, NULL, 10);
+    snprintf(m->workload, sizeof m->workload, "%s", workload);
+    char args[192] = "";
+    if (row_field(q, row_end, "\"args\": \"")) json_str_after(q, "args", args, sizeof args);
+    const int B = row_lens(q, row_end, m, workload, lens);
+    if (args[0]) {
+        /* several seeds of one row share the step names: the arguments keep them apart */
+        char key[160];
+        row_key(args, key, sizeof key);
+        snprintf(m->workload, sizeof m->workload, "%s %s", jf->shape_name, args);
+        snprintf(m->row, sizeof m->row, "%s %s", jf->shape_name, key);
+    } else {
+        snprintf(m->row, sizeof m->row, "%s", workload);
+    }
+    if (B < 0 || !(m->us > 0)) return -1;
+    if (!row_terms(q, row_end, jf, lens, B, m)) return -1;
+    m->problem = jf->prob;
+    m->batch = B;
+    return B;
+}
+
+/* Appends m (its lens copied from lens); false when out of memory. */
+static bool set_push(meas_set *set, meas m, const int32_t *lens) {
+    m.lens = (int32_t *)malloc((size_t)(m.batch > 0 ? m.batch : 1) * sizeof(int32_t));
+    if (!m.lens) return true; /* the row is dropped, the next ones may fit */
+    if (m.batch > 0) memcpy(m.lens, lens, (size_t)m.batch * sizeof(int32_t));
+    if (set->n == set->cap) {
+        meas *grown = (meas *)realloc(set->m, (size_t)(set->cap ? 2 * set->cap : SET_FIRST_CAP) * sizeof *set->m);
+        if (!grown) {
+            free(m.lens);
+            return false;
+        }
+        set->m = grown;
+        set->cap = set->cap ? 2 * set->cap : SET_FIRST_CAP;
+    }
+    set->m[set->n++] = m;
+    return true;
+}
+
 /* Rows of a pkv bench JSON (or several merged): step, route, kernel time; terms by re-planning the
  * step's lengths (the row's "lens", else the anchor or the trace step it names) for the JSON's shape. */
 static int load_rows(const char *path, meas_set *set, int32_t parallelism_opt) {
@@ -156,158 +353,36 @@ static int load_rows(const char *path, meas_set *set, int32_t parallelism_opt) {
         fprintf(stderr, "pkv calibrate: cannot read %s\n", path);
         return 0;
     }
-    pkv_problem prob;
-    pkv_problem_default(&prob);
-    const char *shape = strstr(s, "\"shape\": {");
-    char shape_name[32] = "paper";
-    if (shape) json_str_after(shape, "name", shape_name, sizeof shape_name);
-    if (shape) {
-        const char *end = strchr(shape, '}');
-        long hq = json_int_after(shape, "num_qo_heads"), hkv = json_int_after(shape, "num_kv_heads");
-        long d = json_int_after(shape, "head_dim"), ps = json_int_after(shape, "page_size");
-        if (end && hq > 0 && hkv > 0 && d > 0 && ps > 0) {
-            prob.num_qo_heads = (int32_t)hq;
-            prob.num_kv_heads = (int32_t)hkv;
-            prob.head_dim = (int32_t)d;
-            prob.page_size = (int32_t)ps;
-            const char *dt = strstr(shape, "\"dtype\": \"bf16\"");
-            prob.dtype = dt && dt < end ? PKV_DTYPE_BF16 : PKV_DTYPE_FP16;
-        }
-    }
-    prob.num_pages = INT32_MAX;
-    pkv_plan *plan = NULL;
-    if (pkv_plan_create(&plan) != PKV_OK) {
+    json_file jf;
+    memset(&jf, 0, sizeof jf);
+    json_shape(s, &jf);
+    if (pkv_plan_create(&jf.plan) != PKV_OK) {
         fprintf(stderr, "pkv calibrate: %s\n", pkv_last_error());
         free(s);
         return 0;
     }
-    int32_t par = parallelism_opt;
-    const char *pl = strstr(s, "\"parallelism\": "), *sm = strstr(s, "\"sms\": ");
-    if (par <= 0 && pl) par = atoi(pl + 15); /* what the plans were made for (bench JSON since 6e27cff) */
-    if (par <= 0 && sm) par = atoi(sm + 7);
-    if (par <= 0) par = 132;
-    set->parallelism = par;
-    const char *cu = strstr(s, "\"ctas_per_unit\": ");
-    if (cu) set->ctas_per_unit = atoi(cu + 17);
-    const char *gpu = strstr(s, "\"gpu\": {");
-    if (gpu && !set->gpu[0]) {
-        json_str_after(gpu, "name", set->gpu, sizeof set->gpu);
-        set->cuda_version = (int32_t)json_int_after(gpu, "cuda_runtime");
-    }
-    /* JSON from before the roofline model (no "terms_version": 2) carries the six terms of the
-     * linear model; the rest is rebuilt from the row (tasks, lengths) and the shape, with the
-     * residency of the H200 kernels then (3 CTAs per SM for G <= 8 and d <= 128, else 2) */
-    const bool terms_v2 = strstr(s, "\"terms_version\": 2") != NULL;
-    const int32_t G = prob.num_qo_heads / prob.num_kv_heads;
-    const int64_t v1_slots = (int64_t)par * (G <= 8 && prob.head_dim <= 128 ? 3 : 2);
-    const double token_mb = (double)prob.head_dim * (double)pkv_dtype_size(prob.dtype) * 2.0 / 1e6;
+    json_run(s, set, parallelism_opt, &jf);
     char workload[160] = "";
     const char *p = s;
     int added = 0;
-    static int32_t lens[4096], indptr[4097];
+    static int32_t lens[MAX_ROW_BATCH];
     for (;;) {
         const char *w = strstr(p, "\"workload\": \"");
         const char *r = strstr(p, "\"step\": \"");
         if (!r) break;
         if (w && w < r) {
             json_str_after(w, "workload", workload, sizeof workload);
-            p = w + 12;
+            p = w + strlen("\"workload\": ");
             continue;
         }
         meas m;
-        memset(&m, 0, sizeof m);
-        const char *q = json_str_after(r, "step", m.step, sizeof m.step);
-        char route[32];
-        const char *q2 = json_str_after(q, "route", route, sizeof route);
-        const char *ku = strstr(q, "\"kernel_us\": ");
-        const char *row_end = strchr(q, '\n');
-        p = q;
-        if (!q2 || !ku || pkv_route_parse(route, &m.route) != PKV_OK) continue;
-        m.us = strtod(ku + 13, NULL);
-        char used[32];
-        const char *ru = strstr(q, "\"route_used\": \"");
-        m.used = m.route;
-        if (ru && (!row_end || ru < row_end) && json_str_after(ru, "route_used", used, sizeof used))
-            pkv_route_parse(used, &m.used);
-        const char *tk = strstr(q, "\"tasks\": "), *gc = strstr(q, "\"grid_ctas\": ");
-        if (tk && (!row_end || tk < row_end)) m.tasks = strtoll(tk + 9, NULL, 10);
-        if (gc && (!row_end || gc < row_end)) m.grid_ctas = strtoll(gc + 13, NULL, 10);
-        snprintf(m.workload, sizeof m.workload, "%s", workload);
-        char args[192] = "";
-        const char *ar = strstr(q, "\"args\": \"");
-        if (ar && (!row_end || ar < row_end)) json_str_after(ar, "args", args, sizeof args);
-        int B = -1;
-        const char *ls = strstr(q, "\"lens\": [");
-        if (ls && (!row_end || ls < row_end)) {
-            B = 0;
-            for (const char *x = ls + 9; *x && *x != ']' && B < 4096;) {
-                char *end;
-                lens[B++] = (int32_t)strtol(x, &end, 10);
-                x = *end == ',' ? end + 1 : end;
-                if (end == x && *x != ']') break;
-            }
-        } else {
-            B = step_lens(m.step, workload, lens, 4096);
-        }
-        if (args[0]) {
-            /* several seeds of one row share the step names: the arguments keep them apart */
-            char key[160];
-            row_key(args, key, sizeof key);
-            snprintf(m.workload, sizeof m.workload, "%s %s", shape_name, args);
-            snprintf(m.row, sizeof m.row, "%s %s", shape_name, key);
-        } else {
-            snprintf(m.row, sizeof m.row, "%s", workload);
-        }
-        if (B < 0 || !(m.us > 0)) continue;
-        const char *tm = strstr(q, "\"terms\": [");
-        if (tm && (!row_end || tm < row_end)) { /* the terms of the plan that ran */
-            const char *x = tm + 10;
-            double v[PKV_COST_TERMS] = {0};
-            for (int k = 0; k < (terms_v2 ? PKV_COST_TERMS : 6); k++) {
-                char *end;
-                v[k] = strtod(x, &end);
-                x = *end == ',' ? end + 1 : end;
-            }
-            if (terms_v2) {
-                memcpy(m.terms, v, sizeof v);
-            } else { /* v1: const, launches, MB, longest task MB, extra waves, largest merge MB */
-                int64_t tokens = 0;
-                for (int i = 0; i < B; i++) tokens += lens[i];
-                const long tasks = json_int_after(q, "tasks");
-                pkv_cost_fill_terms(m.terms, (int64_t)v[1], v[2], v[3], v[5], tasks, v1_slots,
-                                      (double)tokens * prob.num_kv_heads * token_mb, token_mb,
-                                      m.route == PKV_ROUTE_SINGLE || m.route == PKV_ROUTE_SPLIT,
-                                      m.route == PKV_ROUTE_FUSED);
-            }
-        } else if (m.route != PKV_ROUTE_AUTO) {
-            indptr[0] = 0;
-            for (int i = 0; i < B; i++) indptr[i + 1] = indptr[i] + (lens[i] + prob.page_size - 1) / prob.page_size;
-            pkv_page_table t = {B, indptr, NULL, lens};
-            pkv_plan_options o;
-            pkv_plan_options_default(&o);
-            o.route = m.route;
-            o.parallelism = par;
-            if (pkv_plan_step_host(&prob, &t, &o, plan) != PKV_OK) continue;
-            pkv_cost_terms(plan, m.terms);
-        }
-        m.problem = prob;
-        m.batch = B;
-        m.lens = (int32_t *)malloc((size_t)(B > 0 ? B : 1) * sizeof(int32_t));
-        if (!m.lens) continue;
-        if (B > 0) memcpy(m.lens, lens, (size_t)B * sizeof(int32_t));
-        if (set->n == set->cap) {
-            meas *grown = (meas *)realloc(set->m, (size_t)(set->cap ? 2 * set->cap : 256) * sizeof *set->m);
-            if (!grown) {
-                free(m.lens);
-                break;
-            }
-            set->m = grown;
-            set->cap = set->cap ? 2 * set->cap : 256;
-        }
-        set->m[set->n++] = m;
-        added++;
+        const int B = parse_row(r, workload, &jf, lens, &m, &p);
+        if (B < 0) continue;
+        const int before = set->n;
+        if (!set_push(set, m, lens)) break;
+        added += set->n > before;
     }
-    pkv_plan_free(plan);
+    pkv_plan_free(jf.plan);
     free(s);
     return added;
 }
@@ -344,30 +419,48 @@ typedef struct row_stat {
     int replay_steps, replay_missing;
 } row_stat;
 
+/* The regrets over every evaluated step. */
+typedef struct eval_totals {
+    double sum, worst, asum; /* the model's (sum, worst) and the measured auto's */
+    int steps, hits, asteps;
+    char worst_step[220];
+    double rsum, rasum; /* --replay-auto: the re-planned auto's, and the measured auto's on the same steps */
+    int rsteps, rmissing, rdiffer;
+} eval_totals;
+
+/* Whether m[i] and m[j] are rows of one measured step. */
+static bool same_step(const meas_set *set, int i, int j) {
+    return !strcmp(set->m[i].step, set->m[j].step) && !strcmp(set->m[i].workload, set->m[j].workload);
+}
+
+/* The row of pkv_lab_caps.resident ([d 64, 128, 256][G <= 8, G > 8]) of head dim d. */
+static int resident_dim(int32_t d) { return d == 64 ? 0 : d == LIGHT_HEAD_DIM ? 1 : 2; }
+
 /* `auto` as the measuring GPU planned it, for --replay-auto: a host context with the set's SMs, the
- * backend's default wave (CUDA: 2 tasks per SM; CPU: the CPU backend's), the residency that the measured rows' slots term
- * shows (SMs x the CTAs per SM of the kernel that runs the shape; `light`: that of d = 128, G <= 8)
- * and the model.  Its plan for the step at row i is looked up among the step's measured plans (a
- * fixed route's with the same route, tasks and grid, else the measured auto's when it ran that
- * plan): the measured time, 0 when no measured plan matches, -1 when planning failed; *as_auto: 1
- * when the measured auto ran that same plan. */
-static double replay_auto(pkv_context *ctx, pkv_plan *plan, const meas_set *set, int i, int32_t light, int *as_auto) {
+ * backend's default wave (CUDA: CUDA_DEFAULT_PER_UNIT tasks per SM; CPU: the CPU backend's), the residency
+ * that the measured rows' slots term shows (SMs x the CTAs per SM of the kernel that runs the shape;
+ * `light`: that of d = 128, G <= 8) and the model.  Its plan for the step at row i is looked up among the
+ * step's measured plans (a fixed route's with the same route, tasks and grid, else the measured auto's
+ * when it ran that plan): the measured time, 0 when no measured plan matches, -1 when planning failed;
+ * *as_auto: 1 when the measured auto ran that same plan. */
+static double replay_auto(pkv_lab_caps *caps, const pkv_cost_model *model, pkv_plan *plan, const meas_set *set, int i,
+                          int32_t light, int *as_auto) {
     *as_auto = 0;
     const meas *m0 = &set->m[i];
     double slots = 0;
     for (int j = i; j < set->n; j++)
-        if (!strcmp(set->m[j].step, m0->step) && !strcmp(set->m[j].workload, m0->workload) &&
-            set->m[j].terms[PKV_TERM_SLOTS] > 0) {
+        if (same_step(set, i, j) && set->m[j].terms[PKV_TERM_SLOTS] > 0) {
             slots = set->m[j].terms[PKV_TERM_SLOTS];
             break;
         }
     const pkv_problem *p = &m0->problem;
-    const int di = p->head_dim == 64 ? 0 : p->head_dim == 128 ? 1 : 2, g16 = p->num_qo_heads > 8 * p->num_kv_heads;
-    memset(ctx->resident, 0, sizeof ctx->resident);
-    ctx->resident[1][0] = light;
-    if (slots > 0) ctx->resident[di][g16] = (int32_t)(slots / set->parallelism + 0.5);
-    static int32_t indptr[4097];
-    if (m0->batch > 4096) return -1;
+    memset(caps->resident, 0, sizeof caps->resident);
+    caps->resident[resident_dim(LIGHT_HEAD_DIM)][0] = light;
+    if (slots > 0)
+        caps->resident[resident_dim(p->head_dim)][p->num_qo_heads > LIGHT_MAX_GROUP * p->num_kv_heads] =
+            (int32_t)(slots / set->parallelism + 0.5);
+    static int32_t indptr[MAX_ROW_BATCH + 1];
+    if (m0->batch > MAX_ROW_BATCH) return -1;
     indptr[0] = 0;
     for (int b = 0; b < m0->batch; b++) indptr[b + 1] = indptr[b] + (m0->lens[b] + p->page_size - 1) / p->page_size;
     pkv_page_table t = {m0->batch, indptr, NULL, m0->lens};
@@ -375,13 +468,13 @@ static double replay_auto(pkv_context *ctx, pkv_plan *plan, const meas_set *set,
     pkv_plan_options_default(&o);
     o.route = PKV_ROUTE_AUTO;
     o.ctas_per_unit = set->ctas_per_unit; /* forced in the bench run, else 0 */
-    if (pkv_plan_step(ctx, p, &t, &o, plan) != PKV_OK) return -1;
-    const pkv_route r = plan->route;
-    const int64_t tasks = plan->counters.tasks, grid = plan->counters.grid_ctas;
+    if (pkv_lab_plan_step_caps(caps, model, p, &t, &o, plan) != PKV_OK) return -1;
+    const pkv_route r = pkv_plan_route(plan);
+    const int64_t tasks = pkv_plan_counters(plan)->tasks, grid = pkv_plan_counters(plan)->grid_ctas;
     double fixed = 0, own = 0;
     for (int j = i; j < set->n; j++) {
         const meas *x = &set->m[j];
-        if (strcmp(x->step, m0->step) || strcmp(x->workload, m0->workload)) continue;
+        if (!same_step(set, i, j)) continue;
         if (x->used != r || x->tasks != tasks || x->grid_ctas != grid) continue;
         if (x->route == PKV_ROUTE_AUTO)
             own = x->us, *as_auto = 1;
@@ -391,147 +484,263 @@ static double replay_auto(pkv_context *ctx, pkv_plan *plan, const meas_set *set,
     return fixed > 0 ? fixed : own;
 }
 
-/* For each measured step: the oracle (the fastest measured fixed route, bucketed included), the
- * route the model picks among its candidates, and the measured `auto` row when there is one; the
- * regrets pooled per workload row (seeds and steps of one trace family and B together). */
-static void evaluate(const pkv_cost_model *m, const meas_set *set, const char *label, bool replay) {
-    double sum = 0, worst = 0, asum = 0;
-    int steps = 0, hits = 0, asteps = 0;
-    /* --replay-auto: the host context that plans as the measuring GPU did */
-    pkv_context *ctx = NULL;
-    pkv_plan *rplan = NULL;
-    int32_t light = 2;
-    double rsum = 0, rasum = 0;
-    int rsteps = 0, rmissing = 0, rdiffer = 0;
-    if (replay) {
-        pkv_context_config cfg;
-        pkv_context_config_default(&cfg);
-        cfg.backend = PKV_BACKEND_CPU;
-        cfg.num_threads = 1;
-        if (pkv_context_create(&cfg, &ctx) != PKV_OK || pkv_plan_create(&rplan) != PKV_OK) {
-            fprintf(stderr, "pkv calibrate: --replay-auto: %s\n", pkv_last_error());
-            pkv_context_free(ctx);
-            ctx = NULL;
-        } else {
-            ctx->parallelism = set->parallelism;
-            if (set->cuda_version > 0) ctx->ctas_per_unit = 2; /* the CUDA backend's wave (H200: 2 per SM) */
-            ctx->has_cost_model = true;
-            ctx->cost_model = *m;
-            for (int i = 0; i < set->n; i++) {
-                const pkv_problem *p = &set->m[i].problem;
-                if (p->head_dim == 128 && p->num_qo_heads <= 8 * p->num_kv_heads && set->m[i].terms[PKV_TERM_SLOTS] > 0) {
-                    light = (int32_t)(set->m[i].terms[PKV_TERM_SLOTS] / set->parallelism + 0.5);
-                    break;
-                }
-            }
-        }
+/* --replay-auto: the capabilities of the measuring GPU as the planner saw them - the set's SMs, the backend's
+ * default wave (CUDA: CUDA_DEFAULT_PER_UNIT tasks per SM; CPU: the CPU backend's) - with *rplan; *light: the
+ * residency of d = 128, G <= 8 that the rows' slots term shows (unchanged when none does).  False (with a
+ * message) when the plan cannot be made. */
+static bool replay_caps(const meas_set *set, pkv_lab_caps *caps, pkv_plan **rplan, int32_t *light) {
+    if (pkv_plan_create(rplan) != PKV_OK) {
+        fprintf(stderr, "pkv calibrate: --replay-auto: %s\n", pkv_last_error());
+        return false;
     }
-    char worst_step[220] = "";
-    row_stat *rows = (row_stat *)calloc((size_t)(set->n ? set->n : 1), sizeof *rows);
-    int nrows = 0;
+    memset(caps, 0, sizeof *caps);
+    caps->parallelism = set->parallelism;
+    caps->ctas_per_unit = set->cuda_version > 0 ? CUDA_DEFAULT_PER_UNIT : CPU_DEFAULT_PER_UNIT;
     for (int i = 0; i < set->n; i++) {
-        bool first = true;
-        for (int j = 0; j < i && first; j++)
-            if (!strcmp(set->m[j].step, set->m[i].step) && !strcmp(set->m[j].workload, set->m[i].workload)) first = false;
-        if (!first) continue;
-        double best = INFINITY, pick_pred = INFINITY, pick_us = 0, auto_us = 0;
-        for (int j = i; j < set->n; j++) {
-            const meas *x = &set->m[j];
-            if (strcmp(x->step, set->m[i].step) || strcmp(x->workload, set->m[i].workload)) continue;
-            if (x->route == PKV_ROUTE_AUTO) {
-                auto_us = x->us;
-                continue;
-            }
-            if (x->us < best) best = x->us;
-            if (!candidate(x->route) || !pkv_cost_candidate(x->terms, set->parallelism)) continue;
-            double pr = pkv_cost_predict(m, x->terms);
-            if (pr < pick_pred) {
-                pick_pred = pr;
-                pick_us = x->us;
-            }
-        }
-        if (!(best < INFINITY) || pick_us <= 0) continue;
-        double reg = pick_us / best - 1.0;
-        sum += reg;
-        steps++;
-        hits += reg <= 0.0;
-        if (reg > worst) {
-            worst = reg;
-            snprintf(worst_step, sizeof worst_step, "%s (%s)", set->m[i].step, set->m[i].workload);
-        }
-        int k = 0;
-        while (k < nrows && strcmp(rows[k].row, set->m[i].row)) k++;
-        if (k == nrows) snprintf(rows[nrows++].row, sizeof rows[0].row, "%s", set->m[i].row);
-        row_stat *rs = &rows[k];
-        rs->steps++;
-        rs->model_best += reg <= 0.0;
-        rs->model_reg += reg;
-        if (reg >= rs->worst) {
-            rs->worst = reg;
-            snprintf(rs->worst_step, sizeof rs->worst_step, "%s", set->m[i].step);
-        }
-        if (auto_us > 0) {
-            rs->auto_reg += auto_us / best - 1.0;
-            rs->auto_steps++;
-            asum += auto_us / best - 1.0;
-            asteps++;
-        }
-        if (ctx) {
-            int as_auto = 0;
-            const double rus = replay_auto(ctx, rplan, set, i, light, &as_auto);
-            if (rus > 0) {
-                rsum += rus / best - 1.0;
-                rsteps++;
-                rs->replay_reg += rus / best - 1.0;
-                rs->replay_steps++;
-                if (auto_us > 0) {
-                    rasum += auto_us / best - 1.0;
-                    rdiffer += !as_auto;
-                }
-            } else {
-                rmissing++;
-                rs->replay_missing++;
-            }
+        const pkv_problem *p = &set->m[i].problem;
+        const bool is_light = p->head_dim == LIGHT_HEAD_DIM && p->num_qo_heads <= LIGHT_MAX_GROUP * p->num_kv_heads;
+        if (is_light && set->m[i].terms[PKV_TERM_SLOTS] > 0) {
+            *light = (int32_t)(set->m[i].terms[PKV_TERM_SLOTS] / set->parallelism + 0.5);
+            break;
         }
     }
-    printf("\n| workload row | steps | model picks the fastest | model mean regret | model worst step | measured auto mean regret |%s\n",
-           ctx ? " re-planned auto mean regret (steps whose plan was measured) |" : "");
-    printf("| --- | ---: | ---: | ---: | --- | ---: |%s\n", ctx ? " ---: |" : "");
+    return true;
+}
+
+/* The times of the step whose first row is i: the oracle (*best: the fastest measured fixed route,
+ * bucketed included; INFINITY: none), the measured time of the route the model picks among its candidates
+ * (*pick_us; 0: none) and the measured auto's (*auto_us; 0: none). */
+static void step_times(const pkv_cost_model *m, const meas_set *set, int i, double *best, double *pick_us,
+                       double *auto_us) {
+    double pick_pred = INFINITY;
+    *best = INFINITY;
+    *pick_us = *auto_us = 0;
+    for (int j = i; j < set->n; j++) {
+        const meas *x = &set->m[j];
+        if (!same_step(set, i, j)) continue;
+        if (x->route == PKV_ROUTE_AUTO) {
+            *auto_us = x->us;
+            continue;
+        }
+        if (x->us < *best) *best = x->us;
+        if (!candidate(x->route) || !pkv_cost_candidate(x->terms, set->parallelism)) continue;
+        double pr = pkv_cost_predict(m, x->terms);
+        if (pr < pick_pred) {
+            pick_pred = pr;
+            *pick_us = x->us;
+        }
+    }
+}
+
+/* The row_stat of workload row `row` in rows (a new one when it has none yet). */
+static row_stat *row_of(row_stat *rows, int *nrows, const char *row) {
+    int k = 0;
+    while (k < *nrows && strcmp(rows[k].row, row)) k++;
+    if (k == *nrows) snprintf(rows[(*nrows)++].row, sizeof rows[0].row, "%s", row);
+    return &rows[k];
+}
+
+/* Counts step m (its oracle best, the model's pick, the measured auto's time) into the totals and its row. */
+static void tally_step(eval_totals *tot, row_stat *rs, const meas *m, double best, double pick_us, double auto_us) {
+    double reg = pick_us / best - 1.0;
+    tot->sum += reg;
+    tot->steps++;
+    tot->hits += reg <= 0.0;
+    if (reg > tot->worst) {
+        tot->worst = reg;
+        snprintf(tot->worst_step, sizeof tot->worst_step, "%s (%s)", m->step, m->workload);
+    }
+    rs->steps++;
+    rs->model_best += reg <= 0.0;
+    rs->model_reg += reg;
+    if (reg >= rs->worst) {
+        rs->worst = reg;
+        snprintf(rs->worst_step, sizeof rs->worst_step, "%s", m->step);
+    }
+    if (auto_us > 0) {
+        rs->auto_reg += auto_us / best - 1.0;
+        rs->auto_steps++;
+        tot->asum += auto_us / best - 1.0;
+        tot->asteps++;
+    }
+}
+
+/* Counts the re-planned auto of a step (rus: its measured time, <= 0 when its plan was not measured). */
+static void tally_replay(eval_totals *tot, row_stat *rs, double rus, int as_auto, double best, double auto_us) {
+    if (rus > 0) {
+        tot->rsum += rus / best - 1.0;
+        tot->rsteps++;
+        rs->replay_reg += rus / best - 1.0;
+        rs->replay_steps++;
+        if (auto_us > 0) {
+            tot->rasum += auto_us / best - 1.0;
+            tot->rdiffer += !as_auto;
+        }
+    } else {
+        tot->rmissing++;
+        rs->replay_missing++;
+    }
+}
+
+/* The table of workload rows; the count of rows whose model regret is over ROW_REGRET_LIMIT. */
+static int print_rows(const row_stat *rows, int nrows, bool replay) {
+    printf("\n| workload row | steps | model picks the fastest | model mean regret | model worst step | "
+           "measured auto mean regret |%s\n",
+           replay ? " re-planned auto mean regret (steps whose plan was measured) |" : "");
+    printf("| --- | ---: | ---: | ---: | --- | ---: |%s\n", replay ? " ---: |" : "");
     int over = 0;
     for (int k = 0; k < nrows; k++) {
         const row_stat *rs = &rows[k];
         double mr = rs->model_reg / rs->steps;
-        over += mr > 0.03;
+        over += mr > ROW_REGRET_LIMIT;
         printf("| %s | %d | %d | %.2f%% | %s %.1f%% | ", rs->row, rs->steps, rs->model_best, 100.0 * mr, rs->worst_step,
                100.0 * rs->worst);
         if (rs->auto_steps)
             printf("%.2f%% |", 100.0 * rs->auto_reg / rs->auto_steps);
         else
             printf("- |");
-        if (ctx && rs->replay_steps)
+        if (replay && rs->replay_steps)
             printf(" %.2f%% (%d of %d) |", 100.0 * rs->replay_reg / rs->replay_steps, rs->replay_steps,
                    rs->replay_steps + rs->replay_missing);
-        else if (ctx)
+        else if (replay)
             printf(" - (0 of %d) |", rs->replay_missing);
         printf("\n");
     }
-    printf("\n%sevaluation on %d measured steps in %d workload rows: the model's route is the fastest on %d; mean regret "
-           "%.2f%%, worst %.2f%% (%s); rows with a mean regret over 3%%: %d",
-           label, steps, nrows, hits, steps ? 100.0 * sum / steps : 0.0, 100.0 * worst, worst_step, over);
-    if (asteps) printf("; measured auto: mean regret %.2f%% over %d steps", 100.0 * asum / asteps, asteps);
+    return over;
+}
+
+/* The lines under the table: the model's regrets, the measured auto's and the re-planned auto's. */
+static void print_totals(const eval_totals *t, const char *label, int nrows, int over, bool replay) {
+    printf("\n%sevaluation on %d measured steps in %d workload rows: the model's route is the fastest on %d; "
+           "mean regret %.2f%%, worst %.2f%% (%s); rows with a mean regret over 3%%: %d",
+           label, t->steps, nrows, t->hits, t->steps ? 100.0 * t->sum / t->steps : 0.0, 100.0 * t->worst,
+           t->worst_step, over);
+    if (t->asteps) printf("; measured auto: mean regret %.2f%% over %d steps", 100.0 * t->asum / t->asteps, t->asteps);
     printf("\n");
-    if (ctx) {
-        printf("%sauto re-planned with this model (route and wave): its plan was measured on %d of %d steps; mean "
-               "regret %.2f%% over them",
-               label, rsteps, rsteps + rmissing, rsteps ? 100.0 * rsum / rsteps : 0.0);
-        if (rsteps)
-            printf(" (the measured auto on the same steps: %.2f%%; a plan other than the measured auto's on %d)",
-                   100.0 * rasum / rsteps, rdiffer);
-        printf("\n");
+    if (!replay) return;
+    printf("%sauto re-planned with this model (route and wave): its plan was measured on %d of %d steps; mean "
+           "regret %.2f%% over them",
+           label, t->rsteps, t->rsteps + t->rmissing, t->rsteps ? 100.0 * t->rsum / t->rsteps : 0.0);
+    if (t->rsteps)
+        printf(" (the measured auto on the same steps: %.2f%%; a plan other than the measured auto's on %d)",
+               100.0 * t->rasum / t->rsteps, t->rdiffer);
+    printf("\n");
+}
+
+/* For each measured step: the oracle (the fastest measured fixed route, bucketed included), the
+ * route the model picks among its candidates, and the measured `auto` row when there is one; the
+ * regrets pooled per workload row (seeds and steps of one trace family and B together). */
+static void evaluate(const pkv_cost_model *m, const meas_set *set, const char *label, bool replay) {
+    pkv_plan *rplan = NULL;
+    int32_t light = FALLBACK_LIGHT_CTAS_PER_SM;
+    pkv_lab_caps caps;
+    const bool replaying = replay && replay_caps(set, &caps, &rplan, &light);
+    eval_totals tot;
+    memset(&tot, 0, sizeof tot);
+    row_stat *rows = (row_stat *)calloc((size_t)(set->n ? set->n : 1), sizeof *rows);
+    int nrows = 0;
+    for (int i = 0; i < set->n; i++) {
+        bool first = true;
+        for (int j = 0; j < i && first; j++)
+            if (same_step(set, j, i)) first = false;
+        if (!first) continue;
+        double best, pick_us, auto_us;
+        step_times(m, set, i, &best, &pick_us, &auto_us);
+        if (!(best < INFINITY) || pick_us <= 0) continue;
+        row_stat *rs = row_of(rows, &nrows, set->m[i].row);
+        tally_step(&tot, rs, &set->m[i], best, pick_us, auto_us);
+        if (replaying) {
+            int as_auto = 0;
+            const double rus = replay_auto(&caps, m, rplan, set, i, light, &as_auto);
+            tally_replay(&tot, rs, rus, as_auto, best, auto_us);
+        }
     }
+    const int over = print_rows(rows, nrows, replaying);
+    print_totals(&tot, label, nrows, over, replaying);
     pkv_plan_free(rplan);
-    pkv_context_free(ctx);
     free(rows);
+}
+
+/* Live: `pkv bench --calibration-set` with the fit written to out (and --backend, --reps, --json passed on). */
+static int calibrate_live(int argc, char **argv, const char *out) {
+    const char *be = cli_opt(argc, argv, "--backend");
+    const char *reps = cli_opt(argc, argv, "--reps");
+    const char *json = cli_opt(argc, argv, "--json");
+    char *args[16];
+    int n = 0;
+    args[n++] = (char *)"--calibration-set";
+    args[n++] = (char *)"--calibrate-out";
+    args[n++] = (char *)(out ? out : DEFAULT_POLICY_FILE);
+    args[n++] = (char *)"--explain";
+    args[n++] = (char *)"--quiet";
+    if (be) args[n++] = (char *)"--backend", args[n++] = (char *)be;
+    if (reps) args[n++] = (char *)"--reps", args[n++] = (char *)reps;
+    if (json) args[n++] = (char *)"--json", args[n++] = (char *)json;
+    return cmd_bench(n, args);
+}
+
+/* The fit's inputs: each candidate row's terms, time and step. */
+typedef struct fit_rows {
+    double *T;         /* [rows][PKV_COST_TERMS] */
+    double *y;         /* [rows] */
+    int32_t *step;     /* [rows]: the step of each row (cli_step_id) */
+    const char **keys; /* [2 x rows]: cli_step_id's keys */
+} fit_rows;
+
+/* Fits m to the candidate routes' rows of set (ranked by the route choice over the measured steps,
+ * pkv_cost_model_fit_steps), evaluates it on them and writes it to out; 0, else the exit status. */
+static int fit_and_write(const meas_set *set, fit_rows *f, const char *from, const char *out, bool replay,
+                         pkv_cost_model *m) {
+    int nfit = 0;
+    int32_t nsteps = 0;
+    for (int i = 0; i < set->n; i++) {
+        if (!candidate(set->m[i].route)) continue; /* the fit is over the routes the model chooses among */
+        memcpy(f->T + (size_t)nfit * PKV_COST_TERMS, set->m[i].terms, sizeof set->m[i].terms);
+        f->y[nfit] = set->m[i].us;
+        f->step[nfit++] = cli_step_id(f->keys, &nsteps, set->m[i].step, set->m[i].workload);
+    }
+    pkv_cost_model_default(m, set->parallelism, 0, 0);
+    if (set->gpu[0]) /* the SM count in at most 5 digits, so that the name fits the device field */
+        snprintf(m->device, sizeof m->device, "%.48s (%d SMs), fit from %.40s", set->gpu,
+                 (int)(set->parallelism % 100000), from);
+    else
+        snprintf(m->device, sizeof m->device, "fit from %.100s", from);
+    m->cuda_version = set->cuda_version;
+    if (pkv_cost_model_fit_steps(nfit, f->T, f->y, f->step, m) != PKV_OK) {
+        fprintf(stderr, "pkv calibrate: %s\n", pkv_last_error());
+        return 1;
+    }
+    printf("fit on %d measurements of %d steps, ranked by route choice: rms %.2f us; ", nfit, nsteps, m->rms_us);
+    cli_print_model(stdout, m);
+    printf("\n");
+    evaluate(m, set, "fit set: ", replay);
+    const char *dst = out ? out : DEFAULT_POLICY_FILE;
+    if (pkv_cost_model_save(m, dst) != PKV_OK) {
+        fprintf(stderr, "pkv calibrate: %s\n", pkv_last_error());
+        return 1;
+    }
+    printf("wrote %s\n", dst);
+    return 0;
+}
+
+/* --from-json: the rows of the files in `from`, fitted, evaluated and written (fit_and_write). */
+static int calibrate_from_json(const char *from, const char *out, int32_t par, bool replay, pkv_cost_model *m) {
+    meas_set set = {0};
+    load_list(from, &set, par);
+    const size_t rows = (size_t)(set.n ? set.n : 1);
+    fit_rows f = {(double *)malloc(rows * PKV_COST_TERMS * sizeof(double)), (double *)malloc(rows * sizeof(double)),
+                  (int32_t *)malloc(rows * sizeof(int32_t)), (const char **)malloc(rows * 2 * sizeof(char *))};
+    int status = 1;
+    if (!f.T || !f.y || !f.step || !f.keys)
+        fprintf(stderr, "pkv calibrate: out of memory for %d measurements\n", set.n);
+    else
+        status = fit_and_write(&set, &f, from, out, replay, m);
+    free(f.T);
+    free(f.y);
+    free(f.step);
+    free(f.keys);
+    set_free(&set);
+    return status;
 }
 
 int cmd_calibrate(int argc, char **argv) {
@@ -548,83 +757,15 @@ int cmd_calibrate(int argc, char **argv) {
     const bool replay = cli_flag(argc, argv, "--replay-auto");
     const char *policy = cli_opt(argc, argv, "--policy");
     int32_t par = cli_opt_range(argc, argv, "--parallelism", 0, 0, PKV_MAX_PARALLELISM);
-    if (!from && !eval && !policy) { /* live */
-        const char *be = cli_opt(argc, argv, "--backend");
-        const char *reps = cli_opt(argc, argv, "--reps");
-        const char *json = cli_opt(argc, argv, "--json");
-        char *args[16];
-        int n = 0;
-        args[n++] = (char *)"--calibration-set";
-        args[n++] = (char *)"--calibrate-out";
-        args[n++] = (char *)(out ? out : "persistentkv.policy");
-        args[n++] = (char *)"--explain";
-        args[n++] = (char *)"--quiet";
-        if (be) args[n++] = (char *)"--backend", args[n++] = (char *)be;
-        if (reps) args[n++] = (char *)"--reps", args[n++] = (char *)reps;
-        if (json) args[n++] = (char *)"--json", args[n++] = (char *)json;
-        return cmd_bench(n, args);
-    }
+    if (!from && !eval && !policy) return calibrate_live(argc, argv, out);
     pkv_cost_model m;
-    if (policy) {
-        if (pkv_cost_model_load(policy, &m) != PKV_OK) {
-            fprintf(stderr, "pkv calibrate: %s\n", pkv_last_error());
-            return 1;
-        }
+    if (policy && pkv_cost_model_load(policy, &m) != PKV_OK) {
+        fprintf(stderr, "pkv calibrate: %s\n", pkv_last_error());
+        return 1;
     }
     if (from) {
-        meas_set set = {0};
-        load_list(from, &set, par);
-        double *T = (double *)malloc((size_t)(set.n ? set.n : 1) * PKV_COST_TERMS * sizeof(double));
-        double *y = (double *)malloc((size_t)(set.n ? set.n : 1) * sizeof(double));
-        int32_t *step = (int32_t *)malloc((size_t)(set.n ? set.n : 1) * sizeof(int32_t));
-        const char **keys = (const char **)malloc((size_t)(set.n ? set.n : 1) * 2 * sizeof(char *));
-        if (!T || !y || !step || !keys) {
-            fprintf(stderr, "pkv calibrate: out of memory for %d measurements\n", set.n);
-            free(T);
-            free(y);
-            free(step);
-            free(keys);
-            set_free(&set);
-            return 1;
-        }
-        int nfit = 0;
-        int32_t nsteps = 0;
-        for (int i = 0; i < set.n; i++) {
-            if (!candidate(set.m[i].route)) continue; /* the fit is over the routes the model chooses among */
-            memcpy(T + (size_t)nfit * PKV_COST_TERMS, set.m[i].terms, sizeof set.m[i].terms);
-            y[nfit] = set.m[i].us;
-            step[nfit++] = cli_step_id(keys, &nsteps, set.m[i].step, set.m[i].workload);
-        }
-        pkv_cost_model_default(&m, set.parallelism, 0, 0);
-        if (set.gpu[0])
-            snprintf(m.device, sizeof m.device, "%.48s (%d SMs), fit from %.40s", set.gpu, (int)(set.parallelism % 100000), from);
-        else
-            snprintf(m.device, sizeof m.device, "fit from %.100s", from);
-        m.cuda_version = set.cuda_version;
-        /* ranked by the route choice over the measured steps (pkv_cost_model_fit_steps) */
-        const pkv_status fit_st = pkv_cost_model_fit_steps(nfit, T, y, step, &m);
-        free(step);
-        free(keys);
-        if (fit_st != PKV_OK) {
-            fprintf(stderr, "pkv calibrate: %s\n", pkv_last_error());
-            free(T);
-            free(y);
-            set_free(&set);
-            return 1;
-        }
-        printf("fit on %d measurements of %d steps, ranked by route choice: rms %.2f us; ", nfit, nsteps, m.rms_us);
-        cli_print_model(stdout, &m);
-        printf("\n");
-        evaluate(&m, &set, "fit set: ", replay);
-        free(T);
-        free(y);
-        set_free(&set);
-        const char *dst = out ? out : "persistentkv.policy";
-        if (pkv_cost_model_save(&m, dst) != PKV_OK) {
-            fprintf(stderr, "pkv calibrate: %s\n", pkv_last_error());
-            return 1;
-        }
-        printf("wrote %s\n", dst);
+        const int st = calibrate_from_json(from, out, par, replay, &m);
+        if (st) return st;
     }
     if (eval) {
         if (!from && !policy) {

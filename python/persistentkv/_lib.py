@@ -56,7 +56,58 @@ def _load():
         "PKV_LIBRARY to its path. Tried:\n  " + "\n  ".join(tried))
 
 
-lib, library_path = _load()
+_serving, library_path = _load()
+
+# The lab's shared library beside it (libpersistentkv_lab.so: traces, the float64 reference, plan
+# internals), found next to the serving library or at $PKV_LAB_LIBRARY; optional for serving.
+_LAB_NAME = "libpersistentkv_lab.so"
+
+
+def _load_lab():
+    env = os.environ.get("PKV_LAB_LIBRARY")
+    cands = [env] if env else []
+    base = Path(library_path).resolve().parent if os.path.sep in str(library_path) else None
+    if base is not None:
+        cands.append(str(base / _LAB_NAME))
+    cands += [str(_REPO_ROOT / d / _LAB_NAME) for d in _BUILD_DIRS]
+    for cand in cands:
+        if cand and Path(cand).is_file():
+            try:
+                return ctypes.CDLL(cand)
+            except OSError:
+                continue
+    return None
+
+
+_lab = _load_lab()
+if _lab is not None:
+    _lab.pkv_last_error.restype, _lab.pkv_last_error.argtypes = ctypes.c_char_p, []
+# the lab's functions (their errors are the lab library's own thread-local message)
+LAB_FUNCTIONS = ("pkv_reference", "pkv_plan_num_state_slots", "pkv_plan_problem", "pkv_plan_batch_size")
+LAB_PREFIXES = ("pkv_trace_", "pkv_rng_")
+
+
+def _is_lab(name):
+    return name in LAB_FUNCTIONS or name.startswith(LAB_PREFIXES)
+
+
+class _Libraries:
+    """The serving library's functions, and the lab's by their names (pkv_lab.h)."""
+
+    def __getattr__(self, name):
+        if _is_lab(name):
+            if _lab is None:
+                raise LibraryNotFoundError(
+                    f"{name} is in the lab library ({_LAB_NAME}), which was not found next to {library_path}; "
+                    "build it (cmake --build build) or set PKV_LAB_LIBRARY")
+            fn = getattr(_lab, name)
+        else:
+            fn = getattr(_serving, name)
+        setattr(self, name, fn)
+        return fn
+
+
+lib = _Libraries()
 
 # ---- enums (C enums are int) ------------------------------------------------------------------
 c_enum = ctypes.c_int
@@ -165,9 +216,8 @@ class Rng(ctypes.Structure):
 
 class CostModel(ctypes.Structure):
     """pkv_cost_model: the roofline model's coefficients (PKV_COEF_* in persistentkv.h)."""
-    _fields_ = [("version", ctypes.c_int32), ("parallelism", ctypes.c_int32), ("cuda_version", ctypes.c_int32),
-                ("device", ctypes.c_char * 128), ("coef", ctypes.c_double * 8), ("rms_us", ctypes.c_double),
-                ("samples", ctypes.c_int32)]
+    _fields_ = [("coef", ctypes.c_double * 8), ("parallelism", ctypes.c_int32), ("cuda_version", ctypes.c_int32),
+                ("device", ctypes.c_char * 128), ("rms_us", ctypes.c_double), ("samples", ctypes.c_int32)]
 
 
 # ---- prototypes ---------------------------------------------------------------------------------
@@ -181,7 +231,6 @@ _protos = {
     "pkv_context_config_default": (None, [_P(ContextConfig)]),
     "pkv_context_create": (c_enum, [_P(ContextConfig), _P(_vp)]),
     "pkv_context_free": (None, [_vp]),
-    "pkv_context_last_error": (_cp, [_vp]),
     "pkv_last_error": (_cp, []),
     "pkv_context_backend": (c_enum, [_vp]),
     "pkv_context_parallelism": (ctypes.c_int32, [_vp]),
@@ -210,17 +259,13 @@ _protos = {
     "pkv_plan_workspace_size": (ctypes.c_size_t, [_vp]),
     "pkv_plan_graph_signature": (ctypes.c_uint64, [_vp]),
     "pkv_plan_grid_tasks": (ctypes.c_int32, [_vp]),
-    "pkv_plan_validate": (c_enum, [_vp, _i32p, _P(_cp)]),
+    "pkv_plan_validate": (c_enum, [_vp, _i32p]),
     "pkv_workspace_size": (c_enum, [_vp, _P(Problem), ctypes.c_int32, _P(PlanOptions),
                                     _P(ctypes.c_size_t)]),
     "pkv_run": (c_enum, [_vp, _vp, _vp, ctypes.c_size_t, _P(Tensors), _vp]),
     "pkv_plan_upload": (c_enum, [_vp, _vp, _vp, ctypes.c_size_t, _vp]),
     "pkv_reference": (c_enum, [_P(Problem), _P(PageTable), _vp, _vp, _vp, _P(ctypes.c_double),
                                _P(ctypes.c_double)]),
-    "pkv_float_to_half": (ctypes.c_uint16, [ctypes.c_float]),
-    "pkv_half_to_float": (ctypes.c_float, [ctypes.c_uint16]),
-    "pkv_float_to_bf16": (ctypes.c_uint16, [ctypes.c_float]),
-    "pkv_bf16_to_float": (ctypes.c_float, [ctypes.c_uint16]),
     "pkv_trace_family_name": (_cp, [c_enum]),
     "pkv_trace_family_parse": (c_enum, [_cp, _P(c_enum)]),
     "pkv_trace_config_default": (None, [_P(TraceConfig), c_enum]),
@@ -245,11 +290,13 @@ _protos = {
     "pkv_context_set_cost_model": (c_enum, [_vp, _P(CostModel)]),
 }
 for _name, (_res, _args) in _protos.items():
+    if _is_lab(_name) and _lab is None:
+        continue  # set when the lab is found; its functions raise LibraryNotFoundError until then
     _fn = getattr(lib, _name)  # AttributeError here: the library is older than this binding
     _fn.restype, _fn.argtypes = _res, _args
 
 # The structs above mirror this version of persistentkv.h: refuse a library of another version.
-ABI_VERSION = 300  # 0.3.0
+ABI_VERSION = 400  # 0.4.0
 lib.pkv_version.restype, lib.pkv_version.argtypes = ctypes.c_uint32, []
 if lib.pkv_version() != ABI_VERSION:
     raise LibraryNotFoundError(
@@ -268,7 +315,7 @@ def _names(fn):
 
 
 ROUTES = _names(lib.pkv_route_name)              # ("auto", "single", "split", ...)
-TRACE_FAMILIES = _names(lib.pkv_trace_family_name)  # ("uniform", "bimodal", ...)
+TRACE_FAMILIES = _names(lib.pkv_trace_family_name) if _lab is not None else ()  # ("uniform", "bimodal", ...)
 
 
 def parse_code(parse_fn, name):
@@ -341,7 +388,7 @@ class PkvError(RuntimeError):
 
 
 def check(status, ctx=None, call=None):
-    """Raises PkvError when status != PKV_OK, with the context's (or thread-local) message."""
+    """Raises PkvError when status != PKV_OK, with the calling thread's message (the lab's for its calls)."""
     if status != 0:
-        raw = lib.pkv_context_last_error(ctx) if ctx else lib.pkv_last_error()
+        raw = _lab.pkv_last_error() if call and _is_lab(call) and _lab is not None else lib.pkv_last_error()
         raise PkvError(status, (raw or b"").decode(errors="replace"), call)

@@ -174,10 +174,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
     def validate_plan(self):
         """Checks the plan's internal consistency (pkv_plan_validate); raises PkvError."""
         self._require_plan()
-        why = ctypes.c_char_p()
-        st = lib.pkv_plan_validate(self._plan, self._seq_lens.c_ptr(), ctypes.byref(why))
-        if st != 0:
-            raise PkvError(st, (why.value or b"").decode(), "pkv_plan_validate")
+        check(lib.pkv_plan_validate(self._plan, self._seq_lens.c_ptr()), call="pkv_plan_validate")
 
     # ---- workspace ------------------------------------------------------------------------------
     def _grow_workspace(self, need):

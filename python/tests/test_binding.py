@@ -118,12 +118,17 @@ def test_struct_layout(struct):
     assert [getattr(struct, f).offset for f, _ in struct._fields_] == offsets
 
 
-def test_bf16_bits_match_library():
+def test_bf16_bits_round_to_nearest_even():
+    """bf16_bits rounds as the library does (to nearest, ties to even), checked on known bit patterns."""
     xs = np.array([0.0, 1.0, -2.5, 3.14159, 1e-3, 65504.0, -7e30], np.float32)
+    want = [0x0000, 0x3F80, 0xC020, 0x4049, 0x3A83, 0x4780, 0xF2B1]
     bits = pkv.bf16_bits(xs)
-    assert [int(b) for b in bits] == [_lib.lib.pkv_float_to_bf16(float(x)) for x in xs]
+    assert [int(b) for b in bits] == want
+    # ties go to the even mantissa: 1 + 2^-8 (halfway) -> 1.0, 1 + 3 x 2^-8 -> 1 + 2^-6
+    ties = np.array([1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8], np.float32)
+    assert [int(b) for b in pkv.bf16_bits(ties)] == [0x3F80, 0x3F82]
     back = pkv.bf16_to_float32(bits)
-    assert [float(b) for b in back] == [_lib.lib.pkv_bf16_to_float(int(b)) for b in bits]
+    assert [float(b) for b in back] == [float(np.array([b << 16], np.uint32).view(np.float32)[0]) for b in want]
 
 
 # ---- CPU backend against the float64 reference --------------------------------------------------
@@ -208,7 +213,7 @@ def test_one_plan_two_layers_and_determinism(cpu):
 
 def test_cpu_half_loads_bitwise_either_way(cpu, tmp_path):
     """The CPU backend converts fp16 K, V and q by F16C where the CPU has it, else by a table: the same bits
-    (exact conversions), so o is bitwise the same in a process that turns F16C off (PKV_CPU_NO_F16C=1) -
+    (exact conversions), so o is bitwise the same in a process that turns F16C off (PKV_TUNING=cpu_f16c=0) -
     subnormal, largest, negative-zero and infinite halves included (inf in V only: the rows stay finite
     where the table's are)."""
     import subprocess
@@ -236,7 +241,7 @@ np.save(sys.argv[2], np.concatenate([np.asarray(o).view(np.uint16).reshape(-1).a
 """
     here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
     outs = []
-    for i, extra in enumerate(({}, {"PKV_CPU_NO_F16C": "1"})):
+    for i, extra in enumerate(({}, {"PKV_TUNING": "cpu_f16c=0"})):
         f = tmp_path / f"o{i}.npy"
         env = dict(os.environ, **extra)
         r = subprocess.run([sys.executable, "-c", code, here, str(f)], env=env, capture_output=True, text=True)
@@ -793,7 +798,7 @@ def test_cuda_two_layers_streams_and_errors(cuda_torch):
 
 def test_policy_file_drives_auto(tmp_path):
     """A policy file (as `pkv calibrate` writes it) makes route="auto" follow its cost model."""
-    assert ctypes.sizeof(_lib.CostModel) == 224  # sizeof(pkv_cost_model) in C
+    assert ctypes.sizeof(_lib.CostModel) == 216  # sizeof(pkv_cost_model) in C
     # launches cost everything: auto must pick a one-launch route (single or fused)
     path = tmp_path / "launch_bound.policy"
     path.write_text("persistentkv-policy 2\ndevice = synthetic\nparallelism = 32\n"

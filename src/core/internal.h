@@ -13,10 +13,7 @@ extern "C" {
 #endif
 
 #define PKV_MAX_GROUP 16  /* largest G = Hq / Hkv the kernels handle */
-#define PKV_MAX_BATCH (1 << 20)
 #define PKV_MAX_HEADS 4096      /* most query heads of a problem */
-#define PKV_MAX_PARALLELISM (1 << 16) /* plan options: parallel units, */
-#define PKV_MAX_PER_UNIT 1024   /* CTAs per unit, */
 #define PKV_MAX_SPLITS_OPT (1 << 16) /* and max_splits, the cap on splits per (row, KV head) */
 #define PKV_MAX_SEQ_LEN (1 << 30) /* longest row: token arithmetic (a split's end, a chunk) stays in int32 */
 #define PKV_WS_ALIGN 256

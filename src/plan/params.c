@@ -175,7 +175,7 @@ int32_t plan_row_chunk_pages(const plan_params *pp, int32_t pages, int32_t S) {
 /* Workqueue chunk: smallest c with sum ceil(pages_i / c) x Hkv <= P.  The per-row passes vectorise
  * (PKV_VECTOR_CLONES). */
 PKV_VECTOR_CLONES
-int32_t plan_workqueue_chunk(const plan_params *pp, const pkv_problem *p, const int32_t *lens, int32_t B) {
+static int32_t workqueue_chunk(const plan_params *pp, const pkv_problem *p, const int32_t *lens, int32_t B) {
     const int32_t max_pages = pkv_row_pages(p, (int32_t)pp->max_len);
     if (max_pages == 0) return 1;
     int32_t lo_cap = (int32_t)pkv_ceil_div(max_pages, pp->max_splits); /* respect max_splits */
@@ -218,6 +218,12 @@ int32_t plan_workqueue_chunk(const plan_params *pp, const pkv_problem *p, const 
             lo = (int32_t)mid + 1;
     }
     return lo;
+}
+
+/* The cloned function stays file-local: an ifunc resolver of a function with external linkage would be
+ * exported from the shared library whatever its visibility. */
+int32_t plan_workqueue_chunk(const plan_params *pp, const pkv_problem *p, const int32_t *lens, int32_t B) {
+    return workqueue_chunk(pp, p, lens, B);
 }
 
 /* Under a sliding window a row is planned from the start of the page that holds its first attended

@@ -299,9 +299,6 @@ int32_t pkv_plan_num_phases(const pkv_plan *p) { return p ? p->num_phases : 0; }
 const pkv_phase *pkv_plan_phases(const pkv_plan *p) { return p ? p->phases : NULL; }
 int32_t pkv_plan_num_rows(const pkv_plan *p) { return p ? p->num_rows : 0; }
 const pkv_row_sched *pkv_plan_rows(const pkv_plan *p) { return p ? p->rows : NULL; }
-int32_t pkv_plan_num_state_slots(const pkv_plan *p) { return p ? p->num_state_slots : 0; }
-const pkv_problem *pkv_plan_problem(const pkv_plan *p) { return p ? &p->problem : NULL; }
-int32_t pkv_plan_batch_size(const pkv_plan *p) { return p ? p->batch_size : 0; }
 size_t pkv_plan_workspace_size(const pkv_plan *p) { return p ? p->workspace_bytes : 0; }
 uint64_t pkv_plan_graph_signature(const pkv_plan *p) { return p && p->generation ? p->graph_signature : 0; }
 int32_t pkv_plan_grid_tasks(const pkv_plan *p) { return !p ? 0 : p->graph_tasks > 0 ? p->graph_tasks : p->num_tasks; }
