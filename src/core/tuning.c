@@ -36,7 +36,7 @@
  *                        PKV_TUNING of the first CPU context (pkv_tuning_env_cpu_f16c).
  *   timeline_out=PATH    default none.  Dev builds (cmake -DPKV_TIMELINE=ON) only, else an error: the per-CTA
  *                        times of the context's last decode and merge launches, written as CSV to PATH when
- *                        the context is freed (dev/probe_timeline.sh).  PATH holds no comma.
+ *                        the context is freed (dev/probes/05_b1_timeline.sh).  PATH holds no comma.
  *
  *   PKV_POLICY=FILE      its own variable: a `pkv calibrate` policy for auto's cost model (context.c).
  *

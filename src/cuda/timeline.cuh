@@ -1,5 +1,5 @@
 // timeline.cuh - per-CTA timelines, dev builds only (cmake -DPKV_TIMELINE=ON, PKV_TUNING=timeline_out=FILE;
-// dev/probe_timeline.sh): thread 0 of every CTA records its SM and %globaltimer at its entry and exit, per
+// dev/probes/05_b1_timeline.sh): thread 0 of every CTA records its SM and %globaltimer at its entry and exit, per
 // kernel kind (0 decode, 1 merge), and two points inside (PKV_TL_MARK); the last launch of each kind wins.
 // The records live in one device buffer (timeline.cu) whose address travels in the kernels' parameters:
 // each .cu file is a device module of its own, so a __device__ array would be one copy per file.  In other
