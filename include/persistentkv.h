@@ -343,6 +343,21 @@ typedef enum pkv_cost_coef {
     PKV_COST_COEFS
 } pkv_cost_coef;
 
+/* The terms of a plan the model weighs (lab/pkv_lab.h documents each and the model's formula). */
+typedef enum pkv_cost_term {
+    PKV_TERM_LAUNCHES,   /* kernel launches per layer */
+    PKV_TERM_MB,         /* MB moved: K, V, q, o and partial states */
+    PKV_TERM_LONGEST_MB, /* KV MB of the longest task */
+    PKV_TERM_MERGE_MB,   /* partial states of the largest merge, MB */
+    PKV_TERM_TASKS,      /* tasks that read KV */
+    PKV_TERM_SLOTS,      /* resident task slots */
+    PKV_TERM_TASK_MB,    /* mean KV MB of a task */
+    PKV_TERM_TOKEN_MB,   /* KV MB per token of one task */
+    PKV_TERM_RECT,       /* 1 for a rectangular grid in row order, else 0 */
+    PKV_TERM_FUSED,      /* 1 when the last CTA of a split merges it, else 0 */
+    PKV_COST_TERMS
+} pkv_cost_term;
+
 typedef struct pkv_cost_model {
     double coef[PKV_COST_COEFS]; /* finite and >= 0; rho > 0; p 0 or in [1, 16] */
     int32_t parallelism;  /* SMs (or threads) the model was measured with */

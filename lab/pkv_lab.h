@@ -110,23 +110,7 @@ int32_t pkv_lab_claim_multiplier(int32_t nsm);
  * near-best pairs the one that ranks each step's measured routes best; pkv_cost_model_default
  * derives them from device properties.
  * ---------------------------------------------------------------------------------------------- */
-/* The same enum as the library's internals: whichever header comes first defines it. */
-#ifndef PKV_COST_TERM_ENUM
-#define PKV_COST_TERM_ENUM
-typedef enum pkv_cost_term {
-    PKV_TERM_LAUNCHES,
-    PKV_TERM_MB,
-    PKV_TERM_LONGEST_MB,
-    PKV_TERM_MERGE_MB,
-    PKV_TERM_TASKS,
-    PKV_TERM_SLOTS,
-    PKV_TERM_TASK_MB,
-    PKV_TERM_TOKEN_MB,
-    PKV_TERM_RECT,
-    PKV_TERM_FUSED,
-    PKV_COST_TERMS
-} pkv_cost_term;
-#endif
+/* The terms: pkv_cost_term (persistentkv.h). */
 
 /* Terms of a plan (see above), for the parallelism and residency it was planned for; a plan whose last
  * pkv_plan_step failed has none (PKV_ERR_INVALID_ARGUMENT). */

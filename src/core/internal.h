@@ -38,25 +38,6 @@ extern "C" {
  * [0, nsm), which the claim's coverage needs (src/plan/layout.c; tested by test_plan). */
 int32_t pkv_graph_claim_multiplier(int32_t nsm);
 
-/* The terms of a plan's cost (pkv_lab.h documents each; the lab header spells the same enum, and whichever
- * of the two headers comes first defines it). */
-#ifndef PKV_COST_TERM_ENUM
-#define PKV_COST_TERM_ENUM
-typedef enum pkv_cost_term {
-    PKV_TERM_LAUNCHES,
-    PKV_TERM_MB,
-    PKV_TERM_LONGEST_MB,
-    PKV_TERM_MERGE_MB,
-    PKV_TERM_TASKS,
-    PKV_TERM_SLOTS,
-    PKV_TERM_TASK_MB,
-    PKV_TERM_TOKEN_MB,
-    PKV_TERM_RECT,
-    PKV_TERM_FUSED,
-    PKV_COST_TERMS
-} pkv_cost_term;
-#endif
-
 /* Loops that vectorise: on x86-64 Linux (GCC) an AVX2 clone of the function is picked at load time
  * where the CPU has it (twice the lanes of the SSE2 baseline, and the 32-bit min/max it lacks). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && defined(__linux__)
