@@ -54,32 +54,38 @@ static void measure_steps(const bench_opts *o, bench_workload *w, const ceilings
 
 /* The reports after the measurements; the exit status (1: calibration failed, or rows off the
  * reference). */
-static int report(int argc, char **argv, bench_opts *o, const bench_workload *w, const ceilings *ce,
-                  results *res) {
+static int report(bench_opts *o, const bench_workload *w, const ceilings *ce, results *res) {
     if (w->trace_mode) print_summary(o, res);
     print_run_footer(o, ce, w->label);
     print_behind_table(o, res);
     const int bad = report_disagreements(o, res);
     if (o->calibrate_out && !fit_policy(o, res)) return 1;
     if (o->explain) print_explain(o, res);
-    const char *json = cli_opt(argc, argv, "--json");
-    if (json) {
-        write_json(json, o, ce, res, w->label);
-        fprintf(stderr, "pkv bench: wrote %s\n", json);
+    if (o->json) {
+        write_json(o->json, o, ce, res, w->label);
+        fprintf(stderr, "%s: wrote %s\n", bench_prog, o->json);
     }
     if (bad) {
-        fprintf(stderr, "pkv bench: %d rows disagree with the reference\n", bad);
+        fprintf(stderr, "%s: %d rows disagree with the reference\n", bench_prog, bad);
         return 1;
     }
     return 0;
 }
 
-int cmd_bench(int argc, char **argv) {
-    bench_opts o;
-    int st = bench_options_parse(argc, argv, &o);
+const char *bench_prog = "pkv bench";
+
+int bench_run(const char *prog, int argc, char **argv) {
+    bench_prog = prog;
+    static bench_opts o; /* 16 KiB of --lens: not on the stack */
+    char err[CLI_ERR_CAP];
+    const cli_parse_status ps = bench_options_parse(argc, argv, &o, err, sizeof err);
+    if (ps == CLI_PARSE_HELP) bench_usage(stdout);
+    if (ps == CLI_PARSE_BAD) fprintf(stderr, "%s: %s\n", prog, err);
+    if (ps != CLI_PARSE_GO_ON) return cli_parse_exit_code(ps);
+    int st = bench_options_setup(&o);
     bench_workload w;
     memset(&w, 0, sizeof w);
-    if (st == BENCH_GO_ON) st = bench_workload_make(argc, argv, &o, &w);
+    if (st == BENCH_GO_ON) st = bench_workload_make(&o, &w);
     if (st != BENCH_GO_ON) { /* the context is freed (a sanitizer build's leak check would turn the status into 1) */
         pkv_context_free(o.ctx);
         return st;
@@ -98,7 +104,7 @@ int cmd_bench(int argc, char **argv) {
     results res;
     memset(&res, 0, sizeof res);
     measure_steps(&o, &w, &ce, &b, plan, &res);
-    st = report(argc, argv, &o, &w, &ce, &res);
+    st = report(&o, &w, &ce, &res);
     bench_workload_free(&w);
     free(res.rows);
     buffers_free(&o, &b);
@@ -107,3 +113,5 @@ int cmd_bench(int argc, char **argv) {
     pkv_context_free(o.ctx);
     return st;
 }
+
+int cmd_bench(int argc, char **argv) { return bench_run("pkv bench", argc, argv); }

@@ -1,7 +1,8 @@
 /* bench.h - what the files of `pkv bench` share (private to tools/bench*.c): the options of a run, the
  * steps it measures, the buffers and the reference of a step, the ceilings, the rows of results, and
  * the entry points of each file:
- *   bench_options.c    the options: usage, parsing and checks, the context
+ *   bench_options.c    what the options need of the machine: the context, the files, the policy
+ *                      (the options themselves: options.c)
  *   bench_workloads.c  the steps: isolated anchor and --lens steps, trace steps, the trace sets
  *   bench_measure.c    buffers, the float64 reference, the ceilings and floors, timing one route
  *   bench_report.c     the Markdown tables, the summary, the JSON, the policy fitted from the rows
@@ -10,6 +11,7 @@
 #define PKV_BENCH_H
 
 #include "cli.h"
+#include "options.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -17,31 +19,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#define BENCH_MAX_ROUTES 6 /* auto and the five fixed routes (--route all) */
-/* What the option and workload steps return to go on; any other value is the command's exit status. */
+/* What the setup and workload steps return to go on; any other value is the command's exit status. */
 #define BENCH_GO_ON (-1)
 
-typedef struct bench_opts {
-    pkv_context *ctx;
-    bool cuda;
-    const pkv_shape *shape;
-    pkv_problem prob; /* num_pages set per step */
-    pkv_route routes[BENCH_MAX_ROUTES];
-    int nroutes;
-    int reps, warmup, wall_reps;
-    int32_t ctas_per_unit, min_chunk, parallelism;
-    int32_t graph_max_batch, graph_tasks; /* graph-stable plans: capacity (-1: the step's batch rounded up to
-                                           * a power of two, as servers capture per batch bucket); 0: off */
-    bool check, per_step, quiet, explain;
-    bool kv_interleaved; /* K and V of each page side by side in one pool (pkv_tensors.kv_page_stride) */
-    bool behind;         /* also time each step behind a kernel that writes its q (pkv_dev_time_plan_behind) */
-    int pdl;             /* the context's pkv_context_config.pdl */
-    pkv_cost_model model;
-    bool have_policy;    /* model came from --policy */
-    const char *calibrate_out;
-    int64_t rotate_bytes;
-    const char *cmdline;
-} bench_opts;
+/* "pkv bench", or "pkv calibrate" when calibrate runs the measurements: the prefix of every message. */
+extern const char *bench_prog;
 
 /* One step to measure: lengths and, per rotation, the physical page of each logical page. */
 typedef struct step_input {
@@ -125,14 +107,14 @@ typedef struct ceilings {
 static inline void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
     if (!p) {
-        fprintf(stderr, "pkv bench: cannot allocate %zu bytes\n", n);
+        fprintf(stderr, "%s: cannot allocate %zu bytes\n", bench_prog, n);
         exit(1);
     }
     return p;
 }
 
 static inline void die_status(pkv_context *ctx, pkv_status st, const char *what) {
-    fprintf(stderr, "pkv bench: %s failed: %s\n", what, pkv_last_error());
+    fprintf(stderr, "%s: %s failed: %s\n", bench_prog, what, pkv_last_error());
     (void)st;
     exit(1);
 }
@@ -156,14 +138,15 @@ static inline int64_t attended(const bench_opts *o, int32_t len) {
 }
 
 /* ---- bench_options.c ------------------------------------------------------------------------------ */
-/* Parses and checks the options into o (zeroed first) and creates its context (o->ctx, NULL until
- * then): BENCH_GO_ON, else the exit status (0 after --help). */
-int bench_options_parse(int argc, char **argv, bench_opts *o);
+/* After bench_options_parse: the context (o->ctx, NULL until then), the backend's defaults, the --json
+ * and --calibrate-out files checked writable, the --policy loaded: BENCH_GO_ON, else the exit status
+ * (with a message). */
+int bench_options_setup(bench_opts *o);
 
 /* ---- bench_workloads.c ---------------------------------------------------------------------------- */
 /* The steps of the workload the options name (--anchor, --lens, --calibration-set, --heldout-set,
- * else a trace): BENCH_GO_ON, else the exit status. */
-int bench_workload_make(int argc, char **argv, const bench_opts *o, bench_workload *w);
+ * --trace-file, else a trace): BENCH_GO_ON, else the exit status (with a message). */
+int bench_workload_make(const bench_opts *o, bench_workload *w);
 void bench_workload_free(bench_workload *w);
 
 /* ---- bench_measure.c ------------------------------------------------------------------------------ */

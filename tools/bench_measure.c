@@ -29,7 +29,7 @@ void results_push(results *r, const row_result *x) {
         r->cap = r->cap ? 2 * r->cap : RESULTS_FIRST_CAP;
         r->rows = (row_result *)realloc(r->rows, (size_t)r->cap * sizeof *r->rows);
         if (!r->rows) {
-            fprintf(stderr, "pkv bench: out of memory\n");
+            fprintf(stderr, "%s: out of memory\n", bench_prog);
             exit(1);
         }
     }
@@ -240,7 +240,7 @@ void bench_ceilings_measure(const bench_opts *o, const bench_workload *w, ceilin
     ce->read_gbps = NAN;
     ce->launch_us = ce->graph_us = NAN;
     if (!o->cuda) {
-        fprintf(stderr, "pkv bench: %s (kernel time = wall time of pkv_run; no device ceilings)\n",
+        fprintf(stderr, "%s: %s (kernel time = wall time of pkv_run; no device ceilings)\n", bench_prog,
                 pkv_context_device_name(o->ctx));
         return;
     }
@@ -263,9 +263,9 @@ void bench_ceilings_measure(const bench_opts *o, const bench_workload *w, ceilin
     ce->read_gbps = (double)ce->read_buf_bytes / (us * 1e3);
     TRY(o->ctx, pkv_dev_launch_latency(o->ctx, &ce->launch_us, &ce->graph_us), "launch latency");
     fprintf(stderr,
-            "pkv bench: %s; read ceiling %.0f GB/s (4 GiB streaming read); empty launch %.2f us; graph replay %.2f "
+            "%s: %s; read ceiling %.0f GB/s (4 GiB streaming read); empty launch %.2f us; graph replay %.2f "
             "us\n",
-            pkv_context_device_name(o->ctx), ce->read_gbps, ce->launch_us, ce->graph_us);
+            bench_prog, pkv_context_device_name(o->ctx), ce->read_gbps, ce->launch_us, ce->graph_us);
 }
 
 void bench_ceilings_free(const bench_opts *o, ceilings *ce) {
@@ -471,7 +471,7 @@ static void derive_row(const bench_opts *o, const step_input *s, pkv_route route
                  (double)o->prob.logits_soft_cap);
     snprintf(r->repro, sizeof r->repro,
              "pkv bench --backend %s --shape %s --dtype %s --layout %s --page-size %d%s %s --route %s",
-             o->cuda ? "cuda" : "cpu", o->shape->name, o->prob.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16",
+             o->cuda ? "cuda" : "cpu", o->shape_name, o->prob.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16",
              o->prob.layout == PKV_LAYOUT_HND ? "hnd" : "nhd", o->prob.page_size, score, s->workload_arg,
              pkv_route_name(route));
     snprintf(r->trace, sizeof r->trace, "%s", s->workload_arg);

@@ -38,7 +38,9 @@ void route_label(const row_result *r, char *buf, size_t n) {
 
 void print_row(const row_result *r) {
     char rl[32], fi[32] = "-", ratio[32] = "-", ceil_s[32] = "-", floor_s[32] = "-", eff[32] = "-", gather[32] = "-";
+    char err[32] = "-"; /* "-": not compared (--no-check) */
     route_label(r, rl, sizeof rl);
+    if (!isnan(r->rel_err)) snprintf(err, sizeof err, "%.1e", r->rel_err);
     if (r->flashinfer_us > 0) {
         snprintf(fi, sizeof fi, "%.1f", r->flashinfer_us);
         snprintf(ratio, sizeof ratio, "%.2f", r->flashinfer_us / r->kernel_us);
@@ -47,10 +49,9 @@ void print_row(const row_result *r) {
     if (r->floor_us > 0) snprintf(floor_s, sizeof floor_s, "%.1f", r->floor_us);
     if (!isnan(r->step_eff)) snprintf(eff, sizeof eff, "%.2f", r->step_eff);
     if (r->gather_us > 0) snprintf(gather, sizeof gather, "%.1f", r->gather_us);
-    printf("| %s | %d | %.1f | %s | %.1f | %.1f | %lld | %lld | %.1f | %.0f | %s | %s | %s | %s | %s | %.1e | %s |\n",
+    printf("| %s | %d | %.1f | %s | %.1f | %.1f | %lld | %lld | %.1f | %.0f | %s | %s | %s | %s | %s | %s | %s |\n",
            r->step, r->batch, r->c.kv_bytes / 1e6, rl, r->kernel_us, r->wall_us, (long long)r->c.launches,
-           (long long)r->c.tasks, r->c.merge_state_bytes / 1e3, r->gbps, ceil_s, floor_s, eff, fi, ratio, r->rel_err,
-           gather);
+           (long long)r->c.tasks, r->c.merge_state_bytes / 1e3, r->gbps, ceil_s, floor_s, eff, fi, ratio, err, gather);
 }
 
 void print_summary(const bench_opts *o, const results *res) {
@@ -78,17 +79,18 @@ void print_summary(const bench_opts *o, const results *res) {
             if (!(r->rel_err <= worst)) worst = r->rel_err;
         }
         if (!n) continue;
-        char fcs[16] = "-", ses[16] = "-";
+        char fcs[16] = "-", ses[16] = "-", ws[16] = "-";
         if (o->cuda) snprintf(fcs, sizeof fcs, "%.2f", fc / n);
         if (ne) snprintf(ses, sizeof ses, "%.2f", se / ne);
-        printf("| %s | %d | %.1f | %.1f | %.0f | %.2f | %.1f | %.1f | %s | %s | %.1e |\n", pkv_route_name(o->routes[k]),
-               n, kt / n, wt / n, wt > 0 ? tok / (wt * 1e-6) : 0, la / n, ta / n, gb / n, fcs, ses, worst);
+        if (o->check) snprintf(ws, sizeof ws, "%.1e", worst);
+        printf("| %s | %d | %.1f | %.1f | %.0f | %.2f | %.1f | %.1f | %s | %s | %s |\n", pkv_route_name(o->routes[k]),
+               n, kt / n, wt / n, wt > 0 ? tok / (wt * 1e-6) : 0, la / n, ta / n, gb / n, fcs, ses, ws);
     }
 }
 
 void print_run_footer(const bench_opts *o, const ceilings *ce, const char *workload) {
     printf("\nbackend: %s; shape %s (Hq %d, Hkv %d, d %d, %s, %s, page %d%s", pkv_context_device_name(o->ctx),
-           o->shape->name, o->prob.num_qo_heads, o->prob.num_kv_heads, o->prob.head_dim,
+           o->shape_name, o->prob.num_qo_heads, o->prob.num_kv_heads, o->prob.head_dim,
            o->prob.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", o->prob.layout == PKV_LAYOUT_HND ? "HND" : "NHD",
            o->prob.page_size, o->kv_interleaved ? ", K/V interleaved per page" : "");
     if (o->prob.window > 0) printf(", window %d", o->prob.window);
@@ -126,7 +128,7 @@ int report_disagreements(const bench_opts *o, const results *res) {
         double tol = o->prob.dtype == PKV_DTYPE_BF16 ? REL_TOL_BF16 : REL_TOL_FP16;
         if (o->check && (!(res->rows[i].rel_err <= tol) || res->rows[i].nan_outputs > 0)) {
             bad++;
-            fprintf(stderr, "pkv bench: %s route %s: rel err %.2e, %d outputs unwritten\n", res->rows[i].step,
+            fprintf(stderr, "%s: %s route %s: rel err %.2e, %d outputs unwritten\n", bench_prog, res->rows[i].step,
                     pkv_route_name(res->rows[i].route_asked), res->rows[i].rel_err, res->rows[i].nan_outputs);
         }
     }
@@ -156,7 +158,7 @@ bool fit_policy(bench_opts *o, const results *res) {
     const bool ok = pkv_cost_model_fit_steps(n, T, y, step, &fit) == PKV_OK &&
                     pkv_cost_model_save(&fit, o->calibrate_out) == PKV_OK;
     if (!ok) {
-        fprintf(stderr, "pkv bench: calibration failed: %s\n", pkv_last_error());
+        fprintf(stderr, "%s: calibration failed: %s\n", bench_prog, pkv_last_error());
     } else {
         printf("\ncalibrated on %d measurements (rms %.2f us) -> %s\n", n, fit.rms_us, o->calibrate_out);
         o->model = fit;
@@ -290,7 +292,7 @@ static void json_meta(FILE *f, const bench_opts *o, const ceilings *ce, const ch
             "\"page_size\": %d, "
             "\"layout\": \"%s\", \"dtype\": \"%s\", \"kv_interleaved\": %s, \"window\": %d, \"logits_soft_cap\": %g}, "
             "\"reps\": %d, \"wall_reps\": %d, \"terms_version\": 2},\n",
-            o->shape->name, o->prob.num_qo_heads, o->prob.num_kv_heads, o->prob.head_dim, o->prob.page_size,
+            o->shape_name, o->prob.num_qo_heads, o->prob.num_kv_heads, o->prob.head_dim, o->prob.page_size,
             o->prob.layout == PKV_LAYOUT_HND ? "HND" : "NHD", o->prob.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16",
             o->kv_interleaved ? "true" : "false", o->prob.window, (double)o->prob.logits_soft_cap, o->reps,
             o->wall_reps);
@@ -347,7 +349,7 @@ static void json_row(FILE *f, const row_result *r) {
 void write_json(const char *path, const bench_opts *o, const ceilings *ce, const results *res, const char *workload) {
     FILE *f = fopen(path, "w");
     if (!f) {
-        fprintf(stderr, "pkv bench: cannot write %s\n", path);
+        fprintf(stderr, "%s: cannot write %s\n", bench_prog, path);
         exit(1);
     }
     json_meta(f, o, ce, workload);
@@ -358,7 +360,7 @@ void write_json(const char *path, const bench_opts *o, const ceilings *ce, const
     }
     fprintf(f, "  ]\n}\n");
     if (ferror(f) | fclose(f)) { /* both: the file is closed either way */
-        fprintf(stderr, "pkv bench: writing %s failed\n", path);
+        fprintf(stderr, "%s: writing %s failed\n", bench_prog, path);
         exit(1);
     }
 }

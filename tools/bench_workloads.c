@@ -14,12 +14,7 @@
 /* Seeds of the pages' permutation: anchor i's is ANCHOR_SEED + i, --lens' is LENS_SEED. */
 #define ANCHOR_SEED 1000
 #define LENS_SEED 99
-/* --lens: at most this many lengths, each at most a row's longest. */
-#define MAX_LENS 4096
-#define MAX_LEN (1 << 30)
-/* The sets of traces (calibration and held-out): the batch sizes of --set-batches, and how many. */
-#define MAX_SET_BATCH 4096
-#define MAX_SET_BATCHES 16
+/* The sets of traces (calibration and held-out). */
 #define SET_REQUESTS_PER_ROW 3 /* requests of a set's trace: 3 x B */
 #define CALIBRATION_SEED 20260622
 /* anchors.md's FlashInfer times are for the paper shape with pages of this size */
@@ -106,19 +101,6 @@ static int64_t trace_step_bytes(const bench_opts *o, const pkv_trace *t, int32_t
     return tok * kv_bytes_per_token(&o->prob);
 }
 
-/* "1,4,16" -> values; the count, or -1 on a malformed list. */
-static int parse_int_list(const char *s, int32_t *out, int cap) {
-    int n = 0;
-    while (*s) {
-        char *end;
-        long v = strtol(s, &end, 10);
-        if (end == s || v < 1 || v > MAX_SET_BATCH || n == cap || (*end && *end != ',')) return -1;
-        out[n++] = (int32_t)v;
-        s = *end ? end + 1 : end;
-    }
-    return n;
-}
-
 /* A set of traces (every family x these seeds x these batch sizes, 3 x B requests each): the
  * first and the middle step of each, named family_B<b>_s<seed>_t<step>, each carrying its trace
  * arguments.  Returns the number of steps. */
@@ -159,17 +141,10 @@ static int add_trace_set(const bench_opts *o, const uint64_t *seeds, int nseeds,
 
 /* --anchor NAME|all: the anchor steps, with FlashInfer's time where anchors.md has it (CUDA, the paper
  * shape, page 16, every token, no cap). */
-static int anchor_steps(const bench_opts *o, const char *anchor, bench_workload *w) {
+static int anchor_steps(const bench_opts *o, bench_workload *w) {
     int first = 0, last = cli_anchor_count();
-    if (strcmp(anchor, "all") != 0) {
-        first = cli_anchor_find(anchor);
-        if (first < 0) {
-            fprintf(stderr, "pkv bench: unknown anchor '%s'\n", anchor);
-            return 2;
-        }
-        last = first + 1;
-    }
-    bool paper = strcmp(o->shape->name, "paper") == 0 && o->prob.page_size == ANCHORS_PAGE_SIZE &&
+    if (o->anchor >= 0) first = o->anchor, last = first + 1;
+    bool paper = strcmp(o->shape_name, "paper") == 0 && o->prob.page_size == ANCHORS_PAGE_SIZE &&
                  o->prob.window == 0 && o->prob.logits_soft_cap == 0.0f;
     w->steps = (step_input *)xmalloc((size_t)(last - first) * sizeof *w->steps);
     for (int i = first; i < last; i++) {
@@ -180,38 +155,17 @@ static int anchor_steps(const bench_opts *o, const char *anchor, bench_workload 
         make_isolated_step(o, a.name, a.lens, a.batch, paper && o->cuda ? a.flashinfer_us : 0, arg,
                            ANCHOR_SEED + (uint64_t)i, &w->steps[w->nsteps++]);
     }
-    snprintf(w->label, sizeof w->label, "anchor %s", anchor);
+    snprintf(w->label, sizeof w->label, "anchor %s", o->anchor >= 0 ? w->steps[0].name : "all");
     return BENCH_GO_ON;
 }
 
-/* --lens N1,N2,...: one isolated step. */
-static int lens_step(const bench_opts *o, const char *lens, bench_workload *w) {
-    int32_t buf[MAX_LENS];
-    int32_t B = 0;
-    const char *p = lens;
-    while (*p && B < MAX_LENS) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 0 || v > MAX_LEN) {
-            fprintf(stderr, "pkv bench: --lens expects comma-separated lengths\n");
-            return 2;
-        }
-        buf[B++] = (int32_t)v;
-        p = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') {
-            fprintf(stderr, "pkv bench: --lens expects comma-separated lengths\n");
-            return 2;
-        }
-    }
-    if (*p) {
-        fprintf(stderr, "pkv bench: --lens takes at most 4096 lengths\n");
-        return 2;
-    }
+/* --lens N1,N2,... (checked by the parser): one isolated step. */
+static int lens_step(const bench_opts *o, bench_workload *w) {
     w->steps = (step_input *)xmalloc(sizeof *w->steps);
     char arg[96];
-    snprintf(arg, sizeof arg, "--lens %.80s", lens);
-    make_isolated_step(o, "lens", buf, B, 0, arg, LENS_SEED, &w->steps[w->nsteps++]);
-    snprintf(w->label, sizeof w->label, "lens %.200s", lens);
+    snprintf(arg, sizeof arg, "--lens %.80s", o->lens_arg);
+    make_isolated_step(o, "lens", o->lens, o->nlens, 0, arg, LENS_SEED, &w->steps[w->nsteps++]);
+    snprintf(w->label, sizeof w->label, "lens %.200s", o->lens_arg);
     return BENCH_GO_ON;
 }
 
@@ -228,49 +182,43 @@ static int calibration_set(const bench_opts *o, bench_workload *w) {
 
 /* --heldout-set: every family, the held-out seeds (--set-seeds: the first N), B 1..128 (CPU: 1 and 2;
  * or --set-batches), the first and the middle step of each. */
-static int heldout_set(int argc, char **argv, const bench_opts *o, bench_workload *w) {
+static int heldout_set(const bench_opts *o, bench_workload *w) {
     w->trace_mode = true;
-    int32_t bs[MAX_SET_BATCHES] = {1, 2, 4, 8, 16, 32, 64, 128};
+    int32_t bs[BENCH_MAX_SET_BATCHES] = {1, 2, 4, 8, 16, 32, 64, 128};
     const int gpu_nb = 8, cpu_nb = 2; /* the first of bs */
     int nb = o->cuda ? gpu_nb : cpu_nb;
-    const char *sb = cli_opt(argc, argv, "--set-batches");
-    if (sb && (nb = parse_int_list(sb, bs, MAX_SET_BATCHES)) <= 0) {
-        fprintf(stderr, "pkv bench: --set-batches expects comma-separated batch sizes\n");
-        return 2;
+    if (o->nset_batches > 0) {
+        nb = o->nset_batches;
+        memcpy(bs, o->set_batches, (size_t)nb * sizeof bs[0]);
     }
-    int ns = cli_opt_range(argc, argv, "--set-seeds", HELDOUT_SEEDS, 1, HELDOUT_SEEDS);
+    const int ns = o->set_seeds;
     w->nsteps = add_trace_set(o, heldout_seeds, ns, bs, nb, &w->steps);
     snprintf(w->label, sizeof w->label, "held-out set (seeds 20260623..%d)", (int)heldout_seeds[ns - 1]);
     return BENCH_GO_ON;
 }
 
 /* --trace-file, else the trace --trace names (and its arguments, for the rows' repro lines). */
-static int open_trace(int argc, char **argv, const char *tfile, pkv_trace **tr, char *arg, size_t arg_cap) {
-    if (tfile) {
-        TRY(NULL, pkv_trace_read(tfile, tr), "trace read");
-        snprintf(arg, arg_cap, "--trace-file %.80s", tfile);
+static int open_trace(const bench_opts *o, pkv_trace **tr, char *arg, size_t arg_cap) {
+    if (o->trace_file) {
+        TRY(NULL, pkv_trace_read(o->trace_file, tr), "trace read");
+        snprintf(arg, arg_cap, "--trace-file %.80s", o->trace_file);
         return BENCH_GO_ON;
     }
-    pkv_trace_config tc;
-    if (!cli_trace_config(argc, argv, "--trace", "bench", &tc)) return 2;
-    pkv_trace_family fam = tc.family;
-    TRY(NULL, pkv_trace_generate(&tc, tr), "trace generation");
-    snprintf(arg, arg_cap, "--trace %s --seed %llu --batch %d --requests %d", pkv_trace_family_name(fam),
-             (unsigned long long)tc.seed, tc.max_active, tc.num_requests);
+    TRY(NULL, pkv_trace_generate(&o->trace, tr), "trace generation");
+    snprintf(arg, arg_cap, "--trace %s --seed %llu --batch %d --requests %d", pkv_trace_family_name(o->trace.family),
+             (unsigned long long)o->trace.seed, o->trace.max_active, o->trace.num_requests);
     return BENCH_GO_ON;
 }
 
 /* The trace's steps [*first, *last): --step S alone, else the first --steps (CPU default 2; 0: all). */
-static int trace_step_range(int argc, char **argv, const bench_opts *o, int32_t total, int32_t *first,
-                            int32_t *last) {
+static int trace_step_range(const bench_opts *o, int32_t total, int32_t *first, int32_t *last) {
     const int32_t cpu_steps = 2;
-    int32_t limit = cli_opt_range(argc, argv, "--steps", o->cuda ? 0 : cpu_steps, 0, INT32_MAX);
-    int32_t only = cli_opt_range(argc, argv, "--step", -1, -1, INT32_MAX);
+    const int32_t limit = o->steps != BENCH_DEFAULT ? o->steps : o->cuda ? 0 : cpu_steps, only = o->step;
     *first = 0;
     *last = total;
     if (only >= 0) {
         if (only >= total) {
-            fprintf(stderr, "pkv bench: --step %d but the trace has %d steps\n", only, total);
+            fprintf(stderr, "%s: --step %d but the trace has %d steps (0..%d)\n", bench_prog, only, total, total - 1);
             return 2;
         }
         *first = only;
@@ -278,21 +226,21 @@ static int trace_step_range(int argc, char **argv, const bench_opts *o, int32_t 
     } else if (limit > 0 && limit < total) {
         *last = limit;
         if (!o->cuda)
-            fprintf(stderr, "pkv bench: CPU backend replays the first %d of %d steps (--steps 0 for all)\n", limit,
-                    total);
+            fprintf(stderr, "%s: CPU backend replays the first %d of %d steps (--steps 0 for all)\n", bench_prog,
+                    limit, total);
     }
     return BENCH_GO_ON;
 }
 
 /* A trace's steps: one pool, rotated as often as its smallest step needs. */
-static int trace_steps(int argc, char **argv, const bench_opts *o, const char *tfile, bench_workload *w) {
+static int trace_steps(const bench_opts *o, bench_workload *w) {
     w->trace_mode = true;
     pkv_trace *tr = NULL;
     char arg[96];
-    int st = open_trace(argc, argv, tfile, &tr, arg, sizeof arg);
+    int st = open_trace(o, &tr, arg, sizeof arg);
     if (st != BENCH_GO_ON) return st;
     int32_t total = pkv_trace_num_steps(tr), first, last;
-    st = trace_step_range(argc, argv, o, total, &first, &last);
+    st = trace_step_range(o, total, &first, &last);
     if (st != BENCH_GO_ON) {
         pkv_trace_free(tr);
         return st;
@@ -311,16 +259,15 @@ static int trace_steps(int argc, char **argv, const bench_opts *o, const char *t
     return BENCH_GO_ON;
 }
 
-int bench_workload_make(int argc, char **argv, const bench_opts *o, bench_workload *w) {
+int bench_workload_make(const bench_opts *o, bench_workload *w) {
     memset(w, 0, sizeof *w);
-    const char *anchor = cli_opt(argc, argv, "--anchor");
-    const char *lens = cli_opt(argc, argv, "--lens");
-    const char *tfile = cli_opt(argc, argv, "--trace-file");
-    if (anchor) return anchor_steps(o, anchor, w);
-    if (lens) return lens_step(o, lens, w);
-    if (cli_flag(argc, argv, "--calibration-set")) return calibration_set(o, w);
-    if (cli_flag(argc, argv, "--heldout-set")) return heldout_set(argc, argv, o, w);
-    return trace_steps(argc, argv, o, tfile, w);
+    switch (o->workload) {
+    case BENCH_WORKLOAD_ANCHOR: return anchor_steps(o, w);
+    case BENCH_WORKLOAD_LENS: return lens_step(o, w);
+    case BENCH_WORKLOAD_CALIBRATION_SET: return calibration_set(o, w);
+    case BENCH_WORKLOAD_HELDOUT_SET: return heldout_set(o, w);
+    default: return trace_steps(o, w);
+    }
 }
 
 void bench_workload_free(bench_workload *w) {

@@ -6,6 +6,7 @@
  * fastest measured route of each step). */
 #define _POSIX_C_SOURCE 200809L
 #include "cli.h"
+#include "options.h"
 
 #include <math.h>
 #include <sys/stat.h>
@@ -52,21 +53,6 @@ typedef struct meas_set {
     char gpu[128];        /* the GPU of the first file that names one */
     int32_t cuda_version; /* its CUDA runtime */
 } meas_set;
-
-static void usage(void) {
-    printf("usage: pkv calibrate [options]\n"
-           "  --out FILE              policy file to write (default persistentkv.policy)\n"
-           "live (measures on a backend):\n"
-           "  --backend best|cpu|cuda --reps N        runs `pkv bench --calibration-set` and fits\n"
-           "  --json FILE             also keep the measurements (for --from-json / --evaluate)\n"
-           "offline (from `pkv bench --json` files):\n"
-           "  --from-json F1[,F2..]   fit from the measured rows of these files\n"
-           "  --evaluate F1[,F2..]    replay the model's route choice on these measured steps\n"
-           "  --policy FILE           evaluate this policy instead of fitting one\n"
-           "  --replay-auto           also re-plan each evaluated step with auto (route and wave) as the\n"
-           "                          measuring GPU would and look its plan up among the measured ones\n"
-           "  --parallelism N         SMs of the measuring GPU (default: from the JSON, else 132)\n");
-}
 
 static char *read_all(const char *path) {
     struct stat sb;
@@ -351,7 +337,7 @@ static int load_rows(const char *path, meas_set *set, int32_t parallelism_opt) {
     char *s = read_all(path);
     if (!s) {
         fprintf(stderr, "pkv calibrate: cannot read %s\n", path);
-        return 0;
+        return -1;
     }
     json_file jf;
     memset(&jf, 0, sizeof jf);
@@ -359,7 +345,7 @@ static int load_rows(const char *path, meas_set *set, int32_t parallelism_opt) {
     if (pkv_plan_create(&jf.plan) != PKV_OK) {
         fprintf(stderr, "pkv calibrate: %s\n", pkv_last_error());
         free(s);
-        return 0;
+        return -1;
     }
     json_run(s, set, parallelism_opt, &jf);
     char workload[160] = "";
@@ -387,14 +373,28 @@ static int load_rows(const char *path, meas_set *set, int32_t parallelism_opt) {
     return added;
 }
 
-static void load_list(const char *list, meas_set *set, int32_t par) {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", list);
-    char *save = NULL;
-    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        int n = load_rows(tok, set, par);
-        fprintf(stderr, "pkv calibrate: %d measured rows from %s\n", n, tok);
+/* The rows of every file of the comma-separated list into set; false (with a message) when a file cannot be
+ * read or holds no measured row. */
+static bool load_list(const char *list, meas_set *set, int32_t par) {
+    for (const char *p = list; *p;) {
+        const size_t n = strcspn(p, ",");
+        char *path = (char *)malloc(n + 1);
+        if (!path) {
+            fprintf(stderr, "pkv calibrate: out of memory\n");
+            return false;
+        }
+        memcpy(path, p, n);
+        path[n] = '\0';
+        const int rows = load_rows(path, set, par);
+        if (rows > 0)
+            fprintf(stderr, "pkv calibrate: %d measured rows from %s\n", rows, path);
+        else if (rows == 0)
+            fprintf(stderr, "pkv calibrate: no measured rows in %s (a `pkv bench --json` file has them)\n", path);
+        free(path);
+        if (rows <= 0) return false;
+        p += n + (p[n] == ',');
     }
+    return true;
 }
 
 static void set_free(meas_set *set) {
@@ -661,22 +661,20 @@ static void evaluate(const pkv_cost_model *m, const meas_set *set, const char *l
     free(rows);
 }
 
-/* Live: `pkv bench --calibration-set` with the fit written to out (and --backend, --reps, --json passed on). */
-static int calibrate_live(int argc, char **argv, const char *out) {
-    const char *be = cli_opt(argc, argv, "--backend");
-    const char *reps = cli_opt(argc, argv, "--reps");
-    const char *json = cli_opt(argc, argv, "--json");
+/* Live: `pkv bench --calibration-set` with the fit written to --out (and --backend, --reps, --json passed on),
+ * its messages under pkv calibrate's name. */
+static int calibrate_live(const calibrate_opts *o) {
     char *args[16];
     int n = 0;
     args[n++] = (char *)"--calibration-set";
     args[n++] = (char *)"--calibrate-out";
-    args[n++] = (char *)(out ? out : DEFAULT_POLICY_FILE);
+    args[n++] = (char *)(o->out ? o->out : DEFAULT_POLICY_FILE);
     args[n++] = (char *)"--explain";
     args[n++] = (char *)"--quiet";
-    if (be) args[n++] = (char *)"--backend", args[n++] = (char *)be;
-    if (reps) args[n++] = (char *)"--reps", args[n++] = (char *)reps;
-    if (json) args[n++] = (char *)"--json", args[n++] = (char *)json;
-    return cmd_bench(n, args);
+    if (o->backend) args[n++] = (char *)"--backend", args[n++] = (char *)o->backend;
+    if (o->reps) args[n++] = (char *)"--reps", args[n++] = (char *)o->reps;
+    if (o->json) args[n++] = (char *)"--json", args[n++] = (char *)o->json;
+    return bench_run("pkv calibrate", n, args);
 }
 
 /* The fit's inputs: each candidate row's terms, time and step. */
@@ -726,7 +724,10 @@ static int fit_and_write(const meas_set *set, fit_rows *f, const char *from, con
 /* --from-json: the rows of the files in `from`, fitted, evaluated and written (fit_and_write). */
 static int calibrate_from_json(const char *from, const char *out, int32_t par, bool replay, pkv_cost_model *m) {
     meas_set set = {0};
-    load_list(from, &set, par);
+    if (!load_list(from, &set, par)) {
+        set_free(&set);
+        return 1;
+    }
     const size_t rows = (size_t)(set.n ? set.n : 1);
     fit_rows f = {(double *)malloc(rows * PKV_COST_TERMS * sizeof(double)), (double *)malloc(rows * sizeof(double)),
                   (int32_t *)malloc(rows * sizeof(int32_t)), (const char **)malloc(rows * 2 * sizeof(char *))};
@@ -744,38 +745,28 @@ static int calibrate_from_json(const char *from, const char *out, int32_t par, b
 }
 
 int cmd_calibrate(int argc, char **argv) {
-    static const char *const known[] = {"--out", "--backend", "--reps", "--from-json", "--evaluate", "--policy",
-                                        "--parallelism", "--json", "--replay-auto!", "--help!", NULL};
-    if (cli_flag(argc, argv, "--help")) {
-        usage();
-        return 0;
-    }
-    if (!cli_check_options(argc, argv, known, "calibrate")) return 2;
-    const char *out = cli_opt(argc, argv, "--out");
-    const char *from = cli_opt(argc, argv, "--from-json");
-    const char *eval = cli_opt(argc, argv, "--evaluate");
-    const bool replay = cli_flag(argc, argv, "--replay-auto");
-    const char *policy = cli_opt(argc, argv, "--policy");
-    int32_t par = cli_opt_range(argc, argv, "--parallelism", 0, 0, PKV_MAX_PARALLELISM);
-    if (!from && !eval && !policy) return calibrate_live(argc, argv, out);
+    calibrate_opts o;
+    char err[CLI_ERR_CAP];
+    const cli_parse_status ps = calibrate_options_parse(argc, argv, &o, err, sizeof err);
+    if (ps == CLI_PARSE_HELP) calibrate_usage(stdout);
+    if (ps == CLI_PARSE_BAD) fprintf(stderr, "pkv calibrate: %s\n", err);
+    if (ps != CLI_PARSE_GO_ON) return cli_parse_exit_code(ps);
+    if (o.live) return calibrate_live(&o);
     pkv_cost_model m;
-    if (policy && pkv_cost_model_load(policy, &m) != PKV_OK) {
+    if (o.policy && pkv_cost_model_load(o.policy, &m) != PKV_OK) {
         fprintf(stderr, "pkv calibrate: %s\n", pkv_last_error());
         return 1;
     }
-    if (from) {
-        const int st = calibrate_from_json(from, out, par, replay, &m);
+    if (o.from_json) {
+        const int st = calibrate_from_json(o.from_json, o.out, o.parallelism, o.replay_auto, &m);
         if (st) return st;
     }
-    if (eval) {
-        if (!from && !policy) {
-            fprintf(stderr, "pkv calibrate: --evaluate needs --from-json or --policy\n");
-            return 2;
-        }
+    if (o.evaluate) {
         meas_set set = {0};
-        load_list(eval, &set, par);
-        evaluate(&m, &set, "held-out: ", replay);
+        const bool loaded = load_list(o.evaluate, &set, o.parallelism);
+        if (loaded) evaluate(&m, &set, "held-out: ", o.replay_auto);
         set_free(&set);
+        if (!loaded) return 1;
     }
     return 0;
 }

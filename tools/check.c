@@ -2,40 +2,28 @@
  * random problems (G, head dim, page size, layout, dtype, lengths including 0 and 1, scattered
  * pages, NaN in every KV slot no row may read), outputs poisoned before each run. */
 #include "cli.h"
+#include "options.h"
 #include "pkv_lab.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-static void usage(void) {
-    printf("usage: pkv check [options]\n"
-           "  --backend best|cpu|cuda   (default best)\n"
-           "  --count N                 random problems (default 50; every third with K and V interleaved per page,\n"
-           "                            every fourth with a sliding window, every fifth with a logits soft cap)\n"
-           "  --seed S                  (default 1)\n"
-           "  --max-len N               typical row length bound (default 3000)\n"
-           "  --threads N               CPU backend threads\n");
-}
-
 int cmd_check(int argc, char **argv) {
-    static const char *const known[] = {"--backend", "--count", "--seed", "--max-len", "--threads", "--help!", NULL};
-    if (cli_flag(argc, argv, "--help")) {
-        usage();
-        return 0;
-    }
-    if (!cli_check_options(argc, argv, known, "check")) return 2;
-    pkv_context_config cc;
-    pkv_context_config_default(&cc);
-    if (!cli_context_config(argc, argv, "check", &cc)) return 2;
-    const int count = cli_opt_range(argc, argv, "--count", 50, 1, 10000000);
-    const int32_t max_len = cli_opt_range(argc, argv, "--max-len", 3000, 1, 1 << 22);
+    check_opts o;
+    char err[CLI_ERR_CAP];
+    const cli_parse_status ps = check_options_parse(argc, argv, &o, err, sizeof err);
+    if (ps == CLI_PARSE_HELP) check_usage(stdout);
+    if (ps == CLI_PARSE_BAD) fprintf(stderr, "pkv check: %s\n", err);
+    if (ps != CLI_PARSE_GO_ON) return cli_parse_exit_code(ps);
+    const int count = o.count;
+    const int32_t max_len = o.max_len;
     pkv_context *ctx = NULL;
-    if (pkv_context_create(&cc, &ctx) != PKV_OK) {
+    if (pkv_context_create(&o.cc, &ctx) != PKV_OK) {
         fprintf(stderr, "pkv check: %s\n", pkv_last_error());
         return 1;
     }
     pkv_rng rng;
-    pkv_rng_seed(&rng, (uint64_t)cli_opt_int(argc, argv, "--seed", 1));
+    pkv_rng_seed(&rng, o.seed);
     static const int32_t groups[] = {1, 2, 4, 7, 8, 16}, dims[] = {64, 128, 256}, pages[] = {1, 16, 64},
                          hkv[] = {1, 2, 4};
     static const pkv_layout layouts[] = {PKV_LAYOUT_NHD, PKV_LAYOUT_HND};
@@ -69,7 +57,10 @@ int cmd_check(int argc, char **argv) {
         }
         if (built && n % 5 == 3) pkv_test_random_cap(&rng, &tc.problem); /* a cap that binds */
         if (!built || pkv_test_case_reference(&tc) != PKV_OK) {
-            fprintf(stderr, "pkv check: cannot build case %d\n", n);
+            fprintf(stderr, "pkv check: cannot build case %d: %s\n", n, pkv_last_error());
+            if (built) pkv_test_case_free(&tc);
+            pkv_plan_free(plan);
+            pkv_context_free(ctx);
             return 1;
         }
         const pkv_problem *p = &tc.problem;

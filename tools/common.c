@@ -1,8 +1,7 @@
-/* common.c - shapes, anchor steps and option helpers of the pkv tool. */
+/* common.c - shapes, anchor steps and helpers of the pkv tool (the options: options.c). */
 #define _POSIX_C_SOURCE 200809L
 #include "cli.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,23 +20,6 @@ static const pkv_shape shapes[] = {
 const pkv_shape *cli_shapes(int *count) {
     *count = (int)(sizeof shapes / sizeof shapes[0]);
     return shapes;
-}
-
-/* A named shape, or any model's as HQ:HKV:D (query heads, KV heads, head dim; fp16 unless --dtype says
- * otherwise; the library checks it when the step is planned).  The returned shape of the second form is
- * the last one parsed. */
-const pkv_shape *cli_shape_find(const char *name) {
-    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++)
-        if (strcmp(shapes[i].name, name) == 0) return &shapes[i];
-    static char custom_name[40];
-    static pkv_shape custom;
-    int hq = 0, hkv = 0, d = 0, used = 0;
-    if (sscanf(name, "%d:%d:%d%n", &hq, &hkv, &d, &used) != 3 || name[used] != '\0' || hq <= 0 || hkv <= 0 ||
-        d <= 0)
-        return NULL;
-    snprintf(custom_name, sizeof custom_name, "%d:%d:%d", hq, hkv, d);
-    custom = (pkv_shape){custom_name, hq, hkv, d, PKV_DTYPE_FP16, "given as HQ:HKV:D"};
-    return &custom;
 }
 
 /* Anchor steps in the order of anchors.md.  kind: 0 uniform, 1 bimodal, 2 zipf (drawn), 3 fixed. */
@@ -111,101 +93,6 @@ void cli_anchor_get(int i, pkv_anchor *a) {
     }
 }
 
-const char *cli_opt(int argc, char **argv, const char *name) {
-    for (int i = 0; i + 1 < argc; i++)
-        if (strcmp(argv[i], name) == 0) return argv[i + 1];
-    return NULL;
-}
-
-bool cli_flag(int argc, char **argv, const char *name) {
-    for (int i = 0; i < argc; i++)
-        if (strcmp(argv[i], name) == 0) return true;
-    return false;
-}
-
-bool cli_check_options(int argc, char **argv, const char *const *known, const char *cmd) {
-    for (int i = 0; i < argc; i++) {
-        if (strncmp(argv[i], "--", 2) != 0) {
-            fprintf(stderr, "pkv %s: unexpected argument '%s' (see pkv %s --help)\n", cmd, argv[i], cmd);
-            return false;
-        }
-        bool found = false, takes_value = true;
-        for (const char *const *k = known; *k; k++) {
-            size_t n = strlen(*k);
-            bool is_flag = n > 0 && (*k)[n - 1] == '!';
-            size_t len = is_flag ? n - 1 : n;
-            if (strlen(argv[i]) == len && strncmp(argv[i], *k, len) == 0) {
-                found = true;
-                takes_value = !is_flag;
-                break;
-            }
-        }
-        if (!found) {
-            fprintf(stderr, "pkv %s: unknown option '%s' (see pkv %s --help)\n", cmd, argv[i], cmd);
-            return false;
-        }
-        if (takes_value) {
-            if (i + 1 >= argc) {
-                fprintf(stderr, "pkv %s: option '%s' needs a value\n", cmd, argv[i]);
-                return false;
-            }
-            i++;
-        }
-    }
-    return true;
-}
-
-int64_t cli_opt_int(int argc, char **argv, const char *name, int64_t def) {
-    const char *v = cli_opt(argc, argv, name);
-    if (!v) return def;
-    char *end = NULL;
-    errno = 0;
-    long long x = strtoll(v, &end, 10);
-    if (!end || end == v || *end || errno == ERANGE) {
-        fprintf(stderr, "pkv: option %s expects an integer, got '%s'\n", name, v);
-        exit(2);
-    }
-    return x;
-}
-
-int32_t cli_opt_range(int argc, char **argv, const char *name, int64_t def, int64_t lo, int64_t hi) {
-    const int64_t x = cli_opt_int(argc, argv, name, def);
-    if (x < lo || x > hi) {
-        fprintf(stderr, "pkv: option %s takes a value in [%lld, %lld], got %lld\n", name, (long long)lo, (long long)hi,
-                (long long)x);
-        exit(2);
-    }
-    return (int32_t)x;
-}
-
-bool cli_context_config(int argc, char **argv, const char *cmd, pkv_context_config *cc) {
-    const char *be = cli_opt(argc, argv, "--backend");
-    if (be && strcmp(be, "cpu") == 0)
-        cc->backend = PKV_BACKEND_CPU;
-    else if (be && strcmp(be, "cuda") == 0)
-        cc->backend = PKV_BACKEND_CUDA;
-    else if (be && strcmp(be, "best") == 0)
-        cc->backend = PKV_BACKEND_BEST;
-    else if (be) {
-        fprintf(stderr, "pkv %s: unknown backend '%s' (best, cpu or cuda)\n", cmd, be);
-        return false;
-    }
-    cc->num_threads = cli_opt_range(argc, argv, "--threads", 0, 0, 1024);
-    return true;
-}
-
-double cli_opt_double(int argc, char **argv, const char *name, double def) {
-    const char *v = cli_opt(argc, argv, name);
-    if (!v) return def;
-    char *end = NULL;
-    double x = strtod(v, &end);
-    if (!end || end == v || *end || !isfinite(x)) {
-        fprintf(stderr, "pkv: option %s expects a finite number, got '%s'\n", name, v);
-        exit(2);
-    }
-    return x;
-}
-
 double cli_now_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -236,22 +123,6 @@ void cli_fill_random(uint16_t *buf, int64_t n, pkv_dtype dtype, uint64_t seed) {
         float f = (float)(pkv_rng_uniform01(&r) * 2.0 - 1.0);
         buf[i] = dtype == PKV_DTYPE_BF16 ? pkv_float_to_bf16(f) : pkv_float_to_half(f);
     }
-}
-
-bool cli_trace_config(int argc, char **argv, const char *family_option, const char *cmd, pkv_trace_config *c) {
-    pkv_trace_family fam;
-    const char *name = cli_opt(argc, argv, family_option);
-    if (pkv_trace_family_parse(name ? name : "bimodal", &fam) != PKV_OK) {
-        fprintf(stderr, "pkv %s: %s\n", cmd, pkv_last_error());
-        return false;
-    }
-    pkv_trace_config_default(c, fam);
-    c->seed = (uint64_t)cli_opt_int(argc, argv, "--seed", (int64_t)c->seed);
-    c->max_active = cli_opt_range(argc, argv, "--batch", c->max_active, 1, 1 << 20);
-    if (cli_opt(argc, argv, "--batch") && !cli_opt(argc, argv, "--requests")) c->num_requests = 3 * c->max_active;
-    c->num_requests = cli_opt_range(argc, argv, "--requests", c->num_requests, 1, 1 << 24);
-    c->page_size = cli_opt_range(argc, argv, "--page-size", c->page_size, 1, 256);
-    return true;
 }
 
 int32_t cli_step_id(const char **keys, int32_t *n, const char *a, const char *b) {

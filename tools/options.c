@@ -1,0 +1,638 @@
+/* options.c - the option parsers and usages of `pkv bench`, `pkv trace`, `pkv check` and
+ * `pkv calibrate` (options.h): one pass over argv against the command's table of options, then each
+ * value checked in a fixed order, so a command line with several bad options always gets the same
+ * message.  Nothing here prints (but the usages), exits, opens a file or keeps static state. */
+#define _POSIX_C_SOURCE 200809L
+#include "options.h"
+
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_REPS 1000000
+#define DEFAULT_ROTATE_GIB 2.0 /* far more than a GPU's L2: no page of a step is still cached when it comes back */
+#define MAX_ROTATE_GIB 1024.0
+#define DEFAULT_PAGE_SIZE 16
+#define MAX_PAGE_SIZE 256
+#define MAX_TOKENS_OPT (1 << 30) /* --window and --min-chunk: a row's length at most */
+#define MAX_THREADS 1024
+#define MAX_TRACE_BATCH (1 << 20)
+#define MAX_TRACE_REQUESTS (1 << 24)
+#define MAX_HOLES 0.9 /* the trace generator's */
+#define CHECK_DEFAULT_COUNT 50
+#define CHECK_MAX_COUNT 10000000
+#define CHECK_DEFAULT_MAX_LEN 3000
+#define CHECK_MAX_MAX_LEN (1 << 22)
+#define TRACE_DEFAULT_SHOW 8
+#define MAX_OPTIONS 64 /* the most options of one command */
+#define SHOWN 48       /* the most characters of a user's value quoted in a message */
+
+int cli_parse_exit_code(cli_parse_status status) {
+    return status == CLI_PARSE_GO_ON ? -1 : status == CLI_PARSE_HELP ? 0 : 2;
+}
+
+/* Writes the message into err (when there is room) and returns CLI_PARSE_BAD. */
+static cli_parse_status bad(char *err, size_t cap, const char *fmt, ...) {
+    if (err && cap) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, cap, fmt, ap);
+        va_end(ap);
+    }
+    return CLI_PARSE_BAD;
+}
+
+/* ---- one pass over argv --------------------------------------------------------------------------- */
+/* A command's options: names, flags ending in '!'. */
+typedef struct opt_set {
+    const char *const *known;
+    int n;
+    const char *val[MAX_OPTIONS]; /* the last value of each option; a flag given: "" */
+} opt_set;
+
+static bool wants_help(int argc, char **argv) {
+    for (int i = 0; i < argc; i++)
+        if (argv[i] && (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0)) return true;
+    return false;
+}
+
+/* Every argument a known option (and its value). */
+static cli_parse_status scan(int argc, char **argv, const char *const *known, const char *cmd, opt_set *s, char *err,
+                             size_t cap) {
+    memset(s, 0, sizeof *s);
+    s->known = known;
+    while (known[s->n] && s->n < MAX_OPTIONS) s->n++;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (!a) return bad(err, cap, "argument %d is NULL", i + 1);
+        if (strncmp(a, "--", 2) != 0) return bad(err, cap, "unexpected argument '%.*s' (see pkv %s --help)", SHOWN, a, cmd);
+        int k = 0;
+        size_t len = 0;
+        for (; k < s->n; k++) {
+            len = strlen(known[k]);
+            if (len && known[k][len - 1] == '!') len--;
+            if (strlen(a) == len && strncmp(a, known[k], len) == 0) break;
+        }
+        if (k == s->n) return bad(err, cap, "unknown option '%.*s' (see pkv %s --help)", SHOWN, a, cmd);
+        if (known[k][len] == '!') {
+            s->val[k] = "";
+            continue;
+        }
+        if (i + 1 >= argc || !argv[i + 1]) return bad(err, cap, "option %s needs a value", a);
+        s->val[k] = argv[++i];
+    }
+    return CLI_PARSE_GO_ON;
+}
+
+/* The value of option name (flags: "" when given), or NULL. */
+static const char *get(const opt_set *s, const char *name) {
+    const size_t n = strlen(name);
+    for (int k = 0; k < s->n; k++)
+        if (strncmp(s->known[k], name, n) == 0 && (s->known[k][n] == '\0' || s->known[k][n] == '!')) return s->val[k];
+    return NULL;
+}
+
+/* ---- values --------------------------------------------------------------------------------------- */
+/* An integer in [lo, hi] (def when absent). */
+static cli_parse_status int_opt(const opt_set *s, const char *name, int64_t def, int64_t lo, int64_t hi, int64_t *out,
+                                char *err, size_t cap) {
+    const char *v = get(s, name);
+    *out = def;
+    if (!v) return CLI_PARSE_GO_ON;
+    char *end = NULL;
+    errno = 0;
+    const long long x = strtoll(v, &end, 10);
+    if (!end || end == v || *end) return bad(err, cap, "option %s expects an integer, got '%.*s'", name, SHOWN, v);
+    if (errno == ERANGE || x < lo || x > hi)
+        return bad(err, cap, "option %s takes a value in [%lld, %lld], got %.*s", name, (long long)lo, (long long)hi,
+                   SHOWN, v);
+    *out = x;
+    return CLI_PARSE_GO_ON;
+}
+
+/* int_opt into an int32 (lo and hi within int32). */
+static cli_parse_status i32_opt(const opt_set *s, const char *name, int64_t def, int64_t lo, int64_t hi, int32_t *out,
+                                char *err, size_t cap) {
+    int64_t x = def;
+    const cli_parse_status st = int_opt(s, name, def, lo, hi, &x, err, cap);
+    *out = (int32_t)x;
+    return st;
+}
+
+/* A seed: any unsigned 64-bit integer. */
+static cli_parse_status seed_opt(const opt_set *s, const char *name, uint64_t def, uint64_t *out, char *err,
+                                 size_t cap) {
+    const char *v = get(s, name);
+    *out = def;
+    if (!v) return CLI_PARSE_GO_ON;
+    char *end = NULL;
+    errno = 0;
+    const unsigned long long x = strtoull(v, &end, 10);
+    if (!end || end == v || *end || strchr(v, '-') || errno == ERANGE)
+        return bad(err, cap, "option %s takes an integer in [0, 2^64), got '%.*s'", name, SHOWN, v);
+    *out = x;
+    return CLI_PARSE_GO_ON;
+}
+
+/* A finite number in [lo, hi] (def when absent). */
+static cli_parse_status double_opt(const opt_set *s, const char *name, double def, double lo, double hi, double *out,
+                                   char *err, size_t cap) {
+    const char *v = get(s, name);
+    *out = def;
+    if (!v) return CLI_PARSE_GO_ON;
+    char *end = NULL;
+    const double x = strtod(v, &end);
+    if (!end || end == v || *end || !isfinite(x))
+        return bad(err, cap, "option %s expects a finite number, got '%.*s'", name, SHOWN, v);
+    if (!(x >= lo && x <= hi)) return bad(err, cap, "option %s takes a value in [%g, %g], got %.*s", name, lo, hi, SHOWN, v);
+    *out = x;
+    return CLI_PARSE_GO_ON;
+}
+
+/* A path: not empty. */
+static cli_parse_status path_opt(const opt_set *s, const char *name, const char **out, char *err, size_t cap) {
+    *out = get(s, name);
+    if (*out && !**out) return bad(err, cap, "option %s needs a path, got ''", name);
+    return CLI_PARSE_GO_ON;
+}
+
+/* A comma-separated list of paths: no empty element. */
+static cli_parse_status list_opt(const opt_set *s, const char *name, const char **out, char *err, size_t cap) {
+    *out = get(s, name);
+    if (!*out) return CLI_PARSE_GO_ON;
+    const char *v = *out;
+    if (!*v || *v == ',' || v[strlen(v) - 1] == ',' || strstr(v, ",,"))
+        return bad(err, cap, "option %s expects comma-separated paths, got '%.*s'", name, SHOWN, v);
+    return CLI_PARSE_GO_ON;
+}
+
+/* --backend and --threads into cc. */
+static cli_parse_status context_opts(const opt_set *s, pkv_context_config *cc, char *err, size_t cap) {
+    pkv_context_config_default(cc);
+    const char *be = get(s, "--backend");
+    if (be && strcmp(be, "cpu") == 0)
+        cc->backend = PKV_BACKEND_CPU;
+    else if (be && strcmp(be, "cuda") == 0)
+        cc->backend = PKV_BACKEND_CUDA;
+    else if (be && strcmp(be, "best") == 0)
+        cc->backend = PKV_BACKEND_BEST;
+    else if (be)
+        return bad(err, cap, "unknown backend '%.*s' (best, cpu or cuda)", SHOWN, be);
+    /* 0 would be the library's "every core": the default, said by leaving --threads out */
+    return i32_opt(s, "--threads", 0, 1, MAX_THREADS, &cc->num_threads, err, cap);
+}
+
+/* --seed, --batch (then 3 x B requests), --requests into c (the family's defaults for the rest). */
+static cli_parse_status trace_config_opts(const opt_set *s, const char *family_option, pkv_trace_config *c, char *err,
+                                          size_t cap) {
+    const char *name = get(s, family_option);
+    pkv_trace_family fam = PKV_TRACE_BIMODAL;
+    if (name && pkv_trace_family_parse(name, &fam) != PKV_OK)
+        return bad(err, cap, "unknown trace family '%.*s' (uniform, bimodal, zipf, bucketed, homogeneous)", SHOWN,
+                   name);
+    pkv_trace_config_default(c, fam);
+    cli_parse_status st = seed_opt(s, "--seed", c->seed, &c->seed, err, cap);
+    if (st == CLI_PARSE_GO_ON) st = i32_opt(s, "--batch", c->max_active, 1, MAX_TRACE_BATCH, &c->max_active, err, cap);
+    if (st == CLI_PARSE_GO_ON && get(s, "--batch")) c->num_requests = 3 * c->max_active;
+    if (st == CLI_PARSE_GO_ON)
+        st = i32_opt(s, "--requests", c->num_requests, 1, MAX_TRACE_REQUESTS, &c->num_requests, err, cap);
+    return st;
+}
+
+/* ---- pkv bench ------------------------------------------------------------------------------------ */
+void bench_usage(FILE *f) {
+    fprintf(
+        f,
+        "usage: pkv bench [options]\n"
+        "Replays a trace, the anchor steps or one isolated step and prints a Markdown table.\n\n"
+        "backend and route:\n"
+        "  --backend best|cpu|cuda   (default best: cuda when a GPU is present)\n"
+        "  --route R|all             auto, single, split, bucketed, workqueue, fused or all (default all)\n"
+        "  --threads N               CPU backend threads, 1..1024 (default: every core)\n"
+        "problem:\n"
+        "  --shape NAME|HQ:HKV:D     paper (default), g8, g7, mha, d256, d64, g16, or any model's query heads,\n"
+        "                            KV heads and head dim (e.g. 48:4:64; fp16 unless --dtype; head dim 64, 128\n"
+        "                            or 256, HQ a multiple of HKV, G = HQ / HKV at most 16)\n"
+        "  --dtype fp16|bf16         (default: the shape's)\n"
+        "  --layout nhd|hnd          (default nhd)\n"
+        "  --page-size N             1..256 (default 16)\n"
+        "  --window W                sliding window: each row attends to its last W tokens (default 0: all)\n"
+        "  --soft-cap C              logits soft cap (Gemma-2: 50; default 0: none)\n"
+        "workload (one of; default: --trace bimodal):\n"
+        "  --trace FAMILY            uniform, bimodal, zipf, bucketed, homogeneous\n"
+        "      --seed S --batch B --requests N\n"
+        "  --trace-file PATH         a trace written by `pkv trace --out`\n"
+        "      (either trace) --steps N (CPU default 2; 0: all) --step S (one step only)\n"
+        "  --anchor NAME|all         the anchor steps of anchors.md (paper shape); all 26 on a CPU take about\n"
+        "                            half an hour and 9 GB of memory (README)\n"
+        "  --lens N1,N2,...          one isolated step with these lengths (0..2^30 each, at most 4096)\n"
+        "  --calibration-set         the calibration traces (seed 20260622, five families, several B)\n"
+        "  --heldout-set             the held-out traces (seeds 20260623..27, five families, B 1..128)\n"
+        "      --set-batches B1,B2.. (1..4096, at most 16) --set-seeds N (first N of the five)\n"
+        "measuring:\n"
+        "  --reps N --warmup N --wall-reps N   (CUDA defaults 100 / 10 / 20; CPU 2 / 0 / 2)\n"
+        "  --rotate-gib X            KV rotated over at least X GiB (default 2)\n"
+        "  --kv-interleaved          K and V of each page side by side in one pool (kv_page_stride)\n"
+        "  --ctas-per-unit N         planner: tasks per SM in one wave (default: the backend's)\n"
+        "  --min-chunk N             planner: smallest split in tokens (default 128)\n"
+        "  --graph-max-batch N|pow2  graph-stable plans (CUDA-graph serving) for batches of up to N rows (pow2: the\n"
+        "                            step's batch rounded up to a power of two); routes auto and workqueue only\n"
+        "  --graph-tasks N           graph-stable plans: CTAs of the task grid (default: the most tasks the planner\n"
+        "                            gives a batch of that capacity)\n"
+        "  --parallelism N           planner: plan as for N SMs (default: the backend's SMs or threads;\n"
+        "                            e.g. 132 on the CPU backend to run the plans an H200 would get)\n"
+        "  --explain                 each route's predicted time (cost model) next to its measured time\n"
+        "  --policy FILE             cost model for auto and --explain (default: the context's: PKV_POLICY, else the\n"
+        "                            CUDA backend's device defaults; the CPU backend has none: auto uses its rule)\n"
+        "  --calibrate-out FILE      fit the cost model to this run's measurements and write a policy file\n"
+        "  --behind-producer         also time each step behind a kernel that writes its q (a model layer's order):\n"
+        "                            producer alone and producer + step, with a producer that does not and one that\n"
+        "                            does trigger its programmatic dependents\n"
+        "  --pdl 0|1                 launch the step's kernels as programmatic dependents of the kernel before them\n"
+        "                            (pkv_context_config.pdl; default 1)\n"
+        "  --no-check                skip the comparison with the float64 reference\n"
+        "  --per-step                print every trace step, not only the per-route summary\n"
+        "  --quiet                   no progress lines on stderr\n"
+        "  --json PATH               write every metric as JSON\n");
+}
+
+static const char *const bench_known[] = {
+    "--backend",       "--route",         "--threads",          "--shape",       "--dtype",
+    "--layout",        "--page-size",     "--trace",            "--seed",        "--batch",
+    "--requests",      "--steps",         "--step",             "--trace-file",  "--anchor",
+    "--lens",          "--reps",          "--warmup",           "--wall-reps",   "--rotate-gib",
+    "--no-check!",     "--per-step!",     "--json",             "--quiet!",      "--help!",
+    "--ctas-per-unit", "--min-chunk",     "--explain!",         "--policy",      "--calibrate-out",
+    "--calibration-set!", "--heldout-set!", "--set-batches",    "--set-seeds",   "--parallelism",
+    "--kv-interleaved!", "--window",      "--soft-cap",         "--behind-producer!", "--pdl",
+    "--graph-max-batch", "--graph-tasks", NULL};
+
+static void record_cmdline(int argc, char **argv, bench_opts *o) {
+    size_t at = (size_t)snprintf(o->cmdline, sizeof o->cmdline, "pkv bench");
+    for (int i = 0; i < argc && at < sizeof o->cmdline; i++)
+        at += (size_t)snprintf(o->cmdline + at, sizeof o->cmdline - at, " %s", argv[i]);
+}
+
+/* A named shape, or HQ:HKV:D (plain decimal numbers, each at most 5 digits). */
+static bool parse_shape(const char *name, pkv_problem *p, char *shape_name, size_t cap) {
+    int count = 0;
+    const pkv_shape *shapes = cli_shapes(&count);
+    for (int i = 0; i < count; i++)
+        if (strcmp(shapes[i].name, name) == 0) {
+            snprintf(shape_name, cap, "%s", shapes[i].name);
+            p->num_qo_heads = shapes[i].hq;
+            p->num_kv_heads = shapes[i].hkv;
+            p->head_dim = shapes[i].d;
+            p->dtype = shapes[i].dtype;
+            return true;
+        }
+    int32_t v[3] = {0, 0, 0};
+    const char *q = name;
+    for (int k = 0; k < 3; k++) {
+        int digits = 0;
+        while (*q >= '0' && *q <= '9' && digits < 6) v[k] = 10 * v[k] + (*q++ - '0'), digits++;
+        if (digits == 0 || digits > 5 || v[k] <= 0 || *q != (k < 2 ? ':' : '\0')) return false;
+        q++;
+    }
+    snprintf(shape_name, cap, "%d:%d:%d", v[0], v[1], v[2]);
+    p->num_qo_heads = v[0];
+    p->num_kv_heads = v[1];
+    p->head_dim = v[2];
+    p->dtype = PKV_DTYPE_FP16;
+    return true;
+}
+
+/* The problem: --shape, --dtype, --layout, --page-size, --window, --soft-cap; checked by the library. */
+static cli_parse_status bench_problem(const opt_set *s, bench_opts *o, char *err, size_t cap) {
+    const char *shape = get(s, "--shape");
+    pkv_problem_default(&o->prob);
+    if (!parse_shape(shape ? shape : "paper", &o->prob, o->shape_name, sizeof o->shape_name))
+        return bad(err, cap,
+                   "unknown shape '%.*s' (paper, g8, g7, mha, d256, d64, g16, or HQ:HKV:D such as 48:4:64)", SHOWN,
+                   shape);
+    const char *dt = get(s, "--dtype"), *lay = get(s, "--layout");
+    if (dt && strcmp(dt, "bf16") != 0 && strcmp(dt, "fp16") != 0)
+        return bad(err, cap, "--dtype takes fp16 or bf16, got '%.*s'", SHOWN, dt);
+    if (lay && strcmp(lay, "hnd") != 0 && strcmp(lay, "nhd") != 0)
+        return bad(err, cap, "--layout takes nhd or hnd, got '%.*s'", SHOWN, lay);
+    if (dt) o->prob.dtype = strcmp(dt, "bf16") == 0 ? PKV_DTYPE_BF16 : PKV_DTYPE_FP16;
+    if (lay) o->prob.layout = strcmp(lay, "hnd") == 0 ? PKV_LAYOUT_HND : PKV_LAYOUT_NHD;
+    cli_parse_status st = i32_opt(s, "--page-size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE, &o->prob.page_size, err, cap);
+    if (st == CLI_PARSE_GO_ON) st = i32_opt(s, "--window", 0, 0, MAX_TOKENS_OPT, &o->prob.window, err, cap);
+    double soft_cap = 0;
+    if (st == CLI_PARSE_GO_ON) st = double_opt(s, "--soft-cap", 0.0, 0.0, FLT_MAX, &soft_cap, err, cap);
+    if (st != CLI_PARSE_GO_ON) return st;
+    o->prob.logits_soft_cap = (float)soft_cap;
+    /* the library's own checks, now rather than when the first step is planned */
+    const int32_t indptr[1] = {0};
+    const pkv_page_table empty = {0, indptr, NULL, NULL};
+    if (pkv_check_page_table(&o->prob, &empty) != PKV_OK)
+        return bad(err, cap, "--shape %s (%s): %s", o->shape_name, o->prob.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16",
+                   pkv_last_error());
+    return CLI_PARSE_GO_ON;
+}
+
+/* --route: one route, or every route (auto first). */
+static cli_parse_status bench_routes(const opt_set *s, bench_opts *o, char *err, size_t cap) {
+    const char *route = get(s, "--route");
+    if (!route || strcmp(route, "all") == 0) {
+        static const pkv_route all[BENCH_MAX_ROUTES] = {PKV_ROUTE_AUTO,     PKV_ROUTE_SINGLE,    PKV_ROUTE_SPLIT,
+                                                        PKV_ROUTE_BUCKETED, PKV_ROUTE_WORKQUEUE, PKV_ROUTE_FUSED};
+        memcpy(o->routes, all, sizeof all);
+        o->nroutes = BENCH_MAX_ROUTES;
+        return CLI_PARSE_GO_ON;
+    }
+    if (pkv_route_parse(route, &o->routes[0]) != PKV_OK)
+        return bad(err, cap, "unknown route '%.*s' (auto, single, split, bucketed, workqueue, fused or all)", SHOWN,
+                   route);
+    o->nroutes = 1;
+    return CLI_PARSE_GO_ON;
+}
+
+/* How to measure: repetitions, the rotation, the files, the flags and the planner's options. */
+static cli_parse_status bench_measuring(const opt_set *s, bench_opts *o, char *err, size_t cap) {
+    int32_t v[3] = {BENCH_DEFAULT, BENCH_DEFAULT, BENCH_DEFAULT};
+    cli_parse_status st = i32_opt(s, "--reps", BENCH_DEFAULT, 1, MAX_REPS, &v[0], err, cap);
+    if (st == CLI_PARSE_GO_ON) st = i32_opt(s, "--warmup", BENCH_DEFAULT, 0, MAX_REPS, &v[1], err, cap);
+    if (st == CLI_PARSE_GO_ON) st = i32_opt(s, "--wall-reps", BENCH_DEFAULT, 1, MAX_REPS, &v[2], err, cap);
+    double rotate_gib = 0;
+    if (st == CLI_PARSE_GO_ON)
+        st = double_opt(s, "--rotate-gib", DEFAULT_ROTATE_GIB, 0.0, MAX_ROTATE_GIB, &rotate_gib, err, cap);
+    if (st == CLI_PARSE_GO_ON) st = path_opt(s, "--json", &o->json, err, cap);
+    if (st == CLI_PARSE_GO_ON) st = path_opt(s, "--policy", &o->policy, err, cap);
+    if (st == CLI_PARSE_GO_ON) st = path_opt(s, "--calibrate-out", &o->calibrate_out, err, cap);
+    if (st == CLI_PARSE_GO_ON)
+        st = i32_opt(s, "--ctas-per-unit", 0, 0, PKV_MAX_PER_UNIT, &o->ctas_per_unit, err, cap);
+    if (st == CLI_PARSE_GO_ON) st = i32_opt(s, "--min-chunk", 0, 0, MAX_TOKENS_OPT, &o->min_chunk, err, cap);
+    if (st == CLI_PARSE_GO_ON) st = i32_opt(s, "--parallelism", 0, 0, PKV_MAX_PARALLELISM, &o->parallelism, err, cap);
+    const char *gmb = get(s, "--graph-max-batch");
+    if (st == CLI_PARSE_GO_ON && gmb && strcmp(gmb, "pow2") == 0)
+        o->graph_max_batch = -1;
+    else if (st == CLI_PARSE_GO_ON)
+        st = i32_opt(s, "--graph-max-batch", 0, 0, PKV_MAX_BATCH, &o->graph_max_batch, err, cap);
+    if (st == CLI_PARSE_GO_ON) st = i32_opt(s, "--graph-tasks", 0, 0, INT32_MAX / 2, &o->graph_tasks, err, cap);
+    if (st != CLI_PARSE_GO_ON) return st;
+    o->reps = v[0], o->warmup = v[1], o->wall_reps = v[2];
+    o->rotate_bytes = (int64_t)(rotate_gib * (double)(1 << 30));
+    o->check = !get(s, "--no-check");
+    o->kv_interleaved = get(s, "--kv-interleaved") != NULL;
+    o->behind = get(s, "--behind-producer") != NULL;
+    o->per_step = get(s, "--per-step") != NULL;
+    o->quiet = get(s, "--quiet") != NULL;
+    o->explain = get(s, "--explain") != NULL;
+    return CLI_PARSE_GO_ON;
+}
+
+/* --lens N1,N2,...: each length in [0, 2^30], at most BENCH_MAX_LENS of them, their pages (of the
+ * problem's size) at most a page table's 2^31 - 1. */
+static cli_parse_status bench_lens(const char *lens, bench_opts *o, char *err, size_t cap) {
+    o->lens_arg = lens;
+    const char *p = lens;
+    int64_t pages = 0;
+    for (;;) {
+        if (o->nlens == BENCH_MAX_LENS) return bad(err, cap, "--lens takes at most %d lengths", BENCH_MAX_LENS);
+        char *end = NULL;
+        errno = 0;
+        const long long v = strtoll(p, &end, 10);
+        if (end == p) {
+            const size_t n = strcspn(p, ",");
+            return bad(err, cap, "--lens expects comma-separated lengths (e.g. 300,2000); length %d is '%.*s'",
+                       o->nlens + 1, (int)(n < SHOWN ? n : SHOWN), p);
+        }
+        if (v < 0)
+            return bad(err, cap, "--lens: length %d is %.*s, a length is at least 0", o->nlens + 1,
+                       (int)(end - p < SHOWN ? end - p : SHOWN), p);
+        if (errno == ERANGE || v > BENCH_MAX_LEN)
+            return bad(err, cap, "--lens: length %d is %.*s, above the longest row the library takes (2^30 = %d)",
+                       o->nlens + 1, (int)(end - p < SHOWN ? end - p : SHOWN), p, BENCH_MAX_LEN);
+        o->lens[o->nlens++] = (int32_t)v;
+        pages += (v + o->prob.page_size - 1) / o->prob.page_size;
+        if (*end == '\0') break;
+        if (*end != ',')
+            return bad(err, cap, "--lens expects comma-separated lengths (e.g. 300,2000); '%c' after length %d",
+                       *end, o->nlens);
+        p = end + 1;
+    }
+    if (pages > INT32_MAX)
+        return bad(err, cap, "--lens: %lld pages of %d tokens in all, more than a page table holds (2^31 - 1)",
+                   (long long)pages, o->prob.page_size);
+    return CLI_PARSE_GO_ON;
+}
+
+/* --set-batches B1,B2,...: each in [1, BENCH_MAX_SET_BATCH], at most BENCH_MAX_SET_BATCHES. */
+static cli_parse_status bench_set_batches(const char *v, bench_opts *o, char *err, size_t cap) {
+    const char *p = v;
+    for (;;) {
+        if (o->nset_batches == BENCH_MAX_SET_BATCHES)
+            return bad(err, cap, "--set-batches takes at most %d batch sizes", BENCH_MAX_SET_BATCHES);
+        char *end = NULL;
+        errno = 0;
+        const long long b = strtoll(p, &end, 10);
+        if (end == p || errno == ERANGE || b < 1 || b > BENCH_MAX_SET_BATCH || (*end && *end != ','))
+            return bad(err, cap, "--set-batches expects comma-separated batch sizes in [1, %d], got '%.*s'",
+                       BENCH_MAX_SET_BATCH, SHOWN, v);
+        o->set_batches[o->nset_batches++] = (int32_t)b;
+        if (!*end) return CLI_PARSE_GO_ON;
+        p = end + 1;
+    }
+}
+
+/* The workload: one of --anchor, --lens, --trace, --trace-file, --calibration-set, --heldout-set, with
+ * only the options that apply to it. */
+static cli_parse_status bench_workload(const opt_set *s, bench_opts *o, char *err, size_t cap) {
+    static const char *const kinds[] = {"--trace",           "--trace-file",    "--anchor",
+                                        "--lens",            "--calibration-set", "--heldout-set"};
+    const char *given = NULL;
+    o->workload = BENCH_WORKLOAD_TRACE;
+    for (int k = 0; k < (int)(sizeof kinds / sizeof kinds[0]); k++) {
+        if (!get(s, kinds[k])) continue;
+        if (given) return bad(err, cap, "%s and %s each name a workload: give one", given, kinds[k]);
+        given = kinds[k];
+        o->workload = (bench_workload_kind)k;
+    }
+    /* options of other workloads are refused, not silently ignored */
+    static const struct {
+        const char *option;
+        unsigned kinds; /* bits of bench_workload_kind */
+        const char *applies;
+    } scope[] = {
+        {"--seed", 1u << BENCH_WORKLOAD_TRACE, "--trace"},
+        {"--batch", 1u << BENCH_WORKLOAD_TRACE, "--trace"},
+        {"--requests", 1u << BENCH_WORKLOAD_TRACE, "--trace"},
+        {"--steps", 1u << BENCH_WORKLOAD_TRACE | 1u << BENCH_WORKLOAD_TRACE_FILE, "--trace or --trace-file"},
+        {"--step", 1u << BENCH_WORKLOAD_TRACE | 1u << BENCH_WORKLOAD_TRACE_FILE, "--trace or --trace-file"},
+        {"--set-batches", 1u << BENCH_WORKLOAD_HELDOUT_SET, "--heldout-set"},
+        {"--set-seeds", 1u << BENCH_WORKLOAD_HELDOUT_SET, "--heldout-set"},
+    };
+    for (size_t k = 0; k < sizeof scope / sizeof scope[0]; k++)
+        if (get(s, scope[k].option) && !(scope[k].kinds & (1u << o->workload)))
+            return bad(err, cap, "%s applies to %s, not to %s", scope[k].option, scope[k].applies,
+                       given ? given : "the default trace");
+    cli_parse_status st = trace_config_opts(s, "--trace", &o->trace, err, cap);
+    o->trace.page_size = o->prob.page_size;
+    if (st == CLI_PARSE_GO_ON) st = i32_opt(s, "--steps", BENCH_DEFAULT, 0, INT32_MAX, &o->steps, err, cap);
+    if (st == CLI_PARSE_GO_ON) st = i32_opt(s, "--step", -1, 0, INT32_MAX, &o->step, err, cap);
+    if (st == CLI_PARSE_GO_ON) st = path_opt(s, "--trace-file", &o->trace_file, err, cap);
+    int64_t seeds = BENCH_HELDOUT_SEEDS;
+    if (st == CLI_PARSE_GO_ON) st = int_opt(s, "--set-seeds", BENCH_HELDOUT_SEEDS, 1, BENCH_HELDOUT_SEEDS, &seeds, err, cap);
+    if (st != CLI_PARSE_GO_ON) return st;
+    o->set_seeds = (int)seeds;
+    const char *sb = get(s, "--set-batches");
+    if (sb && (st = bench_set_batches(sb, o, err, cap)) != CLI_PARSE_GO_ON) return st;
+    const char *anchor = get(s, "--anchor");
+    if (anchor) {
+        o->anchor = strcmp(anchor, "all") == 0 ? -1 : cli_anchor_find(anchor);
+        if (o->anchor == -1 && strcmp(anchor, "all") != 0)
+            return bad(err, cap, "unknown anchor '%.*s' (all, or one of anchors.md: B1_N2048 .. B64_homo32K)", SHOWN,
+                       anchor);
+    }
+    const char *lens = get(s, "--lens");
+    if (lens) return bench_lens(lens, o, err, cap);
+    return CLI_PARSE_GO_ON;
+}
+
+cli_parse_status bench_options_parse(int argc, char **argv, bench_opts *o, char *err, size_t cap) {
+    memset(o, 0, sizeof *o);
+    if (err && cap) err[0] = '\0';
+    if (wants_help(argc, argv)) return CLI_PARSE_HELP;
+    opt_set s;
+    cli_parse_status st = scan(argc, argv, bench_known, "bench", &s, err, cap);
+    if (st != CLI_PARSE_GO_ON) return st;
+    record_cmdline(argc, argv, o);
+    st = context_opts(&s, &o->cc, err, cap);
+    if (st == CLI_PARSE_GO_ON) st = i32_opt(&s, "--pdl", 1, 0, 1, &o->cc.pdl, err, cap);
+    o->pdl = o->cc.pdl;
+    if (st == CLI_PARSE_GO_ON) st = bench_problem(&s, o, err, cap);
+    if (st == CLI_PARSE_GO_ON) st = bench_routes(&s, o, err, cap);
+    if (st == CLI_PARSE_GO_ON) st = bench_measuring(&s, o, err, cap);
+    if (st == CLI_PARSE_GO_ON) st = bench_workload(&s, o, err, cap);
+    return st;
+}
+
+/* ---- pkv trace ------------------------------------------------------------------------------------ */
+void trace_usage(FILE *f) {
+    fprintf(f, "usage: pkv trace [options]\n"
+               "  --family NAME      uniform, bimodal (default), zipf, bucketed, homogeneous\n"
+               "  --seed S           (default 20260623, the first held-out seed)\n"
+               "  --batch B          max_active rows per step (family default: 8, bucketed 1)\n"
+               "  --requests N       requests (default: family's, or 3 x B when --batch is given)\n"
+               "  --steps N          stop after N steps (default: the family's; 0: when every request is done)\n"
+               "  --page-size N      1..256 (default 16)\n"
+               "  --holes F          fraction of unused pages in the pool, 0..0.9 (default 0)\n"
+               "  --in PATH          read a trace file instead of generating (alone, or with --out and --show)\n"
+               "  --out PATH         write the trace file\n"
+               "  --show N           print the first N steps (default 8; 0 for none, -1 for all)\n");
+}
+
+cli_parse_status trace_options_parse(int argc, char **argv, trace_opts *o, char *err, size_t cap) {
+    static const char *const known[] = {"--family", "--seed", "--batch", "--requests", "--steps", "--page-size",
+                                        "--holes",  "--in",   "--out",   "--show",     "--help!", NULL};
+    memset(o, 0, sizeof *o);
+    if (err && cap) err[0] = '\0';
+    if (wants_help(argc, argv)) return CLI_PARSE_HELP;
+    opt_set s;
+    cli_parse_status st = scan(argc, argv, known, "trace", &s, err, cap);
+    if (st != CLI_PARSE_GO_ON) return st;
+    if ((st = path_opt(&s, "--in", &o->in, err, cap)) != CLI_PARSE_GO_ON) return st;
+    if ((st = path_opt(&s, "--out", &o->out, err, cap)) != CLI_PARSE_GO_ON) return st;
+    static const char *const generating[] = {"--family", "--seed", "--batch", "--requests", "--steps", "--page-size",
+                                             "--holes"};
+    for (size_t k = 0; o->in && k < sizeof generating / sizeof generating[0]; k++)
+        if (get(&s, generating[k]))
+            return bad(err, cap, "%s generates a trace, --in reads one: give one or the other", generating[k]);
+    st = trace_config_opts(&s, "--family", &o->config, err, cap);
+    if (st == CLI_PARSE_GO_ON)
+        st = i32_opt(&s, "--steps", o->config.max_steps, 0, INT32_MAX, &o->config.max_steps, err, cap);
+    if (st == CLI_PARSE_GO_ON)
+        st = i32_opt(&s, "--page-size", o->config.page_size, 1, MAX_PAGE_SIZE, &o->config.page_size, err, cap);
+    if (st == CLI_PARSE_GO_ON)
+        st = double_opt(&s, "--holes", o->config.hole_fraction, 0.0, MAX_HOLES, &o->config.hole_fraction, err, cap);
+    if (st == CLI_PARSE_GO_ON) st = int_opt(&s, "--show", TRACE_DEFAULT_SHOW, -1, INT32_MAX, &o->show, err, cap);
+    return st;
+}
+
+/* ---- pkv check ------------------------------------------------------------------------------------ */
+void check_usage(FILE *f) {
+    fprintf(f, "usage: pkv check [options]\n"
+               "  --backend best|cpu|cuda   (default best)\n"
+               "  --count N                 random problems (default 50; every third with K and V interleaved per page,\n"
+               "                            every fourth with a sliding window, every fifth with a logits soft cap)\n"
+               "  --seed S                  (default 1)\n"
+               "  --max-len N               typical row length bound, 1..4194304 (default 3000)\n"
+               "  --threads N               CPU backend threads, 1..1024 (default: every core)\n");
+}
+
+cli_parse_status check_options_parse(int argc, char **argv, check_opts *o, char *err, size_t cap) {
+    static const char *const known[] = {"--backend", "--count", "--seed", "--max-len", "--threads", "--help!", NULL};
+    memset(o, 0, sizeof *o);
+    if (err && cap) err[0] = '\0';
+    if (wants_help(argc, argv)) return CLI_PARSE_HELP;
+    opt_set s;
+    cli_parse_status st = scan(argc, argv, known, "check", &s, err, cap);
+    if (st == CLI_PARSE_GO_ON) st = context_opts(&s, &o->cc, err, cap);
+    int64_t count = 0;
+    if (st == CLI_PARSE_GO_ON) st = int_opt(&s, "--count", CHECK_DEFAULT_COUNT, 1, CHECK_MAX_COUNT, &count, err, cap);
+    o->count = (int)count;
+    if (st == CLI_PARSE_GO_ON)
+        st = i32_opt(&s, "--max-len", CHECK_DEFAULT_MAX_LEN, 1, CHECK_MAX_MAX_LEN, &o->max_len, err, cap);
+    if (st == CLI_PARSE_GO_ON) st = seed_opt(&s, "--seed", 1, &o->seed, err, cap);
+    return st;
+}
+
+/* ---- pkv calibrate -------------------------------------------------------------------------------- */
+void calibrate_usage(FILE *f) {
+    fprintf(f, "usage: pkv calibrate [options]\n"
+               "  --out FILE              policy file to write (default persistentkv.policy)\n"
+               "live (measures on a backend):\n"
+               "  --backend best|cpu|cuda --reps N        runs `pkv bench --calibration-set` and fits\n"
+               "  --json FILE             also keep the measurements (for --from-json / --evaluate)\n"
+               "offline (from `pkv bench --json` files):\n"
+               "  --from-json F1[,F2..]   fit from the measured rows of these files\n"
+               "  --evaluate F1[,F2..]    replay the model's route choice on these measured steps\n"
+               "  --policy FILE           evaluate this policy instead of fitting one (with --evaluate)\n"
+               "  --replay-auto           also re-plan each evaluated step with auto (route and wave) as the\n"
+               "                          measuring GPU would and look its plan up among the measured ones\n"
+               "  --parallelism N         SMs of the measuring GPU (default: from the JSON, else 132)\n");
+}
+
+cli_parse_status calibrate_options_parse(int argc, char **argv, calibrate_opts *o, char *err, size_t cap) {
+    static const char *const known[] = {"--out", "--backend", "--reps", "--from-json", "--evaluate", "--policy",
+                                        "--parallelism", "--json", "--replay-auto!", "--help!", NULL};
+    memset(o, 0, sizeof *o);
+    if (err && cap) err[0] = '\0';
+    if (wants_help(argc, argv)) return CLI_PARSE_HELP;
+    opt_set s;
+    cli_parse_status st = scan(argc, argv, known, "calibrate", &s, err, cap);
+    if (st == CLI_PARSE_GO_ON) st = path_opt(&s, "--out", &o->out, err, cap);
+    if (st == CLI_PARSE_GO_ON) st = path_opt(&s, "--json", &o->json, err, cap);
+    if (st == CLI_PARSE_GO_ON) st = path_opt(&s, "--policy", &o->policy, err, cap);
+    if (st == CLI_PARSE_GO_ON) st = list_opt(&s, "--from-json", &o->from_json, err, cap);
+    if (st == CLI_PARSE_GO_ON) st = list_opt(&s, "--evaluate", &o->evaluate, err, cap);
+    pkv_context_config cc;
+    if (st == CLI_PARSE_GO_ON) st = context_opts(&s, &cc, err, cap); /* --backend checked as pkv bench would */
+    o->backend = get(&s, "--backend");
+    int64_t reps = 0;
+    if (st == CLI_PARSE_GO_ON) st = int_opt(&s, "--reps", 1, 1, MAX_REPS, &reps, err, cap);
+    o->reps = get(&s, "--reps");
+    if (st == CLI_PARSE_GO_ON) st = i32_opt(&s, "--parallelism", 0, 0, PKV_MAX_PARALLELISM, &o->parallelism, err, cap);
+    if (st != CLI_PARSE_GO_ON) return st;
+    o->replay_auto = get(&s, "--replay-auto") != NULL;
+    o->live = !o->from_json && !o->evaluate && !o->policy;
+    if (o->live && (o->replay_auto || get(&s, "--parallelism")))
+        return bad(err, cap, "%s applies to --from-json or --evaluate (a live calibration measures its own)",
+                   o->replay_auto ? "--replay-auto" : "--parallelism");
+    if (!o->live && (o->backend || o->reps || o->json))
+        return bad(err, cap, "%s applies to a live calibration, not to --from-json, --evaluate or --policy",
+                   o->backend ? "--backend" : o->reps ? "--reps" : "--json");
+    if (o->out && !o->live && !o->from_json)
+        return bad(err, cap, "--out applies to a fit (live or --from-json); --policy --evaluate writes nothing");
+    if (o->evaluate && !o->from_json && !o->policy)
+        return bad(err, cap, "--evaluate needs a model: --from-json (fit one) or --policy (a policy file)");
+    if (o->policy && o->from_json)
+        return bad(err, cap, "--policy evaluates a given policy and --from-json fits one: give one");
+    if (o->policy && !o->evaluate) return bad(err, cap, "--policy needs --evaluate (the measured steps to replay)");
+    return CLI_PARSE_GO_ON;
+}
