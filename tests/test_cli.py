@@ -209,5 +209,77 @@ with tempfile.TemporaryDirectory() as tmp:
     run("bench", "--backend", "cpu", "--soft-cap", "-1", "--lens", "5", rc=2)
     run("bench", "--backend", "cpu", "--soft-cap", "nan", "--lens", "5", rc=2)
 
+# issue 34: bad options fail at once, with a message about the option given (exit 2, nothing on stdout)
+def refused(args, *words, rc=2, stdout_empty=True):
+    p = run(*args, rc=rc)
+    check(all(w in p.stderr for w in words) and (p.stdout == "" or not stdout_empty),
+          f"pkv {' '.join(args)[:120]}: expected {words} in the message, got {p.stderr[-300:]!r}, "
+          f"stdout {p.stdout[:200]!r}")
+    return p
+
+
+# a shape the library does not take: its message before any set-up or step (no --lens: the default trace)
+refused(("bench", "--backend", "cpu", "--shape", "30:8:128"), "--shape 30:8:128", "not a multiple")
+refused(("bench", "--backend", "cpu", "--shape", "30:10:96"), "head_dim 96")
+# one message per option, about that option
+p = refused(("bench", "--backend", "cpu", "--dtype", "fp8"), "--dtype", "fp8")
+check("--layout" not in p.stderr, "--dtype fp8 names --dtype only: " + p.stderr)
+p = refused(("bench", "--backend", "cpu", "--layout", "foo"), "--layout", "foo")
+check("--dtype" not in p.stderr, "--layout foo names --layout only: " + p.stderr)
+# --lens: which length is wrong and why
+refused(("bench", "--backend", "cpu", "--lens", "10,-5"), "-5", "at least 0")
+refused(("bench", "--backend", "cpu", "--lens", "5000000000"), "5000000000", "2^30")
+refused(("bench", "--backend", "cpu", "--lens", "5,,6"), "length 2")
+refused(("bench", "--backend", "cpu", "--lens", "1073741824,1073741824,1073741824", "--page-size", "1"),
+        "more than a page table holds")
+# --threads 0 is not "every core" by accident; negative or huge numbers are refused, not wrapped
+refused(("bench", "--backend", "cpu", "--lens", "5", "--threads", "0"), "--threads", "[1, 1024]")
+refused(("check", "--backend", "cpu", "--count", "1", "--threads", "0"), "--threads")
+refused(("check", "--backend", "cpu", "--count", "1", "--seed", "-1"), "--seed")
+refused(("trace", "--show", "-5"), "--show")
+# one workload at a time, and no option of another workload silently ignored
+refused(("bench", "--backend", "cpu", "--anchor", "B1_N2048", "--lens", "5"), "--anchor", "--lens", "give one")
+refused(("bench", "--backend", "cpu", "--lens", "5", "--batch", "4"), "--batch applies to --trace")
+with tempfile.TemporaryDirectory() as tmp:
+    # trace --out to a directory that does not exist: the error, not the steps first
+    p = run("trace", "--family", "zipf", "--out", os.path.join(tmp, "no-such-dir", "t.csv"), rc=1)
+    check("step 0" not in p.stdout and "cannot open" in p.stderr, "trace --out fails first: " + p.stdout[:200])
+    tpath = os.path.join(tmp, "t.csv")
+    run("trace", "--family", "zipf", "--out", tpath, "--show", "0")
+    refused(("trace", "--in", tpath, "--seed", "3"), "--seed", "--in")
+    # --calibrate-out that cannot be written fails before measuring
+    refused(("bench", "--backend", "cpu", "--lens", "5", "--calibrate-out", os.path.join(tmp, "no", "x.policy")),
+            "cannot write", rc=1)
+    # an option given twice takes its last value
+    ja, jb = os.path.join(tmp, "first.json"), os.path.join(tmp, "last.json")
+    run("bench", "--backend", "cpu", "--lens", "64", "--route", "single", "--reps", "1", "--wall-reps", "1",
+        "--json", ja, "--json", jb)
+    check(os.path.exists(jb) and not os.path.exists(ja), "the last --json wins")
+    # --no-check: '-' where nothing was compared, never nan
+    out = run("bench", "--backend", "cpu", "--lens", "64", "--route", "single", "--reps", "1", "--wall-reps", "1",
+              "--no-check").stdout
+    check("nan" not in out.lower() and "| lens |" in out, "--no-check prints '-', not nan: " + out[-400:])
+    out = run("bench", "--backend", "cpu", "--trace", "bimodal", "--batch", "1", "--steps", "1", "--route", "single",
+              "--reps", "1", "--wall-reps", "1", "--no-check").stdout
+    check("nan" not in out.lower() and "| single |" in out, "--no-check summary: " + out[-400:])
+    # calibrate: a file it cannot read stops it (no fit of 0 measurements, nothing written), and its
+    # messages carry its own name, also those of the measurements it runs through pkv bench
+    pol = os.path.join(tmp, "m.policy")
+    p = run("calibrate", "--from-json", os.path.join(tmp, "missing.json"), "--out", pol, rc=1)
+    check("cannot read" in p.stderr and "measurements" not in p.stderr and not os.path.exists(pol),
+          "calibrate --from-json missing.json: " + p.stderr)
+    run("bench", "--backend", "cpu", "--lens", "64", "--reps", "1", "--wall-reps", "1", "--json", ja)
+    p = run("calibrate", "--from-json", ja + "," + os.path.join(tmp, "missing.json"), "--out", pol, rc=1)
+    check("cannot read" in p.stderr and "fit" not in p.stderr and not os.path.exists(pol),
+          "a missing file of several: no fit of the others: " + p.stderr)
+    p = run("calibrate", "--from-json", tpath, "--out", pol, rc=1)
+    check("no measured rows" in p.stderr and not os.path.exists(pol), "a file without rows: " + p.stderr)
+    for args in (("--backend", "cuda", "--json", os.path.join(tmp, "no", "c.json")), ("--reps", "0")):
+        p = run("calibrate", *args, rc=None)
+        check(p.returncode != 0 and p.stderr.startswith("pkv calibrate:") and "pkv bench:" not in p.stderr,
+              f"calibrate {' '.join(args)}: its own name: {p.stderr[-300:]!r}")
+    refused(("calibrate", "--policy", pol), "--policy needs --evaluate")
+    refused(("calibrate", "--from-json", ja, "--backend", "cpu"), "--backend applies to a live calibration")
+
 print(f"test_cli: {passed} passed, {failed} failed")
 sys.exit(0 if failed == 0 and passed > 0 else 1)
