@@ -281,5 +281,30 @@ with tempfile.TemporaryDirectory() as tmp:
     refused(("calibrate", "--policy", pol), "--policy needs --evaluate")
     refused(("calibrate", "--from-json", ja, "--backend", "cpu"), "--backend applies to a live calibration")
 
+# scripts/bench.sh says what it builds; with nvcc but no GPU it builds the CPU path only (unless
+# PKV_BUILD_CUDA=1): a fake nvcc and a failing nvidia-smi, a dry run that builds nothing
+bench_sh = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "scripts", "bench.sh")
+with tempfile.TemporaryDirectory() as tmp:
+    fake = os.path.join(tmp, "bin")
+    os.mkdir(fake)
+    for tool, rc in (("nvcc", 0), ("nvidia-smi", 9)):
+        with open(os.path.join(fake, tool), "w") as f:
+            f.write(f"#!/bin/sh\nexit {rc}\n")
+        os.chmod(os.path.join(fake, tool), 0o755)
+    env = dict(os.environ, PATH=fake + os.pathsep + os.environ.get("PATH", ""), PKV_BENCH_DRY_RUN="1",
+               PKV_BUILD_DIR=os.path.join(tmp, "build"))
+    env.pop("PKV_BUILD_CUDA", None)
+    for setting, want, rc in ((None, "CUDA backend OFF (nvcc but no GPU", 0), ("1", "CUDA backend ON", 0),
+                              ("0", "CUDA backend OFF", 0), ("maybe", "PKV_BUILD_CUDA takes 1 or 0", 2)):
+        e = dict(env, **({"PKV_BUILD_CUDA": setting} if setting else {}))
+        try:
+            p = subprocess.run(["bash", bench_sh, "--lens", "5"], capture_output=True, text=True, timeout=60, env=e)
+            ok = p.returncode == rc and want in p.stderr and p.stdout == "" and \
+                not os.path.exists(os.path.join(tmp, "build"))
+            got = f"rc {p.returncode}: {p.stderr[-300:]!r}"
+        except subprocess.TimeoutExpired:
+            ok, got = False, "still running after 60 s"
+        check(ok, f"bench.sh with nvcc, no GPU, PKV_BUILD_CUDA={setting}: expected {want!r}, {got}")
+
 print(f"test_cli: {passed} passed, {failed} failed")
 sys.exit(0 if failed == 0 and passed > 0 else 1)
