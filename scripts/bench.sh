@@ -13,6 +13,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 jobs=$(nproc 2>/dev/null || echo 2)
 say() { printf 'bench.sh: %s\n' "$*" >&2; }
+rel() { case $1 in "$root"/*) printf '%s' "${1#"$root"/}" ;; *) printf '%s' "$1" ;; esac; } # paths as in the repository
 
 nvcc_found() { command -v nvcc >/dev/null 2>&1 || [ -n "${CUDACXX:-}" ] || [ -x /usr/local/cuda/bin/nvcc ]; }
 gpu_found() { command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; }
@@ -32,23 +33,23 @@ case "${PKV_BUILD_CUDA:-}" in
 esac
 if [ "$cuda" = ON ]; then build=${PKV_BUILD_DIR:-$root/build}; else build=${PKV_BUILD_DIR:-$root/build-cpu}; fi
 log=$build.log
-say "CUDA backend $cuda ($why); build folder $build"
+say "CUDA backend $cuda ($why); build folder $(rel "$build")"
 if [ -n "${PKV_BENCH_DRY_RUN:-}" ]; then say "dry run (PKV_BENCH_DRY_RUN): nothing built or run"; exit 0; fi
 
 : >"$log"
 # Configure when there is no build yet, on PKV_REBUILD, or when the build has the other CUDA setting.
 cached=$(sed -n 's/^PKV_ENABLE_CUDA:BOOL=//p' "$build/CMakeCache.txt" 2>/dev/null || true)
 if [ ! -f "$build/CMakeCache.txt" ] || [ -n "${PKV_REBUILD:-}" ] || [ "$cached" != "$cuda" ]; then
-  say "configuring $build"
+  say "configuring $(rel "$build")"
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DPKV_ENABLE_CUDA="$cuda" >>"$log" 2>&1 ||
-    { tail -n 30 "$log" >&2; say "configure failed (log: $log)"; exit 1; }
+    { tail -n 30 "$log" >&2; say "configure failed (log: $(rel "$log"))"; exit 1; }
 fi
 
 # The build, with a line every 30 s while it runs (the CUDA kernels take minutes on a few cores).
 if [ "$cuda" = ON ]; then
-  say "building pkv with $jobs jobs, CUDA kernels included: the first build takes minutes (log: $log)"
+  say "building pkv with $jobs jobs, CUDA kernels included: the first build takes minutes (log: $(rel "$log"))"
 else
-  say "building pkv (CPU path) with $jobs jobs (log: $log)"
+  say "building pkv (CPU path) with $jobs jobs (log: $(rel "$log"))"
 fi
 start=$SECONDS
 next=30
@@ -63,7 +64,7 @@ while kill -0 "$pid" 2>/dev/null; do
 done
 if ! wait "$pid"; then
   tail -n 30 "$log" >&2
-  say "build failed (log: $log)"
+  say "build failed (log: $(rel "$log"))"
   exit 1
 fi
 say "built in $((SECONDS - start)) s; running: pkv bench $*"
