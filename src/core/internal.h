@@ -120,7 +120,7 @@ struct pkv_plan {
     void *blob;              /* [tasks | rows | merges], each part PKV_WS_ALIGN aligned */
     size_t blob_cap, blob_bytes;
     size_t off_tasks, off_rows, off_merges, off_counters;
-    size_t off_state_o, off_state_lse, workspace_bytes;
+    size_t off_state_o, off_state_ml, workspace_bytes; /* partial states: o_s, then (m_s, l_s) */
 
     /* graph-stable plans (pkv_plan_options.graph_max_batch > 0): the fixed grids, where the step's task
      * and merge counts live in the workspace (PKV_COUNTS_WORDS int32 at off_counts, in the blob), and
