@@ -364,7 +364,14 @@ static void test_run_errors(pkv_context *ctx4) {
     memcpy(bad, tc.kv_page_indices, (size_t)tc.kv_indptr[2] * sizeof(int32_t));
     bad[3] = (int32_t)tc.problem.num_pages;
     t.kv_page_indices = bad;
+    pkv_page_fault f = {0, 0, 0, 0};
+    CHECK(pkv_context_page_fault(ctx4, &f) == 0); /* none yet */
     CHECK_STATUS(pkv_run(ctx4, plan, ws, need, &t, NULL), PKV_ERR_PAGE_OUT_OF_RANGE);
+    CHECK(strstr(pkv_last_error(), "row 0, KV head 0, page 3 of the row") != NULL);
+    CHECK(pkv_context_page_fault(ctx4, &f) == 1);
+    CHECK_MSG(f.row == 0 && f.kv_head == 0 && f.page == 3 && f.page_id == (int32_t)tc.problem.num_pages,
+              "page fault recorded as row %d, KV head %d, page %d, id %d", f.row, f.kv_head, f.page, f.page_id);
+    CHECK(pkv_context_page_fault(NULL, &f) == 0 && pkv_context_page_fault(ctx4, NULL) == 0);
     bad[3] = -1;
     CHECK_STATUS(pkv_run(ctx4, plan, ws, need, &t, NULL), PKV_ERR_PAGE_OUT_OF_RANGE);
     CHECK(pkv_last_error()[0] != '\0');

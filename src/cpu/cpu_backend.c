@@ -407,10 +407,15 @@ static pkv_status check_task_pages(pkv_context *ctx, const pkv_plan *plan, const
         if (task->tok_end <= task->tok_begin) continue;
         for (int32_t j = task->tok_begin / ps; j <= (task->tok_end - 1) / ps; j++) {
             const int32_t pg = page_indices[task->page_base + j];
-            if (pg < 0 || (int64_t)pg >= num_pages)
+            if (pg < 0 || (int64_t)pg >= num_pages) {
+                if (!ctx->has_page_fault) {
+                    ctx->page_fault = (pkv_page_fault){task->row, task->kv_head, j, pg};
+                    ctx->has_page_fault = true;
+                }
                 return pkv_fail(ctx, PKV_ERR_PAGE_OUT_OF_RANGE,
-                                "kv_page_indices[%d] = %d (row %d) is outside [0, %lld)", task->page_base + j, pg,
-                                task->row, (long long)num_pages);
+                                "kv_page_indices[%d] = %d (row %d, KV head %d, page %d of the row) is outside [0, %lld)",
+                                task->page_base + j, pg, task->row, task->kv_head, j, (long long)num_pages);
+            }
         }
     }
     return PKV_OK;

@@ -428,6 +428,10 @@ cudaError_t decode_run(const pkv_plan *plan, void *workspace, const pkv_tensors 
     p.num_pages = pr.num_pages < INT32_MAX ? (int32_t)pr.num_pages : INT32_MAX;
     tma_maps maps = {};
     const tma_maps *mp = tma_maps_for(plan, t, st, *opts, &maps, &p.stages, &p.copy_mode) ? &maps : nullptr;
+    if (opts->fault) {
+        const cudaError_t e = check_pages_launch(plan, ws, t->kv_page_indices, stream, opts->fault);
+        if (e != cudaSuccess) return e;
+    }
     return run_phases(plan, p, m, ws, stream, *opts, mp);
 }
 
