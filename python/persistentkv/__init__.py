@@ -8,9 +8,10 @@
 `pip install ./python` builds the shared library and puts it inside the package (persistentkv/lib).
 It is found through $PKV_LIBRARY, then the package's own lib/, then (when running from a source
 checkout) ../build, ../build-gpu, ../build-cpu of the repository, then <sys.prefix>/lib (cmake
---install build --prefix "$VIRTUAL_ENV"), then ctypes.util.find_library("persistentkv").  numpy is needed for the CPU
-backend, traces and the reference; torch for the CUDA backend.  numpy has no bfloat16: pass
-uint16 arrays holding bf16 bits (see bf16_bits) or ml_dtypes.bfloat16 arrays.
+--install build --prefix "$VIRTUAL_ENV"), then ctypes.util.find_library("persistentkv").
+
+numpy is needed for the CPU backend, traces and the reference; torch for the CUDA backend.  numpy
+has no bfloat16: pass uint16 arrays holding bf16 bits (see bf16_bits) or ml_dtypes.bfloat16 arrays.
 """
 
 import ctypes
