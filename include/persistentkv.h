@@ -163,9 +163,31 @@ typedef struct pkv_context_config {
      * has completed, so any kernel may come before a run.  0: plain stream order (the merge kernel
      * still follows the attention kernel by PDL). */
     int32_t pdl;
+    /* Bounds mode, for a server whose page tables may be corrupt (a bug in its block manager, memory
+     * written by something else).  CUDA backend: 1 makes every decode kernel check each page id it reads
+     * from kv_page_indices against [0, num_pages) before it reads that page; the first kernel thread that
+     * finds one outside records it (pkv_context_page_fault), prints it on stdout ("persistentkv: page id
+     * ... (row r, KV head h, page j of the row)") and traps: the launch fails with an illegal-instruction
+     * error, which the stream reports at its next synchronization, and the CUDA context cannot be used
+     * again (the process must restart it).  0 (the default): no check, no cost; an id outside the pool is
+     * then read as zeros by the tensor-copy kernels or from wherever it points by the others.  The CPU
+     * backend always checks every id a run reads and fails the run with PKV_ERR_PAGE_OUT_OF_RANGE. */
+    int32_t check_pages;
 } pkv_context_config;
 
-/* The defaults: the best backend, device 0, every processor, PDL on.  NULL: nothing. */
+/* A page id found outside the pool by a run: where it was read and what it was. */
+typedef struct pkv_page_fault {
+    int32_t row;        /* the row (request) whose page it is */
+    int32_t kv_head;    /* the KV head being read */
+    int32_t page;       /* its place in the row's pages: kv_page_indices[kv_indptr[row] + page] */
+    int32_t page_id;    /* the id read there */
+} pkv_page_fault;
+
+/* The first page fault a run of the context met (CUDA: in bounds mode, check_pages = 1; CPU: the one its
+ * failed run named).  Returns 1 and fills *out when there is one, 0 when none was met (or for NULL). */
+PKV_API int pkv_context_page_fault(const pkv_context *ctx, pkv_page_fault *out);
+
+/* The defaults: the best backend, device 0, every processor, PDL on, bounds mode off.  NULL: nothing. */
 PKV_API void pkv_context_config_default(pkv_context_config *cfg);
 
 /* Creates a context on the configured backend (cfg NULL: the defaults).  At creation the context reads

@@ -387,6 +387,12 @@ void pkv_test_random_cap(pkv_rng *rng, pkv_problem *p);
  * ceil(len / page_size) pages, sometimes one more; page ids are a random permutation of the pool
  * (no page shared between rows) with hole_fraction unused pages.  Returns tc->ok. */
 int pkv_test_case_build(pkv_rng *rng, const pkv_problem *shape, int32_t batch_size, const int32_t *lens, double hole_fraction, int poison_unused_kv, pkv_test_case *tc);
+/* Makes every score of a head the same constant c: K of every token of a KV head is one random vector,
+ * q of every row and query head one random vector (its sign set by c's), and sm_scale = |c| / |q.k|
+ * (|q.k| >= 1 by redrawing; c = 0 gives sm_scale 1e-30).  Softmax weights are then uniform whatever c
+ * is: o is the mean of V over the attended tokens and lse = c + ln(n), so a backend whose merge loses
+ * mass at large |scores| shows.  Used KV slots only: poisoned slots stay NaN.  |c| <= 1e20. */
+void pkv_test_constant_scores(pkv_test_case *tc, pkv_rng *rng, double c);
 /* Draws one random length under the choices. */
 int32_t pkv_test_random_len(pkv_rng *rng, const pkv_test_choices *c);
 /* Draws a whole random case under the choices.  Returns tc->ok. */

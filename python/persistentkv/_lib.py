@@ -212,7 +212,11 @@ class Counters(ctypes.Structure):
 
 class ContextConfig(ctypes.Structure):
     _fields_ = [("backend", c_enum), ("device", ctypes.c_int32), ("num_threads", ctypes.c_int32),
-                ("pdl", ctypes.c_int32)]
+                ("pdl", ctypes.c_int32), ("check_pages", ctypes.c_int32)]
+
+
+class PageFault(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int32) for n in ("row", "kv_head", "page", "page_id")]
 
 
 class Task(ctypes.Structure):
@@ -266,6 +270,7 @@ _protos = {
     "pkv_context_parallelism": (ctypes.c_int32, [_vp]),
     "pkv_context_device_name": (_cp, [_vp]),
     "pkv_cuda_available": (ctypes.c_int, []),
+    "pkv_context_page_fault": (ctypes.c_int, [_vp, _P(PageFault)]),
     "pkv_route_name": (_cp, [c_enum]),
     "pkv_route_parse": (c_enum, [_cp, _P(c_enum)]),
     "pkv_plan_options_default": (None, [_P(PlanOptions)]),
