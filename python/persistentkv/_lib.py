@@ -11,14 +11,46 @@ from pathlib import Path
 
 __all__ = ["lib", "library_path", "LibraryNotFoundError", "PkvError", "Status", "check"]
 
-# python/persistentkv/_lib.py -> repository root
-_REPO_ROOT = Path(__file__).resolve().parents[2]
 _LIB_NAME = "libpersistentkv.so"
+_LAB_NAME = "libpersistentkv_lab.so"
 _BUILD_DIRS = ("build", "build-gpu", "build-cpu")
+
+
+def _package_lib_dirs():
+    """<package>/lib for every folder of this package: where pip install ./python puts the libraries."""
+    pkg = sys.modules.get(__package__)
+    dirs = list(getattr(pkg, "__path__", None) or []) + [str(Path(__file__).resolve().parent)]
+    out = []
+    for d in dirs:
+        lib_dir = Path(d).resolve() / "lib"
+        if lib_dir not in out:
+            out.append(lib_dir)
+    return out
+
+
+def _checkout_root():
+    """The repository root when this package runs from a source checkout (python/persistentkv), else None."""
+    root = Path(__file__).resolve().parents[2]
+    if (root / "include" / "persistentkv.h").is_file() and (root / "python" / "pyproject.toml").is_file():
+        return root
+    return None
+
+
+_REPO_ROOT = _checkout_root()
 
 
 class LibraryNotFoundError(ImportError):
     """libpersistentkv could not be found or loaded; the message lists every place tried."""
+
+
+def _candidates(name):
+    """Where a library is looked for, in order: the package's own lib/, then (in a source checkout)
+    its build folders, then the environment's prefix (cmake --install build --prefix "$VIRTUAL_ENV")."""
+    cands = [d / name for d in _package_lib_dirs()]
+    if _REPO_ROOT is not None:
+        cands += [_REPO_ROOT / d / name for d in _BUILD_DIRS]
+    cands += [Path(sys.prefix) / sub / name for sub in ("lib", "lib64")]
+    return cands
 
 
 def _load():
@@ -31,11 +63,9 @@ def _load():
         except OSError as e:
             raise LibraryNotFoundError(f"PKV_LIBRARY={env!r} could not be loaded: {e}") from None
     tried.append("$PKV_LIBRARY (unset)")
-    # this repository's build folders, then an install into this environment (cmake --install build
-    # --prefix "$VIRTUAL_ENV" or a conda prefix)
-    cands = [_REPO_ROOT / d / _LIB_NAME for d in _BUILD_DIRS]
-    cands += [Path(sys.prefix) / sub / _LIB_NAME for sub in ("lib", "lib64")]
-    for cand in cands:
+    if _REPO_ROOT is None:
+        tried.append("the build folders of a source checkout (not running from one)")
+    for cand in _candidates(_LIB_NAME):
         if cand.is_file():
             try:
                 return ctypes.CDLL(str(cand)), str(cand)
@@ -52,24 +82,24 @@ def _load():
     else:
         tried.append('ctypes.util.find_library("persistentkv") (not found)')
     raise LibraryNotFoundError(
-        "libpersistentkv.so not found; build it (cmake -S . -B build && cmake --build build) or set "
-        "PKV_LIBRARY to its path. Tried:\n  " + "\n  ".join(tried))
+        "libpersistentkv.so not found: pip install ./python (builds it into the package), or in a checkout "
+        "cmake -S . -B build && cmake --build build, or set PKV_LIBRARY to its path. Tried:\n  "
+        + "\n  ".join(tried))
 
 
 _serving, library_path = _load()
 
-# The lab's shared library beside it (libpersistentkv_lab.so: traces, the float64 reference, plan
-# internals), found next to the serving library or at $PKV_LAB_LIBRARY; optional for serving.
-_LAB_NAME = "libpersistentkv_lab.so"
 
-
+# The lab's shared library (libpersistentkv_lab.so: traces, the float64 reference, plan internals), found
+# at $PKV_LAB_LIBRARY or next to the serving library, then where the serving library is looked for;
+# optional for serving.
 def _load_lab():
     env = os.environ.get("PKV_LAB_LIBRARY")
     cands = [env] if env else []
     base = Path(library_path).resolve().parent if os.path.sep in str(library_path) else None
     if base is not None:
         cands.append(str(base / _LAB_NAME))
-    cands += [str(_REPO_ROOT / d / _LAB_NAME) for d in _BUILD_DIRS]
+    cands += [str(c) for c in _candidates(_LAB_NAME)]
     for cand in cands:
         if cand and Path(cand).is_file():
             try:
