@@ -245,11 +245,12 @@ pkv_status pkv_dev_fill_random_late(pkv_context *ctx, void *dst, int64_t count, 
 /* A device-to-device copy of bytes (a multiple of 4) written late in the same way (tests: page ids that
  * a kernel right before a run rewrites). */
 pkv_status pkv_dev_copy_late(pkv_context *ctx, void *dst, const void *src, size_t bytes, int64_t delay_ns);
-/* Device properties: name, SMs, L2 bytes, compute capability, CUDA runtime and driver versions. */
+/* Device properties: name, SMs, L2 bytes, compute capability, CUDA runtime and driver versions, and the
+ * device memory free now (cudaMemGetInfo: the soak's leak check). */
 typedef struct pkv_dev_info {
     char name[128];
     int32_t sms, cc_major, cc_minor, runtime_version, driver_version;
-    int64_t l2_bytes, mem_bytes;
+    int64_t l2_bytes, mem_bytes, mem_free_bytes;
 } pkv_dev_info;
 pkv_status pkv_dev_get_info(pkv_context *ctx, pkv_dev_info *info);
 /* The decode kernel a run of the plan with these tensors launches on this CUDA context: "tensor copies",
