@@ -2,10 +2,10 @@
  * head dim, page size, layout, dtype, each for an epoch of steps over one page pool with holes of NaN
  * pages no row may read), and per step random lengths (empty to long rows), a random route or a
  * graph-stable plan, sometimes a sliding window or a soft cap, and a fresh random assignment of the pool's
- * pages to the rows (q is drawn per epoch).  Every step's o is poisoned before its run; every `sample`-th step's o is read back
- * whole (every element written, no NaN) and one random row is checked against the float64 reference.  At
- * the end: failures, the worst errors per window of steps (drift), and the device memory free before and
- * after (leaks), on stdout and as JSON.
+ * pages to the rows (q is drawn per epoch).  Every step's o is poisoned before its run; every `sample`-th
+ * step's o is read back whole (every element written, no NaN) and one random row is checked against the
+ * float64 reference.  At the end: failures, the worst errors per window of steps (drift), and the device
+ * memory free before and after (leaks), on stdout and as JSON.
  *
  *   soak [--backend cpu|cuda] [--steps N] [--epoch N] [--sample K] [--seed S] [--pool-mb M]
  *        [--max-len N] [--check-pages] [--json FILE]
