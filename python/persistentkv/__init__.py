@@ -21,13 +21,15 @@ from ._lib import (LibraryNotFoundError, PkvError, ROUTES, TRACE_FAMILIES, Statu
 from .reference import reference
 from .trace import Trace, generate_trace
 from .wrapper import BatchDecodeWithPagedKVCacheWrapper, cuda_available
+from .pages import PagePool, append_kv, append_paged_kv_cache, copy_pages, get_batch_indices_positions
 from . import flashinfer  # FlashInfer's decode wrapper (its plan/run order and lse base) on PersistentKV
 
 __version__ = "0.2.0"
 
 __all__ = ["BatchDecodeWithPagedKVCacheWrapper", "PkvError", "LibraryNotFoundError", "Status", "ROUTES",
            "TRACE_FAMILIES", "Trace", "generate_trace", "reference", "cuda_available", "library_path",
-           "status_string", "flashinfer", "bf16_bits", "bf16_to_float32", "block_table_to_csr", "__version__"]
+           "status_string", "flashinfer", "PagePool", "append_kv", "append_paged_kv_cache", "copy_pages",
+           "get_batch_indices_positions", "bf16_bits", "bf16_to_float32", "block_table_to_csr", "__version__"]
 
 
 def bf16_bits(x):
