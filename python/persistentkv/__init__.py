@@ -23,6 +23,7 @@ from ._lib import (LibraryNotFoundError, PkvError, ROUTES, TRACE_FAMILIES, Statu
 from .reference import reference
 from .trace import Trace, generate_trace
 from .wrapper import BatchDecodeWithPagedKVCacheWrapper, cuda_available
+from .pages import PagePool, append_kv, append_paged_kv_cache, copy_pages, get_batch_indices_positions
 from . import flashinfer  # FlashInfer's decode wrapper (its plan/run order and lse base) on PersistentKV
 
 # The loaded library's version (pkv_version(), which _lib checks against the binding's ABI_VERSION): the
@@ -31,7 +32,8 @@ __version__ = "{}.{}.{}".format(_lib.ABI_VERSION // 10000, _lib.ABI_VERSION // 1
 
 __all__ = ["BatchDecodeWithPagedKVCacheWrapper", "PkvError", "LibraryNotFoundError", "Status", "ROUTES",
            "TRACE_FAMILIES", "Trace", "generate_trace", "reference", "cuda_available", "library_path",
-           "status_string", "flashinfer", "bf16_bits", "bf16_to_float32", "block_table_to_csr", "__version__"]
+           "status_string", "flashinfer", "PagePool", "append_kv", "append_paged_kv_cache", "copy_pages",
+           "get_batch_indices_positions", "bf16_bits", "bf16_to_float32", "block_table_to_csr", "__version__"]
 
 
 def bf16_bits(x):

@@ -164,6 +164,11 @@ class Status(enum.IntEnum):
     PARSE = 17
     PAGE_SIZE = 18
     BATCH_SIZE = 19
+    POOL_EXHAUSTED = 20
+    UNKNOWN_REQUEST = 21
+    REQUEST_FREED = 22
+    BEYOND_LENGTH = 23
+    FOREIGN_PAGE = 24
 
 
 DTYPE_FP16, DTYPE_BF16, DTYPE_FP32 = 0, 1, 2
@@ -254,6 +259,27 @@ class CostModel(ctypes.Structure):
                 ("device", ctypes.c_char * 128), ("rms_us", ctypes.c_double), ("samples", ctypes.c_int32)]
 
 
+class PagePoolStats(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int64) for n in (
+        "num_pages", "pages_used", "pages_free", "peak_used", "pages_shared", "live_requests", "tokens",
+        "fragmentation", "cow_copies")]
+
+    def to_dict(self):
+        return {n: int(getattr(self, n)) for n, _ in self._fields_}
+
+
+class PageCopy(ctypes.Structure):
+    _fields_ = [("src_page", ctypes.c_int32), ("dst_page", ctypes.c_int32)]
+
+
+class AppendTensors(ctypes.Structure):
+    _fields_ = [("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("k_token_stride", ctypes.c_int64),
+                ("v_token_stride", ctypes.c_int64), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
+                ("kv_page_stride", ctypes.c_int64)] + [(n, ctypes.c_void_p) for n in (
+                    "kv_indptr", "kv_page_indices", "kv_last_page_len", "seq_lens", "batch_indices", "positions",
+                    "append_indptr")]
+
+
 # ---- prototypes ---------------------------------------------------------------------------------
 _vp, _cp, _P = ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER
 _protos = {
@@ -323,6 +349,22 @@ _protos = {
     "pkv_rng_uniform01": (ctypes.c_double, [_P(Rng)]),
     "pkv_cost_model_load": (c_enum, [_cp, _P(CostModel)]),
     "pkv_context_set_cost_model": (c_enum, [_vp, _P(CostModel)]),
+    "pkv_page_pool_create": (c_enum, [ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, _P(_vp)]),
+    "pkv_page_pool_free": (None, [_vp]),
+    "pkv_page_pool_get_stats": (c_enum, [_vp, _P(PagePoolStats)]),
+    "pkv_page_pool_page_refs": (ctypes.c_int32, [_vp, ctypes.c_int32]),
+    "pkv_request_create": (c_enum, [_vp, ctypes.c_int32, ctypes.c_int32]),
+    "pkv_request_free": (c_enum, [_vp, ctypes.c_int32]),
+    "pkv_request_extend": (c_enum, [_vp, ctypes.c_int32, ctypes.c_int32, _P(PageCopy)]),
+    "pkv_request_truncate": (c_enum, [_vp, ctypes.c_int32, ctypes.c_int32]),
+    "pkv_request_fork": (c_enum, [_vp, ctypes.c_int32, ctypes.c_int32]),
+    "pkv_request_length": (c_enum, [_vp, ctypes.c_int32, _i32p]),
+    "pkv_request_pages": (c_enum, [_vp, ctypes.c_int32, _vp, ctypes.c_int64, _i32p]),
+    "pkv_page_pool_table_size": (c_enum, [_vp, _vp, ctypes.c_int32, _P(ctypes.c_int64)]),
+    "pkv_page_pool_table": (c_enum, [_vp, _vp, ctypes.c_int32, _vp, _vp, ctypes.c_int64, _vp, _vp]),
+    "pkv_page_pool_check_table": (c_enum, [_vp, _vp, _P(PageTable)]),
+    "pkv_append_kv": (c_enum, [_vp, _P(Problem), ctypes.c_int32, ctypes.c_int32, _P(AppendTensors), _vp]),
+    "pkv_copy_pages": (c_enum, [_vp, _P(Problem), _P(PageCopy), ctypes.c_int32, _vp, _vp, ctypes.c_int64, _vp]),
 }
 for _name, (_res, _args) in _protos.items():
     if _is_lab(_name) and _lab is None:

@@ -58,6 +58,12 @@ typedef struct pkv_backend_ops {
     /* Whether the backend supports this problem (dtype, head dim, group). */
     pkv_status (*supports)(pkv_context *ctx, const pkv_problem *p);
     void (*destroy)(pkv_context *ctx);
+    /* Writes the step's new K and V into the pages (pkv_append_kv, arguments checked by append.c); may be NULL. */
+    pkv_status (*append)(pkv_context *ctx, const pkv_problem *p, int32_t batch_size, int32_t num_tokens,
+                         const pkv_append_tensors *t, void *stream);
+    /* Copies whole pages (pkv_copy_pages: at most PKV_MAX_PAGE_COPIES, checked by append.c); may be NULL. */
+    pkv_status (*copy_pages)(pkv_context *ctx, const pkv_problem *p, const pkv_page_copy *copies, int32_t count,
+                             void *k_cache, void *v_cache, int64_t page_stride, void *stream);
 } pkv_backend_ops;
 
 /* What a backend tells the planner about its device: the planner's only input from the backend.  Filled
@@ -209,6 +215,12 @@ bool pkv_cost_model_invalid(const pkv_cost_model *m, char *why, size_t cap);
 /* Fills the cost terms from a plan's tallies; kv_mb: KV MB of all tasks. */
 void pkv_cost_fill_terms(double t[PKV_COST_TERMS], int64_t launches, double mb, double longest_mb, double merge_mb,
                          int64_t tasks, int64_t slots, double kv_mb, double token_mb, int rect, int fused);
+
+/* Appending K and V (append.c, cpu_append.c): the CPU backend's operations. */
+pkv_status pkv_cpu_append(pkv_context *ctx, const pkv_problem *p, int32_t batch_size, int32_t num_tokens,
+                          const pkv_append_tensors *t, void *stream);
+pkv_status pkv_cpu_copy_pages(pkv_context *ctx, const pkv_problem *p, const pkv_page_copy *copies, int32_t count,
+                              void *k_cache, void *v_cache, int64_t page_stride, void *stream);
 
 /* Backends. */
 pkv_status pkv_cpu_backend_init(pkv_context *ctx, int32_t num_threads);

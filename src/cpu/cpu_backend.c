@@ -459,6 +459,8 @@ static const pkv_backend_ops cpu_ops = {
     .upload = NULL,
     .supports = cpu_supports,
     .destroy = cpu_destroy,
+    .append = pkv_cpu_append,
+    .copy_pages = pkv_cpu_copy_pages,
 };
 
 pkv_status pkv_cpu_backend_init(pkv_context *ctx, int32_t num_threads) {

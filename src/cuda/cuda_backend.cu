@@ -169,7 +169,20 @@ void cuda_destroy(pkv_context *ctx) {
     ctx->backend_state = nullptr;
 }
 
-const pkv_backend_ops cuda_ops = {"cuda", cuda_run, cuda_upload, cuda_supports, cuda_destroy};
+pkv_status cuda_append(pkv_context *ctx, const pkv_problem *p, int32_t batch_size, int32_t num_tokens,
+                       const pkv_append_tensors *t, void *stream) {
+    PKV_CUDA_TRY(ctx, cudaSetDevice(state_of(ctx)->device));
+    return pkv_cuda_append(ctx, p, batch_size, num_tokens, t, stream);
+}
+
+pkv_status cuda_copy_pages(pkv_context *ctx, const pkv_problem *p, const pkv_page_copy *copies, int32_t count,
+                           void *k_cache, void *v_cache, int64_t page_stride, void *stream) {
+    PKV_CUDA_TRY(ctx, cudaSetDevice(state_of(ctx)->device));
+    return pkv_cuda_copy_pages(ctx, p, copies, count, k_cache, v_cache, page_stride, stream);
+}
+
+const pkv_backend_ops cuda_ops = {"cuda",       cuda_run,    cuda_upload,    cuda_supports,
+                                  cuda_destroy, cuda_append, cuda_copy_pages};
 
 } // namespace
 

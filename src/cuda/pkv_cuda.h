@@ -65,6 +65,13 @@ pkv_status pkv_cuda_decode_kernel_of(pkv_context *ctx, const pkv_plan *plan, con
  * for G <= 8, heads in M for G 9..16. */
 int pkv_cuda_decode_resident_ctas(int32_t group, int32_t head_dim);
 
+/* The append and page-copy kernels (append.cu) on the current device: pkv_append_kv's and pkv_copy_pages's
+ * arguments as checked by append.c; the CUDA backend's own checks (16-byte alignment) here. */
+pkv_status pkv_cuda_append(pkv_context *ctx, const pkv_problem *p, int32_t batch_size, int32_t num_tokens,
+                           const pkv_append_tensors *t, void *stream);
+pkv_status pkv_cuda_copy_pages(pkv_context *ctx, const pkv_problem *p, const pkv_page_copy *copies, int32_t count,
+                               void *k_cache, void *v_cache, int64_t page_stride, void *stream);
+
 #ifdef __cplusplus
 }
 #endif
