@@ -4,8 +4,13 @@
  * graph-stable plan, sometimes a sliding window or a soft cap, and a fresh random assignment of the pool's
  * pages to the rows (q is drawn per epoch).  Every step's o is poisoned before its run; every `sample`-th
  * step's o is read back whole (every element written, no NaN) and one random row is checked against the
- * float64 reference.  At the end: failures, the worst errors per window of steps (drift), and the device
- * memory free before and after (leaks), on stdout and as JSON.
+ * float64 reference.  Every other epoch serves instead: the page manager owns the pool's pages, requests
+ * arrive with prompts (appended by pkv_append_kv), grow a token per step (appended), fork (copy-on-write
+ * page copies by pkv_copy_pages), roll back, are preempted when pages run out and leave; each step's table
+ * comes from the manager and passes its ownership check, and on CUDA the device pool is compared with a
+ * host mirror (the same appends and copies on the CPU backend) at the epoch's end.  At the end: failures,
+ * the worst errors per window of steps (drift), and the device memory free before and after (leaks), on
+ * stdout and as JSON.
  *
  *   soak [--backend cpu|cuda] [--steps N] [--epoch N] [--sample K] [--seed S] [--pool-mb M]
  *        [--max-len N] [--check-pages] [--json FILE]
@@ -38,6 +43,7 @@ typedef struct soak_opts {
 
 typedef struct soak_stats {
     int64_t steps, sampled, failures, runs_by_route[PKV_ROUTE_COUNT_ + 1], epochs;
+    int64_t served_steps, arrivals, forks, cow_copies, rollbacks, preemptions, departures, appended_tokens;
     double worst_o[2], worst_lse;              /* fp16, bf16 */
     double window_worst[MAX_WINDOWS];          /* worst relative error of o per WINDOW_STEPS steps */
     int64_t mem_free_start, mem_free_end;      /* device memory free after set-up and after teardown */
@@ -191,70 +197,434 @@ static void deal_pages(pkv_rng *rng, const epoch *e, int32_t *perm, int32_t B, c
     }
 }
 
-int main(int argc, char **argv) {
+/* Everything a step needs, across epochs: the contexts, the plan, host and device buffers, the counters. */
+typedef struct soak {
     soak_opts o;
-    int rc = parse_opts(argc, argv, &o);
+    pkv_context *ctx;   /* the backend under test */
+    pkv_context *hctx;  /* CPU: the host mirror's appends and copies (ctx itself on the CPU backend) */
+    bool cuda;
+    pkv_rng rng;
+    pkv_plan *plan;
+    soak_stats s;
+    uint16_t *h_q, *h_o;
+    float *h_lse;
+    double *ref_o, *ref_lse;
+    void *d_q, *d_o, *d_lse, *d_idx, *ws;
+    size_t ws_cap, idx_cap;
+} soak;
+
+/* Buffers of the largest step: MAX_B rows of up to 64 x 256 outputs. */
+#define O_CAP ((size_t)MAX_B * 64 * 256)
+#define LSE_CAP ((size_t)MAX_B * 64)
+
+static bool grow_dev(soak *S, void **buf, size_t *cap, size_t need) {
+    if (need <= *cap) return true;
+    if (*buf) pkv_dev_free(S->ctx, *buf);
+    *buf = NULL;
+    *cap = 0;
+    if (pkv_dev_malloc(S->ctx, need, buf) != PKV_OK) return false;
+    *cap = need;
+    return true;
+}
+
+/* One attention step on the given table: a random route (or a graph-stable plan), o poisoned, run; on a
+ * sampled step every output checked written and one random row against the float64 reference.  Returns
+ * false when the soak must stop (a CUDA error, or too many failures). */
+static bool attend(soak *S, const epoch *e, pkv_problem p, int32_t B, const int32_t *lens, const int32_t *indptr,
+                   const int32_t *indices, int64_t step) {
+    soak_stats *s = &S->s;
+    pkv_page_table table = {B, indptr, indices, lens};
+    pkv_plan_options opts;
+    pkv_plan_options_default(&opts);
+    const int r = (int)pkv_test_pick(&S->rng, PKV_ROUTE_COUNT_ + 1); /* the last: a graph-stable plan */
+    opts.route = r < PKV_ROUTE_COUNT_ ? (pkv_route)r : PKV_ROUTE_AUTO;
+    if (r == PKV_ROUTE_COUNT_) opts.graph_max_batch = B + (int32_t)pkv_test_pick(&S->rng, 8);
+    pkv_status st = pkv_plan_step(S->ctx, &p, &table, &opts, S->plan);
+    if (st != PKV_OK) {
+        fprintf(stderr, "soak: step %lld: plan failed: %s\n", (long long)step, pkv_last_error());
+        s->failures++;
+        return s->failures <= 20;
+    }
+    const size_t need = pkv_plan_workspace_size(S->plan);
+    if (need > S->ws_cap) {
+        if (S->cuda) {
+            if (!grow_dev(S, &S->ws, &S->ws_cap, need)) return false;
+        } else {
+            free(S->ws);
+            S->ws = malloc(need);
+            if (!S->ws) return false;
+            S->ws_cap = need;
+        }
+    }
+    const int64_t q_elems = (int64_t)B * p.num_qo_heads * p.head_dim;
+    const size_t o_bytes = (size_t)q_elems * 2, lse_bytes = (size_t)B * p.num_qo_heads * sizeof(float);
+    pkv_tensors t;
+    memset(&t, 0, sizeof t);
+    if (S->cuda) {
+        if (!grow_dev(S, &S->d_idx, &S->idx_cap, (size_t)(indptr[B] > 0 ? indptr[B] : 1) * 4)) return false;
+        if (indptr[B] > 0) st = pkv_dev_copy_h2d(S->ctx, S->d_idx, indices, (size_t)indptr[B] * 4);
+        if (st == PKV_OK) st = pkv_dev_memset(S->ctx, S->d_o, 0xff, o_bytes); /* NaN: unwritten shows */
+        if (st == PKV_OK) st = pkv_dev_memset(S->ctx, S->d_lse, 0xff, lse_bytes);
+        t = (pkv_tensors){S->d_q, e->dk, e->dv, (const int32_t *)S->d_idx, S->d_o, (float *)S->d_lse, 0, 0, 0};
+    } else {
+        memset(S->h_o, 0xff, o_bytes);
+        memset(S->h_lse, 0xff, lse_bytes);
+        t = (pkv_tensors){S->h_q, e->k, e->v, indices, S->h_o, S->h_lse, 0, 0, 0};
+    }
+    if (st == PKV_OK) st = pkv_run(S->ctx, S->plan, S->ws, S->ws_cap, &t, NULL);
+    s->steps++;
+    s->runs_by_route[r]++;
+    if (st != PKV_OK) {
+        fprintf(stderr, "soak: step %lld (route %d): run failed: %s\n", (long long)step, r, pkv_last_error());
+        s->failures++;
+        return !S->cuda && s->failures <= 20; /* a CUDA error leaves the context unusable */
+    }
+    if (step % S->o.sample != 0) return true;
+    if (S->cuda) {
+        st = pkv_dev_copy_d2h(S->ctx, S->h_o, S->d_o, o_bytes);
+        if (st == PKV_OK) st = pkv_dev_copy_d2h(S->ctx, S->h_lse, S->d_lse, lse_bytes);
+        if (st != PKV_OK) {
+            fprintf(stderr, "soak: step %lld: %s\n", (long long)step, pkv_last_error());
+            s->failures++;
+            return false;
+        }
+    }
+    s->sampled++;
+    int64_t unwritten = 0;
+    for (int64_t i = 0; i < q_elems; i++) unwritten += isnan(pkv_test_to_float(S->h_o[i], p.dtype));
+    const int32_t row = (int32_t)pkv_test_pick(&S->rng, B), hq = p.num_qo_heads, d = p.head_dim;
+    const int32_t one_indptr[2] = {0, indptr[row + 1] - indptr[row]};
+    pkv_page_table one = {1, one_indptr, indices + indptr[row], &lens[row]};
+    st = pkv_reference(&p, &one, S->h_q + (int64_t)row * hq * d, e->k, e->v, S->ref_o, S->ref_lse);
+    double num = 0, den = 0, lse_err = 0;
+    for (int64_t i = 0; st == PKV_OK && i < (int64_t)hq * d; i++) {
+        const double x = pkv_test_to_float(S->h_o[(int64_t)row * hq * d + i], p.dtype), dx = x - S->ref_o[i];
+        num += dx * dx;
+        den += S->ref_o[i] * S->ref_o[i];
+    }
+    for (int32_t h = 0; st == PKV_OK && h < hq; h++) {
+        const double l = S->h_lse[row * hq + h], lr = S->ref_lse[h];
+        const double err = isinf(lr) ? (l == lr ? 0.0 : INFINITY) : fabs(l - lr) / fmax(1.0, fabs(lr));
+        if (!(err <= lse_err)) lse_err = err;
+    }
+    const double rel = den > 0 ? sqrt(num / den) : sqrt(num); /* an empty row: o must be 0 */
+    const int di = p.dtype == PKV_DTYPE_BF16;
+    const double tol = di ? 1.5e-2 : 2e-3;
+    if (rel > s->worst_o[di] || isnan(rel)) s->worst_o[di] = isnan(rel) ? INFINITY : rel;
+    if (lse_err > s->worst_lse) s->worst_lse = lse_err;
+    const int64_t w = step / WINDOW_STEPS < MAX_WINDOWS ? step / WINDOW_STEPS : MAX_WINDOWS - 1;
+    if (rel / tol > s->window_worst[w] || isnan(rel)) s->window_worst[w] = isnan(rel) ? INFINITY : rel / tol;
+    if (st != PKV_OK || unwritten || !(rel < tol) || !(lse_err < 1e-2)) {
+        s->failures++;
+        fprintf(stderr,
+                "soak: step %lld route %d B %d row %d (len %d) G %d Hkv %d d %d page %d %s %s window %d cap %g: "
+                "unwritten %lld, relative L2 %.3g, lse error %.3g%s%s\n",
+                (long long)step, r, B, row, lens[row], hq / p.num_kv_heads, p.num_kv_heads, d, p.page_size,
+                p.layout == PKV_LAYOUT_HND ? "HND" : "NHD", di ? "bf16" : "fp16", p.window,
+                (double)p.logits_soft_cap, (long long)unwritten, rel, lse_err, st ? ": " : "", st ? pkv_last_error() : "");
+    }
+    return s->failures <= 20;
+}
+
+/* ---- serving epochs: the page manager owns the pool's usable pages -------------------------------------- */
+#define MAX_REQ 256
+#define RAND_ELEMS ((int64_t)1 << 22) /* the epoch's random K/V values, read at random offsets */
+
+typedef struct serving {
+    pkv_page_pool *pool;
+    int32_t live[MAX_REQ], nlive, left[MAX_REQ], free_ids[MAX_REQ], nfree;
+    uint16_t *rand;     /* RAND_ELEMS random values of the dtype (twice over, so windows need no wrap) */
+    void *d_k, *d_v;    /* device copies of a step's new K and V */
+    void *d_meta;       /* device: indptr [MAX_B + 1], seq_lens [MAX_B], append_indptr [2] */
+    int32_t *indices;   /* the step's table (host) */
+    int64_t cap;
+} serving;
+
+static bool serving_begin(soak *S, const epoch *e, serving *v) {
+    memset(v, 0, sizeof *v);
+    if (pkv_page_pool_create(e->usable, e->p.page_size, MAX_REQ, &v->pool) != PKV_OK) return false;
+    for (int32_t i = MAX_REQ - 1; i >= 0; i--) v->free_ids[v->nfree++] = i;
+    v->rand = (uint16_t *)malloc((size_t)RAND_ELEMS * 2 * 2);
+    v->cap = e->usable;
+    v->indices = (int32_t *)malloc((size_t)v->cap * sizeof(int32_t));
+    if (!v->rand || !v->indices) return false;
+    for (int64_t i = 0; i < RAND_ELEMS; i++) v->rand[i] = v->rand[i + RAND_ELEMS] = pkv_test_random_value(&S->rng, e->p.dtype);
+    if (S->cuda && (pkv_dev_malloc(S->ctx, (size_t)RAND_ELEMS * 2, &v->d_k) != PKV_OK ||
+                    pkv_dev_malloc(S->ctx, (size_t)RAND_ELEMS * 2, &v->d_v) != PKV_OK ||
+                    pkv_dev_malloc(S->ctx, (size_t)(3 * MAX_B + 3) * 4, &v->d_meta) != PKV_OK))
+        return false;
+    return true;
+}
+
+static void serving_end(soak *S, serving *v) {
+    pkv_page_pool_free(v->pool);
+    free(v->rand);
+    free(v->indices);
+    if (v->d_k) pkv_dev_free(S->ctx, v->d_k);
+    if (v->d_v) pkv_dev_free(S->ctx, v->d_v);
+    if (v->d_meta) pkv_dev_free(S->ctx, v->d_meta);
+    memset(v, 0, sizeof *v);
+}
+
+/* The manager's table of rows (host), its index array grown to what forks' shared pages add up to. */
+static bool table_of(serving *v, const int32_t *rows, int32_t B, int32_t *indptr, int32_t *lens) {
+    int64_t need = 0;
+    if (pkv_page_pool_table_size(v->pool, rows, B, &need) != PKV_OK) return false;
+    if (need > v->cap) {
+        int32_t *grown = (int32_t *)realloc(v->indices, (size_t)need * 2 * sizeof(int32_t));
+        if (!grown) return false;
+        v->indices = grown;
+        v->cap = need * 2;
+    }
+    return pkv_page_pool_table(v->pool, rows, B, indptr, v->indices, v->cap, NULL, lens) == PKV_OK;
+}
+
+static void drop(serving *v, int32_t k) { /* live[k] leaves (already freed in the pool) */
+    v->free_ids[v->nfree++] = v->live[k];
+    v->live[k] = v->live[--v->nlive];
+}
+
+/* Appends n tokens of rows rows[0..B) (the ragged form: the rows' last n_i tokens; decode: n_i = 1) from
+ * random windows, into the host mirror and, on CUDA, the device pool. */
+static bool append_rows(soak *S, const epoch *e, serving *v, int32_t B, const int32_t *rows, const int32_t *n) {
+    const int64_t tok = (int64_t)e->p.num_kv_heads * e->p.head_dim;
+    int32_t indptr[MAX_B + 1], lens[MAX_B], aptr[MAX_B + 1];
+    if (!table_of(v, rows, B, indptr, lens)) return false;
+    aptr[0] = 0;
+    for (int32_t i = 0; i < B; i++) aptr[i + 1] = aptr[i] + n[i];
+    const int64_t elems = (int64_t)aptr[B] * tok;
+    if (elems == 0) return true;
+    if (elems > RAND_ELEMS) return false;
+    const int64_t ok = pkv_rng_uniform_int(&S->rng, 0, RAND_ELEMS - 1), ov = pkv_rng_uniform_int(&S->rng, 0, RAND_ELEMS - 1);
+    pkv_append_tensors a;
+    memset(&a, 0, sizeof a);
+    a.k = v->rand + ok, a.v = v->rand + ov;
+    a.k_cache = e->k, a.v_cache = e->v;
+    a.kv_indptr = indptr, a.kv_page_indices = v->indices, a.seq_lens = lens, a.append_indptr = aptr;
+    if (pkv_append_kv(S->hctx, &e->p, B, aptr[B], &a, NULL) != PKV_OK) return false;
+    if (!S->cuda) return true;
+    int32_t *meta = (int32_t *)v->d_meta;
+    if (!grow_dev(S, &S->d_idx, &S->idx_cap, (size_t)(indptr[B] > 0 ? indptr[B] : 1) * 4)) return false;
+    pkv_status st = pkv_dev_copy_h2d(S->ctx, v->d_k, v->rand + ok, (size_t)elems * 2);
+    if (st == PKV_OK) st = pkv_dev_copy_h2d(S->ctx, v->d_v, v->rand + ov, (size_t)elems * 2);
+    if (st == PKV_OK) st = pkv_dev_copy_h2d(S->ctx, S->d_idx, v->indices, (size_t)indptr[B] * 4);
+    if (st == PKV_OK) st = pkv_dev_copy_h2d(S->ctx, meta, indptr, (size_t)(B + 1) * 4);
+    if (st == PKV_OK) st = pkv_dev_copy_h2d(S->ctx, meta + MAX_B + 1, lens, (size_t)B * 4);
+    if (st == PKV_OK) st = pkv_dev_copy_h2d(S->ctx, meta + 2 * MAX_B + 1, aptr, (size_t)(B + 1) * 4);
+    a.k = v->d_k, a.v = v->d_v;
+    a.k_cache = e->dk, a.v_cache = e->dv;
+    a.kv_indptr = meta, a.kv_page_indices = (const int32_t *)S->d_idx, a.seq_lens = meta + MAX_B + 1;
+    a.append_indptr = meta + 2 * MAX_B + 1;
+    if (st == PKV_OK) st = pkv_append_kv(S->ctx, &e->p, B, aptr[B], &a, NULL);
+    return st == PKV_OK;
+}
+
+static bool copy_pages(soak *S, const epoch *e, const pkv_page_copy *c, int32_t count) {
+    if (count == 0) return true;
+    if (pkv_copy_pages(S->hctx, &e->p, c, count, e->k, e->v, 0, NULL) != PKV_OK) return false;
+    return !S->cuda || pkv_copy_pages(S->ctx, &e->p, c, count, e->dk, e->dv, 0, NULL) == PKV_OK;
+}
+
+/* Preempts a random live request (frees it), as a server does when pages run out. */
+static void preempt(soak *S, serving *v) {
+    if (v->nlive == 0) return;
+    const int32_t k = (int32_t)pkv_test_pick(&S->rng, v->nlive);
+    pkv_request_free(v->pool, v->live[k]);
+    drop(v, k);
+    S->s.preemptions++;
+}
+
+/* One serving step: departures, rollbacks, forks, arrivals (prompt appended), a token for every live
+ * request (copies, then the append), the manager's table checked, attention.  False: stop the soak. */
+static bool serve_step(soak *S, const epoch *e, serving *v, int64_t step) {
+    soak_stats *s = &S->s;
+    pkv_rng *rng = &S->rng;
+    const int32_t ps = e->p.page_size;
+    const int64_t tok = (int64_t)e->p.num_kv_heads * e->p.head_dim;
+    for (int32_t k = v->nlive - 1; k >= 0; k--) /* departures: each request has its decode budget */
+        if (--v->left[v->live[k]] <= 0) {
+            if (pkv_request_free(v->pool, v->live[k]) != PKV_OK) return false;
+            drop(v, k);
+            s->departures++;
+        }
+    if (v->nlive > 0 && pkv_test_pick(rng, 50) == 0) { /* a rollback of a few tokens */
+        const int32_t r = v->live[pkv_test_pick(rng, v->nlive)];
+        int32_t len = 0;
+        pkv_request_length(v->pool, r, &len);
+        if (pkv_request_truncate(v->pool, r, len > 8 ? len - (int32_t)pkv_rng_uniform_int(rng, 1, 8) : len) != PKV_OK)
+            return false;
+        s->rollbacks++;
+    }
+    if (v->nlive > 0 && v->nlive < MAX_B && v->nfree > 0 && pkv_test_pick(rng, 20) == 0) { /* a fork */
+        const int32_t src = v->live[pkv_test_pick(rng, v->nlive)], dst = v->free_ids[--v->nfree];
+        if (pkv_request_fork(v->pool, src, dst) != PKV_OK) return false;
+        v->live[v->nlive++] = dst;
+        v->left[dst] = (int32_t)pkv_rng_uniform_int(rng, 4, 200);
+        s->forks++;
+    }
+    const int32_t target = (int32_t)(8 + step % 40); /* the batch breathes between 8 and 47 */
+    for (int a = 0; a < 2 && v->nlive < target && v->nfree > 0; a++) { /* arrivals */
+        int64_t max_prompt = RAND_ELEMS / tok < 6000 ? RAND_ELEMS / tok : 6000;
+        if (max_prompt > e->usable * ps / 16) max_prompt = e->usable * ps / 16; /* a sixteenth of the pool */
+        const int32_t prompt = (int32_t)pkv_rng_uniform_int(rng, 0, max_prompt);
+        const int32_t r = v->free_ids[v->nfree - 1];
+        pkv_status st = pkv_request_create(v->pool, r, prompt);
+        if (st == PKV_ERR_POOL_EXHAUSTED) {
+            preempt(S, v);
+            break;
+        }
+        if (st != PKV_OK) return false;
+        v->nfree--;
+        v->live[v->nlive++] = r;
+        v->left[r] = (int32_t)pkv_rng_uniform_int(rng, 8, 400);
+        if (!append_rows(S, e, v, 1, &r, &prompt)) return false;
+        s->arrivals++;
+        s->appended_tokens += prompt;
+    }
+    /* a token for every live request (preempting others while pages run out): the copy-on-write copies
+     * first, then the append */
+    pkv_page_copy copies[MAX_B];
+    int32_t ncopy = 0, ones[MAX_B], pending[MAX_B];
+    const int32_t npending = v->nlive;
+    memcpy(pending, v->live, (size_t)npending * sizeof(int32_t));
+    for (int32_t j = 0; j < npending; j++) {
+        const int32_t r = pending[j];
+        int32_t k = 0;
+        while (k < v->nlive && v->live[k] != r) k++;
+        if (k == v->nlive) continue; /* preempted meanwhile */
+        pkv_page_copy c;
+        pkv_status st = pkv_request_extend(v->pool, r, 1, &c);
+        while (st == PKV_ERR_POOL_EXHAUSTED && v->nlive > 1) { /* preempt another request, retry */
+            int32_t victim = (int32_t)pkv_test_pick(rng, v->nlive);
+            if (v->live[victim] == r) victim = (victim + 1) % v->nlive;
+            pkv_request_free(v->pool, v->live[victim]);
+            drop(v, victim);
+            s->preemptions++;
+            st = pkv_request_extend(v->pool, r, 1, &c);
+        }
+        if (st == PKV_ERR_POOL_EXHAUSTED) { /* alone and still no page: preempted itself */
+            pkv_request_free(v->pool, r);
+            drop(v, 0);
+            s->preemptions++;
+            continue;
+        }
+        if (st != PKV_OK) return false;
+        if (c.src_page >= 0) copies[ncopy++] = c;
+    }
+    for (int32_t k = 0; k < v->nlive; k++) ones[k] = 1;
+    s->cow_copies += ncopy;
+    if (!copy_pages(S, e, copies, ncopy)) return false;
+    const int32_t B = v->nlive;
+    if (B == 0) return true;
+    if (!append_rows(S, e, v, B, v->live, ones)) return false;
+    s->appended_tokens += B;
+    /* the step's table from the manager, checked, then attention over it */
+    int32_t indptr[MAX_B + 1], lens[MAX_B];
+    if (!table_of(v, v->live, B, indptr, lens)) return false;
+    const pkv_page_table t = {B, indptr, v->indices, lens};
+    pkv_problem p = e->p;
+    if (pkv_page_pool_check_table(v->pool, v->live, &t) != PKV_OK || pkv_check_page_table(&p, &t) != PKV_OK) {
+        fprintf(stderr, "soak: step %lld: the manager's table fails its check: %s\n", (long long)step, pkv_last_error());
+        s->failures++;
+        return false;
+    }
+    pkv_page_pool_stats ps_;
+    if (pkv_page_pool_get_stats(v->pool, &ps_) != PKV_OK || ps_.pages_used + ps_.pages_free != ps_.num_pages ||
+        ps_.live_requests != v->nlive) {
+        fprintf(stderr, "soak: step %lld: the pool's counters disagree\n", (long long)step);
+        s->failures++;
+        return false;
+    }
+    s->served_steps++;
+    return attend(S, e, p, B, lens, indptr, v->indices, step);
+}
+
+/* CUDA: the device pool equals the host mirror (every append and copy went to both). */
+static bool pools_agree(soak *S, const epoch *e) {
+    if (!S->cuda) return true;
+    const size_t bytes = (size_t)e->pool_elems * 2;
+    uint16_t *h = (uint16_t *)malloc(bytes);
+    bool ok = h && pkv_dev_copy_d2h(S->ctx, h, e->dk, bytes) == PKV_OK && memcmp(h, e->k, bytes) == 0 &&
+              pkv_dev_copy_d2h(S->ctx, h, e->dv, bytes) == PKV_OK && memcmp(h, e->v, bytes) == 0;
+    free(h);
+    if (!ok) fprintf(stderr, "soak: the device pool differs from the host mirror after a serving epoch\n");
+    return ok;
+}
+
+int main(int argc, char **argv) {
+    soak S;
+    memset(&S, 0, sizeof S);
+    int rc = parse_opts(argc, argv, &S.o);
     if (rc) return rc;
-    if (o.backend == PKV_BACKEND_CUDA && !pkv_cuda_available()) {
+    const soak_opts *o = &S.o;
+    if (o->backend == PKV_BACKEND_CUDA && !pkv_cuda_available()) {
         printf("SKIP: no CUDA device (or a build without CUDA): the GPU soak not run\n");
         return 77;
     }
     pkv_context_config cc;
     pkv_context_config_default(&cc);
-    cc.backend = o.backend;
-    cc.check_pages = o.check_pages;
-    pkv_context *ctx = NULL;
-    if (pkv_context_create(&cc, &ctx) != PKV_OK) {
+    cc.backend = o->backend;
+    cc.check_pages = o->check_pages;
+    if (pkv_context_create(&cc, &S.ctx) != PKV_OK) {
         fprintf(stderr, "soak: %s\n", pkv_last_error());
         return 1;
     }
-    const bool cuda = pkv_context_backend(ctx) == PKV_BACKEND_CUDA;
-    soak_stats s;
-    memset(&s, 0, sizeof s);
+    S.cuda = pkv_context_backend(S.ctx) == PKV_BACKEND_CUDA;
+    S.hctx = S.ctx;
+    if (S.cuda) {
+        pkv_context_config hc;
+        pkv_context_config_default(&hc);
+        hc.backend = PKV_BACKEND_CPU;
+        if (pkv_context_create(&hc, &S.hctx) != PKV_OK) return 1;
+    }
+    soak_stats *s = &S.s;
     pkv_dev_info info;
     memset(&info, 0, sizeof info);
-    snprintf(info.name, sizeof info.name, "%s", pkv_context_device_name(ctx));
-    pkv_rng rng;
-    pkv_rng_seed(&rng, o.seed);
-    pkv_plan *plan = NULL;
-    if (pkv_plan_create(&plan) != PKV_OK) return 1;
-
-    /* per-step buffers, at their largest: B rows of up to 64 x 256 outputs, page ids of the whole pool */
-    const size_t o_cap = (size_t)MAX_B * 16 * 8 * 256, lse_cap = (size_t)MAX_B * 16 * 8;
-    uint16_t *h_o = (uint16_t *)malloc(o_cap * 2), *h_q = (uint16_t *)malloc(o_cap * 2);
-    float *h_lse = (float *)malloc(lse_cap * sizeof(float));
-    double *ref_o = (double *)malloc((size_t)16 * 8 * 256 * sizeof(double)), *ref_lse = (double *)malloc(16 * 8 * sizeof(double));
+    snprintf(info.name, sizeof info.name, "%s", pkv_context_device_name(S.ctx));
+    pkv_rng_seed(&S.rng, o->seed);
+    if (pkv_plan_create(&S.plan) != PKV_OK) return 1;
+    S.h_o = (uint16_t *)malloc(O_CAP * 2);
+    S.h_q = (uint16_t *)malloc(O_CAP * 2);
+    S.h_lse = (float *)malloc(LSE_CAP * sizeof(float));
+    S.ref_o = (double *)malloc((size_t)64 * 256 * sizeof(double));
+    S.ref_lse = (double *)malloc(64 * sizeof(double));
     int32_t lens[MAX_B], indptr[MAX_B + 1];
-    void *d_q = NULL, *d_o = NULL, *d_lse = NULL, *d_idx = NULL, *ws = NULL;
-    size_t ws_cap = 0, idx_cap = 0;
     int32_t *indices = NULL, *perm = NULL;
-    if (!h_o || !h_q || !h_lse || !ref_o || !ref_lse) return 1;
-    if (cuda) {
-        if (pkv_dev_malloc(ctx, o_cap * 2, &d_q) != PKV_OK || pkv_dev_malloc(ctx, o_cap * 2, &d_o) != PKV_OK ||
-            pkv_dev_malloc(ctx, lse_cap * sizeof(float), &d_lse) != PKV_OK) {
+    if (!S.h_o || !S.h_q || !S.h_lse || !S.ref_o || !S.ref_lse) return 1;
+    if (S.cuda) {
+        if (pkv_dev_malloc(S.ctx, O_CAP * 2, &S.d_q) != PKV_OK || pkv_dev_malloc(S.ctx, O_CAP * 2, &S.d_o) != PKV_OK ||
+            pkv_dev_malloc(S.ctx, LSE_CAP * sizeof(float), &S.d_lse) != PKV_OK) {
             fprintf(stderr, "soak: %s\n", pkv_last_error());
             return 1;
         }
-        pkv_dev_get_info(ctx, &info);
-        s.mem_free_start = info.mem_free_bytes;
-        s.mem_free_min = INT64_MAX;
+        pkv_dev_get_info(S.ctx, &info);
+        s->mem_free_start = info.mem_free_bytes;
+        s->mem_free_min = INT64_MAX;
     }
     const double t0 = now_s();
     epoch e;
     memset(&e, 0, sizeof e);
+    serving v;
+    memset(&v, 0, sizeof v);
+    bool serve = false;
     int64_t epoch_left = 0;
-    for (int64_t step = 0; step < o.steps; step++) {
-        if (epoch_left == 0) { /* a new shape and pool */
+    for (int64_t step = 0; step < o->steps; step++) {
+        if (epoch_left == 0) { /* a new shape and pool; serving and plain epochs alternate */
             if (e.k) {
-                epoch_end(ctx, &e);
-                if (cuda && pkv_dev_get_info(ctx, &info) == PKV_OK) {
-                    if (info.mem_free_bytes < s.mem_free_min) s.mem_free_min = info.mem_free_bytes;
-                    if (info.mem_free_bytes > s.mem_free_max) s.mem_free_max = info.mem_free_bytes;
+                if (serve) {
+                    if (!pools_agree(&S, &e)) s->failures++;
+                    serving_end(&S, &v);
+                }
+                epoch_end(S.ctx, &e);
+                if (S.cuda && pkv_dev_get_info(S.ctx, &info) == PKV_OK) {
+                    if (info.mem_free_bytes < s->mem_free_min) s->mem_free_min = info.mem_free_bytes;
+                    if (info.mem_free_bytes > s->mem_free_max) s->mem_free_max = info.mem_free_bytes;
                 }
             }
-            if (!epoch_begin(ctx, &o, &rng, &e)) {
-                fprintf(stderr, "soak: cannot set up an epoch's pool: %s\n", pkv_last_error());
-                s.failures++;
+            serve = s->epochs % 2 == 1;
+            if (!epoch_begin(S.ctx, o, &S.rng, &e) || (serve && !serving_begin(&S, &e, &v))) {
+                fprintf(stderr, "soak: cannot set up an epoch: %s\n", pkv_last_error());
+                s->failures++;
                 break;
             }
             free(perm);
@@ -263,152 +633,73 @@ int main(int argc, char **argv) {
             indices = (int32_t *)malloc((size_t)e.usable * sizeof(int32_t));
             if (!perm || !indices) return 1;
             for (int64_t i = 0; i < e.usable; i++) perm[i] = (int32_t)i;
-            if (cuda && idx_cap < (size_t)e.usable * 4) {
-                if (d_idx) pkv_dev_free(ctx, d_idx);
-                idx_cap = (size_t)e.usable * 4;
-                if (pkv_dev_malloc(ctx, idx_cap, &d_idx) != PKV_OK) return 1;
-            }
             /* q for the epoch's largest step (a step uses its first B rows) */
             const int64_t q_max = (int64_t)MAX_B * e.p.num_qo_heads * e.p.head_dim;
-            for (int64_t i = 0; i < q_max; i++) h_q[i] = pkv_test_random_value(&rng, e.p.dtype);
-            if (cuda && pkv_dev_copy_h2d(ctx, d_q, h_q, (size_t)q_max * 2) != PKV_OK) return 1;
-            epoch_left = o.epoch;
-            s.epochs++;
+            for (int64_t i = 0; i < q_max; i++) S.h_q[i] = pkv_test_random_value(&S.rng, e.p.dtype);
+            if (S.cuda && pkv_dev_copy_h2d(S.ctx, S.d_q, S.h_q, (size_t)q_max * 2) != PKV_OK) return 1;
+            epoch_left = o->epoch;
+            s->epochs++;
         }
         epoch_left--;
-        pkv_problem p = e.p;
-        const int32_t B = step_lengths(&rng, &o, &e, lens);
-        deal_pages(&rng, &e, perm, B, lens, indptr, indices);
-        const double u = pkv_rng_uniform01(&rng);
-        if (u < 0.1) p.window = (int32_t)pkv_rng_uniform_int(&rng, 1, 4096);
-        else if (u < 0.2) pkv_test_random_cap(&rng, &p);
-        const int64_t q_elems = (int64_t)B * p.num_qo_heads * p.head_dim;
-        pkv_page_table table = {B, indptr, indices, lens};
-        pkv_plan_options opts;
-        pkv_plan_options_default(&opts);
-        const int r = (int)pkv_test_pick(&rng, PKV_ROUTE_COUNT_ + 1); /* the last: a graph-stable plan */
-        opts.route = r < PKV_ROUTE_COUNT_ ? (pkv_route)r : PKV_ROUTE_AUTO;
-        if (r == PKV_ROUTE_COUNT_) opts.graph_max_batch = B + (int32_t)pkv_test_pick(&rng, 8);
-        pkv_status st = pkv_plan_step(ctx, &p, &table, &opts, plan);
-        if (st != PKV_OK) {
-            fprintf(stderr, "soak: step %lld: plan failed: %s\n", (long long)step, pkv_last_error());
-            s.failures++;
-            continue;
-        }
-        const size_t need = pkv_plan_workspace_size(plan);
-        if (need > ws_cap) {
-            if (cuda) {
-                if (ws) pkv_dev_free(ctx, ws);
-                if (pkv_dev_malloc(ctx, need, &ws) != PKV_OK) return 1;
-            } else {
-                free(ws);
-                ws = malloc(need);
-                if (!ws) return 1;
+        bool go_on;
+        if (serve) {
+            go_on = serve_step(&S, &e, &v, step);
+            if (!go_on && s->failures == 0) {
+                fprintf(stderr, "soak: step %lld: serving failed: %s\n", (long long)step, pkv_last_error());
+                s->failures++;
             }
-            ws_cap = need;
-        }
-        const size_t o_bytes = (size_t)q_elems * 2, lse_bytes = (size_t)B * p.num_qo_heads * sizeof(float);
-        pkv_tensors t;
-        memset(&t, 0, sizeof t);
-        if (cuda) {
-            if (indptr[B] > 0) st = pkv_dev_copy_h2d(ctx, d_idx, indices, (size_t)indptr[B] * 4);
-            if (st == PKV_OK) st = pkv_dev_memset(ctx, d_o, 0xff, o_bytes); /* NaN: unwritten shows */
-            if (st == PKV_OK) st = pkv_dev_memset(ctx, d_lse, 0xff, lse_bytes);
-            t = (pkv_tensors){d_q, e.dk, e.dv, (const int32_t *)d_idx, d_o, (float *)d_lse, 0, 0, 0};
         } else {
-            memset(h_o, 0xff, o_bytes);
-            memset(h_lse, 0xff, lse_bytes);
-            t = (pkv_tensors){h_q, e.k, e.v, indices, h_o, h_lse, 0, 0, 0};
+            pkv_problem p = e.p;
+            const int32_t B = step_lengths(&S.rng, o, &e, lens);
+            deal_pages(&S.rng, &e, perm, B, lens, indptr, indices);
+            const double u = pkv_rng_uniform01(&S.rng);
+            if (u < 0.1) p.window = (int32_t)pkv_rng_uniform_int(&S.rng, 1, 4096);
+            else if (u < 0.2) pkv_test_random_cap(&S.rng, &p);
+            go_on = attend(&S, &e, p, B, lens, indptr, indices, step);
         }
-        if (st == PKV_OK) st = pkv_run(ctx, plan, ws, ws_cap, &t, NULL);
-        s.steps++;
-        s.runs_by_route[r]++;
-        if (st != PKV_OK) {
-            fprintf(stderr, "soak: step %lld (route %d): run failed: %s\n", (long long)step, r, pkv_last_error());
-            s.failures++;
-            if (cuda) break; /* a CUDA error leaves the context unusable */
-            continue;
-        }
-        if (step % o.sample != 0) continue;
-        /* a sampled step: every output written, one row against the float64 reference */
-        if (cuda) {
-            st = pkv_dev_copy_d2h(ctx, h_o, d_o, o_bytes);
-            if (st == PKV_OK) st = pkv_dev_copy_d2h(ctx, h_lse, d_lse, lse_bytes);
-            if (st != PKV_OK) {
-                fprintf(stderr, "soak: step %lld: %s\n", (long long)step, pkv_last_error());
-                s.failures++;
-                break;
-            }
-        }
-        s.sampled++;
-        int64_t unwritten = 0;
-        for (int64_t i = 0; i < q_elems; i++) unwritten += isnan(pkv_test_to_float(h_o[i], p.dtype));
-        const int32_t row = (int32_t)pkv_test_pick(&rng, B), hq = p.num_qo_heads, d = p.head_dim;
-        pkv_page_table one = {1, (int32_t[]){0, indptr[row + 1] - indptr[row]}, indices + indptr[row], &lens[row]};
-        st = pkv_reference(&p, &one, h_q + (int64_t)row * hq * d, e.k, e.v, ref_o, ref_lse);
-        double num = 0, den = 0, lse_err = 0;
-        for (int64_t i = 0; st == PKV_OK && i < (int64_t)hq * d; i++) {
-            const double x = pkv_test_to_float(h_o[(int64_t)row * hq * d + i], p.dtype), dx = x - ref_o[i];
-            num += dx * dx;
-            den += ref_o[i] * ref_o[i];
-        }
-        for (int32_t h = 0; st == PKV_OK && h < hq; h++) {
-            const double l = h_lse[row * hq + h], lr = ref_lse[h];
-            const double err = isinf(lr) ? (l == lr ? 0.0 : INFINITY) : fabs(l - lr) / fmax(1.0, fabs(lr));
-            if (!(err <= lse_err)) lse_err = err;
-        }
-        const double rel = den > 0 ? sqrt(num / den) : sqrt(num); /* an empty row: o must be 0 */
-        const int di = p.dtype == PKV_DTYPE_BF16;
-        const double tol = di ? 1.5e-2 : 2e-3;
-        if (rel > s.worst_o[di] || isnan(rel)) s.worst_o[di] = isnan(rel) ? INFINITY : rel;
-        if (lse_err > s.worst_lse) s.worst_lse = lse_err;
-        const int64_t w = step / WINDOW_STEPS < MAX_WINDOWS ? step / WINDOW_STEPS : MAX_WINDOWS - 1;
-        if (rel / tol > s.window_worst[w] || isnan(rel)) s.window_worst[w] = isnan(rel) ? INFINITY : rel / tol;
-        if (st != PKV_OK || unwritten || !(rel < tol) || !(lse_err < 1e-2)) {
-            s.failures++;
-            fprintf(stderr,
-                    "soak: step %lld route %d B %d row %d (len %d) G %d Hkv %d d %d page %d %s %s window %d cap %g: "
-                    "unwritten %lld, relative L2 %.3g, lse error %.3g%s%s\n",
-                    (long long)step, r, B, row, lens[row], hq / p.num_kv_heads, p.num_kv_heads, d, p.page_size,
-                    p.layout == PKV_LAYOUT_HND ? "HND" : "NHD", di ? "bf16" : "fp16", p.window,
-                    (double)p.logits_soft_cap, (long long)unwritten, rel, lse_err, st ? ": " : "",
-                    st ? pkv_last_error() : "");
-            if (s.failures > 20) break;
-        }
-        if (s.steps % 10000 == 0 || step + 1 == o.steps)
-            fprintf(stderr, "soak: %lld steps, %lld sampled, %lld failures, %.0f s\n", (long long)s.steps,
-                    (long long)s.sampled, (long long)s.failures, now_s() - t0);
+        if (!go_on) break;
+        if (s->steps % 10000 == 0 || step + 1 == o->steps)
+            fprintf(stderr, "soak: %lld steps, %lld sampled, %lld failures, %.0f s\n", (long long)s->steps,
+                    (long long)s->sampled, (long long)s->failures, now_s() - t0);
     }
-    epoch_end(ctx, &e);
+    if (serve && e.k) {
+        if (!pools_agree(&S, &e)) s->failures++;
+        serving_end(&S, &v);
+    }
+    epoch_end(S.ctx, &e);
     const double wall = now_s() - t0;
-    if (cuda) {
-        pkv_dev_free(ctx, d_q);
-        pkv_dev_free(ctx, d_o);
-        pkv_dev_free(ctx, d_lse);
-        if (d_idx) pkv_dev_free(ctx, d_idx);
-        if (ws) pkv_dev_free(ctx, ws);
-        pkv_dev_synchronize(ctx);
-        if (pkv_dev_get_info(ctx, &info) == PKV_OK) s.mem_free_end = info.mem_free_bytes;
+    if (S.cuda) {
+        pkv_dev_free(S.ctx, S.d_q);
+        pkv_dev_free(S.ctx, S.d_o);
+        pkv_dev_free(S.ctx, S.d_lse);
+        if (S.d_idx) pkv_dev_free(S.ctx, S.d_idx);
+        if (S.ws) pkv_dev_free(S.ctx, S.ws);
+        pkv_dev_synchronize(S.ctx);
+        if (pkv_dev_get_info(S.ctx, &info) == PKV_OK) s->mem_free_end = info.mem_free_bytes;
     } else {
-        free(ws);
+        free(S.ws);
     }
     /* leaks: the device memory free after everything is freed again, as after the set-up plus its buffers */
-    const int64_t leak = cuda ? (s.mem_free_start + (int64_t)(o_cap * 4 + lse_cap * 4)) - s.mem_free_end : 0;
-    const bool leaked = cuda && leak > (int64_t)4 << 20;
-    if (leaked) s.failures++;
-    printf("soak on %s: %lld steps (%lld epochs of shapes), %lld sampled against the float64 reference, %lld "
-           "failures; worst relative L2 of o: fp16 %.3g, bf16 %.3g; worst lse error %.3g; %.1f s\n",
-           info.name, (long long)s.steps, (long long)s.epochs, (long long)s.sampled, (long long)s.failures,
-           s.worst_o[0], s.worst_o[1], s.worst_lse, wall);
-    if (cuda)
+    const int64_t leak = S.cuda ? (s->mem_free_start + (int64_t)(O_CAP * 4 + LSE_CAP * 4)) - s->mem_free_end : 0;
+    const bool leaked = S.cuda && leak > (int64_t)4 << 20;
+    if (leaked) s->failures++;
+    printf("soak on %s: %lld steps (%lld epochs of shapes; %lld steps served by the page manager: %lld arrivals, "
+           "%lld forks, %lld copy-on-write copies, %lld rollbacks, %lld preemptions, %lld departures, %lld tokens "
+           "appended), %lld sampled against the float64 reference, %lld failures; worst relative L2 of o: fp16 "
+           "%.3g, bf16 %.3g; worst lse error %.3g; %.1f s\n",
+           info.name, (long long)s->steps, (long long)s->epochs, (long long)s->served_steps, (long long)s->arrivals,
+           (long long)s->forks, (long long)s->cow_copies, (long long)s->rollbacks, (long long)s->preemptions,
+           (long long)s->departures, (long long)s->appended_tokens, (long long)s->sampled, (long long)s->failures,
+           s->worst_o[0], s->worst_o[1], s->worst_lse, wall);
+    if (S.cuda)
         printf("device memory free: %.1f MiB after set-up, %.1f MiB at the end (its buffers freed), between "
                "epochs %.1f..%.1f MiB%s\n",
-               s.mem_free_start / 1048576.0, s.mem_free_end / 1048576.0, s.mem_free_min / 1048576.0,
-               s.mem_free_max / 1048576.0, leaked ? ": LEAK" : "");
-    if (o.json) {
-        FILE *f = fopen(o.json, "w");
+               s->mem_free_start / 1048576.0, s->mem_free_end / 1048576.0, s->mem_free_min / 1048576.0,
+               s->mem_free_max / 1048576.0, leaked ? ": LEAK" : "");
+    if (o->json) {
+        FILE *f = fopen(o->json, "w");
         if (!f) {
-            fprintf(stderr, "soak: cannot write %s\n", o.json);
+            fprintf(stderr, "soak: cannot write %s\n", o->json);
             return 1;
         }
         const char *commit = getenv("PKV_COMMIT");
@@ -419,30 +710,36 @@ int main(int argc, char **argv) {
                 commit ? commit : "unknown", info.name, date);
         for (int i = 0; i < argc; i++) fprintf(f, "%s%s", i ? " " : "", argv[i]);
         fprintf(f, "\",\n  \"steps\": %lld, \"epochs\": %lld, \"sampled\": %lld, \"failures\": %lld, \"wall_s\": %.1f,\n",
-                (long long)s.steps, (long long)s.epochs, (long long)s.sampled, (long long)s.failures, wall);
+                (long long)s->steps, (long long)s->epochs, (long long)s->sampled, (long long)s->failures, wall);
+        fprintf(f, "  \"serving\": {\"steps\": %lld, \"arrivals\": %lld, \"forks\": %lld, \"cow_copies\": %lld, "
+                   "\"rollbacks\": %lld, \"preemptions\": %lld, \"departures\": %lld, \"appended_tokens\": %lld},\n",
+                (long long)s->served_steps, (long long)s->arrivals, (long long)s->forks, (long long)s->cow_copies,
+                (long long)s->rollbacks, (long long)s->preemptions, (long long)s->departures,
+                (long long)s->appended_tokens);
         fprintf(f, "  \"runs_by_route\": {");
         for (int r = 0; r <= PKV_ROUTE_COUNT_; r++)
             fprintf(f, "%s\"%s\": %lld", r ? ", " : "", r < PKV_ROUTE_COUNT_ ? pkv_route_name((pkv_route)r) : "graph-stable",
-                    (long long)s.runs_by_route[r]);
-        fprintf(f, "},\n  \"worst_rel_l2\": {\"fp16\": %.4g, \"bf16\": %.4g}, \"worst_lse_err\": %.4g,\n", s.worst_o[0],
-                s.worst_o[1], s.worst_lse);
+                    (long long)s->runs_by_route[r]);
+        fprintf(f, "},\n  \"worst_rel_l2\": {\"fp16\": %.4g, \"bf16\": %.4g}, \"worst_lse_err\": %.4g,\n", s->worst_o[0],
+                s->worst_o[1], s->worst_lse);
         fprintf(f, "  \"worst_over_tolerance_per_%d_steps\": [", WINDOW_STEPS);
-        const int64_t nw = (s.steps + WINDOW_STEPS - 1) / WINDOW_STEPS;
-        for (int64_t w = 0; w < nw && w < MAX_WINDOWS; w++) fprintf(f, "%s%.3f", w ? ", " : "", s.window_worst[w]);
+        const int64_t nw = (s->steps + WINDOW_STEPS - 1) / WINDOW_STEPS;
+        for (int64_t w = 0; w < nw && w < MAX_WINDOWS; w++) fprintf(f, "%s%.3f", w ? ", " : "", s->window_worst[w]);
         fprintf(f, "],\n  \"device_mem_free_mib\": {\"after_setup\": %.1f, \"end\": %.1f, \"epochs_min\": %.1f, "
                    "\"epochs_max\": %.1f}\n}\n",
-                s.mem_free_start / 1048576.0, s.mem_free_end / 1048576.0,
-                s.mem_free_min == INT64_MAX ? 0.0 : s.mem_free_min / 1048576.0, s.mem_free_max / 1048576.0);
+                s->mem_free_start / 1048576.0, s->mem_free_end / 1048576.0,
+                s->mem_free_min == INT64_MAX ? 0.0 : s->mem_free_min / 1048576.0, s->mem_free_max / 1048576.0);
         fclose(f);
     }
-    pkv_plan_free(plan);
-    pkv_context_free(ctx);
-    free(h_o);
-    free(h_q);
-    free(h_lse);
-    free(ref_o);
-    free(ref_lse);
+    pkv_plan_free(S.plan);
+    if (S.hctx != S.ctx) pkv_context_free(S.hctx);
+    pkv_context_free(S.ctx);
+    free(S.h_o);
+    free(S.h_q);
+    free(S.h_lse);
+    free(S.ref_o);
+    free(S.ref_lse);
     free(perm);
     free(indices);
-    return s.failures ? 1 : 0;
+    return s->failures ? 1 : 0;
 }
