@@ -13,7 +13,7 @@
  * stdout and as JSON.
  *
  *   soak [--backend cpu|cuda] [--steps N] [--epoch N] [--sample K] [--seed S] [--pool-mb M]
- *        [--max-len N] [--check-pages] [--json FILE]
+ *        [--max-len N] [--check-pages] [--max-seconds T] [--json FILE]
  *
  * Exit 0 when every check held, 1 on a failure, 77 when the backend is not there, 2 on bad options. */
 #define _POSIX_C_SOURCE 200809L /* clock_gettime */
@@ -34,6 +34,7 @@ typedef struct soak_opts {
     uint64_t seed;
     int64_t pool_mb;
     int check_pages;
+    double max_seconds; /* stop starting steps after this long (0: no limit); the results still written */
     const char *json;
 } soak_opts;
 
@@ -73,6 +74,7 @@ static int parse_opts(int argc, char **argv, soak_opts *o) {
     o->pool_mb = 256;
     o->max_len = 65536;
     o->check_pages = 0;
+    o->max_seconds = 0;
     o->json = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -94,6 +96,7 @@ static int parse_opts(int argc, char **argv, soak_opts *o) {
         else if (strcmp(a, "--seed") == 0 && parse_i64(v, 0, INT64_MAX, &x)) o->seed = (uint64_t)x;
         else if (strcmp(a, "--pool-mb") == 0 && parse_i64(v, 1, 1 << 16, &x)) o->pool_mb = x;
         else if (strcmp(a, "--max-len") == 0 && parse_i64(v, 1, 1 << 24, &x)) o->max_len = (int32_t)x;
+        else if (strcmp(a, "--max-seconds") == 0 && parse_i64(v, 1, 1 << 30, &x)) o->max_seconds = (double)x;
         else if (strcmp(a, "--json") == 0) o->json = v;
         else {
             fprintf(stderr, "soak: bad option %s %s\n", a, v);
@@ -658,6 +661,10 @@ int main(int argc, char **argv) {
             go_on = attend(&S, &e, p, B, lens, indptr, indices, step);
         }
         if (!go_on) break;
+        if (o->max_seconds > 0 && step % 256 == 0 && now_s() - t0 > o->max_seconds) {
+            fprintf(stderr, "soak: --max-seconds %.0f reached after %lld steps\n", o->max_seconds, (long long)s->steps);
+            break;
+        }
         if (s->steps % 10000 == 0 || step + 1 == o->steps)
             fprintf(stderr, "soak: %lld steps, %lld sampled, %lld failures, %.0f s\n", (long long)s->steps,
                     (long long)s->sampled, (long long)s->failures, now_s() - t0);
