@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # gpu_sanitize.sh BUILD_DIR LOG_DIR - compute-sanitizer over test_cuda on a reduced set (rows clamped to
-# 1500 tokens; and test_append_cuda under memcheck and initcheck), every tool that applies to the kernels:
-# memcheck (out-of-bounds and misaligned accesses, leaks of device memory), racecheck (shared-memory hazards), initcheck (reads of device memory nothing
-# wrote) and synccheck (barriers used where not every thread reaches them).  Two tools at a time, as
-# two processes on the GPU.  Writes LOG_DIR/sanitizer.log (all four logs) and prints each summary;
+# 1500 tokens), every tool that applies to the kernels: memcheck (out-of-bounds and misaligned accesses,
+# leaks of device memory), racecheck (shared-memory hazards), initcheck (reads of device memory nothing
+# wrote) and synccheck (barriers used where not every thread reaches them); and test_append_cuda (the
+# append and page-copy kernels) under memcheck and initcheck.  Two tools at a time, as two processes on
+# the GPU.  Writes LOG_DIR/sanitizer.log (all the logs) and prints each summary;
 # exits 1 if a tool reports anything or a test fails under it.  Called by scripts/gpu_check.sh.
 set -u -o pipefail
 build=${1:?usage: scripts/gpu_sanitize.sh BUILD_DIR LOG_DIR}
