@@ -1411,6 +1411,13 @@ def parse_args(argv=None):
     p.add_argument("--jit-warmup-only", action="store_true", help="compile the FlashInfer modules, then exit")
     p.add_argument("--jit-jobs", type=int, default=0, help="modules compiled at once (default all)")
     p.add_argument("--jit-one", help=argparse.SUPPRESS)
+    p.add_argument("--append", action="store_true",
+                   help="issue 35: time the append of new K/V (B = --append-batches) instead of decode: "
+                        "PersistentKV's pkv_append_kv against flashinfer.page.append_paged_kv_cache and a pure "
+                        "write of the same bytes, on the same pages; writes append.json and append.md to --out")
+    p.add_argument("--append-batches", default="1,2,4,8,16,32,64,128,256")
+    p.add_argument("--append-shape", default="paper", help="shape of the append runs (default paper: Hkv 8, d 128)")
+    p.add_argument("--append-dtype", choices=("fp16", "bf16"), default="fp16")
     p.add_argument("--dry-run", action="store_true", help="no CUDA: build and plan everything, print the plan, "
                    "self-test the reference; with --out, write made-up rows to test the writers")
     a = p.parse_args(argv)
@@ -1427,12 +1434,125 @@ def parse_args(argv=None):
     return a
 
 
+def run_append(args):
+    """--append (issue 35 item 5): the step's new K and V ([B, Hkv, d], one token per row) written into a
+    scattered page pool by (1) flashinfer.page.append_paged_kv_cache, (2) PersistentKV's
+    append_paged_kv_cache (the same call, FlashInfer's form: batch_indices + positions), (3) PersistentKV's
+    decode form (pkv.append_kv, one token per row, no batch_indices), and (4) a pure write of the same bytes
+    (torch index_copy_ of the B x Hkv x d rows into their NHD slots: the scatter with nothing else), and (5)
+    a dense copy of the same bytes (the floor).  Every implementation writes into its own copy of the same
+    pool and the caches are compared bitwise at the end of each B.  Timing as for decode: CUDA events
+    around each call, calls queued in batches of 16 behind a spin kernel (launch cost off the clock),
+    median of --reps; rows of random lengths (100..4000) so the slots are scattered.  Target (issue 35):
+    at B >= 64, PersistentKV within 10% of the pure write."""
+    import json
+    import torch
+    import flashinfer
+    import persistentkv as pkv
+    if args.layout != "NHD":
+        raise SystemExit("--append times the NHD layout (the pure write is an NHD row scatter)")
+    _, hkv, d = SHAPES[args.append_shape][:3]
+    dt = torch.float16 if args.append_dtype == "fp16" else torch.bfloat16
+    ps, dev = args.page_size, torch.device("cuda:0")
+    batches = [int(b) for b in args.append_batches.split(",") if b]
+    rng = SplitMix64(35)
+    spin_cycles = 2_000_000
+    rows_out = []
+
+    def time_call(fn, reps):
+        ev = []
+        for start in range(0, reps, 16):
+            torch.cuda._sleep(spin_cycles)  # the host queues the batch while the GPU spins
+            for _ in range(min(16, reps - start)):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                fn()
+                b.record()
+                ev.append((a, b))
+        torch.cuda.synchronize()
+        t = sorted(a.elapsed_time(b) * 1e3 for a, b in ev)
+        return t[len(t) // 2]
+
+    for B in batches:
+        lens = [rng.uniform_int(100, 4000) for _ in range(B)]
+        pool = pkv.PagePool(num_pages=sum((n + ps) // ps for n in lens) + 64, page_size=ps, max_requests=B)
+        # scatter the pages: requests of random lengths come and go first
+        for r in range(B):
+            pool.create(r, lens[r] - 1)
+        for r in range(0, B, 2):
+            pool.free(r)
+            pool.create(r, lens[r] - 1)
+        for r in range(B):
+            pool.extend(r, 1)
+        indptr, indices, last, seq = pool.table(list(range(B)))
+        P = pool.num_pages
+        base_k = torch.randn(P, ps, hkv, d, device=dev).to(dt)
+        base_v = torch.randn(P, ps, hkv, d, device=dev).to(dt)
+        caches = {name: (base_k.clone(), base_v.clone()) for name in ("fi", "pkv_fi_form", "pkv_decode", "write")}
+        k = torch.randn(B, hkv, d, device=dev).to(dt)
+        v = torch.randn(B, hkv, d, device=dev).to(dt)
+        d_indptr = torch.as_tensor(indptr, device=dev)
+        d_indices = torch.as_tensor(indices, device=dev)
+        d_last = torch.as_tensor(last, device=dev)
+        bidx = torch.arange(B, device=dev, dtype=torch.int32)
+        pos = torch.as_tensor(seq - 1, device=dev)
+        page = indices[indptr[:-1] + (seq - 1) // ps]
+        slot_rows = torch.as_tensor(page.astype("int64") * ps + (seq - 1) % ps, device=dev)
+        dense_k, dense_v = torch.empty_like(k), torch.empty_like(v)
+        calls = {
+            "fi": lambda: flashinfer.page.append_paged_kv_cache(k, v, bidx, pos, caches["fi"], d_indices, d_indptr,
+                                                                d_last, kv_layout="NHD"),
+            "pkv_fi_form": lambda: pkv.append_paged_kv_cache(k, v, bidx, pos, caches["pkv_fi_form"], d_indices,
+                                                             d_indptr, d_last, kv_layout="NHD"),
+            "pkv_decode": lambda: pkv.append_kv(k, v, caches["pkv_decode"], d_indptr, d_indices,
+                                                kv_last_page_len=d_last, kv_layout="NHD"),
+            "write": lambda: (caches["write"][0].view(P * ps, hkv * d).index_copy_(0, slot_rows, k.view(B, -1)),
+                              caches["write"][1].view(P * ps, hkv * d).index_copy_(0, slot_rows, v.view(B, -1))),
+            "dense_copy": lambda: (dense_k.copy_(k), dense_v.copy_(v)),
+        }
+        row = {"B": B, "Hkv": hkv, "d": d, "page_size": ps, "dtype": args.append_dtype,
+               "bytes": 2 * B * hkv * d * k.element_size()}
+        for name, fn in calls.items():
+            for _ in range(args.warmup):
+                fn()
+            row[name + "_us"] = time_call(fn, args.reps)
+        torch.cuda.synchronize()
+        ref = caches["write"]
+        row["equal"] = all(torch.equal(caches[n][0], ref[0]) and torch.equal(caches[n][1], ref[1])
+                           for n in ("fi", "pkv_fi_form", "pkv_decode"))
+        row["pkv_vs_write"] = row["pkv_decode_us"] / row["write_us"]
+        row["pkv_vs_fi"] = row["pkv_decode_us"] / row["fi_us"]
+        rows_out.append(row)
+        log(f"append B={B}: FI {row['fi_us']:.2f} us, PKV (FI form) {row['pkv_fi_form_us']:.2f} us, PKV (decode "
+            f"form) {row['pkv_decode_us']:.2f} us, index_copy_ {row['write_us']:.2f} us, dense copy "
+            f"{row['dense_copy_us']:.2f} us; equal {row['equal']}")
+    meta = dict(gpu=torch.cuda.get_device_name(0), torch=torch.__version__, flashinfer=flashinfer.__version__,
+                pkv_library=str(pkv.library_path), reps=args.reps, cmd=" ".join(sys.argv))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "append.json").write_text(json.dumps({"meta": meta, "rows": rows_out}, indent=1))
+    lines = [f"# Append K/V: PersistentKV vs FlashInfer ({meta['gpu']})", "",
+             f"`{meta['cmd']}`; kernel us (CUDA events, median of {args.reps}); Hkv {hkv}, d {d}, page {ps}, "
+             f"{args.append_dtype}, NHD, one token per row", "",
+             "| B | bytes | FlashInfer | PKV (FI form) | PKV (decode form) | pure write (index_copy_) | dense copy "
+             "| PKV / write | PKV / FI | equal |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | :---: |"]
+    for r in rows_out:
+        lines.append(f"| {r['B']} | {r['bytes']} | {r['fi_us']:.2f} | {r['pkv_fi_form_us']:.2f} | "
+                     f"{r['pkv_decode_us']:.2f} | {r['write_us']:.2f} | {r['dense_copy_us']:.2f} | "
+                     f"{r['pkv_vs_write']:.2f} | {r['pkv_vs_fi']:.2f} | {'yes' if r['equal'] else 'NO'} |")
+    (args.out / "append.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if all(r["equal"] for r in rows_out) else 1
+
+
 def main(argv=None):
     t_start = time.perf_counter()
     args = parse_args(argv)
     if args.jit_one:
         jit_one(args.jit_one, args.layout, args)
         return 0
+    if args.append:
+        return run_append(args)
     log(check_anchor_rule())
     if args.jit_warmup_only:  # no PersistentKV needed: can run while the library builds
         traces = "traces" in args.groups.split(",")

@@ -76,7 +76,12 @@ typedef enum pkv_status {
     PKV_ERR_IO = 16,                 /* file could not be opened, read or written */
     PKV_ERR_PARSE = 17,              /* malformed file content */
     PKV_ERR_PAGE_SIZE = 18,          /* page_size not in [1, 256] */
-    PKV_ERR_BATCH_SIZE = 19          /* batch_size negative or above the supported maximum */
+    PKV_ERR_BATCH_SIZE = 19,         /* batch_size negative or above the supported maximum */
+    PKV_ERR_POOL_EXHAUSTED = 20,     /* the page pool has too few free pages (the caller may preempt a request) */
+    PKV_ERR_UNKNOWN_REQUEST = 21,    /* a request id outside the pool's range or never created */
+    PKV_ERR_REQUEST_FREED = 22,      /* a request used after pkv_request_free */
+    PKV_ERR_BEYOND_LENGTH = 23,      /* a token position or length past the request's (or row's) length */
+    PKV_ERR_FOREIGN_PAGE = 24        /* a page table names a page its request does not own */
 } pkv_status;
 
 /* PKV_VERSION_MAJOR * 10000 + MINOR * 100 + PATCH of the loaded library (bindings check it). */
@@ -163,9 +168,31 @@ typedef struct pkv_context_config {
      * has completed, so any kernel may come before a run.  0: plain stream order (the merge kernel
      * still follows the attention kernel by PDL). */
     int32_t pdl;
+    /* Bounds mode, for a server whose page tables may be corrupt (a bug in its block manager, memory
+     * written by something else).  CUDA backend: 1 makes every decode kernel check each page id it reads
+     * from kv_page_indices against [0, num_pages) before it reads that page; the first kernel thread that
+     * finds one outside records it (pkv_context_page_fault), prints it on stdout ("persistentkv: page id
+     * ... (row r, KV head h, page j of the row)") and traps: the launch fails with an illegal-instruction
+     * error, which the stream reports at its next synchronization, and the CUDA context cannot be used
+     * again (the process must restart it).  0 (the default): no check, no cost; an id outside the pool is
+     * then read as zeros by the tensor-copy kernels or from wherever it points by the others.  The CPU
+     * backend always checks every id a run reads and fails the run with PKV_ERR_PAGE_OUT_OF_RANGE. */
+    int32_t check_pages;
 } pkv_context_config;
 
-/* The defaults: the best backend, device 0, every processor, PDL on.  NULL: nothing. */
+/* A page id found outside the pool by a run: where it was read and what it was. */
+typedef struct pkv_page_fault {
+    int32_t row;        /* the row (request) whose page it is */
+    int32_t kv_head;    /* the KV head being read */
+    int32_t page;       /* its place in the row's pages: kv_page_indices[kv_indptr[row] + page] */
+    int32_t page_id;    /* the id read there */
+} pkv_page_fault;
+
+/* The first page fault a run of the context met (CUDA: in bounds mode, check_pages = 1; CPU: the one its
+ * failed run named).  Returns 1 and fills *out when there is one, 0 when none was met (or for NULL). */
+PKV_API int pkv_context_page_fault(const pkv_context *ctx, pkv_page_fault *out);
+
+/* The defaults: the best backend, device 0, every processor, PDL on, bounds mode off.  NULL: nothing. */
 PKV_API void pkv_context_config_default(pkv_context_config *cfg);
 
 /* Creates a context on the configured backend (cfg NULL: the defaults).  At creation the context reads
@@ -420,6 +447,141 @@ PKV_API pkv_status pkv_run(pkv_context *ctx, const pkv_plan *plan, void *workspa
 /* Uploads the plan into the workspace now (CUDA: one async copy on the stream); a no-op on the CPU backend. */
 PKV_API pkv_status pkv_plan_upload(pkv_context *ctx, const pkv_plan *plan, void *workspace,
                                    size_t workspace_bytes, void *stream);
+
+/* ------------------------------------------------------------------------------------------------
+ * The page manager (docs/pages.md): the KV cache's pages on the host side, as plain data - it never
+ * touches device memory.  A pool of num_pages pages of page_size tokens; requests (ids the caller picks
+ * in [0, max_requests), as SGLang's req_pool_idx) own pages: created with a prompt length, extended by
+ * tokens (a new page only when the last one is full), truncated, forked and freed.  Free pages are
+ * reused last-in first-out (hot pages first).  Each page has a reference count: 1 for an owned page,
+ * more when forked requests share a read-only prefix.  A request that writes into a shared partial last
+ * page gets its own copy first (copy-on-write): the extend that needs one returns it in *copy, and the
+ * caller copies that page (pkv_copy_pages) before appending into it.  Every operation either succeeds or
+ * changes nothing and returns a specific status (PKV_ERR_POOL_EXHAUSTED when pages run out: the caller
+ * can preempt a request and retry).  A pool is used by one thread at a time.
+ *
+ * A decode step: pkv_request_extend(r, 1) for each live row, pkv_page_pool_table for the rows (CSR,
+ * O(B + pages), no allocation), pkv_append_kv of the step's new K and V, then pkv_plan_step and pkv_run.
+ * ---------------------------------------------------------------------------------------------- */
+typedef struct pkv_page_pool pkv_page_pool;
+
+/* The counters of a pool (exact at every moment). */
+typedef struct pkv_page_pool_stats {
+    int64_t num_pages;      /* the pool's size */
+    int64_t pages_used;     /* pages with a reference (a shared page counts once) */
+    int64_t pages_free;     /* num_pages - pages_used */
+    int64_t peak_used;      /* the most pages_used has been since creation */
+    int64_t pages_shared;   /* pages with more than one reference (fork) */
+    int64_t live_requests;  /* requests created (or forked) and not freed */
+    int64_t tokens;         /* sum of the live requests' lengths */
+    int64_t fragmentation;  /* internal fragmentation: unused token slots in the live requests' last pages,
+                             * sum over requests (a shared last page counts once per request) */
+    int64_t cow_copies;     /* copy-on-write page copies handed out since creation */
+} pkv_page_pool_stats;
+
+/* A page copy: the whole page src_page (K and V) onto dst_page (copy-on-write, pkv_copy_pages). */
+typedef struct pkv_page_copy {
+    int32_t src_page, dst_page;
+} pkv_page_copy;
+
+/* A pool of num_pages pages (1 .. 2^31 - 1) of page_size tokens (1 .. 256) for request ids in
+ * [0, max_requests) (1 .. 2^20).  Allocates everything but the requests' page lists here.  On failure
+ * *pool is NULL. */
+PKV_API pkv_status pkv_page_pool_create(int64_t num_pages, int32_t page_size, int32_t max_requests,
+                                        pkv_page_pool **pool);
+PKV_API void pkv_page_pool_free(pkv_page_pool *pool); /* accepts NULL */
+PKV_API pkv_status pkv_page_pool_get_stats(const pkv_page_pool *pool, pkv_page_pool_stats *stats);
+/* References of a page (0: free); -1 for a NULL pool or a page outside [0, num_pages). */
+PKV_API int32_t pkv_page_pool_page_refs(const pkv_page_pool *pool, int32_t page);
+
+/* Creates request req with prompt_len tokens (0 .. 2^30): ceil(prompt_len / page_size) fresh pages.  req
+ * must not be live (a freed id may be created again). */
+PKV_API pkv_status pkv_request_create(pkv_page_pool *pool, int32_t req, int32_t prompt_len);
+/* Releases the request's pages (a page returns to the free list when its last reference goes).
+ * PKV_ERR_REQUEST_FREED for a double free. */
+PKV_API pkv_status pkv_request_free(pkv_page_pool *pool, int32_t req);
+/* Grows the request by n tokens (n >= 0; a decode step is 1; a chunk of prefill more): new pages only
+ * where the last one is full.  When the last page is partial and shared, the request first takes a
+ * fresh copy of it: *copy (may be NULL only when the caller never forks) is then that copy and the
+ * return is PKV_OK with copy->src_page >= 0; otherwise copy->src_page = copy->dst_page = -1. */
+PKV_API pkv_status pkv_request_extend(pkv_page_pool *pool, int32_t req, int32_t n, pkv_page_copy *copy);
+/* Shortens the request to new_len tokens (<= its length: else PKV_ERR_BEYOND_LENGTH), releasing the
+ * pages past ceil(new_len / page_size) (speculative decoding's rejected tokens, a rollback). */
+PKV_API pkv_status pkv_request_truncate(pkv_page_pool *pool, int32_t req, int32_t new_len);
+/* Creates request dst as a fork of live request src (parallel sampling, a shared system prompt): the
+ * same length and the same pages, each now shared (read-only: a write into the shared partial last page
+ * copies it first, see pkv_request_extend).  Takes no page, so it never exhausts the pool. */
+PKV_API pkv_status pkv_request_fork(pkv_page_pool *pool, int32_t src, int32_t dst);
+/* The request's length in tokens. */
+PKV_API pkv_status pkv_request_length(const pkv_page_pool *pool, int32_t req, int32_t *length);
+/* The request's pages in order into pages_out [capacity] (NULL with capacity 0: the count only);
+ * *count = its page count.  PKV_ERR_INVALID_ARGUMENT when capacity is below it. */
+PKV_API pkv_status pkv_request_pages(const pkv_page_pool *pool, int32_t req, int32_t *pages_out, int64_t capacity,
+                                     int32_t *count);
+
+/* The page-table entries (sum of the pages) of the rows reqs [batch_size] into *num_indices: the
+ * capacity pkv_page_pool_table needs.  O(B). */
+PKV_API pkv_status pkv_page_pool_table_size(const pkv_page_pool *pool, const int32_t *reqs, int32_t batch_size,
+                                            int64_t *num_indices);
+/* Writes the CSR page table of the live requests reqs [batch_size] (row i = request reqs[i]) into the
+ * caller's arrays, as pkv_plan_step and FlashInfer take it: kv_indptr [batch_size + 1],
+ * kv_page_indices [capacity], and optionally (NULL: skipped) kv_last_page_len [batch_size] (FlashInfer's
+ * paged_kv_last_page_len: tokens in the row's last page, 0 for an empty row) and seq_lens [batch_size].
+ * O(B + pages), allocates nothing.  Nothing is written when it fails. */
+PKV_API pkv_status pkv_page_pool_table(const pkv_page_pool *pool, const int32_t *reqs, int32_t batch_size,
+                                       int32_t *kv_indptr, int32_t *kv_page_indices, int64_t capacity,
+                                       int32_t *kv_last_page_len, int32_t *seq_lens);
+/* The debug check of ownership: table is a step's page table (host arrays) whose row i is request
+ * reqs[i]; every page the row names must be, at its position, the request's own page
+ * (PKV_ERR_FOREIGN_PAGE names the first that is not), its length must be within the request's
+ * (PKV_ERR_BEYOND_LENGTH), and the table must pass the checks of pkv_check_page_table for a pool of
+ * this size (its statuses).  O(B + pages). */
+PKV_API pkv_status pkv_page_pool_check_table(const pkv_page_pool *pool, const int32_t *reqs,
+                                             const pkv_page_table *table);
+
+/* ------------------------------------------------------------------------------------------------
+ * Appending K and V into the pages (docs/pages.md): the step's new tokens written into the slots the
+ * page table gives them, in the problem's layout (NHD or HND) and dtype, on the context's backend (CPU:
+ * host pointers; CUDA: device pointers, on the stream, nothing allocated, so a graph can capture it).
+ * ---------------------------------------------------------------------------------------------- */
+typedef struct pkv_append_tensors {
+    const void *k;                   /* [num_tokens, Hkv, d] the new keys; tokens k_token_stride elements apart */
+    const void *v;                   /* [num_tokens, Hkv, d] the new values */
+    int64_t k_token_stride;          /* 0: dense, Hkv x d (a fused QKV projection's k: its row stride) */
+    int64_t v_token_stride;
+    void *k_cache;                   /* the pools, as pkv_tensors (NHD or HND pages) */
+    void *v_cache;
+    int64_t kv_page_stride;          /* as pkv_tensors.kv_page_stride (0: dense) */
+    const int32_t *kv_indptr;        /* [B + 1] the rows' pages (the step's table, after the extend) */
+    const int32_t *kv_page_indices;  /* [kv_indptr[B]] */
+    /* the rows' lengths (after the extend), one of: FlashInfer's kv_last_page_len [B] (tokens in the
+     * last page), or seq_lens [B]; needed by the ragged and decode forms */
+    const int32_t *kv_last_page_len;
+    const int32_t *seq_lens;
+    /* where token t goes - one of three forms:
+     *   FlashInfer's: batch_indices [num_tokens] (its row) and positions [num_tokens] (its position in the row);
+     *   ragged (prefill): append_indptr [B + 1], the row's tokens [append_indptr[i], append_indptr[i+1]),
+     *     which are the row's last ones (positions length - n_i .. length - 1);
+     *   decode (all three NULL): num_tokens == B, token i is row i's last. */
+    const int32_t *batch_indices;
+    const int32_t *positions;
+    const int32_t *append_indptr;
+} pkv_append_tensors;
+
+/* Writes num_tokens new tokens of K and V into the pages (problem: Hkv, d, page_size, num_pages, layout,
+ * dtype).  The CPU backend checks every index (row, position, page id) first and writes nothing when one
+ * is bad (PKV_ERR_BEYOND_LENGTH, PKV_ERR_PAGE_OUT_OF_RANGE, PKV_ERR_BAD_INDPTR); the CUDA backend cannot
+ * read the indices without a sync, so its kernel skips a token whose slot is out of range instead of
+ * writing it.  CUDA: k, v, the caches 16-byte aligned and the strides multiples of 8. */
+PKV_API pkv_status pkv_append_kv(pkv_context *ctx, const pkv_problem *problem, int32_t batch_size,
+                                 int32_t num_tokens, const pkv_append_tensors *tensors, void *stream);
+
+/* Copies whole pages of K and V (the copies of pkv_request_extend; a host array of count entries, each
+ * page id in [0, num_pages), no dst twice) on the context's backend.  CUDA: the copies go in the launch's
+ * parameters (no upload, capturable), PKV_MAX_PAGE_COPIES per launch. */
+#define PKV_MAX_PAGE_COPIES 64
+PKV_API pkv_status pkv_copy_pages(pkv_context *ctx, const pkv_problem *problem, const pkv_page_copy *copies,
+                                  int32_t count, void *k_cache, void *v_cache, int64_t kv_page_stride, void *stream);
 
 #ifdef __cplusplus
 }

@@ -83,6 +83,32 @@ void pkv_test_poison_before_window(pkv_test_case *tc) {
             }
 }
 
+/* Every score of a head equal to c (pkv_lab.h). */
+void pkv_test_constant_scores(pkv_test_case *tc, pkv_rng *rng, double c) {
+    pkv_problem *p = &tc->problem;
+    const int32_t d = p->head_dim;
+    uint16_t qv[256], kv[256];
+    double dot = 0.0;
+    while (fabs(dot) < 1.0) { /* |q.k| >= 1 keeps sm_scale = |c| / |q.k| within its documented 1e20 */
+        dot = 0.0;
+        for (int32_t e = 0; e < d; e++) {
+            qv[e] = pkv_test_random_value(rng, p->dtype);
+            kv[e] = pkv_test_random_value(rng, p->dtype);
+            dot += (double)pkv_test_to_float(qv[e], p->dtype) * (double)pkv_test_to_float(kv[e], p->dtype);
+        }
+    }
+    if ((dot < 0.0) != (c < 0.0)) { /* flipping q's sign bits flips the scores' sign exactly */
+        for (int32_t e = 0; e < d; e++) qv[e] ^= 0x8000u;
+        dot = -dot;
+    }
+    p->sm_scale = c == 0.0 ? 1e-30f : (float)(fabs(c) / fabs(dot));
+    for (int64_t e = 0; e < tc->q_elems; e++) tc->q[e] = qv[e % d];
+    for (int32_t i = 0; i < tc->batch_size; i++)
+        for (int32_t t = 0; t < tc->seq_lens[i]; t++)
+            for (int32_t h = 0; h < p->num_kv_heads; h++)
+                memcpy(tc->k_cache + pkv_test_kv_at(tc, i, t, h), kv, (size_t)d * sizeof kv[0]);
+}
+
 /* A random logits soft cap c in [1, 50] with sm_scale set so that the scaled scores of the tests' data
  * (q, k uniform in [-1, 1]: q.k has a standard deviation of sqrt(d) / 3) spread over 0.5..2 c: a cap that
  * binds, so a backend that ignored it would fail. */

@@ -281,6 +281,9 @@ pkv_status pkv_dev_get_info(pkv_context *ctx, pkv_dev_info *info) {
     info->cc_minor = p.minor;
     info->l2_bytes = p.l2CacheSize;
     info->mem_bytes = (int64_t)p.totalGlobalMem;
+    size_t mem_free = 0, mem_total = 0;
+    LAB_CUDA_TRY(ctx, cudaMemGetInfo(&mem_free, &mem_total));
+    info->mem_free_bytes = (int64_t)mem_free;
     LAB_CUDA_TRY(ctx, cudaRuntimeGetVersion(&info->runtime_version));
     LAB_CUDA_TRY(ctx, cudaDriverGetVersion(&info->driver_version));
     return PKV_OK;

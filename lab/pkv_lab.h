@@ -245,11 +245,12 @@ pkv_status pkv_dev_fill_random_late(pkv_context *ctx, void *dst, int64_t count, 
 /* A device-to-device copy of bytes (a multiple of 4) written late in the same way (tests: page ids that
  * a kernel right before a run rewrites). */
 pkv_status pkv_dev_copy_late(pkv_context *ctx, void *dst, const void *src, size_t bytes, int64_t delay_ns);
-/* Device properties: name, SMs, L2 bytes, compute capability, CUDA runtime and driver versions. */
+/* Device properties: name, SMs, L2 bytes, compute capability, CUDA runtime and driver versions, and the
+ * device memory free now (cudaMemGetInfo: the soak's leak check). */
 typedef struct pkv_dev_info {
     char name[128];
     int32_t sms, cc_major, cc_minor, runtime_version, driver_version;
-    int64_t l2_bytes, mem_bytes;
+    int64_t l2_bytes, mem_bytes, mem_free_bytes;
 } pkv_dev_info;
 pkv_status pkv_dev_get_info(pkv_context *ctx, pkv_dev_info *info);
 /* The decode kernel a run of the plan with these tensors launches on this CUDA context: "tensor copies",
@@ -387,6 +388,12 @@ void pkv_test_random_cap(pkv_rng *rng, pkv_problem *p);
  * ceil(len / page_size) pages, sometimes one more; page ids are a random permutation of the pool
  * (no page shared between rows) with hole_fraction unused pages.  Returns tc->ok. */
 int pkv_test_case_build(pkv_rng *rng, const pkv_problem *shape, int32_t batch_size, const int32_t *lens, double hole_fraction, int poison_unused_kv, pkv_test_case *tc);
+/* Makes every score of a head the same constant c: K of every token of a KV head is one random vector,
+ * q of every row and query head one random vector (its sign set by c's), and sm_scale = |c| / |q.k|
+ * (|q.k| >= 1 by redrawing; c = 0 gives sm_scale 1e-30).  Softmax weights are then uniform whatever c
+ * is: o is the mean of V over the attended tokens and lse = c + ln(n), so a backend whose merge loses
+ * mass at large |scores| shows.  Used KV slots only: poisoned slots stay NaN.  |c| <= 1e20. */
+void pkv_test_constant_scores(pkv_test_case *tc, pkv_rng *rng, double c);
 /* Draws one random length under the choices. */
 int32_t pkv_test_random_len(pkv_rng *rng, const pkv_test_choices *c);
 /* Draws a whole random case under the choices.  Returns tc->ok. */

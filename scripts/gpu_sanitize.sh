@@ -2,8 +2,9 @@
 # gpu_sanitize.sh BUILD_DIR LOG_DIR - compute-sanitizer over test_cuda on a reduced set (rows clamped to
 # 1500 tokens), every tool that applies to the kernels: memcheck (out-of-bounds and misaligned accesses,
 # leaks of device memory), racecheck (shared-memory hazards), initcheck (reads of device memory nothing
-# wrote) and synccheck (barriers used where not every thread reaches them).  Two tools at a time, as
-# two processes on the GPU.  Writes LOG_DIR/sanitizer.log (all four logs) and prints each summary;
+# wrote) and synccheck (barriers used where not every thread reaches them); and test_append_cuda (the
+# append and page-copy kernels) under memcheck and initcheck.  Two tools at a time, as two processes on
+# the GPU.  Writes LOG_DIR/sanitizer.log (all the logs) and prints each summary;
 # exits 1 if a tool reports anything or a test fails under it.  Called by scripts/gpu_check.sh.
 set -u -o pipefail
 build=${1:?usage: scripts/gpu_sanitize.sh BUILD_DIR LOG_DIR}
@@ -33,8 +34,13 @@ wait $b || status=1
 run initcheck 2 tma=0 & a=$!
 run synccheck 2 || status=1
 wait $a || status=1
+# the append and page-copy kernels (test_append_cuda): out-of-bounds writes, and reads of unwritten memory
+for tool in memcheck initcheck; do
+  PKV_TEST_CASES=6 timeout 300 compute-sanitizer --tool $tool --error-exitcode 9 "$build/tests/test_append_cuda" \
+    >"$log/$tool-append.log" 2>&1 || status=1
+done
 : >"$log/sanitizer.log"
-for tool in memcheck memcheck-registers racecheck initcheck-registers synccheck; do
+for tool in memcheck memcheck-registers racecheck initcheck-registers synccheck memcheck-append initcheck-append; do
   cat "$log/$tool.log" >>"$log/sanitizer.log"
   # the tool's summary line and test_cuda's count, each prefixed by the tool's name
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|passed, " "$log/$tool.log" | sed "s/^/$tool: /"

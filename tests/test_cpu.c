@@ -364,7 +364,14 @@ static void test_run_errors(pkv_context *ctx4) {
     memcpy(bad, tc.kv_page_indices, (size_t)tc.kv_indptr[2] * sizeof(int32_t));
     bad[3] = (int32_t)tc.problem.num_pages;
     t.kv_page_indices = bad;
+    pkv_page_fault f = {0, 0, 0, 0};
+    CHECK(pkv_context_page_fault(ctx4, &f) == 0); /* none yet */
     CHECK_STATUS(pkv_run(ctx4, plan, ws, need, &t, NULL), PKV_ERR_PAGE_OUT_OF_RANGE);
+    CHECK(strstr(pkv_last_error(), "row 0, KV head 0, page 3 of the row") != NULL);
+    CHECK(pkv_context_page_fault(ctx4, &f) == 1);
+    CHECK_MSG(f.row == 0 && f.kv_head == 0 && f.page == 3 && f.page_id == (int32_t)tc.problem.num_pages,
+              "page fault recorded as row %d, KV head %d, page %d, id %d", f.row, f.kv_head, f.page, f.page_id);
+    CHECK(pkv_context_page_fault(NULL, &f) == 0 && pkv_context_page_fault(ctx4, NULL) == 0);
     bad[3] = -1;
     CHECK_STATUS(pkv_run(ctx4, plan, ws, need, &t, NULL), PKV_ERR_PAGE_OUT_OF_RANGE);
     CHECK(pkv_last_error()[0] != '\0');
@@ -589,6 +596,38 @@ static void test_window(pkv_context *ctx4) {
     }
 }
 
+/* Constant-shift invariance: every score of a head equal to c, so the weights are uniform whatever c is
+ * (o = mean of V, lse = c + ln n).  Split routes merge pieces of unequal size (odd lengths, chunks of
+ * 16 tokens); a merge that carried each piece's mass in one float lse loses it once |c| >> ln(l). */
+static void test_constant_scores(pkv_context *ctx4) {
+    pkv_rng rng;
+    pkv_rng_seed(&rng, 1000003);
+    static const pkv_route routes[] = {PKV_ROUTE_AUTO, PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_BUCKETED,
+                                       PKV_ROUTE_WORKQUEUE, PKV_ROUTE_FUSED};
+    static const double shifts[] = {0.0, 1e3, 1e6, 1e12, 1e20, -1e20};
+    for (int shape = 0; shape < 2; shape++)
+        for (size_t c = 0; c < sizeof shifts / sizeof shifts[0]; c++) {
+            pkv_problem p;
+            pkv_problem_default(&p);
+            p.num_qo_heads = shape ? 32 : 8;
+            p.num_kv_heads = shape ? 8 : 2;
+            p.head_dim = shape ? 128 : 64;
+            p.page_size = shape ? 7 : 16;
+            p.layout = shape ? PKV_LAYOUT_HND : PKV_LAYOUT_NHD;
+            p.dtype = shape ? PKV_DTYPE_BF16 : PKV_DTYPE_FP16;
+            const int32_t lens[6] = {1001, 37, 333, 1, 0, 2049};
+            pkv_test_case tc;
+            CHECK(pkv_test_case_build(&rng, &p, 6, lens, 0.2, 1, &tc));
+            if (!tc.ok) continue;
+            pkv_test_constant_scores(&tc, &rng, shifts[c]);
+            CHECK_OK(pkv_test_case_reference(&tc));
+            char what[48];
+            snprintf(what, sizeof what, "scores all %g (shape %d)", shifts[c], shape);
+            check_routes(ctx4, &tc, routes, sizeof routes / sizeof routes[0], what);
+            pkv_test_case_free(&tc);
+        }
+}
+
 /* Graph-stable plans (the CUDA-graph layout) execute on the CPU backend too: steps of 0..6 rows,
  * empty, short and split rows, some windowed or capped, each against the reference, all in one workspace of the size
  * the first step gave. */
@@ -646,6 +685,7 @@ int main(void) {
     test_strides(ctx4);
     test_soft_cap(ctx4);
     test_window(ctx4);
+    test_constant_scores(ctx4);
     test_graph_stable(ctx4);
     test_random(ctx1, ctx4);
     printf("test_cpu: %d checked runs; worst relative L2 of o: fp16 %.3g, bf16 %.3g; worst max abs: fp16 %.3g, "

@@ -205,6 +205,28 @@ static void score_option_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
     }
 }
 
+/* Constant-shift invariance (test_cpu's twin): every score of a head equal to c, so o is the mean of V
+ * and lse = c + ln n whatever c is; long rows of odd lengths so every split route merges pieces of
+ * unequal size. */
+static void constant_score_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng) {
+    static const double shifts[] = {0.0, 1e3, 1e6, 1e12, 1e20, -1e20};
+    for (int shape = 0; shape < 2; shape++)
+        for (size_t c = 0; c < sizeof shifts / sizeof shifts[0]; c++) {
+            int32_t lens[5] = {20001, 4097, 333, 1, 0};
+            pkv_test_case tc;
+            if (!fixed_case_build(rng, shape ? 32 : 8, shape ? 8 : 2, shape ? 128 : 64, shape ? 7 : 16,
+                                  shape ? PKV_LAYOUT_HND : PKV_LAYOUT_NHD, shape ? PKV_DTYPE_BF16 : PKV_DTYPE_FP16,
+                                  5, lens, &tc))
+                continue;
+            pkv_test_constant_scores(&tc, rng, shifts[c]);
+            CHECK_OK(pkv_test_case_reference(&tc));
+            char what[48];
+            snprintf(what, sizeof what, "scores all %g (shape %d)", shifts[c], shape);
+            check_case(ctx, plan, &tc, what, (pkv_test_layout){-1, 0, 0});
+            pkv_test_case_free(&tc);
+        }
+}
+
 /* A case's tensors on the device: q, K, V and the page ids uploaded, o and lse allocated. */
 typedef struct dev_case {
     void *q, *k, *v, *o, *lse, *idx;
@@ -756,6 +778,7 @@ int main(void) {
         pkv_context_free(ctx_off);
     }
     score_option_cases(ctx, plan, &rng);
+    constant_score_cases(ctx, plan, &rng);
 
     static const int32_t groups[] = {1, 2, 3, 4, 7, 8, 12, 16}, dims[] = {64, 128, 256},
                          pages[] = {1, 2, 8, 12, 16, 24, 64, 256},

@@ -71,8 +71,8 @@ static pkv_tensors fixture_tensors(fixture *f) {
 }
 
 static void test_status_strings(void) {
-    const char *seen[20];
-    for (int s = 0; s <= 19; s++) {
+    const char *seen[PKV_ERR_FOREIGN_PAGE + 1];
+    for (int s = 0; s <= PKV_ERR_FOREIGN_PAGE; s++) {
         const char *str = pkv_status_string((pkv_status)s);
         CHECK_MSG(str && str[0] != '\0', "status %d has no string", s);
         CHECK_MSG(str && strcmp(str, "unknown status") != 0, "status %d is unknown", s);
@@ -81,12 +81,14 @@ static void test_status_strings(void) {
     }
     CHECK(strcmp(pkv_status_string(PKV_OK), "ok") == 0);
     CHECK(strcmp(pkv_status_string((pkv_status)-1), "unknown status") == 0);
+    CHECK(strcmp(pkv_status_string((pkv_status)(PKV_ERR_FOREIGN_PAGE + 1)), "unknown status") == 0);
     CHECK(strcmp(pkv_status_string((pkv_status)1000000), "unknown status") == 0);
 }
 
 static void test_free_null(void) {
     pkv_context_free(NULL);
     pkv_plan_free(NULL);
+    pkv_page_pool_free(NULL);
     pkv_dev_graph_free(NULL);
     CHECK(pkv_plan_graph_signature(NULL) == 0 && pkv_plan_grid_tasks(NULL) == 0); /* the views accept NULL */
 }

@@ -5,11 +5,13 @@
     w.plan(indptr, indices, seq_lens, num_qo_heads, num_kv_heads, head_dim, page_size, num_pages=P)
     o, lse = w.run(q, k_cache, v_cache, return_lse=True)
 
-The shared library is found through $PKV_LIBRARY, then ../build, ../build-gpu, ../build-cpu of
-this repository, then <sys.prefix>/lib (cmake --install build --prefix "$VIRTUAL_ENV"), then
-ctypes.util.find_library("persistentkv").  numpy is needed for the CPU
-backend, traces and the reference; torch for the CUDA backend.  numpy has no bfloat16: pass
-uint16 arrays holding bf16 bits (see bf16_bits) or ml_dtypes.bfloat16 arrays.
+`pip install ./python` builds the shared library and puts it inside the package (persistentkv/lib).
+It is found through $PKV_LIBRARY, then the package's own lib/, then (when running from a source
+checkout) ../build, ../build-gpu, ../build-cpu of the repository, then <sys.prefix>/lib (cmake
+--install build --prefix "$VIRTUAL_ENV"), then ctypes.util.find_library("persistentkv").
+
+numpy is needed for the CPU backend, traces and the reference; torch for the CUDA backend.  numpy
+has no bfloat16: pass uint16 arrays holding bf16 bits (see bf16_bits) or ml_dtypes.bfloat16 arrays.
 """
 
 import ctypes
@@ -21,13 +23,17 @@ from ._lib import (LibraryNotFoundError, PkvError, ROUTES, TRACE_FAMILIES, Statu
 from .reference import reference
 from .trace import Trace, generate_trace
 from .wrapper import BatchDecodeWithPagedKVCacheWrapper, cuda_available
+from .pages import PagePool, append_kv, append_paged_kv_cache, copy_pages, get_batch_indices_positions
 from . import flashinfer  # FlashInfer's decode wrapper (its plan/run order and lse base) on PersistentKV
 
-__version__ = "0.2.0"
+# The loaded library's version (pkv_version(), which _lib checks against the binding's ABI_VERSION): the
+# project's version in CMakeLists.txt, which the pip package's metadata reads too.
+__version__ = "{}.{}.{}".format(_lib.ABI_VERSION // 10000, _lib.ABI_VERSION // 100 % 100, _lib.ABI_VERSION % 100)
 
 __all__ = ["BatchDecodeWithPagedKVCacheWrapper", "PkvError", "LibraryNotFoundError", "Status", "ROUTES",
            "TRACE_FAMILIES", "Trace", "generate_trace", "reference", "cuda_available", "library_path",
-           "status_string", "flashinfer", "bf16_bits", "bf16_to_float32", "block_table_to_csr", "__version__"]
+           "status_string", "flashinfer", "PagePool", "append_kv", "append_paged_kv_cache", "copy_pages",
+           "get_batch_indices_positions", "bf16_bits", "bf16_to_float32", "block_table_to_csr", "__version__"]
 
 
 def bf16_bits(x):

@@ -11,14 +11,46 @@ from pathlib import Path
 
 __all__ = ["lib", "library_path", "LibraryNotFoundError", "PkvError", "Status", "check"]
 
-# python/persistentkv/_lib.py -> repository root
-_REPO_ROOT = Path(__file__).resolve().parents[2]
 _LIB_NAME = "libpersistentkv.so"
+_LAB_NAME = "libpersistentkv_lab.so"
 _BUILD_DIRS = ("build", "build-gpu", "build-cpu")
+
+
+def _package_lib_dirs():
+    """<package>/lib for every folder of this package: where pip install ./python puts the libraries."""
+    pkg = sys.modules.get(__package__)
+    dirs = list(getattr(pkg, "__path__", None) or []) + [str(Path(__file__).resolve().parent)]
+    out = []
+    for d in dirs:
+        lib_dir = Path(d).resolve() / "lib"
+        if lib_dir not in out:
+            out.append(lib_dir)
+    return out
+
+
+def _checkout_root():
+    """The repository root when this package runs from a source checkout (python/persistentkv), else None."""
+    root = Path(__file__).resolve().parents[2]
+    if (root / "include" / "persistentkv.h").is_file() and (root / "python" / "pyproject.toml").is_file():
+        return root
+    return None
+
+
+_REPO_ROOT = _checkout_root()
 
 
 class LibraryNotFoundError(ImportError):
     """libpersistentkv could not be found or loaded; the message lists every place tried."""
+
+
+def _candidates(name):
+    """Where a library is looked for, in order: the package's own lib/, then (in a source checkout)
+    its build folders, then the environment's prefix (cmake --install build --prefix "$VIRTUAL_ENV")."""
+    cands = [d / name for d in _package_lib_dirs()]
+    if _REPO_ROOT is not None:
+        cands += [_REPO_ROOT / d / name for d in _BUILD_DIRS]
+    cands += [Path(sys.prefix) / sub / name for sub in ("lib", "lib64")]
+    return cands
 
 
 def _load():
@@ -31,11 +63,9 @@ def _load():
         except OSError as e:
             raise LibraryNotFoundError(f"PKV_LIBRARY={env!r} could not be loaded: {e}") from None
     tried.append("$PKV_LIBRARY (unset)")
-    # this repository's build folders, then an install into this environment (cmake --install build
-    # --prefix "$VIRTUAL_ENV" or a conda prefix)
-    cands = [_REPO_ROOT / d / _LIB_NAME for d in _BUILD_DIRS]
-    cands += [Path(sys.prefix) / sub / _LIB_NAME for sub in ("lib", "lib64")]
-    for cand in cands:
+    if _REPO_ROOT is None:
+        tried.append("the build folders of a source checkout (not running from one)")
+    for cand in _candidates(_LIB_NAME):
         if cand.is_file():
             try:
                 return ctypes.CDLL(str(cand)), str(cand)
@@ -52,24 +82,24 @@ def _load():
     else:
         tried.append('ctypes.util.find_library("persistentkv") (not found)')
     raise LibraryNotFoundError(
-        "libpersistentkv.so not found; build it (cmake -S . -B build && cmake --build build) or set "
-        "PKV_LIBRARY to its path. Tried:\n  " + "\n  ".join(tried))
+        "libpersistentkv.so not found: pip install ./python (builds it into the package), or in a checkout "
+        "cmake -S . -B build && cmake --build build, or set PKV_LIBRARY to its path. Tried:\n  "
+        + "\n  ".join(tried))
 
 
 _serving, library_path = _load()
 
-# The lab's shared library beside it (libpersistentkv_lab.so: traces, the float64 reference, plan
-# internals), found next to the serving library or at $PKV_LAB_LIBRARY; optional for serving.
-_LAB_NAME = "libpersistentkv_lab.so"
 
-
+# The lab's shared library (libpersistentkv_lab.so: traces, the float64 reference, plan internals), found
+# at $PKV_LAB_LIBRARY or next to the serving library, then where the serving library is looked for;
+# optional for serving.
 def _load_lab():
     env = os.environ.get("PKV_LAB_LIBRARY")
     cands = [env] if env else []
     base = Path(library_path).resolve().parent if os.path.sep in str(library_path) else None
     if base is not None:
         cands.append(str(base / _LAB_NAME))
-    cands += [str(_REPO_ROOT / d / _LAB_NAME) for d in _BUILD_DIRS]
+    cands += [str(c) for c in _candidates(_LAB_NAME)]
     for cand in cands:
         if cand and Path(cand).is_file():
             try:
@@ -134,6 +164,11 @@ class Status(enum.IntEnum):
     PARSE = 17
     PAGE_SIZE = 18
     BATCH_SIZE = 19
+    POOL_EXHAUSTED = 20
+    UNKNOWN_REQUEST = 21
+    REQUEST_FREED = 22
+    BEYOND_LENGTH = 23
+    FOREIGN_PAGE = 24
 
 
 DTYPE_FP16, DTYPE_BF16, DTYPE_FP32 = 0, 1, 2
@@ -182,7 +217,11 @@ class Counters(ctypes.Structure):
 
 class ContextConfig(ctypes.Structure):
     _fields_ = [("backend", c_enum), ("device", ctypes.c_int32), ("num_threads", ctypes.c_int32),
-                ("pdl", ctypes.c_int32)]
+                ("pdl", ctypes.c_int32), ("check_pages", ctypes.c_int32)]
+
+
+class PageFault(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int32) for n in ("row", "kv_head", "page", "page_id")]
 
 
 class Task(ctypes.Structure):
@@ -220,6 +259,27 @@ class CostModel(ctypes.Structure):
                 ("device", ctypes.c_char * 128), ("rms_us", ctypes.c_double), ("samples", ctypes.c_int32)]
 
 
+class PagePoolStats(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_int64) for n in (
+        "num_pages", "pages_used", "pages_free", "peak_used", "pages_shared", "live_requests", "tokens",
+        "fragmentation", "cow_copies")]
+
+    def to_dict(self):
+        return {n: int(getattr(self, n)) for n, _ in self._fields_}
+
+
+class PageCopy(ctypes.Structure):
+    _fields_ = [("src_page", ctypes.c_int32), ("dst_page", ctypes.c_int32)]
+
+
+class AppendTensors(ctypes.Structure):
+    _fields_ = [("k", ctypes.c_void_p), ("v", ctypes.c_void_p), ("k_token_stride", ctypes.c_int64),
+                ("v_token_stride", ctypes.c_int64), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
+                ("kv_page_stride", ctypes.c_int64)] + [(n, ctypes.c_void_p) for n in (
+                    "kv_indptr", "kv_page_indices", "kv_last_page_len", "seq_lens", "batch_indices", "positions",
+                    "append_indptr")]
+
+
 # ---- prototypes ---------------------------------------------------------------------------------
 _vp, _cp, _P = ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER
 _protos = {
@@ -236,6 +296,7 @@ _protos = {
     "pkv_context_parallelism": (ctypes.c_int32, [_vp]),
     "pkv_context_device_name": (_cp, [_vp]),
     "pkv_cuda_available": (ctypes.c_int, []),
+    "pkv_context_page_fault": (ctypes.c_int, [_vp, _P(PageFault)]),
     "pkv_route_name": (_cp, [c_enum]),
     "pkv_route_parse": (c_enum, [_cp, _P(c_enum)]),
     "pkv_plan_options_default": (None, [_P(PlanOptions)]),
@@ -288,6 +349,22 @@ _protos = {
     "pkv_rng_uniform01": (ctypes.c_double, [_P(Rng)]),
     "pkv_cost_model_load": (c_enum, [_cp, _P(CostModel)]),
     "pkv_context_set_cost_model": (c_enum, [_vp, _P(CostModel)]),
+    "pkv_page_pool_create": (c_enum, [ctypes.c_int64, ctypes.c_int32, ctypes.c_int32, _P(_vp)]),
+    "pkv_page_pool_free": (None, [_vp]),
+    "pkv_page_pool_get_stats": (c_enum, [_vp, _P(PagePoolStats)]),
+    "pkv_page_pool_page_refs": (ctypes.c_int32, [_vp, ctypes.c_int32]),
+    "pkv_request_create": (c_enum, [_vp, ctypes.c_int32, ctypes.c_int32]),
+    "pkv_request_free": (c_enum, [_vp, ctypes.c_int32]),
+    "pkv_request_extend": (c_enum, [_vp, ctypes.c_int32, ctypes.c_int32, _P(PageCopy)]),
+    "pkv_request_truncate": (c_enum, [_vp, ctypes.c_int32, ctypes.c_int32]),
+    "pkv_request_fork": (c_enum, [_vp, ctypes.c_int32, ctypes.c_int32]),
+    "pkv_request_length": (c_enum, [_vp, ctypes.c_int32, _i32p]),
+    "pkv_request_pages": (c_enum, [_vp, ctypes.c_int32, _vp, ctypes.c_int64, _i32p]),
+    "pkv_page_pool_table_size": (c_enum, [_vp, _vp, ctypes.c_int32, _P(ctypes.c_int64)]),
+    "pkv_page_pool_table": (c_enum, [_vp, _vp, ctypes.c_int32, _vp, _vp, ctypes.c_int64, _vp, _vp]),
+    "pkv_page_pool_check_table": (c_enum, [_vp, _vp, _P(PageTable)]),
+    "pkv_append_kv": (c_enum, [_vp, _P(Problem), ctypes.c_int32, ctypes.c_int32, _P(AppendTensors), _vp]),
+    "pkv_copy_pages": (c_enum, [_vp, _P(Problem), _P(PageCopy), ctypes.c_int32, _vp, _vp, ctypes.c_int64, _vp]),
 }
 for _name, (_res, _args) in _protos.items():
     if _is_lab(_name) and _lab is None:

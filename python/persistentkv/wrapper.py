@@ -66,11 +66,14 @@ class BatchDecodeWithPagedKVCacheWrapper:
     pdl: on sm_90 GPUs, run()'s kernels are programmatic dependents of the kernel before them on the
     stream (scheduled while it drains; they touch q, the cache and the outputs only after it completed);
     False keeps plain stream order.
+    check_pages: bounds mode (pkv_context_config.check_pages): on CUDA every page id a run reads is
+    checked against the pool first and one outside it stops the run with a trap (the CUDA context is
+    then lost; page_fault() says where it was); off costs nothing.
     Not thread-safe: use one wrapper per thread.
     """
 
     def __init__(self, workspace_bytes=None, kv_layout="NHD", backend="auto", device=0, num_threads=0, policy=None,
-                 pdl=True):
+                 pdl=True, check_pages=False):
         if kv_layout not in _LAYOUTS:
             raise ValueError(f"kv_layout must be 'NHD' or 'HND', not {kv_layout!r}")
         if backend not in _BACKENDS:
@@ -85,6 +88,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         cfg.device = self._device
         cfg.num_threads = int(num_threads)
         cfg.pdl = 1 if pdl else 0
+        cfg.check_pages = 1 if check_pages else 0
         self._pdl = bool(pdl)
         ctx = ctypes.c_void_p()
         check(lib.pkv_context_create(ctypes.byref(cfg), ctypes.byref(ctx)), call="pkv_context_create")
@@ -140,6 +144,14 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if not self._planned:
             return None
         return lib.pkv_route_name(lib.pkv_plan_route(self._plan)).decode()
+
+    def page_fault(self):
+        """The first page id outside the pool a run met, as a dict (row, kv_head, page: its place in the
+        row's pages, page_id), or None: CUDA in bounds mode (check_pages=True), or the CPU run that failed."""
+        f = L.PageFault()
+        if not lib.pkv_context_page_fault(self._ctx, ctypes.byref(f)):
+            return None
+        return {n: int(getattr(f, n)) for n, _ in f._fields_}
 
     @property
     def counters(self):

@@ -95,6 +95,59 @@ def test_library_not_found_names_what_was_tried(tmp_path):
     assert r.returncode != 0 and "LibraryNotFoundError" in r.stderr and "nope.so" in r.stderr
 
 
+def test_version_is_the_cmake_projects():
+    """__version__ is the loaded library's pkv_version(), and the pip package's version is read from
+    CMakeLists.txt's project() line: the two must agree (CMake checks persistentkv.h against it)."""
+    import re
+    assert pkv.__version__ == "{}.{}.{}".format(*divmod(_lib.lib.pkv_version() // 100, 100),
+                                                _lib.lib.pkv_version() % 100)
+    cmakelists = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "CMakeLists.txt")
+    if not os.path.exists(cmakelists):
+        pytest.skip("not in a source checkout")
+    with open(cmakelists) as f:
+        m = re.search(r"project\(persistentkv\s+VERSION\s+([0-9.]+)", f.read())
+    assert m and m.group(1) == pkv.__version__
+
+
+def _import_copy(tmp_path, with_libs):
+    """Imports a copy of the package placed as pip places it (outside any checkout), with or without the
+    libraries in its own lib/; returns (returncode, stdout + stderr)."""
+    import shutil
+    import subprocess
+    pkg = tmp_path / "site" / "persistentkv"
+    shutil.copytree(os.path.dirname(os.path.abspath(pkv.__file__)), pkg,
+                    ignore=shutil.ignore_patterns("__pycache__", "lib"))
+    if with_libs:
+        (pkg / "lib").mkdir()
+        here = os.path.dirname(os.path.abspath(pkv.library_path))
+        shutil.copy(pkv.library_path, pkg / "lib" / "libpersistentkv.so")
+        shutil.copy(os.path.join(here, "libpersistentkv_lab.so"), pkg / "lib" / "libpersistentkv_lab.so")
+    env = {k: v for k, v in os.environ.items() if k not in ("PKV_LIBRARY", "PKV_LAB_LIBRARY")}
+    env.update(PYTHONPATH=str(tmp_path / "site"), PYTHONDONTWRITEBYTECODE="1")
+    code = "import persistentkv as p; print('library', p.library_path); print('families', p.TRACE_FAMILIES)"
+    r = subprocess.run([sys.executable, "-c", code], cwd=str(tmp_path), env=env, capture_output=True, text=True)
+    return r.returncode, r.stdout + r.stderr
+
+
+def test_package_loads_its_own_lib_first(tmp_path):
+    """As pip installs it: the package's lib/ holds both libraries, and they are what it loads."""
+    rc, out = _import_copy(tmp_path, with_libs=True)
+    assert rc == 0, out
+    assert f"library {tmp_path / 'site' / 'persistentkv' / 'lib' / 'libpersistentkv.so'}" in out
+    assert "zipf" in out  # the lab library beside it
+
+
+def test_build_folders_only_from_a_checkout(tmp_path):
+    """Outside a checkout the package does not look for ../build folders next to where it is installed."""
+    (tmp_path / "build").mkdir()
+    decoy = tmp_path / "build" / "libpersistentkv.so"  # a decoy where the old search looked
+    decoy.write_bytes(b"not a library")
+    rc, out = _import_copy(tmp_path, with_libs=False)
+    assert str(decoy) not in out
+    if rc != 0:  # nothing installed in this environment: the message says what was tried and skipped
+        assert "LibraryNotFoundError" in out and "not running from one" in out, out
+
+
 # sizeof / offsetof as a C program compiled against persistentkv.h prints them (x86-64 / aarch64 LP64)
 C_LAYOUT = {
     _lib.Problem: (48, [0, 4, 8, 12, 16, 24, 28, 32, 36, 40]),
@@ -102,7 +155,8 @@ C_LAYOUT = {
     _lib.PlanOptions: (36, [0, 4, 8, 12, 16, 20, 24, 28, 32]),
     _lib.Tensors: (72, [0, 8, 16, 24, 32, 40, 48, 56, 64]),
     _lib.Counters: (64, [0, 8, 16, 24, 32, 40, 48, 56]),
-    _lib.ContextConfig: (16, [0, 4, 8, 12]),
+    _lib.ContextConfig: (20, [0, 4, 8, 12, 16]),
+    _lib.PageFault: (16, [0, 4, 8, 12]),
     _lib.Task: (28, [0, 4, 8, 12, 16, 20, 24]),
     _lib.Merge: (16, [0, 4, 8, 12]),
     _lib.Phase: (28, [0, 4, 8, 12, 16, 20, 24]),

@@ -18,6 +18,14 @@ void pkv_context_config_default(pkv_context_config *cfg) {
     cfg->device = 0;
     cfg->num_threads = 0;
     cfg->pdl = 1;
+    cfg->check_pages = 0;
+}
+
+int pkv_context_page_fault(const pkv_context *ctx, pkv_page_fault *out) {
+    if (!ctx || !out) return 0;
+    if (ctx->kind == PKV_BACKEND_CUDA) return pkv_cuda_page_fault(ctx, out);
+    if (ctx->has_page_fault) *out = ctx->page_fault;
+    return ctx->has_page_fault ? 1 : 0;
 }
 
 int pkv_cuda_available(void) { return pkv_cuda_device_count() > 0; }
@@ -43,7 +51,7 @@ pkv_status pkv_context_create(const pkv_context_config *cfg, pkv_context **out) 
     pkv_backend_kind kind = cfg->backend;
     if (kind == PKV_BACKEND_BEST) kind = pkv_cuda_available() ? PKV_BACKEND_CUDA : PKV_BACKEND_CPU;
     ctx->kind = kind;
-    st = kind == PKV_BACKEND_CUDA ? pkv_cuda_backend_init(ctx, cfg->device, cfg->pdl != 0)
+    st = kind == PKV_BACKEND_CUDA ? pkv_cuda_backend_init(ctx, cfg->device, cfg->pdl != 0, cfg->check_pages != 0)
                                   : pkv_cpu_backend_init(ctx, cfg->num_threads);
     const char *policy = ctx->tuning.policy;
     if (st == PKV_OK && policy[0]) {

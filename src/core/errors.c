@@ -30,6 +30,11 @@ const char *pkv_status_string(pkv_status status) {
     case PKV_ERR_PARSE: return "parse error";
     case PKV_ERR_PAGE_SIZE: return "unsupported page size";
     case PKV_ERR_BATCH_SIZE: return "invalid batch size";
+    case PKV_ERR_POOL_EXHAUSTED: return "page pool exhausted";
+    case PKV_ERR_UNKNOWN_REQUEST: return "unknown request";
+    case PKV_ERR_REQUEST_FREED: return "request already freed";
+    case PKV_ERR_BEYOND_LENGTH: return "beyond the request's length";
+    case PKV_ERR_FOREIGN_PAGE: return "page not owned by the request";
     }
     return "unknown status";
 }

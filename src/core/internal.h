@@ -58,6 +58,12 @@ typedef struct pkv_backend_ops {
     /* Whether the backend supports this problem (dtype, head dim, group). */
     pkv_status (*supports)(pkv_context *ctx, const pkv_problem *p);
     void (*destroy)(pkv_context *ctx);
+    /* Writes the step's new K and V into the pages (pkv_append_kv, arguments checked by append.c); may be NULL. */
+    pkv_status (*append)(pkv_context *ctx, const pkv_problem *p, int32_t batch_size, int32_t num_tokens,
+                         const pkv_append_tensors *t, void *stream);
+    /* Copies whole pages (pkv_copy_pages: at most PKV_MAX_PAGE_COPIES, checked by append.c); may be NULL. */
+    pkv_status (*copy_pages)(pkv_context *ctx, const pkv_problem *p, const pkv_page_copy *copies, int32_t count,
+                             void *k_cache, void *v_cache, int64_t page_stride, void *stream);
 } pkv_backend_ops;
 
 /* What a backend tells the planner about its device: the planner's only input from the backend.  Filled
@@ -93,6 +99,8 @@ struct pkv_context {
     pkv_cost_model cost_model;
     pkv_plan *scratch_plan; /* the policy's candidate plans */
     pkv_tuning tuning;      /* PKV_TUNING and PKV_POLICY, parsed at creation (tuning.c); the backends read it */
+    bool has_page_fault;    /* the CPU backend's first page id outside the pool (pkv_context_page_fault) */
+    pkv_page_fault page_fault;
 };
 
 /* Plan storage: tasks, rows and merges live in one host blob so the CUDA backend uploads the
@@ -120,7 +128,7 @@ struct pkv_plan {
     void *blob;              /* [tasks | rows | merges], each part PKV_WS_ALIGN aligned */
     size_t blob_cap, blob_bytes;
     size_t off_tasks, off_rows, off_merges, off_counters;
-    size_t off_state_o, off_state_lse, workspace_bytes;
+    size_t off_state_o, off_state_ml, workspace_bytes; /* partial states: o_s, then (m_s, l_s) */
 
     /* graph-stable plans (pkv_plan_options.graph_max_batch > 0): the fixed grids, where the step's task
      * and merge counts live in the workspace (PKV_COUNTS_WORDS int32 at off_counts, in the blob), and
@@ -208,9 +216,17 @@ bool pkv_cost_model_invalid(const pkv_cost_model *m, char *why, size_t cap);
 void pkv_cost_fill_terms(double t[PKV_COST_TERMS], int64_t launches, double mb, double longest_mb, double merge_mb,
                          int64_t tasks, int64_t slots, double kv_mb, double token_mb, int rect, int fused);
 
+/* Appending K and V (append.c, cpu_append.c): the CPU backend's operations. */
+pkv_status pkv_cpu_append(pkv_context *ctx, const pkv_problem *p, int32_t batch_size, int32_t num_tokens,
+                          const pkv_append_tensors *t, void *stream);
+pkv_status pkv_cpu_copy_pages(pkv_context *ctx, const pkv_problem *p, const pkv_page_copy *copies, int32_t count,
+                              void *k_cache, void *v_cache, int64_t page_stride, void *stream);
+
 /* Backends. */
 pkv_status pkv_cpu_backend_init(pkv_context *ctx, int32_t num_threads);
-pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bool pdl); /* stub without CUDA */
+pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bool pdl, bool check_pages); /* stub without CUDA */
+/* The CUDA backend's recorded page fault (bounds mode); 0 without one (and in a build without CUDA). */
+int pkv_cuda_page_fault(const pkv_context *ctx, pkv_page_fault *out);
 int pkv_cuda_device_count(void);
 /* The decode kernel a run of the plan with these tensors launches on a CUDA context (static storage);
  * PKV_ERR_UNSUPPORTED on another backend, PKV_ERR_BACKEND_UNAVAILABLE without CUDA. */

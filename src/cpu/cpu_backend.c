@@ -8,9 +8,11 @@
  * h = kv_head * G + j), with an online softmax (running max m, running sum l, rescaled numerators).
  * It writes either the final o (dtype, round to nearest even) and lse (natural log), or the partial
  * state of its slot in the workspace:
- *   state_o   fp32 [num_state_slots, G, d]   at workspace + plan->off_state_o  (normalised o_s)
- *   state_lse fp32 [num_state_slots, G]      at workspace + plan->off_state_lse
- * A merge combines its slots in slot order: lse = logsumexp_s lse_s, o = sum_s exp(lse_s - lse) o_s.
+ *   state_o  fp32 [num_state_slots, G, d]     at workspace + plan->off_state_o  (normalised o_s)
+ *   state_ml fp32 [num_state_slots, G, 2]     at workspace + plan->off_state_ml (running max m_s, sum l_s)
+ * A merge combines its slots in slot order: M = max_s m_s, w_s = l_s exp(m_s - M), o = sum_s w_s o_s /
+ * sum_s w_s, lse = M + ln sum_s w_s.  Weighing by l_s itself keeps each piece's token mass exact at any
+ * score: folded into one float lse_s = m_s + ln l_s it would round away once |m_s| >> ln l_s.
  *
  * Every output element is computed by one thread in a fixed order, so a plan's result is bitwise
  * identical run after run, whatever the number of threads.  Threads pull task (or merge) indices
@@ -164,10 +166,10 @@ static void run_task(const cpu_job *job, int32_t k, cpu_scratch *sc) {
     const pkv_kv_strides kvs = pkv_kv_strides_run(p, t);
     const int32_t h0 = task->kv_head * G; /* first query head of the group */
 
-    float *state_o = NULL, *state_lse = NULL;
+    float *state_o = NULL, *state_ml = NULL;
     if (task->state_slot >= 0) {
         state_o = (float *)(job->workspace + plan->off_state_o) + (int64_t)task->state_slot * G * d;
-        state_lse = (float *)(job->workspace + plan->off_state_lse) + (int64_t)task->state_slot * G;
+        state_ml = (float *)(job->workspace + plan->off_state_ml) + (int64_t)task->state_slot * G * 2;
     }
     uint16_t *o16 = (uint16_t *)t->o + task->row * pkv_row_stride(p, t->o_row_stride) + (int64_t)h0 * d;
     float *lse_out = t->lse ? t->lse + (int64_t)task->row * hq + h0 : NULL; // lse [B, Hq]
@@ -176,7 +178,8 @@ static void run_task(const cpu_job *job, int32_t k, cpu_scratch *sc) {
         for (int32_t j = 0; j < G; j++) {
             if (state_o) {
                 memset(state_o + (int64_t)j * d, 0, (size_t)d * sizeof(float));
-                state_lse[j] = -INFINITY;
+                state_ml[2 * j] = -INFINITY;
+                state_ml[2 * j + 1] = 0.0f;
             } else {
                 memset(o16 + (int64_t)j * d, 0, (size_t)d * sizeof(uint16_t));
                 if (lse_out) lse_out[j] = -INFINITY;
@@ -248,15 +251,15 @@ static void run_task(const cpu_job *job, int32_t k, cpu_scratch *sc) {
 
     for (int32_t j = 0; j < G; j++) {
         const float inv_l = 1.0f / sc->l[j];
-        const float lse = sc->m[j] + logf(sc->l[j]);
         const float *acc = sc->acc + (int64_t)j * d;
         if (state_o) {
             float *so = state_o + (int64_t)j * d;
             for (int32_t e = 0; e < d; e++) so[e] = acc[e] * inv_l;
-            state_lse[j] = lse;
+            state_ml[2 * j] = sc->m[j];
+            state_ml[2 * j + 1] = sc->l[j];
         } else {
             store_row(o16 + (int64_t)j * d, acc, inv_l, d, dtype);
-            if (lse_out) lse_out[j] = lse;
+            if (lse_out) lse_out[j] = sc->m[j] + logf(sc->l[j]);
         }
     }
 }
@@ -272,32 +275,34 @@ static void run_merge(const cpu_job *job, int32_t k, cpu_scratch *sc) {
     uint16_t *o16 = (uint16_t *)t->o + mg->row * pkv_row_stride(p, t->o_row_stride) + (int64_t)h0 * d;
     float *lse_out = t->lse ? t->lse + (int64_t)mg->row * hq + h0 : NULL; // lse [B, Hq]
     const float *state_o = mg->count > 0 ? (const float *)(job->workspace + plan->off_state_o) : NULL;
-    const float *state_lse = mg->count > 0 ? (const float *)(job->workspace + plan->off_state_lse) : NULL;
+    const float *state_ml = mg->count > 0 ? (const float *)(job->workspace + plan->off_state_ml) : NULL;
 
     for (int32_t j = 0; j < G; j++) {
-        float m = -INFINITY;
+        /* M over the states that hold tokens (a neutral state, l = 0, weighs nothing) */
+        float M = -INFINITY;
         for (int32_t s = 0; s < mg->count; s++) {
-            const float ls = state_lse[(int64_t)(mg->first_slot + s) * G + j];
-            if (ls > m) m = ls;
+            const float *ml = state_ml + ((int64_t)(mg->first_slot + s) * G + j) * 2;
+            if (ml[1] > 0.0f && ml[0] > M) M = ml[0];
         }
-        if (m == -INFINITY) { /* empty row (count 0) or only neutral states */
+        if (M == -INFINITY) { /* empty row (count 0) or only neutral states */
             memset(o16 + (int64_t)j * d, 0, (size_t)d * sizeof(uint16_t));
             if (lse_out) lse_out[j] = -INFINITY;
             continue;
         }
-        float sum = 0.0f;
-        for (int32_t s = 0; s < mg->count; s++) sum += expf(state_lse[(int64_t)(mg->first_slot + s) * G + j] - m);
-        const float lse = m + logf(sum);
+        float L = 0.0f;
         float *acc = sc->acc;
         memset(acc, 0, (size_t)d * sizeof(float));
         for (int32_t s = 0; s < mg->count; s++) {
             const int64_t slot_head = (int64_t)(mg->first_slot + s) * G + j;
-            const float w = expf(state_lse[slot_head] - lse);
+            const float *ml = state_ml + slot_head * 2;
+            if (!(ml[1] > 0.0f)) continue;
+            const float w = ml[1] * expf(ml[0] - M);
+            L += w;
             const float *os = state_o + slot_head * d;
             for (int32_t e = 0; e < d; e++) acc[e] += w * os[e];
         }
-        store_row(o16 + (int64_t)j * d, acc, 1.0f, d, p->dtype);
-        if (lse_out) lse_out[j] = lse;
+        store_row(o16 + (int64_t)j * d, acc, 1.0f / L, d, p->dtype);
+        if (lse_out) lse_out[j] = M + logf(L);
     }
 }
 
@@ -402,10 +407,15 @@ static pkv_status check_task_pages(pkv_context *ctx, const pkv_plan *plan, const
         if (task->tok_end <= task->tok_begin) continue;
         for (int32_t j = task->tok_begin / ps; j <= (task->tok_end - 1) / ps; j++) {
             const int32_t pg = page_indices[task->page_base + j];
-            if (pg < 0 || (int64_t)pg >= num_pages)
+            if (pg < 0 || (int64_t)pg >= num_pages) {
+                if (!ctx->has_page_fault) {
+                    ctx->page_fault = (pkv_page_fault){task->row, task->kv_head, j, pg};
+                    ctx->has_page_fault = true;
+                }
                 return pkv_fail(ctx, PKV_ERR_PAGE_OUT_OF_RANGE,
-                                "kv_page_indices[%d] = %d (row %d) is outside [0, %lld)", task->page_base + j, pg,
-                                task->row, (long long)num_pages);
+                                "kv_page_indices[%d] = %d (row %d, KV head %d, page %d of the row) is outside [0, %lld)",
+                                task->page_base + j, pg, task->row, task->kv_head, j, (long long)num_pages);
+            }
         }
     }
     return PKV_OK;
@@ -449,6 +459,8 @@ static const pkv_backend_ops cpu_ops = {
     .upload = NULL,
     .supports = cpu_supports,
     .destroy = cpu_destroy,
+    .append = pkv_cpu_append,
+    .copy_pages = pkv_cpu_copy_pages,
 };
 
 pkv_status pkv_cpu_backend_init(pkv_context *ctx, int32_t num_threads) {

@@ -36,6 +36,9 @@ struct cuda_state {
     staging_buffer stage[kStaging];
     int next_stage;
     bool pageable; // uploads straight from the plan (tuning pageable_upload=1, or page-locked memory refused)
+    // bounds mode: the fault record (pkv_cuda_fault_*), page-locked host memory the kernels write through
+    // its mapped device address, so it can be read after their trap has made the CUDA context unusable
+    int32_t *fault;
 };
 
 /* Copies the plan's blob into the next staging buffer and queues its upload on the stream (*queued).  When
@@ -134,6 +137,12 @@ pkv_status cuda_run(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t ws_
     pkv_status ps = cuda_upload(ctx, plan, ws, ws_bytes, stream);
     if (ps != PKV_OK) return ps;
     cudaError_t e = pkv_cuda_decode_run(plan, ws, t, static_cast<cudaStream_t>(stream), &s->launch);
+    pkv_page_fault f;
+    if (e != cudaSuccess && pkv_cuda_page_fault(ctx, &f)) // an earlier run trapped in bounds mode
+        return pkv_fail(ctx, PKV_ERR_CUDA,
+                        "decode launch failed: %s (bounds mode: page id %d of row %d, KV head %d, page %d of the "
+                        "row, is outside [0, %lld))",
+                        cudaGetErrorString(e), f.page_id, f.row, f.kv_head, f.page, (long long)plan->problem.num_pages);
     if (e != cudaSuccess)
         return pkv_fail(ctx, PKV_ERR_CUDA, "decode launch failed: %s", cudaGetErrorString(e));
     return PKV_OK;
@@ -153,13 +162,27 @@ void cuda_destroy(pkv_context *ctx) {
             if (b.done) cudaEventDestroy(b.done);
             if (b.buf) cudaFreeHost(b.buf);
         }
+        if (s->fault) cudaFreeHost(s->fault);
         cudaGetLastError(); // nothing to report from a teardown
     }
     free(ctx->backend_state);
     ctx->backend_state = nullptr;
 }
 
-const pkv_backend_ops cuda_ops = {"cuda", cuda_run, cuda_upload, cuda_supports, cuda_destroy};
+pkv_status cuda_append(pkv_context *ctx, const pkv_problem *p, int32_t batch_size, int32_t num_tokens,
+                       const pkv_append_tensors *t, void *stream) {
+    PKV_CUDA_TRY(ctx, cudaSetDevice(state_of(ctx)->device));
+    return pkv_cuda_append(ctx, p, batch_size, num_tokens, t, stream);
+}
+
+pkv_status cuda_copy_pages(pkv_context *ctx, const pkv_problem *p, const pkv_page_copy *copies, int32_t count,
+                           void *k_cache, void *v_cache, int64_t page_stride, void *stream) {
+    PKV_CUDA_TRY(ctx, cudaSetDevice(state_of(ctx)->device));
+    return pkv_cuda_copy_pages(ctx, p, copies, count, k_cache, v_cache, page_stride, stream);
+}
+
+const pkv_backend_ops cuda_ops = {"cuda",       cuda_run,    cuda_upload,    cuda_supports,
+                                  cuda_destroy, cuda_append, cuda_copy_pages};
 
 } // namespace
 
@@ -168,6 +191,15 @@ extern "C" pkv_status pkv_cuda_decode_kernel_of(pkv_context *ctx, const pkv_plan
     if (ctx->ops != &cuda_ops) return pkv_fail(ctx, PKV_ERR_UNSUPPORTED, "not a CUDA context");
     *name = pkv_cuda_decode_kernel_name(plan, t, &state_of(ctx)->launch);
     return PKV_OK;
+}
+
+extern "C" int pkv_cuda_page_fault(const pkv_context *ctx, pkv_page_fault *out) {
+    const cuda_state *s = ctx->ops == &cuda_ops ? static_cast<const cuda_state *>(ctx->backend_state) : nullptr;
+    if (!s || !s->fault) return 0;
+    const volatile int32_t *f = s->fault; // written by a kernel through the mapped address
+    if (f[PKV_FAULT_STATE] != 2) return 0;
+    *out = {f[PKV_FAULT_ROW], f[PKV_FAULT_HEAD], f[PKV_FAULT_PAGE], f[PKV_FAULT_ID]};
+    return 1;
 }
 
 extern "C" int pkv_cuda_device_count(void) {
@@ -205,7 +237,7 @@ extern "C" const char *pkv_cuda_decode_kernel_name(const pkv_plan *plan, const p
 constexpr double kStreamReadShare = 0.92;
 constexpr double kLaunchUs = 3.0;
 
-extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bool pdl) {
+extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bool pdl, bool check_pages) {
     int n = pkv_cuda_device_count();
     if (n <= 0) return pkv_fail(ctx, PKV_ERR_BACKEND_UNAVAILABLE, "no CUDA device is visible");
     if (device < 0 || device >= n)
@@ -258,6 +290,17 @@ extern "C" pkv_status pkv_cuda_backend_init(pkv_context *ctx, int32_t device, bo
     }
     ctx->backend_state = s;
     ctx->ops = &cuda_ops;
+    if (check_pages) {
+        void *host = nullptr, *dev = nullptr;
+        if (cudaHostAlloc(&host, PKV_FAULT_WORDS * sizeof(int32_t), cudaHostAllocMapped) == cudaSuccess)
+            s->fault = static_cast<int32_t *>(host); // cuda_destroy frees it
+        if (!s->fault || cudaHostGetDevicePointer(&dev, host, 0) != cudaSuccess) {
+            const cudaError_t e = cudaGetLastError();
+            return pkv_fail(ctx, PKV_ERR_CUDA, "bounds mode: cannot map its fault record: %s", cudaGetErrorString(e));
+        }
+        memset(s->fault, 0, PKV_FAULT_WORDS * sizeof(int32_t));
+        s->launch.fault = static_cast<int32_t *>(dev);
+    }
     ctx->device = device;
     ctx->caps.parallelism = prop.multiProcessorCount;
     /* the planner's default tasks per SM: the heads-in-M kernel's residency at d = 128 (2 CTAs per SM on

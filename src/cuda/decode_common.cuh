@@ -29,7 +29,7 @@ struct decode_params {
     int64_t q_stride, o_stride;
     float *lse;               // [B, Hq] or NULL
     float *state_o;           // [slots, G, D]
-    float *state_lse;         // [slots, G]
+    float *state_ml;          // [slots, G, 2]: each state's running max (log2 units) and sum
     const pkv_task *tasks;    // this phase's tasks (workqueue)
     const pkv_row_sched *rows;// this phase's rows (rectangular routes)
     pkv_row_sched row0;       // a one-row phase's schedule by value (one_row): no dependent read first
@@ -63,7 +63,7 @@ struct decode_params {
 struct merge_params {
     const pkv_merge *merges;  // this phase's merges
     const float *state_o;
-    const float *state_lse;
+    const float *state_ml;
     void *o;
     float *lse;
     int64_t o_stride;

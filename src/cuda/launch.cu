@@ -396,7 +396,7 @@ cudaError_t decode_run(const pkv_plan *plan, void *workspace, const pkv_tensors 
     p.o_stride = pkv_row_stride(&pr, t->o_row_stride);
     p.lse = t->lse;
     p.state_o = reinterpret_cast<float *>(ws + plan->off_state_o);
-    p.state_lse = reinterpret_cast<float *>(ws + plan->off_state_lse);
+    p.state_ml = reinterpret_cast<float *>(ws + plan->off_state_ml);
     p.stride_page = st.page;
     p.stride_head = st.head;
     p.stride_tok = st.token;
@@ -415,7 +415,7 @@ cudaError_t decode_run(const pkv_plan *plan, void *workspace, const pkv_tensors 
     p.page_shift = (pr.page_size & (pr.page_size - 1)) == 0 ? __builtin_ctz((unsigned)pr.page_size) : -1;
     merge_params m = {};
     m.state_o = p.state_o;
-    m.state_lse = p.state_lse;
+    m.state_ml = p.state_ml;
     m.o = t->o;
     m.o_stride = p.o_stride;
     m.lse = t->lse;
@@ -428,6 +428,10 @@ cudaError_t decode_run(const pkv_plan *plan, void *workspace, const pkv_tensors 
     p.num_pages = pr.num_pages < INT32_MAX ? (int32_t)pr.num_pages : INT32_MAX;
     tma_maps maps = {};
     const tma_maps *mp = tma_maps_for(plan, t, st, *opts, &maps, &p.stages, &p.copy_mode) ? &maps : nullptr;
+    if (opts->fault) {
+        const cudaError_t e = check_pages_launch(plan, ws, t->kv_page_indices, stream, opts->fault);
+        if (e != cudaSuccess) return e;
+    }
     return run_phases(plan, p, m, ws, stream, *opts, mp);
 }
 

@@ -17,7 +17,7 @@ template <typename T, int D> __device__ __forceinline__ void merge_whole(const m
     pdl_launch_dependents();
     pdl_wait(); // the partial states come from the previous launch
     PKV_TL_MARK(1, 0, p.timeline);
-    merge_one<T, D, kMergeBatch>(m.row, m.kv_head, m.first_slot, m.count, p.state_o, p.state_lse, p.o, p.o_stride,
+    merge_one<T, D, kMergeBatch>(m.row, m.kv_head, m.first_slot, m.count, p.state_o, p.state_ml, p.o, p.o_stride,
                                  p.lse, p.num_qo_heads, p.group);
 }
 
@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel_head(const merge_params
     pdl_launch_dependents(); // a dependent waits for this grid's completion before it reads o
     pdl_wait(); // the partial states come from the previous launch
     PKV_TL_MARK(1, 0, p.timeline);
-    merge_acc r = merge_accumulate<D, kMergeBatch>(p.state_o, p.state_lse, m.first_slot, m.count, grp, NG, G, j, col);
+    merge_acc r = merge_accumulate<D, kMergeBatch>(p.state_o, p.state_ml, m.first_slot, m.count, grp, NG, G, j, col);
     part_sm[grp][col] = r.a;
     if (col == 0) {
         m_sm[grp] = r.M;
@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(kThreads) merge_kernel_head(const merge_params
         r = {make_float4(0.f, 0.f, 0.f, 0.f), M, 0.f};
 #pragma unroll
         for (int g2 = 0; g2 < NG; g2++) {
-            const float f = l_sm[g2] > 0.f ? __expf(m_sm[g2] - M) : 0.f; // a subset without states adds nothing
+            const float f = l_sm[g2] > 0.f ? exp2f(m_sm[g2] - M) : 0.f; // a subset without states adds nothing
             const float4 b = part_sm[g2][col];
             r.L += f * l_sm[g2];
             r.a.x += f * b.x;

@@ -45,7 +45,13 @@ typedef struct pkv_cuda_launch_opts {
     int32_t claim_sms;     /* graph-stable plans: up to a resident wave of tasks claimed by SM over this many SMs
                             * (claim.cuh; the device's, or tuning claim_sms for tests) */
     int32_t claim_mul;     /* and the SMs' order in a round of tasks: r(s) = s x claim_mul mod claim_sms */
+    int32_t *fault;        /* bounds mode (pkv_context_config.check_pages): the fault record's device address;
+                            * NULL: off */
 } pkv_cuda_launch_opts;
+
+/* Bounds mode's fault record, PKV_FAULT_WORDS int32: the state (0 none, 1 being written, 2 written) and the
+ * first fault's row, KV head, place in the row's pages and page id. */
+enum { PKV_FAULT_STATE, PKV_FAULT_ROW, PKV_FAULT_HEAD, PKV_FAULT_PAGE, PKV_FAULT_ID, PKV_FAULT_WORDS };
 /* Launches every phase of an uploaded plan on the stream (attention, then merge). */
 cudaError_t pkv_cuda_decode_run(const pkv_plan *plan, void *workspace, const pkv_tensors *t, cudaStream_t stream,
                                 const pkv_cuda_launch_opts *opts);
@@ -58,6 +64,13 @@ pkv_status pkv_cuda_decode_kernel_of(pkv_context *ctx, const pkv_plan *plan, con
 /* CTAs of the register kernel that runs (group, head_dim) resident per SM (fp16; 0 on error): heads in N
  * for G <= 8, heads in M for G 9..16. */
 int pkv_cuda_decode_resident_ctas(int32_t group, int32_t head_dim);
+
+/* The append and page-copy kernels (append.cu) on the current device: pkv_append_kv's and pkv_copy_pages's
+ * arguments as checked by append.c; the CUDA backend's own checks (16-byte alignment) here. */
+pkv_status pkv_cuda_append(pkv_context *ctx, const pkv_problem *p, int32_t batch_size, int32_t num_tokens,
+                           const pkv_append_tensors *t, void *stream);
+pkv_status pkv_cuda_copy_pages(pkv_context *ctx, const pkv_problem *p, const pkv_page_copy *copies, int32_t count,
+                               void *k_cache, void *v_cache, int64_t page_stride, void *stream);
 
 #ifdef __cplusplus
 }

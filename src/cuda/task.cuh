@@ -68,7 +68,7 @@ __device__ __forceinline__ bool load_task(const decode_params &p, task_info &ti)
             pdl_launch_dependents();
             pdl_wait(); // o of the kernel before (a programmatic dependent of it) is not ours to write yet
             const pkv_merge m = p.merges[p.num_split_merges + (blockIdx.x - p.num_tasks)]; // count 0: o = 0, lse = -inf
-            merge_one<T, D, 1>(m.row, m.kv_head, m.first_slot, m.count, p.state_o, p.state_lse, p.o, p.o_stride,
+            merge_one<T, D, 1>(m.row, m.kv_head, m.first_slot, m.count, p.state_o, p.state_ml, p.o, p.o_stride,
                                p.lse, p.num_qo_heads, p.group);
             return false;
         }
@@ -117,7 +117,6 @@ __device__ __forceinline__ void finish_task(const decode_params &p, const float 
             for (int w = 0; w < kWarps; w++) v += wgt[w] * sm_o[(w * GP + j) * (D + 4) + d + x];
             out[x] = v * inv;
         }
-        const float lse_nat = (M + log2f(L)) * kLn2;
         const int64_t qh = (int64_t)ti.row * p.num_qo_heads + (int64_t)ti.head * G + j;
         if (ti.slot < 0) {
             uint4 pk;
@@ -127,12 +126,12 @@ __device__ __forceinline__ void finish_task(const decode_params &p, const float 
             pk.w = tr::pack(out[6], out[7]);
             T *orow = static_cast<T *>(p.o) + ti.row * p.o_stride; // o's rows may be apart
             *reinterpret_cast<uint4 *>(orow + ((int64_t)ti.head * G + j) * D + d) = pk;
-            if (p.lse && d == 0) p.lse[qh] = lse_nat;
+            if (p.lse && d == 0) p.lse[qh] = (M + log2f(L)) * kLn2;
         } else {
             float *dst = p.state_o + ((int64_t)ti.slot * G + j) * D + d;
             *reinterpret_cast<float4 *>(dst) = make_float4(out[0], out[1], out[2], out[3]);
             *reinterpret_cast<float4 *>(dst + 4) = make_float4(out[4], out[5], out[6], out[7]);
-            if (d == 0) p.state_lse[(int64_t)ti.slot * G + j] = lse_nat;
+            if (d == 0) reinterpret_cast<float2 *>(p.state_ml)[(int64_t)ti.slot * G + j] = make_float2(M, L);
         }
     }
     if (fused_split) {
@@ -148,7 +147,7 @@ __device__ __forceinline__ void finish_task(const decode_params &p, const float 
         PKV_TL_MARK(0, 1, p.timeline);
         if (last) {
             __threadfence();
-            merge_one<T, D, KB>(fm.row, fm.kv_head, fm.first_slot, fm.count, p.state_o, p.state_lse, p.o, p.o_stride,
+            merge_one<T, D, KB>(fm.row, fm.kv_head, fm.first_slot, fm.count, p.state_o, p.state_ml, p.o, p.o_stride,
                                 p.lse, p.num_qo_heads, G);
         }
     }

@@ -29,13 +29,15 @@ size_t plan_blob_layout(int64_t ntasks, int64_t nrows, int64_t nmerges, bool cou
     return counts ? bytes + pkv_align_up(PKV_COUNTS_WORDS * sizeof(int32_t), PKV_WS_ALIGN) : bytes;
 }
 
-/* The workspace after a blob of blob_bytes: partial o (slots x G x d fp32), then partial lse (slots x G
- * fp32), each aligned (offsets in *off_o, *off_lse).  Returns the workspace's bytes. */
+/* The workspace after a blob of blob_bytes: partial o (slots x G x d fp32), then each partial state's
+ * running max and sum (slots x G x 2 fp32: m, l), each aligned (offsets in *off_o, *off_ml).  Returns the
+ * workspace's bytes.  m and l stay apart rather than folded into one lse = m + ln l: at large scores (|m| far
+ * above ln l) a float lse rounds ln l away, and with it the piece's token mass that the merge weighs by. */
 size_t plan_states_layout(size_t blob_bytes, int64_t slots, int64_t group, int64_t head_dim, size_t *off_o,
-                          size_t *off_lse) {
+                          size_t *off_ml) {
     *off_o = pkv_align_up(blob_bytes, PKV_WS_ALIGN);
-    *off_lse = pkv_align_up(*off_o + (size_t)slots * (size_t)group * (size_t)head_dim * sizeof(float), PKV_WS_ALIGN);
-    return pkv_align_up(*off_lse + (size_t)slots * (size_t)group * sizeof(float), PKV_WS_ALIGN);
+    *off_ml = pkv_align_up(*off_o + (size_t)slots * (size_t)group * (size_t)head_dim * sizeof(float), PKV_WS_ALIGN);
+    return pkv_align_up(*off_ml + (size_t)slots * (size_t)group * 2 * sizeof(float), PKV_WS_ALIGN);
 }
 
 /* Room for the lists of a step (counts: a graph-stable plan's counts words too) and nphases phases; the
@@ -148,7 +150,7 @@ static uint64_t graph_signature(const pkv_plan *plan, int32_t max_batch) {
     const int64_t v[] = {p->num_qo_heads, p->num_kv_heads, p->head_dim, p->page_size, p->num_pages, (int64_t)p->layout,
                          (int64_t)p->dtype, fb[0], fb[1], p->window, max_batch, plan->graph_tasks, plan->graph_merges,
                          (int64_t)plan->route, (int64_t)plan->off_tasks, (int64_t)plan->off_merges,
-                         (int64_t)plan->off_counts, (int64_t)plan->off_state_o, (int64_t)plan->off_state_lse,
+                         (int64_t)plan->off_counts, (int64_t)plan->off_state_o, (int64_t)plan->off_state_ml,
                          (int64_t)plan->workspace_bytes, (int64_t)plan->blob_bytes};
     uint64_t h = PKV_FNV_OFFSET;
     for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) h = fnv_mix(h, v[i]);
@@ -163,7 +165,7 @@ void plan_finish_layout(pkv_plan *plan, int32_t graph_cap, int32_t graph_max_bat
     /* workspace layout: [plan blob | partial states]; graph-stable: room for a slot per task of the grid */
     plan->workspace_bytes = plan_states_layout(plan->blob_bytes, graph_cap > 0 ? graph_cap : plan->num_state_slots,
                                                plan->group, plan->problem.head_dim, &plan->off_state_o,
-                                               &plan->off_state_lse);
+                                               &plan->off_state_ml);
     if (graph_cap > 0) {
         int32_t *counts = (int32_t *)(void *)((char *)plan->blob + plan->off_counts);
         memset(counts, 0, PKV_COUNTS_WORDS * sizeof(int32_t)); /* the work claim starts from zeros */
@@ -197,10 +199,10 @@ static size_t plain_workspace_bound(const pkv_problem *problem, int64_t max_batc
     if (opts->chunk_pages > 0 && max_batch * hkv * max_splits > slots) slots = max_batch * hkv * max_splits;
     const int64_t tasks =
         slots + (max_batch < PKV_LENGTH_BUCKETS ? max_batch : PKV_LENGTH_BUCKETS) * P + max_batch * hkv;
-    size_t o_rows, o_merges, o_counts, o_state, o_lse;
+    size_t o_rows, o_merges, o_counts, o_state, o_ml;
     const size_t blob = plan_blob_layout(tasks, max_batch, max_batch * hkv, false, &o_rows, &o_merges, &o_counts);
     /* one alignment unit of slack on top of the layout */
-    return plan_states_layout(blob, slots, G, problem->head_dim, &o_state, &o_lse) + PKV_WS_ALIGN;
+    return plan_states_layout(blob, slots, G, problem->head_dim, &o_state, &o_ml) + PKV_WS_ALIGN;
 }
 
 pkv_status plan_workspace_bound(pkv_context *ctx, const pkv_backend_caps *caps, const pkv_problem *problem,
@@ -218,10 +220,10 @@ pkv_status plan_workspace_bound(pkv_context *ctx, const pkv_backend_caps *caps, 
         const pkv_status st = plan_graph_capacity(ctx, opts, plan_resident_slots(par, per, res, res_x), problem, &cap);
         if (st != PKV_OK) return st;
         const int64_t gm = opts->graph_max_batch;
-        size_t o_rows, o_merges, o_counts, o_state, o_lse;
+        size_t o_rows, o_merges, o_counts, o_state, o_ml;
         const size_t blob = plan_blob_layout(cap, gm, gm * problem->num_kv_heads, true, &o_rows, &o_merges, &o_counts);
         *bytes = plan_states_layout(blob, cap, problem->num_qo_heads / problem->num_kv_heads, problem->head_dim,
-                                    &o_state, &o_lse);
+                                    &o_state, &o_ml);
         return PKV_OK;
     }
     if (res_x > res) res = res_x; /* bounds the one-wave P too */

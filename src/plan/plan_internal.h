@@ -124,7 +124,7 @@ void plan_compute_counters(pkv_plan *plan);
 size_t plan_blob_layout(int64_t ntasks, int64_t nrows, int64_t nmerges, bool counts, size_t *off_rows,
                         size_t *off_merges, size_t *off_counts);
 size_t plan_states_layout(size_t blob_bytes, int64_t slots, int64_t group, int64_t head_dim, size_t *off_o,
-                          size_t *off_lse);
+                          size_t *off_ml);
 pkv_status plan_reserve(pkv_context *ctx, pkv_plan *plan, int64_t ntasks, int64_t nrows, int64_t nmerges,
                         int64_t nphases, bool counts);
 pkv_status plan_grow_i32(pkv_context *ctx, int32_t **buf, size_t *cap, size_t n, const char *what);

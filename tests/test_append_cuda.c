@@ -1,0 +1,288 @@
+/* test_append_cuda.c - pkv_append_kv and pkv_copy_pages on the CUDA backend.  Skips (77) without a GPU.
+ *
+ * Each case runs the same operations on a CUDA context (device copies) and on a CPU context (host copies)
+ * - prompts appended in the ragged form, decode steps appending one token per row in the decode form and
+ * in FlashInfer's (batch_indices, positions), forks whose copy-on-write pages are copied by pkv_copy_pages,
+ * rollbacks - both caches starting with the same NaN poison, and checks: the device caches equal the host
+ * caches bitwise (every appended token and nothing else written; test_append checks the CPU's against the
+ * tokens themselves), and decode attention on the GPU after the appends equals the float64 reference on
+ * the grown cache.  Shapes: Hkv 1/2/8, d 64/128/256, pages of 1, 3, 8, 16, 64 and 256 tokens, NHD and HND,
+ * fp16 and bf16.  Then a CUDA graph that captured one decode-form append is replayed for later steps with
+ * new K/V and a new table in the same buffers; and the CUDA backend's own errors (misalignment).
+ * PKV_TEST_CASES=N sets the number of random cases (default 24). */
+#include "persistentkv.h"
+#include "pkv_lab.h"
+#include "pkv_test.h"
+
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdbool.h>
+#include <string.h>
+
+enum { MAXR = 8, MAXLEN = 600 };
+
+typedef struct dev_arrays { /* device copies of one append's inputs */
+    void *k, *v;
+    int32_t *indptr, *indices, *last, *lens, *bidx, *pos, *aptr;
+} dev_arrays;
+
+static pkv_context *g_gpu, *g_cpu;
+
+static void *dev_copy(const void *src, size_t bytes) {
+    void *p = NULL;
+    if (pkv_dev_malloc(g_gpu, bytes ? bytes : 16, &p) != PKV_OK) return NULL;
+    if (src && bytes) pkv_dev_copy_h2d(g_gpu, p, src, bytes);
+    return p;
+}
+
+typedef struct gcase {
+    pkv_problem p;
+    pkv_page_pool *pool;
+    uint16_t *hk, *hv; /* host caches (CPU backend) */
+    void *dk, *dv;     /* device caches (CUDA backend) */
+    int64_t tok_elems, cache_elems;
+    int32_t len[MAXR];
+    bool live[MAXR];
+} gcase;
+
+/* The same append on both backends: rows' last n[i] tokens, fresh random K/V.  form 0 ragged, 1 decode,
+ * 2 FlashInfer's. */
+static void append_both(gcase *c, pkv_rng *rng, const int32_t *rows, int32_t b, const int32_t *n, int form) {
+    static int32_t indices[MAXR * MAXLEN], bidx[MAXR * MAXLEN], pos[MAXR * MAXLEN];
+    int32_t indptr[MAXR + 1], last[MAXR], lens[MAXR], aptr[MAXR + 1];
+    CHECK_OK(pkv_page_pool_table(c->pool, rows, b, indptr, indices, MAXR * MAXLEN, last, lens));
+    int32_t total = 0;
+    aptr[0] = 0;
+    for (int32_t i = 0; i < b; i++) {
+        for (int32_t j = 0; j < n[i]; j++) bidx[total + j] = i, pos[total + j] = lens[i] - n[i] + j;
+        total += n[i];
+        aptr[i + 1] = total;
+    }
+    const size_t kv_bytes = (size_t)total * c->tok_elems * 2;
+    uint16_t *k = (uint16_t *)malloc(kv_bytes + 16), *v = (uint16_t *)malloc(kv_bytes + 16);
+    for (int64_t e = 0; e < (int64_t)total * c->tok_elems; e++)
+        k[e] = pkv_test_random_value(rng, c->p.dtype), v[e] = pkv_test_random_value(rng, c->p.dtype);
+    dev_arrays d = {dev_copy(k, kv_bytes), dev_copy(v, kv_bytes), dev_copy(indptr, (size_t)(b + 1) * 4),
+                    dev_copy(indices, (size_t)indptr[b] * 4), dev_copy(last, (size_t)b * 4), dev_copy(lens, (size_t)b * 4),
+                    dev_copy(bidx, (size_t)total * 4), dev_copy(pos, (size_t)total * 4), dev_copy(aptr, (size_t)(b + 1) * 4)};
+    pkv_append_tensors h = {0}, g = {0};
+    h.k = k, h.v = v, h.k_cache = c->hk, h.v_cache = c->hv, h.kv_indptr = indptr, h.kv_page_indices = indices;
+    g.k = d.k, g.v = d.v, g.k_cache = c->dk, g.v_cache = c->dv, g.kv_indptr = d.indptr, g.kv_page_indices = d.indices;
+    if (form == 0) h.append_indptr = aptr, h.seq_lens = lens, g.append_indptr = d.aptr, g.seq_lens = d.lens;
+    else if (form == 1) h.kv_last_page_len = last, g.kv_last_page_len = d.last;
+    else h.batch_indices = bidx, h.positions = pos, g.batch_indices = d.bidx, g.positions = d.pos;
+    CHECK_OK(pkv_append_kv(g_cpu, &c->p, b, total, &h, NULL));
+    const pkv_status st = pkv_append_kv(g_gpu, &c->p, b, total, &g, NULL);
+    CHECK_MSG(st == PKV_OK, "GPU append form %d: %s", form, pkv_last_error());
+    CHECK_OK(pkv_dev_synchronize(g_gpu));
+    void *all[] = {d.k, d.v, d.indptr, d.indices, d.last, d.lens, d.bidx, d.pos, d.aptr};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pkv_dev_free(g_gpu, all[i]);
+    free(k), free(v);
+}
+
+/* Extends request r by one token on both, executing a copy-on-write on both. */
+static void extend_both(gcase *c, int32_t r, int32_t n) {
+    pkv_page_copy cp;
+    CHECK_OK(pkv_request_extend(c->pool, r, n, &cp));
+    if (cp.src_page >= 0) {
+        CHECK_OK(pkv_copy_pages(g_cpu, &c->p, &cp, 1, c->hk, c->hv, 0, NULL));
+        CHECK_OK(pkv_copy_pages(g_gpu, &c->p, &cp, 1, c->dk, c->dv, 0, NULL));
+    }
+    c->len[r] += n;
+}
+
+static int64_t caches_differ(gcase *c) {
+    uint16_t *back = (uint16_t *)malloc((size_t)c->cache_elems * 2);
+    int64_t bad = 0;
+    for (int kv = 0; kv < 2; kv++) {
+        CHECK_OK(pkv_dev_copy_d2h(g_gpu, back, kv ? c->dv : c->dk, (size_t)c->cache_elems * 2));
+        const uint16_t *h = kv ? c->hv : c->hk;
+        for (int64_t e = 0; e < c->cache_elems; e++) bad += back[e] != h[e];
+    }
+    free(back);
+    return bad;
+}
+
+/* GPU decode on the grown cache against the float64 reference. */
+static void decode_check(gcase *c, pkv_rng *rng, const char *label) {
+    int32_t rows[MAXR], b = 0;
+    for (int32_t r = 0; r < MAXR; r++)
+        if (c->live[r]) rows[b++] = r;
+    static int32_t indices[MAXR * MAXLEN];
+    int32_t indptr[MAXR + 1], lens[MAXR];
+    CHECK_OK(pkv_page_pool_table(c->pool, rows, b, indptr, indices, MAXR * MAXLEN, NULL, lens));
+    pkv_page_table t = {b, indptr, indices, lens};
+    const int64_t qn = (int64_t)b * c->p.num_qo_heads * c->p.head_dim;
+    uint16_t *q = (uint16_t *)malloc((size_t)qn * 2), *o = (uint16_t *)malloc((size_t)qn * 2);
+    double *oref = (double *)malloc((size_t)qn * 8), *lref = (double *)malloc((size_t)b * c->p.num_qo_heads * 8);
+    for (int64_t e = 0; e < qn; e++) q[e] = pkv_test_random_value(rng, c->p.dtype);
+    pkv_plan *plan = NULL;
+    CHECK_OK(pkv_plan_create(&plan));
+    pkv_plan_options opts;
+    pkv_plan_options_default(&opts);
+    pkv_status st = pkv_plan_step(g_gpu, &c->p, &t, &opts, plan);
+    CHECK_MSG(st == PKV_OK, "%s: plan: %s", label, pkv_last_error());
+    const size_t wsb = pkv_plan_workspace_size(plan);
+    void *ws = NULL, *dq = dev_copy(q, (size_t)qn * 2), *dind = dev_copy(indices, (size_t)indptr[b] * 4), *dout = NULL;
+    pkv_dev_malloc(g_gpu, wsb ? wsb : 16, &ws);
+    pkv_dev_malloc(g_gpu, (size_t)qn * 2, &dout);
+    pkv_tensors tt = {.q = dq, .k_cache = c->dk, .v_cache = c->dv, .kv_page_indices = (const int32_t *)dind, .o = dout};
+    if (st == PKV_OK) {
+        st = pkv_run(g_gpu, plan, ws, wsb, &tt, NULL);
+        CHECK_MSG(st == PKV_OK, "%s: run: %s", label, pkv_last_error());
+    }
+    CHECK_OK(pkv_dev_copy_d2h(g_gpu, o, dout, (size_t)qn * 2));
+    CHECK_OK(pkv_reference(&c->p, &t, q, c->hk, c->hv, oref, lref));
+    double num = 0, den = 0;
+    for (int64_t e = 0; e < qn; e++) {
+        const double x = pkv_test_to_float(o[e], c->p.dtype), dd = x - oref[e];
+        num += dd * dd, den += oref[e] * oref[e];
+    }
+    const double rel = sqrt(num) / (den > 0 ? sqrt(den) : 1e-30), tol = c->p.dtype == PKV_DTYPE_BF16 ? 1.5e-2 : 2e-3;
+    CHECK_MSG(rel < tol, "%s: GPU decode after append rel_l2 %.2e (tol %.1e)", label, rel, tol);
+    pkv_plan_free(plan);
+    pkv_dev_free(g_gpu, ws), pkv_dev_free(g_gpu, dq), pkv_dev_free(g_gpu, dind), pkv_dev_free(g_gpu, dout);
+    free(q), free(o), free(oref), free(lref);
+}
+
+static void gcase_init(gcase *c, int32_t hkv, int32_t d, int32_t ps, pkv_layout layout, pkv_dtype dt) {
+    memset(c, 0, sizeof *c);
+    pkv_problem_default(&c->p);
+    c->p.num_kv_heads = hkv, c->p.num_qo_heads = hkv * 4, c->p.head_dim = d, c->p.page_size = ps;
+    c->p.layout = layout, c->p.dtype = dt;
+    c->p.num_pages = (MAXR * MAXLEN) / ps + 2 * MAXR;
+    c->tok_elems = (int64_t)hkv * d;
+    c->cache_elems = c->p.num_pages * ps * c->tok_elems;
+    c->hk = (uint16_t *)malloc((size_t)c->cache_elems * 2);
+    c->hv = (uint16_t *)malloc((size_t)c->cache_elems * 2);
+    for (int64_t e = 0; e < c->cache_elems; e++) c->hk[e] = c->hv[e] = pkv_test_nan_bits(dt);
+    c->dk = dev_copy(c->hk, (size_t)c->cache_elems * 2);
+    c->dv = dev_copy(c->hv, (size_t)c->cache_elems * 2);
+    CHECK_OK(pkv_page_pool_create(c->p.num_pages, ps, MAXR, &c->pool));
+}
+
+static void gcase_free(gcase *c) {
+    pkv_page_pool_free(c->pool);
+    pkv_dev_free(g_gpu, c->dk), pkv_dev_free(g_gpu, c->dv);
+    free(c->hk), free(c->hv);
+}
+
+static void run_case(pkv_rng *rng, int32_t hkv, int32_t d, int32_t ps, pkv_layout layout, pkv_dtype dt) {
+    gcase c;
+    gcase_init(&c, hkv, d, ps, layout, dt);
+    char label[128];
+    snprintf(label, sizeof label, "Hkv=%d d=%d page=%d %s %s", hkv, d, ps, layout ? "HND" : "NHD", dt ? "bf16" : "fp16");
+    int32_t rows[MAXR], n[MAXR], b = (int32_t)pkv_rng_uniform_int(rng, 1, 5);
+    for (int32_t r = 0; r < b; r++) {
+        n[r] = (int32_t)pkv_rng_uniform_int(rng, 0, 300);
+        CHECK_OK(pkv_request_create(c.pool, r, n[r]));
+        c.len[r] = n[r], c.live[r] = true, rows[r] = r;
+    }
+    append_both(&c, rng, rows, b, n, 0);
+    for (int32_t step = 0; step < 24; step++) {
+        if (step % 7 == 3) /* fork row 0 */
+            for (int32_t dst = 0; dst < MAXR; dst++)
+                if (!c.live[dst] && c.live[0]) {
+                    CHECK_OK(pkv_request_fork(c.pool, 0, dst));
+                    c.len[dst] = c.len[0], c.live[dst] = true;
+                    break;
+                }
+        if (step % 11 == 10 && c.len[0] > 2) {
+            CHECK_OK(pkv_request_truncate(c.pool, 0, c.len[0] - 2));
+            c.len[0] -= 2;
+        }
+        b = 0;
+        for (int32_t r = 0; r < MAXR; r++)
+            if (c.live[r] && c.len[r] < MAXLEN - 1) extend_both(&c, r, 1), rows[b] = r, n[b++] = 1;
+        append_both(&c, rng, rows, b, n, 1 + step % 2);
+    }
+    const int64_t bad = caches_differ(&c);
+    CHECK_MSG(bad == 0, "%s: %lld cache elements differ between the GPU and the CPU", label, (long long)bad);
+    decode_check(&c, rng, label);
+    gcase_free(&c);
+}
+
+/* A graph captured around one decode-form append, replayed for later steps (same B, new K/V and table in
+ * the same device buffers). */
+static void test_graph(pkv_rng *rng) {
+    gcase c;
+    gcase_init(&c, 8, 128, 16, PKV_LAYOUT_NHD, PKV_DTYPE_FP16);
+    enum { B = 6 };
+    int32_t rows[B];
+    for (int32_t r = 0; r < B; r++) {
+        rows[r] = r;
+        CHECK_OK(pkv_request_create(c.pool, r, (int32_t)pkv_rng_uniform_int(rng, 1, 100)));
+    }
+    static int32_t indices[MAXR * MAXLEN];
+    int32_t indptr[B + 1], last[B];
+    const size_t kv_bytes = (size_t)B * c.tok_elems * 2;
+    uint16_t *k = (uint16_t *)malloc(kv_bytes), *v = (uint16_t *)malloc(kv_bytes);
+    void *dk = dev_copy(NULL, kv_bytes), *dv = dev_copy(NULL, kv_bytes), *dindptr = dev_copy(NULL, sizeof indptr),
+         *dind = dev_copy(NULL, sizeof indices), *dlast = dev_copy(NULL, sizeof last);
+    cudaStream_t stream;
+    CHECK(cudaStreamCreate(&stream) == cudaSuccess);
+    pkv_append_tensors g = {0}, h = {0};
+    g.k = dk, g.v = dv, g.k_cache = c.dk, g.v_cache = c.dv, g.kv_indptr = (const int32_t *)dindptr;
+    g.kv_page_indices = (const int32_t *)dind, g.kv_last_page_len = (const int32_t *)dlast;
+    h.k = k, h.v = v, h.k_cache = c.hk, h.v_cache = c.hv, h.kv_indptr = indptr, h.kv_page_indices = indices;
+    h.kv_last_page_len = last;
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    for (int32_t step = 0; step < 8; step++) {
+        for (int32_t r = 0; r < B; r++) extend_both(&c, r, 1);
+        CHECK_OK(pkv_page_pool_table(c.pool, rows, B, indptr, indices, MAXR * MAXLEN, last, NULL));
+        for (int64_t e = 0; e < (int64_t)B * c.tok_elems; e++)
+            k[e] = pkv_test_random_value(rng, c.p.dtype), v[e] = pkv_test_random_value(rng, c.p.dtype);
+        CHECK_OK(pkv_dev_copy_h2d(g_gpu, dk, k, kv_bytes));
+        CHECK_OK(pkv_dev_copy_h2d(g_gpu, dv, v, kv_bytes));
+        CHECK_OK(pkv_dev_copy_h2d(g_gpu, dindptr, indptr, sizeof indptr));
+        CHECK_OK(pkv_dev_copy_h2d(g_gpu, dind, indices, (size_t)indptr[B] * 4));
+        CHECK_OK(pkv_dev_copy_h2d(g_gpu, dlast, last, sizeof last));
+        CHECK_OK(pkv_append_kv(g_cpu, &c.p, B, B, &h, NULL));
+        if (step == 0) {
+            CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+            const pkv_status st = pkv_append_kv(g_gpu, &c.p, B, B, &g, stream);
+            CHECK_MSG(st == PKV_OK, "append under capture: %s", pkv_last_error());
+            CHECK(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
+            CHECK(graph && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+        }
+        CHECK(exec && cudaGraphLaunch(exec, stream) == cudaSuccess);
+        CHECK(cudaStreamSynchronize(stream) == cudaSuccess);
+    }
+    const int64_t bad = caches_differ(&c);
+    CHECK_MSG(bad == 0, "graph replay: %lld cache elements differ from the CPU's", (long long)bad);
+    /* the CUDA backend's own check: 16-byte alignment */
+    g.k = (const char *)dk + 2;
+    CHECK_STATUS(pkv_append_kv(g_gpu, &c.p, B, B, &g, NULL), PKV_ERR_INVALID_ARGUMENT);
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+    void *all[] = {dk, dv, dindptr, dind, dlast};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pkv_dev_free(g_gpu, all[i]);
+    free(k), free(v);
+    gcase_free(&c);
+}
+
+int main(void) {
+    if (!pkv_cuda_available()) PKV_TEST_SKIP("no CUDA device (or a build without CUDA)");
+    pkv_context_config cfg;
+    pkv_context_config_default(&cfg);
+    cfg.backend = PKV_BACKEND_CUDA;
+    CHECK_OK(pkv_context_create(&cfg, &g_gpu));
+    cfg.backend = PKV_BACKEND_CPU;
+    cfg.num_threads = 2;
+    CHECK_OK(pkv_context_create(&cfg, &g_cpu));
+    if (!g_gpu || !g_cpu) return pkv_test_finish("test_append_cuda");
+    pkv_rng rng;
+    pkv_rng_seed(&rng, 3536);
+    static const int32_t hkvs[] = {1, 2, 8}, dims[] = {64, 128, 256}, pss[] = {1, 3, 8, 16, 64, 256};
+    const int cases = getenv("PKV_TEST_CASES") ? atoi(getenv("PKV_TEST_CASES")) : 24;
+    for (int i = 0; i < cases; i++)
+        run_case(&rng, hkvs[pkv_rng_uniform_int(&rng, 0, 2)], dims[pkv_rng_uniform_int(&rng, 0, 2)],
+                 pss[i % 6], (pkv_layout)(i % 2), (pkv_dtype)((i / 2) % 2));
+    test_graph(&rng);
+    printf("append on the GPU: %d cases and a graph replay against the CPU backend\n", cases);
+    pkv_context_free(g_gpu);
+    pkv_context_free(g_cpu);
+    return pkv_test_finish("test_append_cuda");
+}
