@@ -361,6 +361,17 @@ int main(void) {
         CHECK_MSG(strstr(pkv_last_error(), "longer than") != NULL, "long line: %s", pkv_last_error());
     }
     {
+        /* a NUL byte after a value (fuzz_policy, fuzz/corpus/policy/regress-nul-after-value): strtod stopped
+         * there and the line loaded as "softmax_p = 3" */
+        static const char nul_line[] = "softmax_p = 3\0 junk\n";
+        FILE *f = fopen(bad, "wb");
+        fputs(good, f);
+        fwrite(nul_line, 1, sizeof nul_line - 1, f);
+        fclose(f);
+        CHECK_STATUS(pkv_cost_model_load(bad, &back), PKV_ERR_PARSE);
+        CHECK_MSG(strstr(pkv_last_error(), ":10: NUL byte") != NULL, "NUL: %s", pkv_last_error());
+    }
+    {
         FILE *f = fopen(bad, "w"); /* no parallelism */
         fputs("persistentkv-policy 2\nconst_us = 0\nlaunch_us = 6\nfused_merge_us_per_mb = 100\nmerge_us_per_mb = 0\n"
               "us_per_mb = 0.22\nidle_us_per_mb = 0.09\nrho_mb_per_token = 0.08\nsoftmax_p = 3\n", f);
