@@ -48,13 +48,16 @@ static inline int64_t fuzz_range(fuzz_bytes *b, int64_t lo, int64_t hi) {
     } while (0)
 
 /* A scratch file of this process holding the input ($TMPDIR or /tmp); NULL if it cannot be written.
- * The name carries an address of this process's stack so parallel fuzzers do not share it. */
+ * The name carries an address of this process's stack so parallel fuzzers do not share it; removed at exit. */
+static char fuzz_temp_path[512];
+static inline void fuzz_remove_temp(void) { remove(fuzz_temp_path); }
 static inline const char *fuzz_write_temp(const char *tag, const uint8_t *data, size_t size) {
-    static char path[512];
+    char *path = fuzz_temp_path;
     if (!path[0]) {
+        atexit(fuzz_remove_temp);
         const char *dir = getenv("TMPDIR");
         int local = 0;
-        snprintf(path, sizeof path, "%s/pkv_fuzz_%s_%llx", dir && *dir ? dir : "/tmp", tag,
+        snprintf(path, sizeof fuzz_temp_path, "%s/pkv_fuzz_%s_%llx", dir && *dir ? dir : "/tmp", tag,
                  (unsigned long long)(uintptr_t)&local);
     }
     FILE *f = fopen(path, "wb");
