@@ -120,15 +120,15 @@ void pkv_trace_free(pkv_trace *t) {
     free(t);
 }
 
-/* A trace with its per-request arrays allocated (pages and steps not yet). */
-static pkv_trace *trace_alloc(const pkv_trace_config *cfg) {
+/* A trace with its per-request arrays allocated for cap requests (pages and steps not yet). */
+static pkv_trace *trace_alloc(const pkv_trace_config *cfg, int32_t cap) {
     pkv_trace *t = (pkv_trace *)calloc(1, sizeof *t);
     if (!t) return NULL;
     t->config = *cfg;
     t->num_requests = cfg->num_requests;
-    t->prompt_len = (int32_t *)alloc_array(cfg->num_requests, sizeof(int32_t));
-    t->decode_len = (int32_t *)alloc_array(cfg->num_requests, sizeof(int32_t));
-    t->page_offset = (int64_t *)alloc_array((int64_t)cfg->num_requests + 1, sizeof(int64_t));
+    t->prompt_len = (int32_t *)alloc_array(cap, sizeof(int32_t));
+    t->decode_len = (int32_t *)alloc_array(cap, sizeof(int32_t));
+    t->page_offset = (int64_t *)alloc_array((int64_t)cap + 1, sizeof(int64_t));
     if (!t->prompt_len || !t->decode_len || !t->page_offset) {
         pkv_trace_free(t);
         return NULL;
@@ -250,7 +250,7 @@ pkv_status pkv_trace_generate(const pkv_trace_config *cfg, pkv_trace **trace) {
     const char *why = config_problem(cfg);
     if (why) return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "trace config: %s", why);
 
-    pkv_trace *t = trace_alloc(cfg);
+    pkv_trace *t = trace_alloc(cfg, cfg->num_requests);
     if (!t) return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "cannot allocate a trace of %" PRId32 " requests",
                             cfg->num_requests);
     if (t->config.hole_fraction == 0.0) t->config.hole_fraction = 0.0; /* -0.0 -> +0.0 */
@@ -461,7 +461,8 @@ uint64_t pkv_trace_checksum(const pkv_trace *t) {
  * used by no other request.  Step lines come in non-decreasing step order, with s in
  * [0, num_steps), request ids increasing within a step, at most max_active rows per step and
  * 0 <= seq_len <= prompt_len + decode_len.  A step with no line has no rows.  num_steps is at most
- * 2^24 (the step array is sized from it before any step line is read).
+ * 2^24 (the step array is sized from it once the lines are read); num_requests sizes nothing by
+ * itself (the request arrays grow with the request lines).  A file with a NUL byte is refused (text).
  * ---------------------------------------------------------------------------------------------- */
 #define TRACE_MAGIC "# persistentkv-trace v1"
 
@@ -504,29 +505,33 @@ typedef struct line_reader {
 } line_reader;
 
 /* Reads the next line into lr->buf without its "\n" or "\r\n".  Returns 1 for a line, 0 at the
- * end of the file, -1 when out of memory, -2 on a read error. */
+ * end of the file, -1 when out of memory, -2 on a read error, -3 for a NUL byte in the line (a text
+ * file has none: fgets and strlen would cut the line there and read on as if it had ended). */
 static int read_line(line_reader *lr) {
     size_t len = 0;
+    int c = EOF;
     for (;;) {
+        c = getc(lr->file);
+        if (c == EOF || c == '\n') break;
+        if (c == '\0') {
+            lr->number++;
+            return -3;
+        }
         if (lr->cap - len < 2) {
+            if (lr->cap > SIZE_MAX / 2) return -1;
             size_t cap = lr->cap ? lr->cap * 2 : 4096;
             char *grown = (char *)realloc(lr->buf, cap);
             if (!grown) return -1;
             lr->buf = grown;
             lr->cap = cap;
         }
-        size_t room = lr->cap - len;
-        if (room > INT_MAX) room = INT_MAX;
-        if (!fgets(lr->buf + len, (int)room, lr->file)) {
-            if (ferror(lr->file)) return -2;
-            if (len == 0) return 0;
-            break; /* last line without a newline */
-        }
-        len += strlen(lr->buf + len);
-        if (len > 0 && lr->buf[len - 1] == '\n') break;
+        lr->buf[len++] = (char)c;
     }
+    if (c == EOF && ferror(lr->file)) return -2;
+    if (c == EOF && len == 0) return 0;
+    if (!lr->buf && !(lr->buf = (char *)malloc(lr->cap = 4096))) return -1; /* an empty first line */
     lr->number++;
-    if (len > 0 && lr->buf[len - 1] == '\n') lr->buf[--len] = '\0';
+    lr->buf[len] = '\0';
     if (len > 0 && lr->buf[len - 1] == '\r') lr->buf[--len] = '\0';
     return 1;
 }
@@ -619,7 +624,9 @@ typedef struct trace_reader {
     pkv_trace *trace;
     int32_t requests_read;
     int64_t rows_in_last_step; /* rows read so far of the step of the last step line */
-    long *request_line;     /* [num_requests] line number of each request (for messages) */
+    int32_t request_cap;    /* requests the per-request arrays hold: they grow as request lines come, so
+                             * a header's num_requests allocates nothing by itself */
+    long *request_line;     /* [request_cap] line number of each request (for messages) */
     i32_array pages, row_step, row_request, row_len;
 } trace_reader;
 
@@ -643,6 +650,7 @@ static pkv_status parse_fail(const trace_reader *rd, const char *what, ...) {
 static pkv_status next_header_line(trace_reader *rd) {
     int got = read_line(&rd->lines);
     if (got == 1) return PKV_OK;
+    if (got == -3) return parse_fail(rd, "NUL byte (a trace file is text)");
     if (got == -1) return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "cannot allocate a line buffer");
     if (got == -2) return pkv_lab_fail(PKV_ERR_IO, "cannot read trace file '%s'", rd->path);
     rd->lines.number++;
@@ -703,6 +711,25 @@ static pkv_status parse_header(trace_reader *rd, pkv_trace_config *cfg, int64_t 
     return PKV_OK;
 }
 
+/* Room for request r in the per-request arrays (doubling, up to num_requests). */
+static bool grow_requests(trace_reader *rd, int32_t r) {
+    pkv_trace *t = rd->trace;
+    if (r < rd->request_cap) return true;
+    int64_t cap = (int64_t)rd->request_cap * 2;
+    if (cap > t->num_requests) cap = t->num_requests;
+    int32_t *prompt = (int32_t *)realloc(t->prompt_len, (size_t)cap * sizeof(int32_t));
+    if (prompt) t->prompt_len = prompt;
+    int32_t *decode = (int32_t *)realloc(t->decode_len, (size_t)cap * sizeof(int32_t));
+    if (decode) t->decode_len = decode;
+    int64_t *offset = (int64_t *)realloc(t->page_offset, ((size_t)cap + 1) * sizeof(int64_t));
+    if (offset) t->page_offset = offset;
+    long *line = (long *)realloc(rd->request_line, (size_t)cap * sizeof(long));
+    if (line) rd->request_line = line;
+    if (!prompt || !decode || !offset || !line) return false;
+    rd->request_cap = (int32_t)cap;
+    return true;
+}
+
 static pkv_status parse_request_line(trace_reader *rd, const char *p) {
     pkv_trace *t = rd->trace;
     const int32_t r = rd->requests_read;
@@ -716,6 +743,7 @@ static pkv_status parse_request_line(trace_reader *rd, const char *p) {
         return parse_fail(rd, "expected a prompt length in [0, INT32_MAX]");
     if (!take_int(&p, 0, INT32_MAX - prompt, &decode) || !take_literal(&p, ","))
         return parse_fail(rd, "expected a decode length with prompt + decode <= INT32_MAX");
+    if (!grow_requests(rd, r)) return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "cannot allocate trace requests");
     const int64_t count = ceil_div(prompt + decode, t->config.page_size);
     const int64_t used = rd->pages.size;
     if (count > t->num_pages - used)
@@ -822,8 +850,9 @@ static pkv_status read_trace(trace_reader *rd) {
     int64_t num_pages = 0, num_steps = 0;
     pkv_status st = parse_header(rd, &cfg, &num_pages, &num_steps);
     if (st != PKV_OK) return st;
-    rd->trace = trace_alloc(&cfg);
-    rd->request_line = (long *)alloc_array(cfg.num_requests, sizeof(long));
+    rd->request_cap = cfg.num_requests < 1024 ? cfg.num_requests : 1024;
+    rd->trace = trace_alloc(&cfg, rd->request_cap);
+    rd->request_line = (long *)alloc_array(rd->request_cap, sizeof(long));
     if (!rd->trace || !rd->request_line)
         return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "cannot allocate a trace of %" PRId32 " requests",
                         cfg.num_requests);
@@ -831,6 +860,7 @@ static pkv_status read_trace(trace_reader *rd) {
     rd->trace->num_steps = (int32_t)num_steps;
     for (;;) {
         int got = read_line(&rd->lines);
+        if (got == -3) return parse_fail(rd, "NUL byte (a trace file is text)");
         if (got == -1) return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "cannot allocate a line buffer");
         if (got == -2) return pkv_lab_fail(PKV_ERR_IO, "cannot read trace file '%s'", rd->path);
         if (got == 0) break;

@@ -122,6 +122,9 @@ int main(void) {
             q.num_kv_heads = hkvs[pkv_rng_uniform_int(&r, 0, 3)];
             q.num_qo_heads = q.num_kv_heads * groups[pkv_rng_uniform_int(&r, 0, 3)];
             q.page_size = pages[pkv_rng_uniform_int(&r, 0, 2)];
+            /* sliding windows, most of them starting mid-page (the first task is shorter than its chunk) */
+            q.window = k % 4 == 1 ? (int32_t)pkv_rng_uniform_int(&r, 1, 20000) : 0;
+            if (k % 8 == 5) q.page_size = (int32_t)pkv_rng_uniform_int(&r, 2, 256);
             int32_t B = (int32_t)pkv_rng_uniform_int(&r, 0, 100);
             for (int i = 0; i < B; i++)
                 lens[i] = pkv_rng_uniform01(&r) < 0.1 ? 0 : (int32_t)pkv_rng_uniform_int(&r, 1, 50000);
@@ -153,13 +156,38 @@ int main(void) {
                 for (int j = 0; j < PKV_COST_TERMS; j++)
                     if (fabs(a[j] - b[j]) > 1e-9 * (1 + fabs(a[j]))) {
                         if (mismatches++ < 5)
-                            printf("route %s term %d: plan %g, fast %g (B %d Hkv %d G %d page %d par %d)\n",
+                            printf("route %s term %d: plan %g, fast %g (B %d Hkv %d G %d page %d window %d par %d)\n",
                                    pkv_route_name(rs[ri]), j, a[j], b[j], B, q.num_kv_heads,
-                                   q.num_qo_heads / q.num_kv_heads, q.page_size, fo.parallelism);
+                                   q.num_qo_heads / q.num_kv_heads, q.page_size, q.window, fo.parallelism);
                     }
             }
         }
         CHECK_MSG(mismatches == 0, "%d of %d fast term sets differ from the plans'", mismatches, compared);
+    }
+
+    /* a window whose first token lies mid-page: the fast terms once counted the KV bytes and the longest
+     * task from the page's start, the plan from the window's first token (fuzz_plan: one row of 596
+     * tokens, window 513, pages of 139, split: 1.233 MB predicted, 1.063 MB planned) */
+    {
+        pkv_problem q = p;
+        q.page_size = 139, q.window = 513;
+        lens[0] = 596;
+        table_for(lens, 1, q.page_size, indptr, &t);
+        pkv_backend_caps caps;
+        pkv_backend_caps_host(&caps);
+        const pkv_route rs[] = {PKV_ROUTE_SINGLE, PKV_ROUTE_SPLIT, PKV_ROUTE_WORKQUEUE, PKV_ROUTE_FUSED};
+        for (int ri = 0; ri < 4; ri++) {
+            pkv_plan_options fo;
+            pkv_plan_options_default(&fo);
+            fo.parallelism = 4, fo.route = rs[ri], fo.min_chunk_tokens = 1;
+            double a[PKV_COST_TERMS], b[PKV_COST_TERMS];
+            CHECK_OK(pkv_plan_step_caps(&caps, NULL, &q, &t, &fo, plan));
+            CHECK_OK(pkv_cost_terms(plan, a));
+            CHECK_OK(pkv_plan_route_terms(&caps, &q, &t, &fo, b));
+            for (int j = 0; j < PKV_COST_TERMS; j++)
+                CHECK_MSG(fabs(a[j] - b[j]) <= 1e-9 * (1 + fabs(a[j])), "window mid-page, %s term %d: plan %g, fast %g",
+                          pkv_route_name(rs[ri]), j, a[j], b[j]);
+        }
     }
 
     /* the fit recovers a known model from its own predictions (rho on the fit's grid, p = 3; every
@@ -331,6 +359,17 @@ int main(void) {
         fclose(f);
         CHECK_STATUS(pkv_cost_model_load(bad, &back), PKV_ERR_PARSE);
         CHECK_MSG(strstr(pkv_last_error(), "longer than") != NULL, "long line: %s", pkv_last_error());
+    }
+    {
+        /* a NUL byte after a value (fuzz_policy, fuzz/corpus/policy/regress-nul-after-value): strtod stopped
+         * there and the line loaded as "softmax_p = 3" */
+        static const char nul_line[] = "softmax_p = 3\0 junk\n";
+        FILE *f = fopen(bad, "wb");
+        fputs(good, f);
+        fwrite(nul_line, 1, sizeof nul_line - 1, f);
+        fclose(f);
+        CHECK_STATUS(pkv_cost_model_load(bad, &back), PKV_ERR_PARSE);
+        CHECK_MSG(strstr(pkv_last_error(), ":10: NUL byte") != NULL, "NUL: %s", pkv_last_error());
     }
     {
         FILE *f = fopen(bad, "w"); /* no parallelism */

@@ -11,7 +11,7 @@
  * (kv_indptr is the length of kv_page_indices by contract); everything else may lie.  A sanitizer build
  * (-DPKV_SANITIZE=ON) turns any out-of-bounds access or undefined behaviour into a failure; this test found an int
  * overflow in the chunk of an empty row under a huge min_chunk_tokens (UBSan). PKV_FUZZ_CASES=N sets the number of
- * cases (default 4000). */
+ * cases (default 4000, 1000 with PKV_TEST_SANITIZE=1).  Its coverage-guided sibling is fuzz/fuzz_plan.c. */
 #include "persistentkv.h"
 #include "pkv_test.h"
 #include "pkv_lab.h"
@@ -41,8 +41,9 @@ static int32_t edge(void) {
 }
 
 int main(void) {
-    const char *env = getenv("PKV_FUZZ_CASES");
-    const int cases = env ? atoi(env) : 4000;
+    /* PKV_FUZZ_CASES=N, else 4000 (1000 under the sanitizers: PKV_TEST_SANITIZE=1, scripts/sanitize.sh) */
+    const char *env = getenv("PKV_FUZZ_CASES"), *san = getenv("PKV_TEST_SANITIZE");
+    const int cases = env ? atoi(env) : san && atoi(san) > 0 ? 1000 : 4000;
     pkv_rng_seed(&rng, 20261201);
     pkv_context_config cc;
     pkv_context_config_default(&cc);

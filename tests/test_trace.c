@@ -667,7 +667,55 @@ static void test_malformed(void) {
     expect_parse_error(text, 1, 103);
 }
 
+/* Found by fuzz_trace (fuzz/corpus/trace/regress-*): a header's num_requests sized the request arrays
+ * before any line was read (2147483647: ~48 GiB), and a NUL byte inside a line cut it short unseen. */
+static void test_fuzz_regressions(void) {
+    char path[512];
+    temp_path(path, sizeof path, "fuzz");
+    pkv_trace *t = NULL;
+    /* the arrays grow with the request lines: the missing ones are reported, nothing huge allocated */
+    CHECK(write_text(path, "# persistentkv-trace v1\n# family=bimodal seed=5 num_requests=2147483647 max_active=2 "
+                           "max_steps=0 page_size=16 hole_fraction=0\n# num_pages=6 num_steps=3\n"
+                           "request,0,32,1,5 0 3\nrequest,1,16,2,1 4\n"));
+    CHECK_STATUS(pkv_trace_read(path, &t), PKV_ERR_PARSE);
+    CHECK_MSG(strstr(pkv_last_error(), "2 of 2147483647 request lines") != NULL, "%s", pkv_last_error());
+    /* more requests than one growth step of the arrays */
+    {
+        enum { R = 3000 };
+        FILE *f = fopen(path, "wb");
+        CHECK(f != NULL);
+        if (f) {
+            fprintf(f, "# persistentkv-trace v1\n# family=uniform seed=1 num_requests=%d max_active=4 max_steps=0 "
+                       "page_size=16 hole_fraction=0\n# num_pages=%d num_steps=1\n", R, R);
+            for (int r = 0; r < R; r++) fprintf(f, "request,%d,16,0,%d\n", r, R - 1 - r);
+            fprintf(f, "step,0,%d,16\n", R - 1);
+            fclose(f);
+            CHECK_OK(pkv_trace_read(path, &t));
+            int32_t prompt = 0, decode = 0;
+            pkv_trace_request(t, R - 1, &prompt, &decode);
+            CHECK(pkv_trace_num_requests(t) == R && prompt == 16 && decode == 0 && pkv_trace_page(t, R - 1, 0) == 0);
+            pkv_trace_free(t);
+            t = NULL;
+        }
+    }
+    /* a NUL byte in a line: refused on that line (fgets + strlen read "request,0,32,1,5 0 3" and went on) */
+    static const char nul_file[] = "# persistentkv-trace v1\n# family=bimodal seed=5 num_requests=2 max_active=2 "
+                                   "max_steps=0 page_size=16 hole_fraction=0\n# num_pages=6 num_steps=3\n"
+                                   "request,0,32,1,5 0 3\0 junk\nrequest,1,16,2,1 4\n";
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL);
+    if (f) {
+        fwrite(nul_file, 1, sizeof nul_file - 1, f);
+        fclose(f);
+        CHECK_STATUS(pkv_trace_read(path, &t), PKV_ERR_PARSE);
+        CHECK_MSG(strstr(pkv_last_error(), "line 4: NUL byte") != NULL, "%s", pkv_last_error());
+    }
+    CHECK(t == NULL);
+    remove(path);
+}
+
 int main(void) {
+    test_fuzz_regressions();
     test_rng();
     test_families();
     test_golden_checksums();

@@ -165,6 +165,22 @@ pkv_status pkv_cost_model_save(const pkv_cost_model *m, const char *path) {
     return PKV_OK;
 }
 
+/* Reads the next line of a policy file into buf without its "\n": 1 for a line, 0 at the end of the
+ * file, -1 for a line of more than cap - 2 characters, -2 for a NUL byte in it, -3 on a read error. */
+static int policy_line(FILE *f, char *buf, size_t cap) {
+    size_t len = 0;
+    int c;
+    while ((c = getc(f)) != EOF && c != '\n') {
+        if (c == '\0') return -2;
+        if (len + 2 >= cap) return -1;
+        buf[len++] = (char)c;
+    }
+    if (c == EOF && ferror(f)) return -3;
+    if (c == EOF && len == 0) return 0;
+    buf[len] = '\0';
+    return 1;
+}
+
 pkv_status pkv_cost_model_load(const char *path, pkv_cost_model *m) {
     if (!m || !path) return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "model and path must not be NULL");
     FILE *f = fopen(path, "r");
@@ -172,19 +188,24 @@ pkv_status pkv_cost_model_load(const char *path, pkv_cost_model *m) {
     pkv_cost_model r;
     memset(&r, 0, sizeof r);
     char line[512];
-    int seen = 0, lineno = 0, seen_header = 0;
+    int seen = 0, lineno = 0, seen_header = 0, got;
     pkv_status st = PKV_OK;
-    while (st == PKV_OK && fgets(line, sizeof line, f)) {
+    while (st == PKV_OK && (got = policy_line(f, line, sizeof line)) != 0) {
         lineno++;
-        if (!strchr(line, '\n') && !feof(f)) { /* fgets stopped at the buffer's end: is the line complete? */
-            const int c = fgetc(f);
-            if (c != EOF && c != '\n') { /* no: its rest would read as a line of its own */
-                st = pkv_fail(NULL, PKV_ERR_PARSE, "%s:%d: line longer than %d characters", path, lineno,
-                              (int)sizeof line - 2);
-                break;
-            }
+        if (got == -1) {
+            st = pkv_fail(NULL, PKV_ERR_PARSE, "%s:%d: line longer than %d characters", path, lineno,
+                          (int)sizeof line - 2);
+            break;
         }
-        line[strcspn(line, "\r\n")] = 0;
+        if (got == -2) { /* strtod and strcmp would stop there and take the line's start for all of it */
+            st = pkv_fail(NULL, PKV_ERR_PARSE, "%s:%d: NUL byte (a policy file is text)", path, lineno);
+            break;
+        }
+        if (got == -3) {
+            st = pkv_fail(NULL, PKV_ERR_IO, "cannot read policy file '%s'", path);
+            break;
+        }
+        line[strcspn(line, "\r")] = 0;
         if (lineno == 1) {
             if (strcmp(line, "persistentkv-policy 2") != 0)
                 st = pkv_fail(NULL, PKV_ERR_PARSE, "'%s' is not a version 2 policy file (`pkv calibrate` writes one)",

@@ -35,23 +35,44 @@ typedef struct route_tally {
     int64_t tasks, split_tasks, max_count, longest;
 } route_tally;
 
-/* The work queue's tallies at chunks of wq_tokens: chunks per row; its longest task and largest merge
- * follow from the longest row.  A branch-free int32 pass the compiler vectorises (a row's splits are at
- * most max_splits, so the sums stay below 2^31). */
+/* Under a sliding window a row of n planned tokens (from the start of the page that holds its window's
+ * first token, plan_window_lengths) attends to its last min(n, window) of them: its first task is `off`
+ * tokens shorter than its chunk, off = n - window when n > window, else 0 (window 0: none). */
+static inline int32_t window_offset(int32_t n, int32_t window) {
+    return window > 0 && n > window ? n - window : 0;
+}
+
+/* The longest task of a row of n planned tokens in chunks of c tokens whose first chunk is off tokens
+ * shorter: the first chunk, or the second (a full chunk, or the row's rest when it has two). */
+static inline int32_t row_longest(int32_t n, int32_t c, int32_t off) {
+    const int32_t first = (c < n ? c : n) - off;
+    const int32_t rest = n > c ? n - c : 0, second = rest < c ? rest : c;
+    return first > second ? first : second;
+}
+
+/* The work queue's tallies at chunks of wq_tokens: chunks per row and the longest task (a windowed
+ * row's first chunk starts at its window); its largest merge follows from the longest row.  A
+ * branch-free int32 pass the compiler vectorises (a row's splits are at most max_splits, so the sums
+ * stay below 2^31). */
 PKV_VECTOR_CLONES
-static route_tally workqueue_tally(const plan_params *pp, const int32_t *lens, int32_t B, int64_t wq_tokens) {
+static route_tally workqueue_tally(const plan_params *pp, const int32_t *lens, int32_t B, int64_t wq_tokens,
+                                   int32_t window) {
     const double wq_up = (double)wq_tokens - 0.5, inv_wq = 1.0 / (double)wq_tokens;
-    int32_t wt = 0, wst = 0;
+    const int32_t c = wq_tokens < INT32_MAX ? (int32_t)wq_tokens : INT32_MAX;
+    int32_t wt = 0, wst = 0, lmax = 0;
     for (int32_t i = 0; i < B; i++) {
-        const int32_t ns = (int32_t)(((double)lens[i] + wq_up) * inv_wq); /* 0 for an empty row */
+        const int32_t n = lens[i];
+        const int32_t ns = (int32_t)(((double)n + wq_up) * inv_wq); /* 0 for an empty row */
         wt += ns;
         wst += ns > 1 ? ns : 0;
+        const int32_t l = row_longest(n, c, window_offset(n, window));
+        lmax = l > lmax ? l : lmax;
     }
     route_tally r;
     r.tasks = wt, r.split_tasks = wst;
     const int64_t ns_max = pkv_ceil_div(pp->max_len, wq_tokens);
     r.max_count = ns_max > 1 ? ns_max : 0;
-    r.longest = wq_tokens < pp->max_len ? wq_tokens : pp->max_len;
+    r.longest = lmax;
     return r;
 }
 
@@ -60,8 +81,10 @@ static route_tally workqueue_tally(const plan_params *pp, const int32_t *lens, i
 PKV_VECTOR_CLONES
 static route_tally split_tally(const plan_params *pp, const pkv_problem *p, const int32_t *lens, int32_t B, int32_t S) {
     route_tally r;
-    if (S == 1) { /* the split route is the single route */
-        r.tasks = pp->nonempty, r.split_tasks = 0, r.max_count = 0, r.longest = pp->max_len;
+    const int32_t window = p->window;
+    if (S == 1) { /* the split route is the single route: a row's one task is its attended tokens */
+        r.tasks = pp->nonempty, r.split_tasks = 0, r.max_count = 0;
+        r.longest = window > 0 && pp->max_len > window ? window : pp->max_len;
         return r;
     }
     const double inv_ps = 1.0 / p->page_size, inv_S = 1.0 / S;
@@ -83,12 +106,21 @@ static route_tally split_tally(const plan_params *pp, const pkv_problem *p, cons
         st += ns;
         sst += split;
         cmax = split > cmax ? split : cmax;
-        /* the first chunk: cp pages when the row has more (then cp x ps < n < 2^31), else the row */
-        const int32_t first = cp < pages ? (int32_t)((uint32_t)cp * (uint32_t)ps) : n;
-        lmax = first > lmax ? first : lmax;
+        /* chunks of cp pages when the row has more (then cp x ps < n < 2^31), else the row */
+        const int32_t c = cp < pages ? (int32_t)((uint32_t)cp * (uint32_t)ps) : n;
+        const int32_t l = row_longest(n, c, window_offset(n, window));
+        lmax = l > lmax ? l : lmax;
     }
     r.tasks = st, r.split_tasks = sst, r.max_count = cmax, r.longest = lmax;
     return r;
+}
+
+/* The tokens the rows attend to: their planned lengths, less a sliding window's offsets. */
+static int64_t attended_tokens(const plan_params *pp, const int32_t *lens, int32_t B, int32_t window) {
+    if (window <= 0) return pp->total;
+    int64_t total = 0;
+    for (int32_t i = 0; i < B; i++) total += lens[i] - window_offset(lens[i], window);
+    return total;
 }
 
 /* The cost-model terms of the candidate routes for this step without building their plans: the
@@ -102,9 +134,10 @@ static void candidate_terms(const plan_params *pp, const pkv_problem *p, const i
     const int64_t es = (int64_t)pkv_dtype_size(p->dtype);
     const int32_t S = plan_choose_splits(pp, p, lens, NULL, B);
     const int32_t wq_pages = wq_chunk_pages > 0 ? wq_chunk_pages : plan_workqueue_chunk(pp, p, lens, B);
-    const int64_t tokens = pp->total, empty = B - pp->nonempty, nonempty = pp->nonempty;
+    const int64_t tokens = attended_tokens(pp, lens, B, p->window), empty = B - pp->nonempty;
+    const int64_t nonempty = pp->nonempty;
     route_tally r[2]; /* split, work queue */
-    r[1] = workqueue_tally(pp, lens, B, (int64_t)wq_pages * p->page_size);
+    r[1] = workqueue_tally(pp, lens, B, (int64_t)wq_pages * p->page_size, p->window);
     r[0] = split_tally(pp, p, lens, B, S);
     for (int k = 0; k < 2; k++) r[k].tasks *= hkv, r[k].split_tasks *= hkv;
     const int64_t kv = tokens * hkv * d * es * 2, qo = (int64_t)B * p->num_qo_heads * (d * es * 2 + 4);
@@ -113,7 +146,8 @@ static void candidate_terms(const plan_params *pp, const pkv_problem *p, const i
         const route_tally *x = &r[k == TC_SPLIT ? 0 : 1];
         int64_t ntasks, nsplit, maxc, lng, launches;
         if (k == TC_SINGLE) {
-            ntasks = nonempty * hkv, nsplit = 0, maxc = 0, lng = pp->max_len;
+            ntasks = nonempty * hkv, nsplit = 0, maxc = 0;
+            lng = p->window > 0 && pp->max_len > p->window ? p->window : pp->max_len;
         } else {
             ntasks = x->tasks, nsplit = x->split_tasks, maxc = x->max_count, lng = x->longest;
         }

@@ -35,6 +35,19 @@ static int cmp_key(const void *a, const void *b) {
     return 0;
 }
 
+/* a merge's (row, KV head) as one key with its index, sorted so each pair's merges are found by binary
+ * search: the validator stays O((tasks + merges) log) where a scan per pair was O(B x Hkv x merges) */
+typedef struct merge_key {
+    int64_t key; /* row x Hkv + KV head; -1 for a pair out of range (found by none) */
+    int32_t index;
+} merge_key;
+
+static int cmp_merge_key(const void *a, const void *b) {
+    const merge_key *x = (const merge_key *)a, *y = (const merge_key *)b;
+    if (x->key != y->key) return x->key < y->key ? -1 : 1;
+    return (x->index > y->index) - (x->index < y->index);
+}
+
 static int32_t phase_of_task(const pkv_plan *p, int32_t k) {
     for (int32_t i = 0; i < p->num_phases; i++)
         if (k >= p->phases[i].task_begin && k < p->phases[i].task_end) return i;
@@ -56,6 +69,7 @@ typedef struct vstate {
     int32_t *row_base;   /* page_base of each row, from the plan's rows */
     int32_t *slot_phase; /* the phase that last wrote each slot */
     task_key *keys;
+    merge_key *mkeys;    /* the merges sorted by (row, KV head) */
 } vstate;
 
 /* One row record per row, each with the row's tokens. */
@@ -125,12 +139,15 @@ static pkv_status check_tasks(const vstate *v) {
  * in its tasks' phase, named by its tasks, reading their slots in split order. */
 static pkv_status check_merge_of(const vstate *v, int32_t i, int32_t h, int32_t first, int32_t count) {
     const pkv_plan *plan = v->plan;
-    int32_t found = -1;
-    for (int32_t m = 0; m < plan->num_merges; m++)
-        if (plan->merges[m].row == i && plan->merges[m].kv_head == h) {
-            if (found >= 0) BAD("row %d head %d merged twice", i, h);
-            found = m;
-        }
+    const int64_t key = (int64_t)i * v->hkv + h;
+    int32_t lo = 0, hi = plan->num_merges; /* the first merge key >= key */
+    while (lo < hi) {
+        const int32_t mid = lo + (hi - lo) / 2;
+        if (v->mkeys[mid].key < key) lo = mid + 1;
+        else hi = mid;
+    }
+    const int32_t found = lo < plan->num_merges && v->mkeys[lo].key == key ? v->mkeys[lo].index : -1;
+    if (found >= 0 && lo + 1 < plan->num_merges && v->mkeys[lo + 1].key == key) BAD("row %d head %d merged twice", i, h);
     if (found < 0) BAD("row %d head %d has %d tasks and no merge", i, h, count);
     const pkv_merge *m = &plan->merges[found];
     if (m->count > 0 && (m->first_slot < 0 || m->first_slot + m->count > plan->num_state_slots))
@@ -147,6 +164,17 @@ static pkv_status check_merge_of(const vstate *v, int32_t i, int32_t h, int32_t 
             BAD("row %d head %d: split %d writes slot %d, merge expects %d", i, h, j,
                 plan->tasks[v->idx[first + j]].state_slot, m->first_slot + j);
     return PKV_OK;
+}
+
+/* The merges' keys, sorted (check_merge_of searches them). */
+static void sort_merges(const vstate *v) {
+    const pkv_plan *plan = v->plan;
+    for (int32_t m = 0; m < plan->num_merges; m++) {
+        const pkv_merge *x = &plan->merges[m];
+        const bool in_range = x->row >= 0 && x->row < v->B && x->kv_head >= 0 && x->kv_head < v->hkv;
+        v->mkeys[m] = (merge_key){in_range ? (int64_t)x->row * v->hkv + x->kv_head : -1, m};
+    }
+    qsort(v->mkeys, (size_t)plan->num_merges, sizeof *v->mkeys, cmp_merge_key);
 }
 
 /* Walks (row, KV head) in order over the sorted tasks: every attended token covered exactly once, in
@@ -232,15 +260,18 @@ pkv_status pkv_plan_validate(const pkv_plan *plan, const int32_t *seq_lens) {
     v.row_base = v.idx ? v.idx + v.nt + 1 : NULL;
     v.slot_phase = (int32_t *)malloc(((size_t)plan->num_state_slots + 1) * sizeof *v.slot_phase);
     v.keys = (task_key *)malloc(((size_t)v.nt + 1) * sizeof *v.keys);
-    pkv_status st = !v.idx || !v.slot_phase || !v.keys ? bad("out of memory") : PKV_OK;
+    v.mkeys = (merge_key *)malloc(((size_t)plan->num_merges + 1) * sizeof *v.mkeys);
+    pkv_status st = !v.idx || !v.slot_phase || !v.keys || !v.mkeys ? bad("out of memory") : PKV_OK;
     if (st == PKV_OK) st = check_rows(&v);
     if (st == PKV_OK) st = check_phases(&v);
     if (st == PKV_OK) st = check_tasks(&v);
+    if (st == PKV_OK) sort_merges(&v);
     if (st == PKV_OK) st = check_coverage(&v);
     if (st == PKV_OK) st = check_counters(&v);
     if (st == PKV_OK) st = check_graph(&v);
     free(v.idx);
     free(v.keys);
+    free(v.mkeys);
     free(v.slot_phase);
     return st;
 }
