@@ -50,7 +50,7 @@ extern "C" {
 #define PKV_MAX_PER_UNIT 1024           /* pkv_plan_options.ctas_per_unit */
 
 #define PKV_VERSION_MAJOR 0
-#define PKV_VERSION_MINOR 4
+#define PKV_VERSION_MINOR 5
 #define PKV_VERSION_PATCH 0
 
 /* ------------------------------------------------------------------------------------------------

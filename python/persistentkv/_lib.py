@@ -373,7 +373,7 @@ for _name, (_res, _args) in _protos.items():
     _fn.restype, _fn.argtypes = _res, _args
 
 # The structs above mirror this version of persistentkv.h: refuse a library of another version.
-ABI_VERSION = 400  # 0.4.0
+ABI_VERSION = 500  # 0.5.0
 lib.pkv_version.restype, lib.pkv_version.argtypes = ctypes.c_uint32, []
 if lib.pkv_version() != ABI_VERSION:
     raise LibraryNotFoundError(
