@@ -1,5 +1,6 @@
 /* ops.c - model shapes and the layer ops (pkv_model.h): the CPU implementation, and the dispatch to the
  * CUDA one (ops_cuda.cu) for CUDA contexts. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "pkv_model.h"
 
 #include "ops_internal.h"
@@ -9,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const pkv_model_shape kShapes[] = {
     {"llama3-8b", 32, 4096, 32, 8, 128, 14336, 128256, 500000.0, 1e-5},
@@ -79,6 +81,42 @@ void pkv_ops_free(pkv_ops *ops) {
     if (!ops) return;
     if (ops->cuda) pkv_cuda_ops_release(ops);
     free(ops);
+}
+
+static double wall_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return 1e6 * (double)ts.tv_sec + 1e-3 * (double)ts.tv_nsec;
+}
+
+pkv_status pkv_ops_mark(pkv_ops *ops, int part) {
+    if (!ops) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "ops is NULL");
+    if (ops->nmarks == PKV_MAX_MARKS) return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "more than %d marks", PKV_MAX_MARKS);
+    const int k = ops->nmarks;
+    ops->part[k] = part;
+    if (ops->cuda) {
+        const pkv_status st = pkv_cuda_ops_mark(ops, k);
+        if (st != PKV_OK) return st;
+    } else {
+        ops->wall[k] = wall_us();
+    }
+    ops->nmarks++;
+    return PKV_OK;
+}
+
+pkv_status pkv_ops_take_times(pkv_ops *ops, double out[PKV_PARTS]) {
+    if (!ops || !out) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "ops and out must not be NULL");
+    for (int p = 0; p < PKV_PARTS; p++) out[p] = 0.0;
+    pkv_status st = pkv_ops_synchronize(ops);
+    for (int k = 0; st == PKV_OK && k + 1 < ops->nmarks; k++) {
+        if (ops->part[k] < 0 || ops->part[k] >= PKV_PARTS) continue;
+        double us = 0.0;
+        if (ops->cuda) st = pkv_cuda_ops_elapsed(ops, k, &us);
+        else us = ops->wall[k + 1] - ops->wall[k];
+        out[ops->part[k]] += us;
+    }
+    ops->nmarks = 0;
+    return st;
 }
 
 pkv_status pkv_ops_synchronize(pkv_ops *ops) {
@@ -183,6 +221,13 @@ pkv_status pkv_op_silu_mul(pkv_ops *ops, const uint16_t *gu, int32_t B, int32_t 
             const float g = bf(gu[(int64_t)b * 2 * mlp + i]), u = bf(gu[(int64_t)b * 2 * mlp + mlp + i]);
             out[(int64_t)b * mlp + i] = to_bf(bf(to_bf(g / (1.0f + expf(-g)))) * u);
         }
+    return PKV_OK;
+}
+
+pkv_status pkv_op_fill_uniform(pkv_ops *ops, uint16_t *p, int64_t count, float lo, float hi, uint64_t seed) {
+    OPS_CHECK(ops && p && count >= 0 && lo <= hi, "fill_uniform: bad argument");
+    if (ops->cuda) return pkv_cuda_op_fill_uniform(ops, p, count, lo, hi, seed);
+    for (int64_t i = 0; i < count; i++) p[i] = to_bf(fmaf(hi - lo, pkv_fill_u(seed, (uint64_t)i), lo));
     return PKV_OK;
 }
 

@@ -115,7 +115,20 @@ __global__ void argmax_kernel(const uint16_t *logits, int32_t vocab, int32_t *to
     }
 }
 
+__global__ void fill_kernel(uint16_t *p, int64_t count, float lo, float hi, uint64_t seed) {
+    for (int64_t i = blockIdx.x * (int64_t)kThreads + threadIdx.x; i < count; i += (int64_t)gridDim.x * kThreads)
+        p[i] = to_bf(__fmaf_rn(hi - lo, pkv_fill_u(seed, (uint64_t)i), lo));
+}
+
 } // namespace
+
+extern "C" pkv_status pkv_cuda_op_fill_uniform(pkv_ops *ops, uint16_t *p, int64_t count, float lo, float hi,
+                                               uint64_t seed) {
+    if (count == 0) return PKV_OK;
+    const int64_t blocks = (count + kThreads - 1) / kThreads;
+    fill_kernel<<<(unsigned)(blocks < 8192 ? blocks : 8192), kThreads, 0, stream_of(ops)>>>(p, count, lo, hi, seed);
+    return launched("fill_uniform");
+}
 
 extern "C" pkv_status pkv_cuda_ops_init(pkv_ops *ops) {
     cublasHandle_t h = nullptr;
@@ -132,6 +145,28 @@ extern "C" pkv_status pkv_cuda_ops_init(pkv_ops *ops) {
 extern "C" void pkv_cuda_ops_release(pkv_ops *ops) {
     if (ops->blas) cublasDestroy(static_cast<cublasHandle_t>(ops->blas));
     ops->blas = nullptr;
+    for (int k = 0; k < PKV_MAX_MARKS; k++)
+        if (ops->event[k]) cudaEventDestroy(static_cast<cudaEvent_t>(ops->event[k]));
+}
+
+extern "C" pkv_status pkv_cuda_ops_mark(pkv_ops *ops, int k) {
+    if (!ops->event[k]) {
+        cudaEvent_t e = nullptr;
+        if (cudaEventCreate(&e) != cudaSuccess) return pkv_lab_fail(PKV_ERR_CUDA, "cannot create a timing event");
+        ops->event[k] = e;
+    }
+    if (cudaEventRecord(static_cast<cudaEvent_t>(ops->event[k]), stream_of(ops)) != cudaSuccess)
+        return pkv_lab_fail(PKV_ERR_CUDA, "cannot record a timing event");
+    return PKV_OK;
+}
+
+extern "C" pkv_status pkv_cuda_ops_elapsed(pkv_ops *ops, int k, double *us) {
+    float ms = 0.0f;
+    const cudaError_t e = cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(ops->event[k]),
+                                               static_cast<cudaEvent_t>(ops->event[k + 1]));
+    if (e != cudaSuccess) return pkv_lab_fail(PKV_ERR_CUDA, "timing: %s", cudaGetErrorString(e));
+    *us = 1e3 * ms;
+    return PKV_OK;
 }
 
 extern "C" pkv_status pkv_cuda_ops_synchronize(pkv_ops *ops) {

@@ -36,6 +36,18 @@ pkv_status pkv_cuda_op_silu_mul(pkv_ops *ops, const uint16_t *gu, int32_t B, int
     (void)ops, (void)gu, (void)B, (void)mlp, (void)out;
     return NO_CUDA;
 }
+pkv_status pkv_cuda_ops_mark(pkv_ops *ops, int k) {
+    (void)ops, (void)k;
+    return NO_CUDA;
+}
+pkv_status pkv_cuda_ops_elapsed(pkv_ops *ops, int k, double *us) {
+    (void)ops, (void)k, (void)us;
+    return NO_CUDA;
+}
+pkv_status pkv_cuda_op_fill_uniform(pkv_ops *ops, uint16_t *p, int64_t count, float lo, float hi, uint64_t seed) {
+    (void)ops, (void)p, (void)count, (void)lo, (void)hi, (void)seed;
+    return NO_CUDA;
+}
 pkv_status pkv_cuda_op_argmax(pkv_ops *ops, const uint16_t *logits, int32_t B, int32_t vocab, int32_t *tokens) {
     (void)ops, (void)logits, (void)B, (void)vocab, (void)tokens;
     return NO_CUDA;

@@ -11,12 +11,21 @@
 extern "C" {
 #endif
 
+#define PKV_MAX_MARKS 4096
+
 struct pkv_ops {
     pkv_context *ctx;
     bool cuda;
     void *stream; /* cudaStream_t */
     void *blas;   /* cublasHandle_t */
+    /* pkv_ops_mark: the marks of the current step (CUDA events, created on first use; CPU times) */
+    int nmarks;
+    int part[PKV_MAX_MARKS];
+    void *event[PKV_MAX_MARKS];
+    double wall[PKV_MAX_MARKS];
 };
+pkv_status pkv_cuda_ops_mark(pkv_ops *ops, int k);
+pkv_status pkv_cuda_ops_elapsed(pkv_ops *ops, int k, double *us); /* from mark k to mark k + 1 */
 
 pkv_status pkv_cuda_ops_init(pkv_ops *ops);
 void pkv_cuda_ops_release(pkv_ops *ops);
@@ -31,6 +40,21 @@ pkv_status pkv_cuda_op_gemm(pkv_ops *ops, const uint16_t *x, int64_t x_stride, c
 pkv_status pkv_cuda_op_rope(pkv_ops *ops, uint16_t *qkv, const int32_t *positions, int32_t B, int32_t q_heads,
                             int32_t kv_heads, int32_t head_dim, const float *inv_freq);
 pkv_status pkv_cuda_op_silu_mul(pkv_ops *ops, const uint16_t *gu, int32_t B, int32_t mlp, uint16_t *out);
+#ifdef __CUDACC__
+#define PKV_HOST_DEVICE __host__ __device__
+#else
+#define PKV_HOST_DEVICE
+#endif
+/* The hash behind pkv_op_fill_uniform: u in [0, 1) for (seed, i); the value fmaf(hi - lo, u, lo) (one
+ * rounding, the same on host and device). */
+static inline PKV_HOST_DEVICE float pkv_fill_u(uint64_t seed, uint64_t i) {
+    uint64_t z = seed * 0x9e3779b97f4a7c15ull + i + 0x632be59bd9b4e019ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (float)(z >> 40) * (1.0f / 16777216.0f);
+}
+pkv_status pkv_cuda_op_fill_uniform(pkv_ops *ops, uint16_t *p, int64_t count, float lo, float hi, uint64_t seed);
 pkv_status pkv_cuda_op_argmax(pkv_ops *ops, const uint16_t *logits, int32_t B, int32_t vocab, int32_t *tokens);
 
 #ifdef __cplusplus

@@ -68,8 +68,69 @@ pkv_status pkv_op_rope(pkv_ops *ops, uint16_t *qkv, const int32_t *positions, in
 pkv_status pkv_op_silu_mul(pkv_ops *ops, const uint16_t *gu, int32_t B, int32_t mlp, uint16_t *out);
 /* Greedy sampling: tokens[b] = the first index of the largest logit of row b (int32 out). */
 pkv_status pkv_op_argmax(pkv_ops *ops, const uint16_t *logits, int32_t B, int32_t vocab, int32_t *tokens);
+/* Fills count bf16 values with lo + (hi - lo) u, u uniform in [0, 1) from a hash of (seed, index): the same
+ * values on both backends (lo == hi: a constant). */
+pkv_status pkv_op_fill_uniform(pkv_ops *ops, uint16_t *p, int64_t count, float lo, float hi, uint64_t seed);
+/* Timing by part: pkv_ops_mark(ops, part) says that the work queued from now on is of that part (a CUDA
+ * event on the ops' stream, or the wall clock on the CPU); pkv_ops_take_times waits for the work, adds
+ * each interval's time to its part (microseconds, out[PKV_PARTS]) and starts over.  Part -1 closes the
+ * last interval without opening one. */
+enum { PKV_PART_ATTENTION, PKV_PART_APPEND, PKV_PART_GEMM, PKV_PART_OTHER, PKV_PARTS };
+pkv_status pkv_ops_mark(pkv_ops *ops, int part);
+pkv_status pkv_ops_take_times(pkv_ops *ops, double out[PKV_PARTS]);
 /* Waits for the ops queued so far (CUDA); a no-op on the CPU. */
 pkv_status pkv_ops_synchronize(pkv_ops *ops);
+
+/* ---- the decoder: the model's layers around the attention engine, over the page manager's pages ---------
+ * Weights in the context's backend memory (random, or loaded from a file), a KV pool per layer indexed by
+ * the page manager's page ids (the same ids in every layer, as vLLM's block tables), and per step: each
+ * live request's next token through every layer (RMSNorm, the fused QKV GEMM, RoPE, the step's K and V
+ * appended into its pages, attention by one pkv_plan_step reused by every layer and one pkv_run per layer
+ * reading q in place from the QKV output, the O GEMM, the SwiGLU MLP), the final norm, the LM head and the
+ * greedy token.  A request's prompt is prefilled exactly (its tokens as rows of the same engine, row i
+ * attending to tokens 0..i: quadratic reads, for prompts of up to a few thousand tokens) or, for decode
+ * benchmarks of long contexts, synthetically (its K and V in every layer filled with random values, no
+ * model output: the decode steps that follow read and write real bytes, the tokens are not a model's). */
+typedef struct pkv_decoder_config {
+    pkv_model_shape shape;
+    int32_t page_size;     /* tokens per page (16) */
+    int64_t num_pages;     /* pages per layer's pool: the most tokens in flight / page_size, at least */
+    int32_t max_batch;     /* most requests decoded in one step (and most prompt tokens prefilled at once) */
+    int32_t max_requests;  /* request ids in [0, max_requests) */
+    uint64_t seed;         /* the random weights' */
+    pkv_route route;       /* attention's route (AUTO: the library's policy) */
+} pkv_decoder_config;
+
+typedef struct pkv_decoder pkv_decoder;
+
+/* Time of the last step by part (CUDA events on the CUDA backend, wall time on the CPU), microseconds. */
+typedef struct pkv_decoder_times {
+    double attention_us, append_us, gemm_us, other_us, host_us, step_us;
+} pkv_decoder_times;
+
+void pkv_decoder_config_default(pkv_decoder_config *c, const pkv_model_shape *shape);
+/* Allocates weights (random, seeded), pools and buffers on the context's backend. */
+pkv_status pkv_decoder_create(pkv_context *ctx, const pkv_decoder_config *cfg, pkv_decoder **out);
+void pkv_decoder_free(pkv_decoder *d); /* accepts NULL */
+/* Replaces the weights by a file's: "PKVW" magic, then int32 layers, hidden, q_heads, kv_heads, head_dim,
+ * mlp, vocab (checked against the shape), then bf16 tensors in transformers' Llama order - embed [V, H];
+ * per layer input_layernorm [H], q_proj, k_proj, v_proj ([.., H] each), o_proj [H, Hq d],
+ * post_attention_layernorm [H], gate_proj, up_proj [M, H], down_proj [H, M]; norm [H]; lm_head [V, H]. */
+pkv_status pkv_decoder_load_weights(pkv_decoder *d, const char *path);
+pkv_page_pool *pkv_decoder_pool(pkv_decoder *d);
+/* A new request: prompt tokens host int32 [n] (n >= 1), prefilled exactly; *first_token gets the greedy
+ * token after the prompt (its logits into logits_out [vocab] when not NULL, host floats). */
+pkv_status pkv_decoder_prefill(pkv_decoder *d, int32_t req, const int32_t *prompt, int32_t n, int32_t *first_token,
+                               float *logits_out);
+/* A new request of n tokens whose K and V are random in every layer (decode benchmarks of long contexts). */
+pkv_status pkv_decoder_prefill_synthetic(pkv_decoder *d, int32_t req, int32_t n, uint64_t seed);
+/* One decode step of requests reqs [B] (live, distinct): tokens host int32 [B] are their inputs; next
+ * (host int32 [B]) gets the greedy tokens, logits_out (host floats [B, vocab], or NULL) the logits. */
+pkv_status pkv_decoder_step(pkv_decoder *d, const int32_t *reqs, const int32_t *tokens, int32_t B, int32_t *next,
+                            float *logits_out);
+void pkv_decoder_last_times(const pkv_decoder *d, pkv_decoder_times *t);
+/* Frees a request's pages. */
+pkv_status pkv_decoder_release(pkv_decoder *d, int32_t req);
 
 #ifdef __cplusplus
 }
