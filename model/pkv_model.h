@@ -122,10 +122,12 @@ pkv_page_pool *pkv_decoder_pool(pkv_decoder *d);
  * token after the prompt (its logits into logits_out [vocab] when not NULL, host floats). */
 pkv_status pkv_decoder_prefill(pkv_decoder *d, int32_t req, const int32_t *prompt, int32_t n, int32_t *first_token,
                                float *logits_out);
-/* A new request of n tokens whose K and V are random in every layer (decode benchmarks of long contexts). */
-pkv_status pkv_decoder_prefill_synthetic(pkv_decoder *d, int32_t req, int32_t n, uint64_t seed);
+/* A new request of n tokens whose K and V are whatever its pages hold in every layer: random values from
+ * the decoder's creation, or an earlier request's (decode benchmarks of long contexts, no model compute). */
+pkv_status pkv_decoder_prefill_synthetic(pkv_decoder *d, int32_t req, int32_t n);
 /* One decode step of requests reqs [B] (live, distinct): tokens host int32 [B] are their inputs; next
- * (host int32 [B]) gets the greedy tokens, logits_out (host floats [B, vocab], or NULL) the logits. */
+ * (host int32 [B]) gets the greedy tokens, logits_out (host floats [B, vocab], or NULL) the logits.  A step
+ * that fails has grown its requests by the token it did not decode (truncate or release them). */
 pkv_status pkv_decoder_step(pkv_decoder *d, const int32_t *reqs, const int32_t *tokens, int32_t B, int32_t *next,
                             float *logits_out);
 void pkv_decoder_last_times(const pkv_decoder *d, pkv_decoder_times *t);

@@ -1,0 +1,505 @@
+/* decoder.c - a Llama-style decoder around the attention engine (pkv_model.h): weights, a KV pool per layer
+ * over the page manager's page ids, exact prefill, decode steps, timing by part. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
+#include "pkv_model.h"
+
+#include "ops_internal.h"
+#include "pkv_lab.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct layer_w {
+    uint16_t *attn_norm, *wqkv, *wo, *mlp_norm, *wgu, *wd;
+    uint16_t *k_cache, *v_cache;
+} layer_w;
+
+struct pkv_decoder {
+    pkv_context *ctx;
+    pkv_ops *ops;
+    bool cuda;
+    pkv_decoder_config cfg;
+    pkv_model_shape s;
+    pkv_page_pool *pool;
+    pkv_problem prob;
+    pkv_plan *plan;
+    uint16_t *embed, *final_norm, *lm_head;
+    layer_w *layers;
+    float *inv_freq;
+    int64_t qkv_row;                                   /* (Hq + 2 Hkv) d */
+    uint16_t *x, *h, *qkv, *attn, *tmp, *gu, *act, *logits; /* [max_batch, ...] activations */
+    int32_t *b_tokens, *b_positions, *b_next;           /* backend memory [max_batch] */
+    int32_t *b_indptr, *b_lens, *b_aptr, *b_aindptr, *b_alens; /* attention table, append table */
+    int32_t *b_indices, *b_aindices;                    /* backend memory, b_cap / ab_cap entries */
+    int64_t b_cap, ab_cap;
+    int32_t *h_indptr, *h_lens, *h_indices;             /* host copies of the attention table */
+    int64_t h_cap;
+    int32_t *pages;                                     /* a request's pages (host) */
+    int64_t pages_cap;
+    void *ws;
+    size_t ws_cap;
+    pkv_decoder_times last;
+};
+
+static double wall_us(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return 1e6 * (double)ts.tv_sec + 1e-3 * (double)ts.tv_nsec;
+}
+
+/* ---- backend memory ---------------------------------------------------------------------------------- */
+static pkv_status balloc(pkv_decoder *d, size_t bytes, void *out) {
+    void **p = (void **)out;
+    if (d->cuda) return pkv_dev_malloc(d->ctx, bytes ? bytes : 16, p);
+    *p = calloc(1, bytes ? bytes : 16);
+    return *p ? PKV_OK : pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "decoder: cannot allocate %zu bytes", bytes);
+}
+static void bfree(pkv_decoder *d, void *p) {
+    if (!p) return;
+    if (d->cuda) pkv_dev_free(d->ctx, p);
+    else free(p);
+}
+static pkv_status bput(pkv_decoder *d, void *dst, const void *src, size_t bytes) {
+    if (bytes == 0) return PKV_OK;
+    if (d->cuda) return pkv_dev_copy_h2d(d->ctx, dst, src, bytes);
+    memcpy(dst, src, bytes);
+    return PKV_OK;
+}
+static pkv_status bget(pkv_decoder *d, void *dst, const void *src, size_t bytes) {
+    if (bytes == 0) return PKV_OK;
+    if (d->cuda) return pkv_dev_copy_d2h(d->ctx, dst, src, bytes);
+    memcpy(dst, src, bytes);
+    return PKV_OK;
+}
+/* Grows a backend int32 array to hold n entries. */
+static pkv_status bgrow(pkv_decoder *d, int32_t **p, int64_t *cap, int64_t n) {
+    if (n <= *cap) return PKV_OK;
+    bfree(d, *p);
+    *p = NULL;
+    *cap = 0;
+    const int64_t c = n * 2;
+    pkv_status st = balloc(d, (size_t)c * sizeof(int32_t), p);
+    if (st == PKV_OK) *cap = c;
+    return st;
+}
+
+#define TRY(expr)                         \
+    do {                                  \
+        const pkv_status st_ = (expr);    \
+        if (st_ != PKV_OK) return st_;    \
+    } while (0)
+
+void pkv_decoder_config_default(pkv_decoder_config *c, const pkv_model_shape *shape) {
+    memset(c, 0, sizeof *c);
+    if (shape) c->shape = *shape;
+    c->page_size = 16;
+    c->num_pages = 4096;
+    c->max_batch = 128;
+    c->max_requests = 1024;
+    c->seed = 1;
+    c->route = PKV_ROUTE_AUTO;
+}
+
+/* The weights' sizes in elements, in the order of the weights file. */
+static int64_t w_qkv(const pkv_model_shape *s) { return (int64_t)(s->q_heads + 2 * s->kv_heads) * s->head_dim * s->hidden; }
+static int64_t w_o(const pkv_model_shape *s) { return (int64_t)s->hidden * s->q_heads * s->head_dim; }
+static int64_t w_gu(const pkv_model_shape *s) { return (int64_t)2 * s->mlp * s->hidden; }
+static int64_t w_d(const pkv_model_shape *s) { return (int64_t)s->hidden * s->mlp; }
+
+/* transformers' initializer_range 0.02, as a uniform of that standard deviation; norms at 1. */
+#define W_HALF_RANGE 0.034641f
+/* The pools' values before any append (what a synthetic prefill leaves): about a key's spread. */
+#define KV_HALF_RANGE 2.0f
+
+pkv_status pkv_decoder_create(pkv_context *ctx, const pkv_decoder_config *cfg, pkv_decoder **out) {
+    if (!ctx || !cfg || !out) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "decoder: NULL argument");
+    *out = NULL;
+    TRY(pkv_model_shape_check(&cfg->shape));
+    if (cfg->page_size < 1 || cfg->page_size > 256 || cfg->num_pages < 1 || cfg->num_pages > INT32_MAX ||
+        cfg->max_batch < 1 || cfg->max_requests < 1)
+        return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "decoder: page size, pages, batch or requests out of range");
+    pkv_decoder *d = (pkv_decoder *)calloc(1, sizeof *d);
+    if (!d) return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "decoder: out of memory");
+    d->ctx = ctx;
+    d->cfg = *cfg;
+    d->s = cfg->shape;
+    d->cuda = pkv_context_backend(ctx) == PKV_BACKEND_CUDA;
+    const pkv_model_shape *s = &d->s;
+    pkv_status st = pkv_ops_create(ctx, NULL, &d->ops);
+    if (st == PKV_OK) st = pkv_page_pool_create(cfg->num_pages, cfg->page_size, cfg->max_requests, &d->pool);
+    if (st == PKV_OK) st = pkv_plan_create(&d->plan);
+    pkv_problem_default(&d->prob);
+    d->prob.num_qo_heads = s->q_heads;
+    d->prob.num_kv_heads = s->kv_heads;
+    d->prob.head_dim = s->head_dim;
+    d->prob.page_size = cfg->page_size;
+    d->prob.num_pages = cfg->num_pages;
+    d->prob.layout = PKV_LAYOUT_NHD;
+    d->prob.dtype = PKV_DTYPE_BF16;
+    d->qkv_row = (int64_t)(s->q_heads + 2 * s->kv_heads) * s->head_dim;
+    const int64_t B = cfg->max_batch, H = s->hidden, V = s->vocab;
+    const int64_t pool_elems = cfg->num_pages * cfg->page_size * s->kv_heads * s->head_dim;
+    d->layers = (layer_w *)calloc((size_t)s->layers, sizeof(layer_w));
+    if (!d->layers && st == PKV_OK) st = pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "decoder: out of memory");
+    uint64_t seed = cfg->seed;
+    const float a = W_HALF_RANGE;
+#define ALLOC_FILL(ptr, n, lo, hi)                                                                    \
+    if (st == PKV_OK) st = balloc(d, (size_t)(n) * 2, &(ptr));                                       \
+    if (st == PKV_OK) st = pkv_op_fill_uniform(d->ops, (ptr), (n), (lo), (hi), seed++)
+    ALLOC_FILL(d->embed, V * H, -a, a);
+    for (int32_t l = 0; l < s->layers; l++) {
+        layer_w *w = &d->layers[l];
+        ALLOC_FILL(w->attn_norm, H, 1.0f, 1.0f);
+        ALLOC_FILL(w->wqkv, w_qkv(s), -a, a);
+        ALLOC_FILL(w->wo, w_o(s), -a, a);
+        ALLOC_FILL(w->mlp_norm, H, 1.0f, 1.0f);
+        ALLOC_FILL(w->wgu, w_gu(s), -a, a);
+        ALLOC_FILL(w->wd, w_d(s), -a, a);
+        ALLOC_FILL(w->k_cache, pool_elems, -KV_HALF_RANGE, KV_HALF_RANGE);
+        ALLOC_FILL(w->v_cache, pool_elems, -KV_HALF_RANGE, KV_HALF_RANGE);
+    }
+    ALLOC_FILL(d->final_norm, H, 1.0f, 1.0f);
+    ALLOC_FILL(d->lm_head, V * H, -a, a);
+#undef ALLOC_FILL
+    float inv[128];
+    pkv_rope_inv_freq(s->rope_theta, s->head_dim, inv);
+    if (st == PKV_OK) st = balloc(d, sizeof(float) * (size_t)s->head_dim / 2, &d->inv_freq);
+    if (st == PKV_OK) st = bput(d, d->inv_freq, inv, sizeof(float) * (size_t)s->head_dim / 2);
+    const int64_t mlp = s->mlp, qd = (int64_t)s->q_heads * s->head_dim;
+    if (st == PKV_OK) st = balloc(d, (size_t)(B * H * 2), &d->x);
+    if (st == PKV_OK) st = balloc(d, (size_t)(B * H * 2), &d->h);
+    if (st == PKV_OK) st = balloc(d, (size_t)(B * d->qkv_row * 2), &d->qkv);
+    if (st == PKV_OK) st = balloc(d, (size_t)(B * qd * 2), &d->attn);
+    if (st == PKV_OK) st = balloc(d, (size_t)(B * H * 2), &d->tmp);
+    if (st == PKV_OK) st = balloc(d, (size_t)(B * 2 * mlp * 2), &d->gu);
+    if (st == PKV_OK) st = balloc(d, (size_t)(B * mlp * 2), &d->act);
+    if (st == PKV_OK) st = balloc(d, (size_t)(B * V * 2), &d->logits);
+    if (st == PKV_OK) st = balloc(d, (size_t)B * 4, &d->b_tokens);
+    if (st == PKV_OK) st = balloc(d, (size_t)B * 4, &d->b_positions);
+    if (st == PKV_OK) st = balloc(d, (size_t)B * 4, &d->b_next);
+    if (st == PKV_OK) st = balloc(d, (size_t)(B + 1) * 4, &d->b_indptr);
+    if (st == PKV_OK) st = balloc(d, (size_t)B * 4, &d->b_lens);
+    if (st == PKV_OK) st = balloc(d, (size_t)(B + 1) * 4, &d->b_aptr);
+    if (st == PKV_OK) st = balloc(d, (size_t)(B + 1) * 4, &d->b_aindptr);
+    if (st == PKV_OK) st = balloc(d, (size_t)B * 4, &d->b_alens);
+    d->h_indptr = (int32_t *)malloc((size_t)(B + 1) * 4);
+    d->h_lens = (int32_t *)malloc((size_t)B * 4);
+    if (st == PKV_OK && (!d->h_indptr || !d->h_lens)) st = pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "decoder: out of memory");
+    if (st == PKV_OK) st = pkv_ops_synchronize(d->ops);
+    if (st != PKV_OK) {
+        pkv_decoder_free(d);
+        return st;
+    }
+    *out = d;
+    return PKV_OK;
+}
+
+void pkv_decoder_free(pkv_decoder *d) {
+    if (!d) return;
+    if (d->layers)
+        for (int32_t l = 0; l < d->s.layers; l++) {
+            layer_w *w = &d->layers[l];
+            bfree(d, w->attn_norm), bfree(d, w->wqkv), bfree(d, w->wo), bfree(d, w->mlp_norm);
+            bfree(d, w->wgu), bfree(d, w->wd), bfree(d, w->k_cache), bfree(d, w->v_cache);
+        }
+    free(d->layers);
+    void *bufs[] = {d->embed, d->final_norm, d->lm_head, d->inv_freq, d->x, d->h, d->qkv, d->attn, d->tmp, d->gu,
+                    d->act, d->logits, d->b_tokens, d->b_positions, d->b_next, d->b_indptr, d->b_lens, d->b_aptr,
+                    d->b_aindptr, d->b_alens, d->b_indices, d->b_aindices, d->ws};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) bfree(d, bufs[i]);
+    free(d->h_indptr), free(d->h_lens), free(d->h_indices), free(d->pages);
+    pkv_plan_free(d->plan);
+    pkv_page_pool_free(d->pool);
+    pkv_ops_free(d->ops);
+    free(d);
+}
+
+pkv_page_pool *pkv_decoder_pool(pkv_decoder *d) { return d ? d->pool : NULL; }
+
+pkv_status pkv_decoder_load_weights(pkv_decoder *d, const char *path) {
+    if (!d || !path) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "decoder: NULL argument");
+    FILE *f = fopen(path, "rb");
+    if (!f) return pkv_lab_fail(PKV_ERR_IO, "%s: cannot open", path);
+    char magic[4];
+    int32_t dims[7];
+    const pkv_model_shape *s = &d->s;
+    const int32_t want[7] = {s->layers, s->hidden, s->q_heads, s->kv_heads, s->head_dim, s->mlp, s->vocab};
+    if (fread(magic, 1, 4, f) != 4 || memcmp(magic, "PKVW", 4) != 0 || fread(dims, 4, 7, f) != 7) {
+        fclose(f);
+        return pkv_lab_fail(PKV_ERR_PARSE, "%s: not a weights file (PKVW header)", path);
+    }
+    if (memcmp(dims, want, sizeof want) != 0) {
+        fclose(f);
+        return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT,
+                            "%s: shape %d layers, hidden %d, heads %d/%d of %d, mlp %d, vocab %d is not model %s's",
+                            path, dims[0], dims[1], dims[2], dims[3], dims[4], dims[5], dims[6], s->name);
+    }
+    const int64_t H = s->hidden;
+    int64_t biggest = (int64_t)s->vocab * H;
+    if (w_gu(s) > biggest) biggest = w_gu(s);
+    uint16_t *buf = (uint16_t *)malloc((size_t)biggest * 2);
+    pkv_status st = buf ? PKV_OK : pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "decoder: out of memory");
+#define READ(dst, n)                                                                                      \
+    if (st == PKV_OK && fread(buf, 2, (size_t)(n), f) != (size_t)(n))                                    \
+        st = pkv_lab_fail(PKV_ERR_PARSE, "%s: ends early (%s)", path, #dst);                             \
+    if (st == PKV_OK) st = bput(d, (dst), buf, (size_t)(n) * 2)
+    READ(d->embed, (int64_t)s->vocab * H);
+    for (int32_t l = 0; l < s->layers; l++) {
+        layer_w *w = &d->layers[l];
+        READ(w->attn_norm, H);
+        READ(w->wqkv, w_qkv(s));
+        READ(w->wo, w_o(s));
+        READ(w->mlp_norm, H);
+        READ(w->wgu, w_gu(s));
+        READ(w->wd, w_d(s));
+    }
+    READ(d->final_norm, H);
+    READ(d->lm_head, (int64_t)s->vocab * H);
+#undef READ
+    if (st == PKV_OK && fgetc(f) != EOF) st = pkv_lab_fail(PKV_ERR_PARSE, "%s: longer than the model's weights", path);
+    free(buf);
+    fclose(f);
+    return st;
+}
+
+/* The model over R rows already embedded in x: every layer (the step's K and V appended by the append
+ * table in the backend arrays, attention by d->plan over the attention table), then the final norm, the LM
+ * head and the greedy token of the rows [out_row, out_row + out_n). */
+typedef struct append_table {
+    int32_t rows;
+    const int32_t *indptr, *indices, *lens, *aptr; /* backend memory; aptr NULL: the decode form */
+} append_table;
+
+static pkv_status forward(pkv_decoder *d, int32_t R, const append_table *at, int32_t out_row, int32_t out_n) {
+    const pkv_model_shape *s = &d->s;
+    const int64_t H = s->hidden, qd = (int64_t)s->q_heads * s->head_dim, kvd = (int64_t)s->kv_heads * s->head_dim;
+    pkv_ops *o = d->ops;
+    const size_t need = pkv_plan_workspace_size(d->plan);
+    if (need > d->ws_cap) {
+        bfree(d, d->ws);
+        d->ws = NULL;
+        d->ws_cap = 0;
+        TRY(balloc(d, need, &d->ws));
+        d->ws_cap = need;
+    }
+    for (int32_t l = 0; l < s->layers; l++) {
+        const layer_w *w = &d->layers[l];
+        TRY(pkv_ops_mark(o, PKV_PART_OTHER));
+        TRY(pkv_op_rmsnorm(o, d->x, w->attn_norm, R, (int32_t)H, s->rms_eps, d->h));
+        TRY(pkv_ops_mark(o, PKV_PART_GEMM));
+        TRY(pkv_op_gemm(o, d->h, 0, w->wqkv, R, (int32_t)d->qkv_row, (int32_t)H, d->qkv, 0));
+        TRY(pkv_ops_mark(o, PKV_PART_OTHER));
+        TRY(pkv_op_rope(o, d->qkv, d->b_positions, R, s->q_heads, s->kv_heads, s->head_dim, d->inv_freq));
+        TRY(pkv_ops_mark(o, PKV_PART_APPEND));
+        pkv_append_tensors a;
+        memset(&a, 0, sizeof a);
+        a.k = d->qkv + qd;
+        a.v = d->qkv + qd + kvd;
+        a.k_token_stride = a.v_token_stride = d->qkv_row;
+        a.k_cache = w->k_cache;
+        a.v_cache = w->v_cache;
+        a.kv_indptr = at->indptr;
+        a.kv_page_indices = at->indices;
+        a.seq_lens = at->lens;
+        a.append_indptr = at->aptr;
+        TRY(pkv_append_kv(d->ctx, &d->prob, at->rows, R, &a, NULL));
+        TRY(pkv_ops_mark(o, PKV_PART_ATTENTION));
+        pkv_tensors t;
+        memset(&t, 0, sizeof t);
+        t.q = d->qkv;
+        t.q_row_stride = d->qkv_row;
+        t.k_cache = w->k_cache;
+        t.v_cache = w->v_cache;
+        t.kv_page_indices = d->b_indices;
+        t.o = d->attn;
+        TRY(pkv_run(d->ctx, d->plan, d->ws, d->ws_cap, &t, NULL));
+        TRY(pkv_ops_mark(o, PKV_PART_GEMM));
+        TRY(pkv_op_gemm(o, d->attn, 0, w->wo, R, (int32_t)H, (int32_t)qd, d->tmp, 0));
+        TRY(pkv_ops_mark(o, PKV_PART_OTHER));
+        TRY(pkv_op_add(o, d->x, d->tmp, (int64_t)R * H));
+        TRY(pkv_op_rmsnorm(o, d->x, w->mlp_norm, R, (int32_t)H, s->rms_eps, d->h));
+        TRY(pkv_ops_mark(o, PKV_PART_GEMM));
+        TRY(pkv_op_gemm(o, d->h, 0, w->wgu, R, 2 * s->mlp, (int32_t)H, d->gu, 0));
+        TRY(pkv_ops_mark(o, PKV_PART_OTHER));
+        TRY(pkv_op_silu_mul(o, d->gu, R, s->mlp, d->act));
+        TRY(pkv_ops_mark(o, PKV_PART_GEMM));
+        TRY(pkv_op_gemm(o, d->act, 0, w->wd, R, (int32_t)H, s->mlp, d->tmp, 0));
+        TRY(pkv_ops_mark(o, PKV_PART_OTHER));
+        TRY(pkv_op_add(o, d->x, d->tmp, (int64_t)R * H));
+    }
+    if (out_n == 0) return pkv_ops_mark(o, -1);
+    TRY(pkv_ops_mark(o, PKV_PART_OTHER));
+    TRY(pkv_op_rmsnorm(o, d->x + (int64_t)out_row * H, d->final_norm, out_n, (int32_t)H, s->rms_eps, d->h));
+    TRY(pkv_ops_mark(o, PKV_PART_GEMM));
+    TRY(pkv_op_gemm(o, d->h, 0, d->lm_head, out_n, s->vocab, (int32_t)H, d->logits, 0));
+    TRY(pkv_ops_mark(o, PKV_PART_OTHER));
+    TRY(pkv_op_argmax(o, d->logits, out_n, s->vocab, d->b_next));
+    TRY(pkv_ops_mark(o, -1));
+    return PKV_OK;
+}
+
+/* The greedy tokens (and logits, as floats) of the last forward's out_n rows, to the host. */
+static pkv_status results(pkv_decoder *d, int32_t out_n, int32_t *next, float *logits_out) {
+    TRY(bget(d, next, d->b_next, (size_t)out_n * 4));
+    if (!logits_out) return PKV_OK;
+    const int64_t n = (int64_t)out_n * d->s.vocab;
+    uint16_t *h = (uint16_t *)malloc((size_t)n * 2);
+    if (!h) return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "decoder: out of memory");
+    pkv_status st = bget(d, h, d->logits, (size_t)n * 2);
+    for (int64_t i = 0; st == PKV_OK && i < n; i++) logits_out[i] = pkv_bf16_to_float(h[i]);
+    free(h);
+    return st;
+}
+
+static void finish_times(pkv_decoder *d, double t0, double host_us) {
+    double parts[PKV_PARTS];
+    if (pkv_ops_take_times(d->ops, parts) != PKV_OK) memset(parts, 0, sizeof parts);
+    d->last.attention_us = parts[PKV_PART_ATTENTION];
+    d->last.append_us = parts[PKV_PART_APPEND];
+    d->last.gemm_us = parts[PKV_PART_GEMM];
+    d->last.other_us = parts[PKV_PART_OTHER];
+    d->last.host_us = host_us;
+    d->last.step_us = wall_us() - t0;
+}
+
+void pkv_decoder_last_times(const pkv_decoder *d, pkv_decoder_times *t) {
+    if (d && t) *t = d->last;
+}
+
+pkv_status pkv_decoder_step(pkv_decoder *d, const int32_t *reqs, const int32_t *tokens, int32_t B, int32_t *next,
+                            float *logits_out) {
+    if (!d || !reqs || !tokens || !next) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "decoder step: NULL argument");
+    if (B < 1 || B > d->cfg.max_batch)
+        return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "decoder step: %d requests, not in [1, %d]", B, d->cfg.max_batch);
+    const double t0 = wall_us();
+    /* host: a token's room for each request, the step's table, the plan */
+    for (int32_t i = 0; i < B; i++) {
+        pkv_page_copy c;
+        TRY(pkv_request_extend(d->pool, reqs[i], 1, &c));
+        if (c.src_page >= 0) /* a forked request's shared partial page: its own copy, in every layer */
+            for (int32_t l = 0; l < d->s.layers; l++)
+                TRY(pkv_copy_pages(d->ctx, &d->prob, &c, 1, d->layers[l].k_cache, d->layers[l].v_cache, 0, NULL));
+    }
+    int64_t n = 0;
+    TRY(pkv_page_pool_table_size(d->pool, reqs, B, &n));
+    if (n > d->h_cap) {
+        free(d->h_indices);
+        d->h_indices = (int32_t *)malloc((size_t)n * 2 * sizeof(int32_t));
+        if (!d->h_indices) return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "decoder: out of memory");
+        d->h_cap = n * 2;
+    }
+    TRY(pkv_page_pool_table(d->pool, reqs, B, d->h_indptr, d->h_indices, d->h_cap, NULL, d->h_lens));
+    const pkv_page_table table = {B, d->h_indptr, d->h_indices, d->h_lens};
+    pkv_plan_options opts;
+    pkv_plan_options_default(&opts);
+    opts.route = d->cfg.route;
+    TRY(pkv_plan_step(d->ctx, &d->prob, &table, &opts, d->plan));
+    int32_t pos[1024], *positions = B <= 1024 ? pos : (int32_t *)malloc((size_t)B * 4);
+    if (!positions) return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "decoder: out of memory");
+    for (int32_t i = 0; i < B; i++) positions[i] = d->h_lens[i] - 1;
+    const double host_us = wall_us() - t0;
+    /* the table (attention and append alike: the decode form, token i the last of row i) */
+    pkv_status st = bgrow(d, &d->b_indices, &d->b_cap, n > 0 ? n : 1);
+    if (st == PKV_OK) st = bput(d, d->b_indices, d->h_indices, (size_t)n * 4);
+    if (st == PKV_OK) st = bput(d, d->b_aindptr, d->h_indptr, (size_t)(B + 1) * 4);
+    if (st == PKV_OK) st = bput(d, d->b_alens, d->h_lens, (size_t)B * 4);
+    if (st == PKV_OK) st = bput(d, d->b_positions, positions, (size_t)B * 4);
+    if (st == PKV_OK) st = bput(d, d->b_tokens, tokens, (size_t)B * 4);
+    if (positions != pos) free(positions);
+    const append_table at = {B, d->b_aindptr, d->b_indices, d->b_alens, NULL}; /* the decode form */
+    if (st == PKV_OK) st = pkv_op_embed(d->ops, d->embed, d->s.vocab, d->s.hidden, d->b_tokens, B, d->x);
+    if (st == PKV_OK) st = forward(d, B, &at, 0, B);
+    if (st == PKV_OK) st = results(d, B, next, logits_out);
+    finish_times(d, t0, host_us);
+    return st;
+}
+
+pkv_status pkv_decoder_prefill(pkv_decoder *d, int32_t req, const int32_t *prompt, int32_t n, int32_t *first_token,
+                               float *logits_out) {
+    if (!d || !prompt || !first_token) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "decoder prefill: NULL argument");
+    if (n < 1) return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "decoder prefill: a prompt of %d tokens", n);
+    for (int32_t i = 0; i < n; i++)
+        if (prompt[i] < 0 || prompt[i] >= d->s.vocab)
+            return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "decoder prefill: token %d (%d) not in [0, %d)", i,
+                                prompt[i], d->s.vocab);
+    const double t0 = wall_us();
+    TRY(pkv_request_create(d->pool, req, n));
+    int32_t np = 0;
+    pkv_status st = pkv_request_pages(d->pool, req, NULL, 0, &np);
+    if (st == PKV_OK && np > d->pages_cap) {
+        free(d->pages);
+        d->pages = (int32_t *)malloc((size_t)np * sizeof(int32_t));
+        d->pages_cap = d->pages ? np : 0;
+        if (!d->pages) st = pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "decoder: out of memory");
+    }
+    if (st == PKV_OK) st = pkv_request_pages(d->pool, req, d->pages, d->pages_cap, &np);
+    /* the request's pages in backend memory: the append's table (one row) */
+    if (st == PKV_OK) st = bgrow(d, &d->b_aindices, &d->ab_cap, np);
+    if (st == PKV_OK) st = bput(d, d->b_aindices, d->pages, (size_t)np * 4);
+    const int32_t ps = d->cfg.page_size, C = d->cfg.max_batch;
+    int32_t *positions = (int32_t *)malloc((size_t)C * 4);
+    if (!positions && st == PKV_OK) st = pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "decoder: out of memory");
+    double host_us = 0.0;
+    /* the prompt in chunks of up to max_batch rows: row i attends to tokens 0..i of the request */
+    for (int32_t j = 0; st == PKV_OK && j < n; j += C) {
+        const double h0 = wall_us();
+        const int32_t R = n - j < C ? n - j : C;
+        int64_t total = 0;
+        d->h_indptr[0] = 0;
+        for (int32_t r = 0; r < R; r++) {
+            d->h_lens[r] = j + r + 1;
+            positions[r] = j + r;
+            total += (d->h_lens[r] + ps - 1) / ps;
+            d->h_indptr[r + 1] = (int32_t)total;
+        }
+        if (total > d->h_cap) {
+            free(d->h_indices);
+            d->h_indices = (int32_t *)malloc((size_t)total * 2 * sizeof(int32_t));
+            d->h_cap = d->h_indices ? total * 2 : 0;
+            if (!d->h_indices) {
+                st = pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "decoder: out of memory");
+                break;
+            }
+        }
+        for (int32_t r = 0; r < R; r++)
+            memcpy(d->h_indices + d->h_indptr[r], d->pages, (size_t)(d->h_indptr[r + 1] - d->h_indptr[r]) * 4);
+        const pkv_page_table table = {R, d->h_indptr, d->h_indices, d->h_lens};
+        pkv_plan_options opts;
+        pkv_plan_options_default(&opts);
+        opts.route = d->cfg.route;
+        st = pkv_plan_step(d->ctx, &d->prob, &table, &opts, d->plan);
+        host_us += wall_us() - h0;
+        /* the append: one row, the request as long as j + R tokens, its last R tokens */
+        const int32_t aindptr[2] = {0, (j + R + ps - 1) / ps}, alens[1] = {j + R}, aptr[2] = {0, R};
+        if (st == PKV_OK) st = bgrow(d, &d->b_indices, &d->b_cap, total);
+        if (st == PKV_OK) st = bput(d, d->b_indices, d->h_indices, (size_t)total * 4);
+        if (st == PKV_OK) st = bput(d, d->b_positions, positions, (size_t)R * 4);
+        if (st == PKV_OK) st = bput(d, d->b_tokens, prompt + j, (size_t)R * 4);
+        if (st == PKV_OK) st = bput(d, d->b_aindptr, aindptr, sizeof aindptr);
+        if (st == PKV_OK) st = bput(d, d->b_alens, alens, sizeof alens);
+        if (st == PKV_OK) st = bput(d, d->b_aptr, aptr, sizeof aptr);
+        const append_table at = {1, d->b_aindptr, d->b_aindices, d->b_alens, d->b_aptr};
+        const bool last = j + R == n;
+        if (st == PKV_OK) st = pkv_op_embed(d->ops, d->embed, d->s.vocab, d->s.hidden, d->b_tokens, R, d->x);
+        if (st == PKV_OK) st = forward(d, R, &at, R - 1, last ? 1 : 0);
+        if (st == PKV_OK) st = pkv_ops_synchronize(d->ops);
+    }
+    free(positions);
+    if (st == PKV_OK) st = results(d, 1, first_token, logits_out);
+    finish_times(d, t0, host_us);
+    if (st != PKV_OK) pkv_request_free(d->pool, req);
+    return st;
+}
+
+pkv_status pkv_decoder_prefill_synthetic(pkv_decoder *d, int32_t req, int32_t n) {
+    if (!d) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "decoder: NULL argument");
+    return pkv_request_create(d->pool, req, n);
+}
+
+pkv_status pkv_decoder_release(pkv_decoder *d, int32_t req) {
+    if (!d) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "decoder: NULL argument");
+    return pkv_request_free(d->pool, req);
+}

@@ -1,0 +1,118 @@
+/* test_decoder.c - the end-to-end decoder (model/pkv_model.h) on the tiny model, CPU backend (and CUDA where
+ * a GPU is visible): greedy decoding agrees with a prefill of the whole sequence at every position (teacher
+ * forcing: the decode path's K/V and attention against the prefill's causal rows), requests decoded together
+ * give the tokens they give alone, forks decode as their source, and bad calls are refused. */
+#include "pkv_lab.h"
+#include "pkv_model.h"
+#include "pkv_test.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define STEPS 12
+
+static void run(pkv_context *ctx, const char *what) {
+    pkv_model_shape s;
+    CHECK_OK(pkv_model_shape_named("tiny", &s));
+    pkv_decoder_config cfg;
+    pkv_decoder_config_default(&cfg, &s);
+    cfg.page_size = 7;
+    cfg.num_pages = 512;
+    cfg.max_batch = 16;
+    cfg.max_requests = 16;
+    pkv_decoder *d = NULL;
+    CHECK_OK(pkv_decoder_create(ctx, &cfg, &d));
+    if (!d) return;
+    pkv_rng rng;
+    pkv_rng_seed(&rng, 99);
+    enum { R = 4 };
+    const int32_t plen[R] = {5, 23, 1, 40};
+    int32_t prompts[R][40 + STEPS + 1], gen[R][STEPS + 1];
+    for (int r = 0; r < R; r++)
+        for (int i = 0; i < plen[r]; i++) prompts[r][i] = (int32_t)pkv_rng_uniform_int(&rng, 0, s.vocab - 1);
+    /* together: prefill each, then STEPS steps of all four */
+    int32_t reqs[R] = {0, 1, 2, 3}, tok[R], next[R];
+    for (int r = 0; r < R; r++) {
+        CHECK_OK(pkv_decoder_prefill(d, reqs[r], prompts[r], plen[r], &gen[r][0], NULL));
+        tok[r] = gen[r][0];
+    }
+    float *logits = (float *)malloc((size_t)R * s.vocab * sizeof(float));
+    for (int k = 1; k <= STEPS; k++) {
+        CHECK_OK(pkv_decoder_step(d, reqs, tok, R, next, k == STEPS ? logits : NULL));
+        for (int r = 0; r < R; r++) tok[r] = gen[r][k] = next[r];
+    }
+    /* alone: request 3 again as id 8, decoded by itself, the same tokens */
+    int32_t t8 = 0, n8 = 0;
+    CHECK_OK(pkv_decoder_prefill(d, 8, prompts[3], plen[3], &t8, NULL));
+    int same = t8 == gen[3][0];
+    for (int k = 1; k <= STEPS; k++) {
+        CHECK_OK(pkv_decoder_step(d, (int32_t[]){8}, &t8, 1, &n8, NULL));
+        same &= n8 == gen[3][k];
+        t8 = n8;
+    }
+    CHECK_MSG(same, "%s: a request decoded alone gave other tokens than in a batch of four", what);
+    /* teacher forcing: the prompt and the generated tokens prefilled at once; the logits of the last
+     * position against the batch step's, and every position's argmax is the generated token */
+    for (int r = 0; r < R; r++) {
+        int32_t full[40 + STEPS + 1];
+        memcpy(full, prompts[r], (size_t)plen[r] * 4);
+        for (int k = 0; k < STEPS; k++) full[plen[r] + k] = gen[r][k];
+        int32_t first = -1;
+        float *lf = (float *)malloc((size_t)s.vocab * sizeof(float));
+        CHECK_OK(pkv_decoder_prefill(d, 10 + r, full, plen[r] + STEPS, &first, lf));
+        CHECK_MSG(first == gen[r][STEPS], "%s: request %d: prefill of the whole sequence gives %d, decoding gave %d",
+                  what, r, first, gen[r][STEPS]);
+        double num = 0, den = 0;
+        for (int v = 0; v < s.vocab; v++) {
+            const double dl = lf[v] - logits[(size_t)r * s.vocab + v];
+            num += dl * dl;
+            den += (double)lf[v] * lf[v];
+        }
+        CHECK_MSG(sqrt(num / den) < 2e-2, "%s: request %d: logits of prefill and decode differ by %.3g", what, r,
+                  sqrt(num / den));
+        free(lf);
+        CHECK_OK(pkv_decoder_release(d, 10 + r));
+    }
+    /* a fork decodes as its source (copy-on-write of the shared partial page in every layer) */
+    CHECK_OK(pkv_request_fork(pkv_decoder_pool(d), 0, 12)); /* 17 tokens: a partial last page */
+    int32_t pair[2] = {0, 12}, ptok[2] = {tok[0], tok[0]}, pnext[2];
+    for (int k = 0; k < 3; k++) {
+        CHECK_OK(pkv_decoder_step(d, pair, ptok, 2, pnext, NULL));
+        CHECK_MSG(pnext[0] == pnext[1], "%s: a fork decoded %d, its source %d", what, pnext[1], pnext[0]);
+        ptok[0] = pnext[0], ptok[1] = pnext[1];
+    }
+    pkv_page_pool_stats st;
+    CHECK_OK(pkv_page_pool_get_stats(pkv_decoder_pool(d), &st));
+    CHECK(st.cow_copies >= 1);
+    pkv_decoder_times t;
+    pkv_decoder_last_times(d, &t);
+    CHECK(t.step_us > 0 && t.gemm_us > 0 && t.attention_us > 0 && t.append_us > 0);
+    /* refusals */
+    CHECK_STATUS(pkv_decoder_prefill(d, 13, (int32_t[]){s.vocab}, 1, &t8, NULL), PKV_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(pkv_decoder_step(d, reqs, tok, 0, next, NULL), PKV_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(pkv_decoder_step(d, (int32_t[]){14}, tok, 1, next, NULL), PKV_ERR_UNKNOWN_REQUEST);
+    CHECK_STATUS(pkv_decoder_load_weights(d, "/nonexistent/w.bin"), PKV_ERR_IO);
+    free(logits);
+    pkv_decoder_free(d);
+}
+
+int main(void) {
+    pkv_context_config cc;
+    pkv_context_config_default(&cc);
+    cc.backend = PKV_BACKEND_CPU;
+    pkv_context *ctx = NULL;
+    CHECK_OK(pkv_context_create(&cc, &ctx));
+    if (ctx) run(ctx, "cpu");
+    pkv_context_free(ctx);
+    if (pkv_cuda_available()) {
+        cc.backend = PKV_BACKEND_CUDA;
+        ctx = NULL;
+        CHECK_OK(pkv_context_create(&cc, &ctx));
+        if (ctx) run(ctx, "cuda");
+        pkv_context_free(ctx);
+    } else {
+        printf("SKIP (part): no CUDA device: the decoder on CUDA not run\n");
+    }
+    return pkv_test_finish("test_decoder");
+}
