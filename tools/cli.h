@@ -54,5 +54,6 @@ int bench_run(const char *prog, int argc, char **argv);
 int cmd_check(int argc, char **argv);
 int cmd_trace(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
+int cmd_decode(int argc, char **argv);
 
 #endif

@@ -10,7 +10,8 @@ static void usage(FILE *f) {
                "  trace   generate, show or write a decode trace (workloads.md families)\n"
                "  bench   replay a trace, the anchor steps or one step on a backend and route; Markdown + JSON\n"
                "  check   every route against the float64 reference on random problems\n"
-               "  calibrate  fit the cost model of the auto route and write a policy file\n\n"
+               "  calibrate  fit the cost model of the auto route and write a policy file\n"
+               "  decode  the end-to-end decode loop through a model's layers (continuous batching)\n\n"
                "`pkv <command> --help` lists each command's options.\n");
 }
 
@@ -27,6 +28,7 @@ int main(int argc, char **argv) {
     if (strcmp(argv[1], "check") == 0) return cmd_check(argc - 2, argv + 2);
     if (strcmp(argv[1], "trace") == 0) return cmd_trace(argc - 2, argv + 2);
     if (strcmp(argv[1], "calibrate") == 0) return cmd_calibrate(argc - 2, argv + 2);
+    if (strcmp(argv[1], "decode") == 0) return cmd_decode(argc - 2, argv + 2);
     fprintf(stderr, "pkv: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return 2;

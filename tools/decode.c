@@ -1,0 +1,392 @@
+/* decode.c - `pkv decode`: the end-to-end decode loop (model/pkv_model.h) - continuous batching over a trace
+ * family (arrivals, prompts, decode lengths, departures) through a model's layers, or greedy generation of
+ * given prompts (the check against transformers).  Reports tokens/s, per-step wall time and its split by
+ * part, attention's share as the context grows, KV pages in use; Markdown on stdout, JSON with --json,
+ * progress on stderr. */
+#define _POSIX_C_SOURCE 200809L
+#include "cli.h"
+#include "pkv_lab.h"
+#include "pkv_model.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct decode_opts {
+    const char *model, *weights, *prompts, *out_tokens, *json, *prefill;
+    pkv_backend_kind backend;
+    pkv_trace_family family;
+    int32_t layers, batch, requests, steps, page_size, max_new;
+    int64_t pages;
+    uint64_t seed;
+} decode_opts;
+
+static void decode_usage(FILE *f) {
+    fprintf(f,
+            "usage: pkv decode [options]\n"
+            "  the end-to-end decode loop: a model's layers (random bf16 weights, or --weights) around the\n"
+            "  attention engine, the KV cache owned by the page manager; greedy sampling\n\n"
+            "  --model NAME          llama3-8b (default), qwen2.5-32b, llama3.1-70b, hf-small, tiny\n"
+            "  --layers N            run the model's first N layers only (memory: the KV pool is per layer)\n"
+            "  --backend cpu|cuda    default: cuda when a GPU is visible\n"
+            "  --trace FAMILY        continuous batching over a workloads.md family (uniform, bimodal, zipf,\n"
+            "                        bucketed, homogeneous; default bimodal) ...\n"
+            "  --batch B             ... with at most B requests decoded per step (default 8)\n"
+            "  --requests N          ... N requests (default 3 x B)\n"
+            "  --seed S              the trace's seed (default 20260623) and the weights'\n"
+            "  --steps N             stop after N decode steps (default: the trace's end)\n"
+            "  --prefill exact|synthetic  exact: prompts through the model (short prompts); synthetic (default\n"
+            "                        with --trace): prompt K/V are the pool's random values, no model compute\n"
+            "  --prompts FILE        instead of a trace: one prompt per line (token ids), prefilled exactly,\n"
+            "                        decoded together for --max-new tokens (default 32)\n"
+            "  --weights FILE        the model's weights (PKVW file, as bench/check_transformers.py writes)\n"
+            "  --out-tokens FILE     the generated tokens of --prompts, one line per prompt\n"
+            "  --page-size N         tokens per page (default 16)\n"
+            "  --pages N             pages per layer's pool (default: what the trace needs)\n"
+            "  --json FILE           the report as JSON\n");
+}
+
+static bool num(const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    const long long v = strtoll(s, &end, 10);
+    if (!s[0] || *end || errno || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+static int parse(int argc, char **argv, decode_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->model = "llama3-8b";
+    o->backend = PKV_BACKEND_BEST;
+    o->family = PKV_TRACE_BIMODAL;
+    o->batch = 8;
+    o->page_size = 16;
+    o->max_new = 32;
+    o->seed = 20260623;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            decode_usage(stdout);
+            return 0;
+        }
+        if (!v) {
+            fprintf(stderr, "pkv decode: %s needs a value\n", a);
+            return 2;
+        }
+        i++;
+        int64_t x = 0;
+        if (strcmp(a, "--model") == 0) o->model = v;
+        else if (strcmp(a, "--weights") == 0) o->weights = v;
+        else if (strcmp(a, "--prompts") == 0) o->prompts = v;
+        else if (strcmp(a, "--out-tokens") == 0) o->out_tokens = v;
+        else if (strcmp(a, "--json") == 0) o->json = v;
+        else if (strcmp(a, "--prefill") == 0 && (strcmp(v, "exact") == 0 || strcmp(v, "synthetic") == 0)) o->prefill = v;
+        else if (strcmp(a, "--backend") == 0 && (strcmp(v, "cpu") == 0 || strcmp(v, "cuda") == 0))
+            o->backend = v[1] == 'p' ? PKV_BACKEND_CPU : PKV_BACKEND_CUDA;
+        else if (strcmp(a, "--trace") == 0 && pkv_trace_family_parse(v, &o->family) == PKV_OK) {}
+        else if (strcmp(a, "--layers") == 0 && num(v, 1, 1024, &x)) o->layers = (int32_t)x;
+        else if (strcmp(a, "--batch") == 0 && num(v, 1, 4096, &x)) o->batch = (int32_t)x;
+        else if (strcmp(a, "--requests") == 0 && num(v, 1, 1 << 20, &x)) o->requests = (int32_t)x;
+        else if (strcmp(a, "--steps") == 0 && num(v, 1, 1 << 30, &x)) o->steps = (int32_t)x;
+        else if (strcmp(a, "--page-size") == 0 && num(v, 1, 256, &x)) o->page_size = (int32_t)x;
+        else if (strcmp(a, "--max-new") == 0 && num(v, 1, 1 << 20, &x)) o->max_new = (int32_t)x;
+        else if (strcmp(a, "--pages") == 0 && num(v, 1, INT32_MAX, &x)) o->pages = x;
+        else if (strcmp(a, "--seed") == 0 && num(v, 0, INT64_MAX, &x)) o->seed = (uint64_t)x;
+        else {
+            fprintf(stderr, "pkv decode: bad option %s %s (pkv decode --help)\n", a, v);
+            return 2;
+        }
+    }
+    if (!o->prefill) o->prefill = o->prompts ? "exact" : "synthetic";
+    if (o->prompts && strcmp(o->prefill, "synthetic") == 0) {
+        fprintf(stderr, "pkv decode: --prompts are prefilled exactly (--prefill synthetic applies to --trace)\n");
+        return 2;
+    }
+    return -1;
+}
+
+/* The prompts of --prompts: one line of token ids each. */
+static int read_prompts(const char *path, int32_t ***out, int32_t **lens, int32_t vocab) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "pkv decode: cannot open %s\n", path);
+        return -1;
+    }
+    int n = 0, cap = 0;
+    int32_t **p = NULL, *l = NULL;
+    char line[1 << 16];
+    while (fgets(line, sizeof line, f)) {
+        if (n == cap) {
+            cap = cap ? 2 * cap : 16;
+            p = (int32_t **)realloc(p, (size_t)cap * sizeof *p);
+            l = (int32_t *)realloc(l, (size_t)cap * sizeof *l);
+        }
+        p[n] = (int32_t *)malloc(sizeof line / 2 * sizeof(int32_t));
+        l[n] = 0;
+        for (char *s = strtok(line, " ,\t\n"); s; s = strtok(NULL, " ,\t\n")) {
+            int64_t t = 0;
+            if (!num(s, 0, vocab - 1, &t)) {
+                fprintf(stderr, "pkv decode: %s line %d: '%s' is not a token id in [0, %d)\n", path, n + 1, s, vocab);
+                fclose(f);
+                return -1;
+            }
+            p[n][l[n]++] = (int32_t)t;
+        }
+        if (l[n] > 0) n++;
+        else free(p[n]);
+    }
+    fclose(f);
+    *out = p;
+    *lens = l;
+    return n;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Greedy generation of the prompts (all decoded together), tokens to --out-tokens. */
+static int generate(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s) {
+    int32_t **prompts = NULL, *plen = NULL;
+    const int n = read_prompts(o->prompts, &prompts, &plen, s->vocab);
+    if (n <= 0) {
+        if (n == 0) fprintf(stderr, "pkv decode: %s has no prompt\n", o->prompts);
+        return 1;
+    }
+    if (n > o->batch) {
+        fprintf(stderr, "pkv decode: %d prompts, more than --batch %d\n", n, o->batch);
+        return 2;
+    }
+    int32_t *reqs = malloc((size_t)n * 4), *tok = malloc((size_t)n * 4), *next = malloc((size_t)n * 4);
+    int32_t *gen = malloc((size_t)n * (size_t)o->max_new * 4);
+    for (int r = 0; r < n; r++) {
+        reqs[r] = r;
+        if (pkv_decoder_prefill(d, r, prompts[r], plen[r], &tok[r], NULL) != PKV_OK) {
+            fprintf(stderr, "pkv decode: prefill of prompt %d: %s\n", r + 1, pkv_last_error());
+            return 1;
+        }
+        gen[(size_t)r * o->max_new] = tok[r];
+    }
+    const double t0 = now_s();
+    for (int k = 1; k < o->max_new; k++) {
+        if (pkv_decoder_step(d, reqs, tok, n, next, NULL) != PKV_OK) {
+            fprintf(stderr, "pkv decode: step %d: %s\n", k, pkv_last_error());
+            return 1;
+        }
+        for (int r = 0; r < n; r++) tok[r] = gen[(size_t)r * o->max_new + k] = next[r];
+    }
+    const double wall = now_s() - t0;
+    FILE *f = o->out_tokens ? fopen(o->out_tokens, "w") : stdout;
+    if (!f) {
+        fprintf(stderr, "pkv decode: cannot write %s\n", o->out_tokens);
+        return 1;
+    }
+    for (int r = 0; r < n; r++) {
+        for (int k = 0; k < o->max_new; k++) fprintf(f, "%s%d", k ? " " : "", gen[(size_t)r * o->max_new + k]);
+        fputc('\n', f);
+    }
+    if (f != stdout) fclose(f);
+    fprintf(stderr, "pkv decode: %d prompts, %d new tokens each, %.1f decode tokens/s\n", n, o->max_new,
+            wall > 0 ? n * (o->max_new - 1) / wall : 0.0);
+    return 0;
+}
+
+/* Continuous batching over a trace: requests arrive in order, up to --batch are decoded per step, each
+ * leaves after its decode length. */
+static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s, pkv_trace *t, const char *device) {
+    const int32_t nreq = pkv_trace_num_requests(t), B = o->batch;
+    int32_t *live = malloc((size_t)B * 4), *left = malloc((size_t)nreq * 4), *tok = malloc((size_t)B * 4);
+    int32_t *next = malloc((size_t)B * 4), *ctx_len = malloc((size_t)nreq * 4);
+    int32_t nlive = 0, arrived = 0, steps = 0;
+    int64_t tokens = 0;
+    double wall = 0, attn = 0, gemm = 0, append = 0, other = 0, host = 0, prefill_s = 0;
+    double *step_ms = malloc(sizeof(double) * (size_t)(o->steps > 0 ? o->steps : 1 << 20));
+    pkv_rng rng;
+    pkv_rng_seed(&rng, o->seed);
+    /* attention's share of the step by mean context (buckets of powers of two, 1K .. 128K+) */
+    double share_sum[9] = {0}, share_n[9] = {0};
+    while ((arrived < nreq || nlive > 0) && (o->steps == 0 || steps < o->steps)) {
+        while (nlive < B && arrived < nreq) { /* arrivals */
+            int32_t prompt = 0, dec = 0;
+            pkv_trace_request(t, arrived, &prompt, &dec);
+            const double p0 = now_s();
+            pkv_status st;
+            int32_t first = 0;
+            if (strcmp(o->prefill, "exact") == 0) {
+                int32_t *ids = malloc((size_t)prompt * 4);
+                for (int32_t i = 0; i < prompt; i++) ids[i] = (int32_t)pkv_rng_uniform_int(&rng, 0, s->vocab - 1);
+                st = pkv_decoder_prefill(d, arrived, ids, prompt, &first, NULL);
+                free(ids);
+            } else {
+                st = pkv_decoder_prefill_synthetic(d, arrived, prompt);
+                first = (int32_t)pkv_rng_uniform_int(&rng, 0, s->vocab - 1);
+            }
+            prefill_s += now_s() - p0;
+            if (st != PKV_OK) {
+                fprintf(stderr, "pkv decode: prefill of request %d (%d tokens): %s\n", arrived, prompt, pkv_last_error());
+                return 1;
+            }
+            live[nlive] = arrived;
+            tok[nlive] = first;
+            left[arrived] = dec;
+            ctx_len[arrived] = prompt;
+            nlive++;
+            arrived++;
+        }
+        if (pkv_decoder_step(d, live, tok, nlive, next, NULL) != PKV_OK) {
+            fprintf(stderr, "pkv decode: step %d: %s\n", steps, pkv_last_error());
+            return 1;
+        }
+        pkv_decoder_times tm;
+        pkv_decoder_last_times(d, &tm);
+        double mean_ctx = 0;
+        for (int32_t i = 0; i < nlive; i++) mean_ctx += ++ctx_len[live[i]];
+        mean_ctx /= nlive;
+        int bucket = 0;
+        while (bucket < 8 && mean_ctx >= 1024.0 * (1 << (bucket + 1))) bucket++;
+        share_sum[bucket] += tm.attention_us / tm.step_us;
+        share_n[bucket]++;
+        step_ms[steps] = tm.step_us / 1e3;
+        wall += tm.step_us, attn += tm.attention_us, gemm += tm.gemm_us, append += tm.append_us;
+        other += tm.other_us, host += tm.host_us;
+        tokens += nlive;
+        steps++;
+        for (int32_t i = nlive - 1; i >= 0; i--) { /* departures */
+            tok[i] = next[i];
+            if (--left[live[i]] <= 0) {
+                pkv_decoder_release(d, live[i]);
+                live[i] = live[nlive - 1], tok[i] = tok[nlive - 1];
+                nlive--;
+            }
+        }
+        if (steps % 50 == 0) fprintf(stderr, "pkv decode: step %d, %d live, %.0f tokens/s\n", steps, nlive, tokens / (wall / 1e6));
+    }
+    pkv_page_pool_stats ps;
+    pkv_page_pool_get_stats(pkv_decoder_pool(d), &ps);
+    /* the median step */
+    for (int i = 1; i < steps; i++)
+        for (int j = i; j > 0 && step_ms[j - 1] > step_ms[j]; j--) {
+            const double x = step_ms[j];
+            step_ms[j] = step_ms[j - 1], step_ms[j - 1] = x;
+        }
+    const double tps = tokens / (wall / 1e6), median = steps ? step_ms[steps / 2] : 0;
+    printf("## pkv decode: %s (%d layers), %s, B %d, %s prefill, on %s\n\n", s->name, s->layers,
+           pkv_trace_family_name(o->family), B, o->prefill, device);
+    printf("| steps | tokens | tokens/s | median step ms | attention | GEMMs | append | other | host | peak KV pages |\n");
+    printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    printf("| %d | %lld | %.1f | %.3f | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %lld |\n\n", steps, (long long)tokens,
+           tps, median, 100 * attn / wall, 100 * gemm / wall, 100 * append / wall, 100 * other / wall,
+           100 * host / wall, (long long)ps.peak_used);
+    printf("attention's share of the step by mean context:");
+    for (int b = 0; b < 9; b++)
+        if (share_n[b] > 0) printf(" %s%dK: %.1f%%", b == 8 ? ">=" : "<", 2 << b, 100 * share_sum[b] / share_n[b]);
+    printf("\nprefill (%s, counted apart): %.2f s\n", o->prefill, prefill_s);
+    if (o->json) {
+        FILE *f = fopen(o->json, "w");
+        if (!f) {
+            fprintf(stderr, "pkv decode: cannot write %s\n", o->json);
+            return 1;
+        }
+        const char *commit = getenv("PKV_COMMIT");
+        fprintf(f, "{\"tool\": \"pkv decode\", \"commit\": \"%s\", \"device\": \"%s\", \"model\": \"%s\", \"layers\": %d, "
+                   "\"trace\": \"%s\", \"batch\": %d, \"requests\": %d, \"prefill\": \"%s\", \"steps\": %d, "
+                   "\"tokens\": %lld, \"tokens_per_s\": %.2f, \"median_step_ms\": %.4f, \"split_us\": {\"attention\": %.1f, "
+                   "\"gemm\": %.1f, \"append\": %.1f, \"other\": %.1f, \"host\": %.1f, \"wall\": %.1f}, "
+                   "\"peak_kv_pages\": %lld, \"prefill_s\": %.3f, \"attention_share_by_context\": {",
+                commit ? commit : "unknown", device, s->name, s->layers, pkv_trace_family_name(o->family), B, nreq,
+                o->prefill, steps, (long long)tokens, tps, median, attn, gemm, append, other, host, wall,
+                (long long)ps.peak_used, prefill_s);
+        int first = 1;
+        for (int b = 0; b < 9; b++)
+            if (share_n[b] > 0) {
+                fprintf(f, "%s\"%s%dK\": %.4f", first ? "" : ", ", b == 8 ? ">=" : "<", 2 << b, share_sum[b] / share_n[b]);
+                first = 0;
+            }
+        fprintf(f, "}}\n");
+        fclose(f);
+    }
+    free(live), free(left), free(tok), free(next), free(ctx_len), free(step_ms);
+    return 0;
+}
+
+int cmd_decode(int argc, char **argv) {
+    decode_opts o;
+    int rc = parse(argc, argv, &o);
+    if (rc >= 0) return rc;
+    pkv_model_shape s;
+    if (pkv_model_shape_named(o.model, &s) != PKV_OK) {
+        fprintf(stderr, "pkv decode: %s\n", pkv_last_error());
+        return 2;
+    }
+    if (o.layers > 0) {
+        if (o.layers > s.layers) {
+            fprintf(stderr, "pkv decode: --layers %d: %s has %d\n", o.layers, s.name, s.layers);
+            return 2;
+        }
+        s.layers = o.layers;
+    }
+    if (o.weights && o.layers > 0) {
+        fprintf(stderr, "pkv decode: --weights holds the whole model: --layers does not apply\n");
+        return 2;
+    }
+    pkv_trace *t = NULL;
+    int64_t pages = o.pages;
+    if (!o.prompts) {
+        pkv_trace_config tc;
+        pkv_trace_config_default(&tc, o.family);
+        tc.seed = o.seed;
+        tc.max_active = o.batch;
+        tc.num_requests = o.requests > 0 ? o.requests : 3 * o.batch;
+        tc.page_size = o.page_size;
+        if (pkv_trace_generate(&tc, &t) != PKV_OK) {
+            fprintf(stderr, "pkv decode: %s\n", pkv_last_error());
+            return 2;
+        }
+        if (pages == 0) { /* the most pages the live requests hold at once, plus a page each for growth */
+            for (int32_t st = 0; st < pkv_trace_num_steps(t); st++) {
+                const int32_t *rid = NULL, *len = NULL;
+                const int32_t n = pkv_trace_step(t, st, &rid, &len);
+                int64_t sum = 0;
+                for (int32_t i = 0; i < n; i++) sum += (len[i] + o.page_size - 1) / o.page_size + 1;
+                if (sum > pages) pages = sum;
+            }
+            pages += o.batch;
+        }
+    } else if (pages == 0) {
+        pages = 65536;
+    }
+    pkv_context_config cc;
+    pkv_context_config_default(&cc);
+    cc.backend = o.backend;
+    pkv_context *ctx = NULL;
+    if (pkv_context_create(&cc, &ctx) != PKV_OK) {
+        fprintf(stderr, "pkv decode: %s\n", pkv_last_error());
+        return 1;
+    }
+    pkv_decoder_config dc;
+    pkv_decoder_config_default(&dc, &s);
+    dc.page_size = o.page_size;
+    dc.num_pages = pages;
+    dc.max_batch = o.batch > 256 ? o.batch : 256; /* prefill chunks of up to 256 rows */
+    dc.max_requests = t ? pkv_trace_num_requests(t) : o.batch;
+    dc.seed = o.seed;
+    fprintf(stderr, "pkv decode: %s, %d layers, %lld pages of %d tokens per layer, on %s: setting up\n", s.name,
+            s.layers, (long long)pages, o.page_size, pkv_context_device_name(ctx));
+    pkv_decoder *d = NULL;
+    if (pkv_decoder_create(ctx, &dc, &d) != PKV_OK || (o.weights && pkv_decoder_load_weights(d, o.weights) != PKV_OK)) {
+        fprintf(stderr, "pkv decode: %s\n", pkv_last_error());
+        pkv_decoder_free(d);
+        pkv_context_free(ctx);
+        return 1;
+    }
+    rc = o.prompts ? generate(d, &o, &s) : serve(d, &o, &s, t, pkv_context_device_name(ctx));
+    pkv_decoder_free(d);
+    pkv_trace_free(t);
+    pkv_context_free(ctx);
+    return rc;
+}
