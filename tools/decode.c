@@ -15,7 +15,7 @@
 #include <time.h>
 
 typedef struct decode_opts {
-    const char *model, *weights, *prompts, *out_tokens, *json, *prefill;
+    const char *model, *weights, *prompts, *out_tokens, *out_logits, *json, *prefill;
     pkv_backend_kind backend;
     pkv_trace_family family;
     int32_t layers, batch, requests, steps, page_size, max_new;
@@ -43,6 +43,7 @@ static void decode_usage(FILE *f) {
             "                        decoded together for --max-new tokens (default 32)\n"
             "  --weights FILE        the model's weights (PKVW file, as bench/check_transformers.py writes)\n"
             "  --out-tokens FILE     the generated tokens of --prompts, one line per prompt\n"
+            "  --out-logits FILE     the logits of each prompt's first generated token (float32 [prompts, vocab])\n"
             "  --page-size N         tokens per page (default 16)\n"
             "  --pages N             pages per layer's pool (default: what the trace needs)\n"
             "  --json FILE           the report as JSON\n");
@@ -82,6 +83,7 @@ static int parse(int argc, char **argv, decode_opts *o) {
         else if (strcmp(a, "--weights") == 0) o->weights = v;
         else if (strcmp(a, "--prompts") == 0) o->prompts = v;
         else if (strcmp(a, "--out-tokens") == 0) o->out_tokens = v;
+        else if (strcmp(a, "--out-logits") == 0) o->out_logits = v;
         else if (strcmp(a, "--json") == 0) o->json = v;
         else if (strcmp(a, "--prefill") == 0 && (strcmp(v, "exact") == 0 || strcmp(v, "synthetic") == 0)) o->prefill = v;
         else if (strcmp(a, "--backend") == 0 && (strcmp(v, "cpu") == 0 || strcmp(v, "cuda") == 0))
@@ -164,9 +166,11 @@ static int generate(pkv_decoder *d, const decode_opts *o, const pkv_model_shape 
     }
     int32_t *reqs = malloc((size_t)n * 4), *tok = malloc((size_t)n * 4), *next = malloc((size_t)n * 4);
     int32_t *gen = malloc((size_t)n * (size_t)o->max_new * 4);
+    float *logits = o->out_logits ? malloc((size_t)n * (size_t)s->vocab * sizeof(float)) : NULL;
     for (int r = 0; r < n; r++) {
         reqs[r] = r;
-        if (pkv_decoder_prefill(d, r, prompts[r], plen[r], &tok[r], NULL) != PKV_OK) {
+        if (pkv_decoder_prefill(d, r, prompts[r], plen[r], &tok[r], logits ? logits + (size_t)r * s->vocab : NULL) !=
+            PKV_OK) {
             fprintf(stderr, "pkv decode: prefill of prompt %d: %s\n", r + 1, pkv_last_error());
             return 1;
         }
@@ -191,6 +195,16 @@ static int generate(pkv_decoder *d, const decode_opts *o, const pkv_model_shape 
         fputc('\n', f);
     }
     if (f != stdout) fclose(f);
+    if (logits) {
+        FILE *lf = fopen(o->out_logits, "wb");
+        if (!lf || fwrite(logits, sizeof(float), (size_t)n * s->vocab, lf) != (size_t)n * s->vocab) {
+            fprintf(stderr, "pkv decode: cannot write %s\n", o->out_logits);
+            if (lf) fclose(lf);
+            return 1;
+        }
+        fclose(lf);
+        free(logits);
+    }
     fprintf(stderr, "pkv decode: %d prompts, %d new tokens each, %.1f decode tokens/s\n", n, o->max_new,
             wall > 0 ? n * (o->max_new - 1) / wall : 0.0);
     return 0;

@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""Checks `pkv decode` against Hugging Face transformers (issue 36 item 4): code nobody here wrote.
+
+A LlamaForCausalLM from a small LlamaConfig (the hf-small shape: 4 layers, hidden 1024, 16 query and 4 KV
+heads of 64, MLP 2816, vocabulary 32000) with transformers' own random initialisation (seeded) in bf16 on
+the GPU generates greedily with its own attention for 16 ragged prompts; its weights are written in the
+PKVW layout and `pkv decode --weights` generates from the same prompts through our layers, page manager,
+append and attention.  Reported: per prompt, how many of the new tokens agree before the first difference
+(and at that step, the margin between transformers' top two logits - a near tie explains a flip), and the
+first token's logits against each other (relative L2, max abs).  JSON with --json.
+
+Run on the GPU machine (transformers' wheels travel in .whl, bench/FLASHINFER.md):
+    eval "$(bash bench/install_wheelhouse.sh)"; python3 bench/check_transformers.py --pkv build-gpu/pkv
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--pkv", required=True, help="the pkv binary (a CUDA build)")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--attn", default="sdpa", help="transformers' attention implementation (sdpa, eager)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+
+    import numpy as np
+    import torch
+    import transformers
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(args.seed)
+    cfg = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
+                      num_attention_heads=16, num_key_value_heads=4, head_dim=64, rms_norm_eps=1e-6,
+                      rope_theta=10000.0, max_position_embeddings=4096, tie_word_embeddings=False,
+                      attention_bias=False, mlp_bias=False, attn_implementation=args.attn)
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16).cuda().eval()
+
+    work = tempfile.mkdtemp(prefix="pkv_hf_")
+    wpath, ppath, tpath, lpath = (os.path.join(work, n) for n in ("w.bin", "prompts.txt", "tokens.txt", "logits.bin"))
+    # the weights in transformers' order (pkv_model.h, pkv_decoder_load_weights)
+    sd = model.state_dict()
+    order = ["model.embed_tokens.weight"]
+    for layer in range(cfg.num_hidden_layers):
+        p = f"model.layers.{layer}."
+        order += [p + "input_layernorm.weight", p + "self_attn.q_proj.weight", p + "self_attn.k_proj.weight",
+                  p + "self_attn.v_proj.weight", p + "self_attn.o_proj.weight", p + "post_attention_layernorm.weight",
+                  p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight", p + "mlp.down_proj.weight"]
+    order += ["model.norm.weight", "lm_head.weight"]
+    with open(wpath, "wb") as f:
+        f.write(b"PKVW")
+        f.write(np.array([cfg.num_hidden_layers, cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                          cfg.head_dim, cfg.intermediate_size, cfg.vocab_size], dtype=np.int32).tobytes())
+        for name in order:
+            f.write(sd[name].contiguous().view(torch.int16).cpu().numpy().tobytes())
+
+    rng = np.random.default_rng(args.seed + 1)
+    prompts = [rng.integers(0, cfg.vocab_size, int(rng.integers(8, 300))).tolist() for _ in range(args.prompts)]
+    with open(ppath, "w") as f:
+        for p in prompts:
+            f.write(" ".join(map(str, p)) + "\n")
+
+    # transformers: each prompt alone (no padding), greedy, its own attention
+    t0 = time.time()
+    hf_tokens, hf_first_logits, hf_scores = [], [], []
+    with torch.no_grad():
+        for p in prompts:
+            ids = torch.tensor([p], device="cuda")
+            out = model.generate(ids, max_new_tokens=args.new_tokens, do_sample=False, output_logits=True,
+                                 return_dict_in_generate=True, eos_token_id=None, pad_token_id=0,
+                                 min_new_tokens=args.new_tokens)
+            hf_tokens.append(out.sequences[0, len(p):].tolist())
+            logits = torch.stack([lg[0].float() for lg in out.logits])  # [new, vocab]
+            hf_first_logits.append(logits[0].cpu().numpy())
+            hf_scores.append(logits.cpu().numpy())
+    hf_s = time.time() - t0
+
+    t0 = time.time()
+    r = subprocess.run([args.pkv, "decode", "--model", "hf-small", "--backend", "cuda", "--weights", wpath,
+                        "--prompts", ppath, "--max-new", str(args.new_tokens), "--batch", str(args.prompts),
+                        "--out-tokens", tpath, "--out-logits", lpath], capture_output=True, text=True)
+    pkv_s = time.time() - t0
+    if r.returncode != 0:
+        print(r.stdout, r.stderr, file=sys.stderr)
+        raise SystemExit(f"pkv decode failed ({r.returncode})")
+    ours = [list(map(int, line.split())) for line in open(tpath)]
+    our_logits = np.fromfile(lpath, dtype=np.float32).reshape(len(prompts), cfg.vocab_size)
+
+    rows = []
+    for i, p in enumerate(prompts):
+        a, b = hf_tokens[i], ours[i]
+        agree = next((k for k in range(len(a)) if a[k] != b[k]), len(a))
+        margin = None
+        if agree < len(a):
+            s = np.sort(hf_scores[i][agree])
+            margin = float(s[-1] - s[-2])
+        ref = hf_first_logits[i]
+        rel = float(np.linalg.norm(our_logits[i] - ref) / np.linalg.norm(ref))
+        rows.append({"prompt_len": len(p), "agree": agree, "of": len(a), "margin_at_first_difference": margin,
+                     "first_logits_rel_l2": rel, "first_logits_max_abs": float(np.max(np.abs(our_logits[i] - ref)))})
+    full = sum(r_["agree"] == r_["of"] for r_ in rows)
+    print(f"transformers {transformers.__version__} ({args.attn}) against pkv decode, hf-small, bf16, "
+          f"{torch.cuda.get_device_name()}: {full} of {len(rows)} prompts agree on all {args.new_tokens} new tokens")
+    print("| prompt | length | tokens agreeing | top-2 margin at the first difference | first logits rel L2 | max abs |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    for i, r_ in enumerate(rows):
+        m = "-" if r_["margin_at_first_difference"] is None else f"{r_['margin_at_first_difference']:.4f}"
+        print(f"| {i} | {r_['prompt_len']} | {r_['agree']} / {r_['of']} | {m} | {r_['first_logits_rel_l2']:.2e} | "
+              f"{r_['first_logits_max_abs']:.3f} |")
+    print(f"transformers generate {hf_s:.1f} s (one prompt at a time), pkv decode {pkv_s:.1f} s (all at once, incl. set-up)")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"tool": "bench/check_transformers.py", "commit": os.environ.get("PKV_COMMIT", "unknown"),
+                       "device": torch.cuda.get_device_name(), "transformers": transformers.__version__,
+                       "attn_implementation": args.attn, "new_tokens": args.new_tokens, "prompts": rows,
+                       "all_agree": full, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
