@@ -28,6 +28,9 @@ def main():
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--attn", default="sdpa", help="transformers' attention implementation (sdpa, eager)")
+    ap.add_argument("--init-range", type=float, default=0.02,
+                    help="LlamaConfig.initializer_range (0.02: transformers' default, whose random model's logits are "
+                         "nearly flat, so greedy picks meet exact bf16 ties; larger spreads them)")
     ap.add_argument("--json")
     args = ap.parse_args()
 
@@ -40,7 +43,8 @@ def main():
     cfg = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4,
                       num_attention_heads=16, num_key_value_heads=4, head_dim=64, rms_norm_eps=1e-6,
                       rope_theta=10000.0, max_position_embeddings=4096, tie_word_embeddings=False,
-                      attention_bias=False, mlp_bias=False, attn_implementation=args.attn)
+                      attention_bias=False, mlp_bias=False, attn_implementation=args.attn,
+                      initializer_range=args.init_range)
     model = LlamaForCausalLM(cfg).to(torch.bfloat16).cuda().eval()
 
     work = tempfile.mkdtemp(prefix="pkv_hf_")
@@ -106,7 +110,7 @@ def main():
         rows.append({"prompt_len": len(p), "agree": agree, "of": len(a), "margin_at_first_difference": margin,
                      "first_logits_rel_l2": rel, "first_logits_max_abs": float(np.max(np.abs(our_logits[i] - ref)))})
     full = sum(r_["agree"] == r_["of"] for r_ in rows)
-    print(f"transformers {transformers.__version__} ({args.attn}) against pkv decode, hf-small, bf16, "
+    print(f"transformers {transformers.__version__} ({args.attn}, initializer_range {args.init_range}) against pkv decode, hf-small, bf16, "
           f"{torch.cuda.get_device_name()}: {full} of {len(rows)} prompts agree on all {args.new_tokens} new tokens")
     print("| prompt | length | tokens agreeing | top-2 margin at the first difference | first logits rel L2 | max abs |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
@@ -119,7 +123,8 @@ def main():
         with open(args.json, "w") as f:
             json.dump({"tool": "bench/check_transformers.py", "commit": os.environ.get("PKV_COMMIT", "unknown"),
                        "device": torch.cuda.get_device_name(), "transformers": transformers.__version__,
-                       "attn_implementation": args.attn, "new_tokens": args.new_tokens, "prompts": rows,
+                       "attn_implementation": args.attn, "initializer_range": args.init_range,
+                       "new_tokens": args.new_tokens, "prompts": rows,
                        "all_agree": full, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, f, indent=1)
 
 
