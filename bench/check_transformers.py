@@ -94,6 +94,12 @@ def main():
     if r.returncode != 0:
         print(r.stdout, r.stderr, file=sys.stderr)
         raise SystemExit(f"pkv decode failed ({r.returncode})")
+    # the judge of the two bf16 runs: transformers' same model in fp32, its first-token logits
+    model32 = LlamaForCausalLM(cfg).cuda().eval()
+    model32.load_state_dict({k: v.float() for k, v in sd.items()})
+    with torch.no_grad():
+        fp32_first = [model32(torch.tensor([p], device="cuda")).logits[0, -1].float().cpu().numpy() for p in prompts]
+    del model32
     ours = [list(map(int, line.split())) for line in open(tpath)]
     our_logits = np.fromfile(lpath, dtype=np.float32).reshape(len(prompts), cfg.vocab_size)
 
@@ -107,17 +113,22 @@ def main():
             margin = float(s[-1] - s[-2])
         ref = hf_first_logits[i]
         rel = float(np.linalg.norm(our_logits[i] - ref) / np.linalg.norm(ref))
+        judge = fp32_first[i]
+        jn = np.linalg.norm(judge)
         rows.append({"prompt_len": len(p), "agree": agree, "of": len(a), "margin_at_first_difference": margin,
-                     "first_logits_rel_l2": rel, "first_logits_max_abs": float(np.max(np.abs(our_logits[i] - ref)))})
+                     "first_logits_rel_l2": rel, "first_logits_max_abs": float(np.max(np.abs(our_logits[i] - ref))),
+                     "ours_vs_fp32_rel_l2": float(np.linalg.norm(our_logits[i] - judge) / jn),
+                     "hf_bf16_vs_fp32_rel_l2": float(np.linalg.norm(ref - judge) / jn)})
     full = sum(r_["agree"] == r_["of"] for r_ in rows)
     print(f"transformers {transformers.__version__} ({args.attn}, initializer_range {args.init_range}) against pkv decode, hf-small, bf16, "
           f"{torch.cuda.get_device_name()}: {full} of {len(rows)} prompts agree on all {args.new_tokens} new tokens")
-    print("| prompt | length | tokens agreeing | top-2 margin at the first difference | first logits rel L2 | max abs |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| prompt | length | tokens agreeing | top-2 margin at the first difference | first logits rel L2 | max abs |"
+          " ours vs fp32 | transformers bf16 vs fp32 |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for i, r_ in enumerate(rows):
         m = "-" if r_["margin_at_first_difference"] is None else f"{r_['margin_at_first_difference']:.4f}"
         print(f"| {i} | {r_['prompt_len']} | {r_['agree']} / {r_['of']} | {m} | {r_['first_logits_rel_l2']:.2e} | "
-              f"{r_['first_logits_max_abs']:.3f} |")
+              f"{r_['first_logits_max_abs']:.3f} | {r_['ours_vs_fp32_rel_l2']:.2e} | {r_['hf_bf16_vs_fp32_rel_l2']:.2e} |")
     print(f"transformers generate {hf_s:.1f} s (one prompt at a time), pkv decode {pkv_s:.1f} s (all at once, incl. set-up)")
     if args.json:
         with open(args.json, "w") as f:
