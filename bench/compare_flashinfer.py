@@ -84,6 +84,19 @@ SHAPES = {  # name: (Hq, Hkv, d, default dtype)   (workloads.md)
 SHAPE_RUNS = ["g8:fp16", "g8:bf16", "g7:bf16", "mha:fp16", "d256:bf16", "d64:bf16"]
 SHAPE_POINTS = ["B1_N8192", "B1_N32768", "B8_bimodal", "B32_bimodal", "B64_uniform"]
 FI_CUDACORE_GROUPS = (1, 2, 3, 4, 6, 8)  # FlashInfer's CUDA-core decode dispatches these G only
+# FlashInfer's decode paths on Hopper (bench/FLASHINFER.md, "Decode paths"), in the order they are set up
+FI_PATHS = ["cudacore", "tensorcore", "split_sweep", "xqa", "xqa_sweep", "batch_attention", "cudnn"]
+FI_PATH_LABELS = {
+    "cudacore": "decode wrapper, CUDA cores", "tensorcore": "decode wrapper, tensor cores (fa2)",
+    "split_sweep": "decode wrapper (split sweep)", "xqa": "XQA (trtllm_batch_decode_with_kv_cache)",
+    "xqa_sweep": "XQA (sm_count sweep)", "batch_attention": "BatchAttention (persistent)", "cudnn": "cuDNN decode"}
+FI_SHORT = {"cudacore": "CC", "tensorcore": "TC", "split_sweep": "SP", "xqa": "XQ", "xqa_sweep": "XS",
+            "batch_attention": "BA", "cudnn": "DN"}
+FI_MODULE_OF = {"cudacore": "cudacore", "tensorcore": "tensorcore", "split_sweep": "tensorcore", "xqa": "xqa",
+                "xqa_sweep": "xqa", "batch_attention": "batch_attention"}  # JIT module kind; cuDNN has none
+SPLIT_TOKENS = [512, 1024, 2048, 4096, 8192]  # fixed_split_size of the split sweep, in tokens (plan() takes pages)
+XQA_PAGE_SIZES = (16, 32, 64, 128)
+XQA_SM_MULTIPLES = [2, 4, 8]  # sm_count = k * SMs handed to flashinfer.xqa.xqa (its sub-sequence count)
 FAMILIES = ["uniform", "bimodal", "zipf", "bucketed"]
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
 HELD_OUT_SEEDS = [20260623, 20260624, 20260625, 20260626, 20260627]
@@ -254,11 +267,87 @@ class Step:
 
     @property
     def fi_configs(self):
+        """The decode-wrapper configurations that take this shape (the JIT modules of the decode wrapper)."""
         cfgs = ["cudacore"] if self.G in FI_CUDACORE_GROUPS else []
         return cfgs + ["tensorcore"]
 
+    def fi_paths(self, args):
+        """[(path, refusal or None)] for the FlashInfer paths asked for (--fi-configs)."""
+        return [(p, fi_refusal(self, p, args)) for p in args.fi_configs]
+
     def key(self):
         return f"{self.group}/{self.name}/{self.shape}/{self.dtype}"
+
+
+def fi_refusal(st, path, args):
+    """Why FlashInfer's `path` does not take the step's shape, from the checks in its source (0.7.0.post1),
+    or None.  Checks that need the device (compute capability, an importable cuDNN) come at run time."""
+    soft_cap = getattr(args, "soft_cap", 0.0) or 0.0
+    window = getattr(args, "window_left", -1)
+    if path == "cudacore" and st.G not in FI_CUDACORE_GROUPS:
+        return f"G={st.G}: the CUDA-core decode kernel dispatches G in {FI_CUDACORE_GROUPS} only"
+    if path in ("xqa", "xqa_sweep"):
+        if st.page_size not in XQA_PAGE_SIZES:
+            return f"page size {st.page_size}: XQA is compiled for pages of {XQA_PAGE_SIZES} tokens only"
+        if st.d % 16 or not 16 <= st.d <= 512:
+            return f"head_dim {st.d}: XQA takes multiples of 16 in [16, 512]"
+        if st.d > 256 and st.G > 16:
+            return f"head_dim {st.d} > 256 needs G <= 16 in XQA (G={st.G})"
+        if soft_cap > 0:
+            return "XQA has no logits soft cap (trtllm_batch_decode_with_kv_cache takes none)"
+    if path == "batch_attention":
+        if window >= 0:
+            return "BatchAttention.plan() has no sliding window (window_left)"
+        if st.d > 256:
+            return f"head_dim {st.d}: BatchAttention refuses head_dim > 256"
+    if path == "cudnn":
+        if st.layout != "HND":
+            return "cuDNN decode takes HND caches [pages, Hkv, page, d] only"
+        if soft_cap > 0 or window >= 0:
+            return "cudnn_batch_decode_with_kv_cache takes no soft cap and no sliding window"
+    return None
+
+
+def padded_block_table(indptr, indices, pad=0):
+    """The CSR page table as XQA and cuDNN take it: int32 [B, max pages of a row], rows padded with `pad`
+    (a valid page id: the kernels stop at seq_lens)."""
+    import numpy as np
+    indptr = np.asarray(indptr, dtype=np.int64)
+    counts = np.diff(indptr)
+    width = max(1, int(counts.max()) if len(counts) else 1)
+    bt = np.full((len(counts), width), pad, dtype=np.int32)
+    bt[np.arange(width)[None, :] < counts[:, None]] = np.asarray(indices, dtype=np.int32)
+    return bt
+
+
+def split_settings(lens, page_size, split_tokens, window_left=-1):
+    """The split sweep of the decode wrapper: [(setting, plan keywords, same_as)].  fixed_split_size is in
+    pages (the fa2 planner's kv_chunk_size counts pages); a split of at least every row's attended tokens
+    is the same plan as disable_split_kv=True and is not timed again (same_as = "nosplit")."""
+    longest = max(int(x) for x in lens) if len(lens) else 0
+    if window_left >= 0:
+        longest = min(longest, window_left + 1)
+    out = [("nosplit", {"disable_split_kv": True}, None)]
+    for tok in split_tokens:
+        pages = max(1, tok // page_size)
+        same = "nosplit" if pages * page_size >= longest else None
+        out.append((f"split{tok}", {"fixed_split_size": pages}, same))
+    return out
+
+
+def combine_passes(ts):
+    """One timing from the passes' timings (time_calls dicts): the median of the pass medians, every pass's
+    median, and their spread ((max - min) / median)."""
+    us = [t["us"] for t in ts]
+    c = dict(ts[0])
+    c["us"] = statistics.median(us)
+    c["passes_us"] = us
+    c["min_us"] = min(t["min_us"] for t in ts)
+    c["p10_us"] = statistics.median(t["p10_us"] for t in ts)
+    c["p90_us"] = statistics.median(t["p90_us"] for t in ts)
+    c["reps"] = sum(t["reps"] for t in ts)
+    c["pass_spread"] = (max(us) - min(us)) / c["us"] if c["us"] else None
+    return c
 
 
 def random_pages(n, name):
@@ -349,13 +438,16 @@ def build_steps(args):
     return steps
 
 
-def fi_modules(steps, fi_configs):
-    """The FlashInfer JIT modules the steps need: (dtype, head_dim, tensorcore), with one shape each."""
+def fi_modules(steps, args):
+    """The FlashInfer JIT modules the steps need: (dtype, head_dim, module kind, G) -> (Hq, Hkv).  The decode
+    wrapper's and BatchAttention's modules do not depend on G (recorded as 0); XQA's do (and on the page size
+    and on a window, which are the run's)."""
     mods = {}
     for st in steps:
-        for cfg in st.fi_configs:
-            if cfg in fi_configs:
-                mods.setdefault((st.dtype, st.d, cfg == "tensorcore"), (st.Hq, st.Hkv))
+        for path, why in st.fi_paths(args):
+            kind = FI_MODULE_OF.get(path)
+            if why is None and kind is not None:
+                mods.setdefault((st.dtype, st.d, kind, st.G if kind == "xqa" else 0), (st.Hq, st.Hkv))
     return mods
 
 
@@ -565,13 +657,32 @@ class Gpu:
 
     # -- libraries --
     def fi_wrapper(self, cfg):
+        """A decode wrapper per configuration: cudacore, tensorcore, and tensorcore_split (the split sweep's own
+        wrapper, so that its plans never replace the tensorcore wrapper's)."""
         import flashinfer
         key = (self.args.layout, cfg)
         if key not in self.fi_wrappers:
             ws = self.torch.zeros(128 << 20, dtype=self.torch.uint8, device=self.dev)
             self.fi_wrappers[key] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                ws, self.args.layout, use_tensor_cores=(cfg == "tensorcore"))
+                ws, self.args.layout, use_tensor_cores=(cfg != "cudacore"))
         return self.fi_wrappers[key]
+
+    def fi_buffer(self, name, nbytes=128 << 20):
+        """A zeroed uint8 workspace kept for the run: XQA's (its first 8 MB are semaphores that must start at
+        zero; the kernel leaves them at zero) and cuDNN's."""
+        if name not in self.fi_wrappers:
+            self.fi_wrappers[name] = self.torch.zeros(nbytes, dtype=self.torch.uint8, device=self.dev)
+        return self.fi_wrappers[name]
+
+    def fi_batch_attention(self):
+        import flashinfer
+        key = (self.args.layout, "batch_attention")
+        if key not in self.fi_wrappers:  # owns a 384 MB float workspace
+            self.fi_wrappers[key] = flashinfer.BatchAttention(kv_layout=self.args.layout, device="cuda")
+        return self.fi_wrappers[key]
+
+    def sm_count(self):
+        return self.torch.cuda.get_device_properties(self.dev).multi_processor_count
 
     def pkv_wrapper(self, route):
         import persistentkv as pkv
@@ -650,6 +761,134 @@ def score_kw(args):
     return kw
 
 
+def fi_variants(gpu, st, path, q, Ks, Vs, tabs, args):
+    """The settings of one FlashInfer path for the step: [(setting, plan, run, graph, same_as)].
+    plan() does the path's host work for the step (plan() of a wrapper, or the padded block table and its copy
+    to the device), run(r, out) one decode over rotation r into out, graph() a callable r -> out that a CUDA
+    graph may capture (a use_cuda_graph wrapper for the decode wrapper), same_as a setting whose plan this
+    one repeats (not timed again).  Raises when FlashInfer lacks the path."""
+    import numpy as np
+    import flashinfer
+    torch, dev = gpu.torch, gpu.dev
+    tdt = gpu.tdt[st.dtype]
+    indptr_h, indices_d, last_h = tabs
+    plan_kw = dict(q_data_type=tdt, kv_data_type=tdt, **score_kw(args))
+    sm_scale = 1.0 / math.sqrt(st.d)
+
+    def eager_graph(run):
+        def make():
+            gout = torch.full_like(q, float("nan"))
+
+            def on(r):
+                run(r, gout)
+                return gout
+            return on
+        return make
+
+    if path in ("cudacore", "tensorcore", "split_sweep"):
+        cfg = {"split_sweep": "tensorcore_split"}.get(path, path)
+        w = gpu.fi_wrapper(cfg)
+        if path == "split_sweep":
+            settings = split_settings(st.lens, st.page_size, args.split_tokens, args.window_left)
+        else:
+            settings = [("default", {}, None)]
+        res = []
+        for name, extra, same in settings:
+            def plan(_=None, w=w, extra=extra):
+                w.plan(indptr_h, indices_d, last_h, st.Hq, st.Hkv, st.d, st.page_size, **plan_kw, **extra)
+
+            def run(r, out, w=w):
+                w.run(q, (Ks[r], Vs[r]), out=out)
+
+            def graph(extra=extra):
+                gw = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                    torch.zeros(128 << 20, dtype=torch.uint8, device=dev), st.layout, use_cuda_graph=True,
+                    use_tensor_cores=(path != "cudacore"),
+                    paged_kv_indptr_buffer=torch.empty(st.B + 1, dtype=torch.int32, device=dev),
+                    paged_kv_indices_buffer=torch.empty(max(st.pages, 1), dtype=torch.int32, device=dev),
+                    paged_kv_last_page_len_buffer=torch.empty(st.B, dtype=torch.int32, device=dev))
+                gw.plan(indptr_h, indices_d, last_h, st.Hq, st.Hkv, st.d, st.page_size, **plan_kw, **extra)
+                gout = torch.full_like(q, float("nan"))
+
+                def on(r, gw=gw):
+                    gw.run(q, (Ks[r], Vs[r]), out=gout)
+                    return gout
+                return on
+            res.append((name, plan, run, graph, same))
+        return res
+
+    if path in ("xqa", "xqa_sweep", "cudnn"):
+        cap = torch.cuda.get_device_capability(dev)
+        if path != "cudnn" and cap[0] not in (9, 10, 12):
+            raise NotImplementedError(f"XQA runs on sm_90, sm_100 and sm_12x only (this is sm_{cap[0]}{cap[1]})")
+        tables = {}
+
+        def tplan(_=None):
+            # what a caller of this API does per step: the padded [B, max pages] block table and the lengths
+            bt = padded_block_table(st.indptr, st.indices)
+            tables["bt"] = torch.from_numpy(bt).to(dev)
+            # FlashInfer documents uint32 lengths; its own decode wrapper hands int32 (same bits below 2^31)
+            seq = torch.from_numpy(st.lens.astype(np.int32)).to(dev)
+            tables["seq"] = seq
+            tables["seq2"] = seq.unsqueeze(1)               # flashinfer.xqa.xqa: [B, beam_width]
+            tables["seq4"] = seq.view(st.B, 1, 1, 1)        # cuDNN: [B, 1, 1, 1]
+            tables["max_len"] = int(st.lens.max())
+        tplan()
+        ws = gpu.fi_buffer("xqa_ws" if path != "cudnn" else "cudnn_ws")
+        if path == "xqa":
+            def run(r, out):
+                flashinfer.decode.trtllm_batch_decode_with_kv_cache(
+                    q, (Ks[r], Vs[r]), ws, tables["bt"], tables["seq"], tables["max_len"], bmm1_scale=sm_scale,
+                    bmm2_scale=1.0, window_left=args.window_left, out=out, kv_layout=st.layout, backend="xqa")
+            return [("default", tplan, run, eager_graph(run), None)]
+        if path == "xqa_sweep":
+            # the one knob of XQA's sub-sequence (multi-CTA) split on fp16/bf16 caches: launchMHAFlashInfer takes
+            # nbSubSeqPerSeq = min(max(1, sm_count / (B * Hkv)), ceil(max_seq_len / tile)); sm_count is an
+            # argument of flashinfer.xqa.xqa (trtllm_batch_decode_with_kv_cache passes the device's SM count)
+            from flashinfer.xqa import xqa as xqa_fn
+            sem, scratch = ws[: 8 << 20], ws[8 << 20:]
+            sms = gpu.sm_count()
+            res = []
+            for k in args.xqa_sm_multiples:
+                def run(r, out, smc=k * sms):
+                    xqa_fn(q.unsqueeze(1), Ks[r], Vs[r], tables["bt"], tables["seq2"], out.unsqueeze(1), scratch, sem,
+                           st.Hkv, st.page_size, q_scale=1.0, kv_scale=1.0,
+                           sliding_win_size=args.window_left + 1 if args.window_left >= 0 else 0,
+                           kv_layout=st.layout, sm_count=smc)
+                # the split count saturates at ceil(max_seq_len / tile): a larger sm_count may change nothing
+                res.append((f"sm_count={k}x{sms}", tplan, run, eager_graph(run), None))
+            return res
+        # cuDNN
+        from flashinfer.cudnn import decode as cudnn_decode
+        if not getattr(cudnn_decode, "CUDNN_AVAILABLE", False):
+            raise NotImplementedError(
+                "not run: the python module cudnn (nvidia-cudnn-frontend) is not installed - it does not travel "
+                "in the wheelhouse (size limit), and FlashInfer's fallback loads downloaded cubins "
+                "(FLASHINFER_NO_DOWNLOAD=1 offline)")
+
+        def run(r, out):
+            cudnn_decode.cudnn_batch_decode_with_kv_cache(
+                q, Ks[r], Vs[r], sm_scale, ws, max_sequence_kv=tables["max_len"], actual_seq_lens_kv=tables["seq4"],
+                block_tables=tables["bt"], out=out)
+        return [("default", tplan, run, eager_graph(run), None)]
+
+    if path == "batch_attention":
+        ba = gpu.fi_batch_attention()
+        qo_indptr = torch.arange(st.B + 1, dtype=torch.int32)
+        kv_len = torch.from_numpy(st.lens.astype(np.int32))
+        lse = torch.empty(st.B, st.Hq, dtype=torch.float32, device=dev)
+        cap = args.soft_cap if args.soft_cap > 0 else 0.0
+
+        def plan(_=None):
+            ba.plan(qo_indptr, indptr_h, indices_d, kv_len, st.Hq, st.Hkv, st.d, st.d, st.page_size, causal=False,
+                    logits_soft_cap=cap or None, q_data_type=tdt, kv_data_type=tdt)
+
+        def run(r, out):
+            ba.run(q, (Ks[r], Vs[r]), out=out, lse=lse, logits_soft_cap=cap)
+        return [("default", plan, run, eager_graph(run), None)]
+    raise ValueError(f"unknown FlashInfer path {path!r}")
+
+
 def measure_step(gpu, st, args):
     """Every measurement of one step; returns the row dict."""
     torch = gpu.torch
@@ -682,56 +921,65 @@ def measure_step(gpu, st, args):
             problems.append(f"{name}: rel err {e:.2e} against the float64 reference")
         return e
 
-    # ---- FlashInfer ----
-    fi, fi_out = {}, {}
-    plan_kw = dict(q_data_type=tdt, kv_data_type=tdt, **score_kw(args))
-    if "cudacore" in args.fi_configs and "cudacore" not in st.fi_configs:
-        fi["cudacore"] = {"skipped": f"G={st.G}: FlashInfer's CUDA-core decode takes G in {FI_CUDACORE_GROUPS}"}
-    for cfg in st.fi_configs:
-        if cfg not in args.fi_configs:
+    # ---- FlashInfer: every path that takes the shape, each setting planned, run once and checked ----
+    fi, fi_out, fi_var = {}, {}, {}   # fi_var[(path, setting)] = (plan, run, graph, out)
+    tabs = (indptr_h, indices_d, last_h)
+    for path, why in st.fi_paths(args):
+        if why:
+            fi[path] = {"refused": why, "label": FI_PATH_LABELS[path]}
             continue
-        mod = (st.dtype, st.d, cfg)
+        mod = (path, st.dtype, st.d, st.G, st.layout)
         if mod in gpu.fi_failed:  # do not recompile a module that failed on an earlier step
-            fi[cfg] = {"error": f"failed on an earlier step: {gpu.fi_failed[mod]}"}
-            errors.append(f"FlashInfer {cfg}: failed on an earlier step")
+            fi[path] = dict(gpu.fi_failed[mod], label=FI_PATH_LABELS[path])
             continue
+        entry = {"label": FI_PATH_LABELS[path], "sweep": {}}
         try:
-            w = gpu.fi_wrapper(cfg)
+            variants = fi_variants(gpu, st, path, q, Ks, Vs, tabs, args)
+        except (ValueError, NotImplementedError, ImportError, AttributeError) as e:  # FlashInfer lacks it here
+            fi[path] = {"refused": f"{type(e).__name__}: {e}", "label": FI_PATH_LABELS[path]}
+            gpu.fi_failed[mod] = {"refused": fi[path]["refused"]}
+            continue
+        for setting, plan, run, graph, same in variants:
+            if same is not None:
+                entry["sweep"][setting] = {"same_as": same}
+                continue
+            try:
+                plan()
+                out = torch.full_like(q, float("nan"))
+                run(0, out)
+                torch.cuda.synchronize()
+                res = {"nan_outputs": nan_count(out), "ref_rel_err": None}
+                if ref is not None:
+                    res["ref_rel_err"] = rel_err(out[ref_rows], ref)[0]
+                if res["nan_outputs"] or (res["ref_rel_err"] is not None and not res["ref_rel_err"] <= tol):
+                    res["wrong"] = (f"{res['nan_outputs']} NaN outputs, rel err {fmt(res['ref_rel_err'], '.2e')} "
+                                    f"against the float64 reference")
+                    problems.append(f"FlashInfer {path} {setting}: {res['wrong']}")
+                else:
+                    fi_var[(path, setting)] = (plan, run, graph, out.clone())
+                for r in range(min(R, 4)):  # warm, as the PersistentKV routes
+                    run(r, out)
+                torch.cuda.synchronize()
+                entry["sweep"][setting] = res
+            except (ValueError, NotImplementedError, AssertionError) as e:  # FlashInfer's checks of the shape
+                entry["sweep"][setting] = {"refused": f"{type(e).__name__}: {e}"}
+                safe_sync(torch)
+            except Exception as e:  # a JIT build or a launch that failed: recorded, not fatal
+                entry["sweep"][setting] = {"error": f"{type(e).__name__}: {e}"}
+                errors.append(f"FlashInfer {path} {setting}: {type(e).__name__}: {e}")
+                if safe_sync(torch) is None and len(variants) == 1:
+                    gpu.fi_failed[mod] = {"error": f"failed on an earlier step: {type(e).__name__}: {str(e)[:300]}"}
+        if not any(k[0] == path for k in fi_var):
+            states = [v for v in entry["sweep"].values() if "same_as" not in v]
+            if states and all("refused" in v for v in states):
+                entry["refused"] = states[0]["refused"]
+            elif not any("wrong" in v for v in states):
+                entry["error"] = "; ".join(v.get("error", v.get("refused", "?")) for v in states)
+            else:
+                entry["wrong"] = "; ".join(v["wrong"] for v in states if "wrong" in v)
+        fi[path] = entry
 
-            def fplan(_=None, w=w):
-                w.plan(indptr_h, indices_d, last_h, st.Hq, st.Hkv, st.d, st.page_size, **plan_kw)
-            fplan()
-            out = torch.full_like(q, float("nan"))
-            w.run(q, (Ks[0], Vs[0]), out=out)
-            torch.cuda.synchronize()
-            fi_out[cfg] = out.clone()
-            t = gpu.time_calls(lambda r, w=w, out=out: w.run(q, (Ks[r], Vs[r]), out=out), R, reps)
-            nan = t["nan_outputs"] = nan_count(fi_out[cfg])
-            t["ref_rel_err"] = check_ref(f"FlashInfer {cfg}", fi_out[cfg])
-            t["plan_us"] = gpu.host_times(fplan, wall_reps)
-            fi[cfg] = t
-            if nan:
-                problems.append(f"FlashInfer {cfg}: {nan} NaN outputs")
-        except Exception as e:  # a configuration FlashInfer refuses: recorded, not fatal
-            fi[cfg] = {"error": f"{type(e).__name__}: {e}"}
-            errors.append(f"FlashInfer {cfg}: {type(e).__name__}: {e}")
-            if cfg not in fi_out:  # failed in plan or the first run: JIT build or an unsupported case
-                gpu.fi_failed[mod] = f"{type(e).__name__}: {str(e)[:300]}"
-            safe_sync(torch)
-    row["fi"] = fi
-    ok_fi = {c: v for c, v in fi.items() if "us" in v}
-    best_fi = min(ok_fi, key=lambda c: ok_fi[c]["us"]) if ok_fi else None
-    row["fi_best_config"] = best_fi
-    if best_fi is None:
-        problems.append("no FlashInfer configuration ran: nothing to compare PersistentKV with")
-    else:
-        row["fi_best_us"] = ok_fi[best_fi]["us"]
-        row["fi_plan_us"] = ok_fi[best_fi]["plan_us"]
-        if len(fi_out) == 2:
-            row["fi_cudacore_vs_tensorcore_rel_err"] = rel_err(fi_out["cudacore"], fi_out["tensorcore"])[0]
-
-    # ---- PersistentKV ----
-    # Every route is planned, run and checked first, then all are timed.
+    # ---- PersistentKV: every route planned, run and checked ----
     pk, pk_out, wrappers = {}, {}, {}
     for route in args.routes:
         try:
@@ -753,12 +1001,91 @@ def measure_step(gpu, st, args):
             pk[route] = {"error": f"{type(e).__name__}: {e}"}
             problems.append(f"PersistentKV {route}: {type(e).__name__}: {e}")
             safe_sync(torch)
-    # auto is timed last (after the fixed routes), so no measurement-order effect lands on it alone
+
+    # ---- timing: --passes passes, the libraries' order alternating (FlashInfer first in even passes) ----
+    # Within PersistentKV, auto is timed after the fixed routes; a FlashInfer path is re-planned before its
+    # timing (the split sweep's settings share a wrapper).  Each pass times reps / passes runs.
+    passes = max(1, args.passes)
+    preps = max(10, -(-reps // passes))
+    fi_t, pk_t, pk_failed = {}, {}, set()
     order = [r for r in wrappers if r != "auto"] + [r for r in wrappers if r == "auto"]
+    for p in range(passes):
+        for lib in (("fi", "pkv") if p % 2 == 0 else ("pkv", "fi")):
+            if lib == "fi":
+                for key, (plan, run, _, out) in fi_var.items():
+                    if key in fi_t and fi_t[key] is None:
+                        continue
+                    try:
+                        plan()
+                        o = torch.empty_like(q)
+                        fi_t.setdefault(key, []).append(gpu.time_calls(lambda r, run=run, o=o: run(r, o), R, preps))
+                    except Exception as e:
+                        fi[key[0]]["sweep"][key[1]] = {"error": f"timing: {type(e).__name__}: {e}"}
+                        errors.append(f"FlashInfer {key[0]} {key[1]} (timing): {type(e).__name__}: {e}")
+                        fi_t[key] = None
+                        safe_sync(torch)
+            else:
+                for route in order:
+                    if route in pk_failed:
+                        continue
+                    w, pplan, out = wrappers[route]
+                    try:
+                        pk_t.setdefault(route, []).append(
+                            gpu.time_calls(lambda r, w=w, out=out: w.run(q, Ks[r], Vs[r], out=out), R, preps))
+                    except Exception as e:
+                        pk[route] = {"error": f"{type(e).__name__}: {e}"}
+                        problems.append(f"PersistentKV {route}: {type(e).__name__}: {e}")
+                        pk_failed.add(route)
+                        safe_sync(torch)
+
+    # ---- FlashInfer: each path's best setting, the best path ----
+    for (path, setting), ts in fi_t.items():
+        if ts:
+            fi[path]["sweep"][setting].update(combine_passes(ts))
+    for path, entry in fi.items():
+        sw = {k: v for k, v in entry.get("sweep", {}).items() if "us" in v}
+        if not sw:
+            continue
+        best_set = min(sw, key=lambda k: sw[k]["us"])
+        entry.update({k: v for k, v in sw[best_set].items()})
+        entry["setting"] = best_set
+        fi_out[path] = fi_var[(path, best_set)][3]
+        if path not in ("split_sweep", "xqa_sweep"):
+            entry.pop("sweep", None)  # one setting: its numbers are the entry's
+        else:
+            entry["sweep"] = {k: (dict(us=v["us"], passes_us=v.get("passes_us")) if "us" in v else v)
+                              for k, v in entry["sweep"].items()}
+        try:
+            entry["plan_us"] = gpu.host_times(fi_var[(path, best_set)][0], wall_reps)
+        except Exception as e:
+            errors.append(f"FlashInfer {path} plan timing: {type(e).__name__}: {e}")
+    row["fi"] = fi
+    ok_fi = {c: v for c, v in fi.items() if "us" in v}
+    best_fi = min(ok_fi, key=lambda c: ok_fi[c]["us"]) if ok_fi else None
+    row["fi_best_config"] = best_fi
+    row["fi_path_us"] = {c: v.get("us") for c, v in fi.items()}
+    row["fi_path_status"] = {c: fi_status(v) for c, v in fi.items()}
+    if best_fi is None:
+        problems.append("no FlashInfer path ran: nothing to compare PersistentKV with")
+    else:
+        row["fi_best_us"] = ok_fi[best_fi]["us"]
+        row["fi_best_setting"] = ok_fi[best_fi].get("setting")
+        row["fi_best_label"] = FI_PATH_LABELS[best_fi]
+        row["fi_plan_us"] = ok_fi[best_fi].get("plan_us")
+        row["fi_best_passes_us"] = ok_fi[best_fi].get("passes_us")
+        for c in ok_fi:
+            if c != best_fi:
+                fi[c]["rel_err_vs_best"] = rel_err(fi_out[c], fi_out[best_fi])[0]
+        if "cudacore" in fi_out and "tensorcore" in fi_out:
+            row["fi_cudacore_vs_tensorcore_rel_err"] = rel_err(fi_out["cudacore"], fi_out["tensorcore"])[0]
+
+    # ---- PersistentKV: checks against FlashInfer's best and the reference ----
     for route in order:
+        if route in pk_failed or route not in pk_t:
+            continue
         w, pplan, out = wrappers[route]
         try:
-            t = gpu.time_calls(lambda r, w=w, out=out: w.run(q, Ks[r], Vs[r], out=out), R, reps)
+            t = combine_passes(pk_t[route])
             t["route_used"] = w.route
             c = w.counters or {}
             t.update({k: c.get(k) for k in ("launches", "tasks", "merge_state_bytes")})
@@ -785,10 +1112,12 @@ def measure_step(gpu, st, args):
     if best_pk:
         row["pkv_best_us"] = ok_pk[best_pk]["us"]
         row["pkv_best_route_used"] = ("auto:" if best_pk == "auto" else "") + str(ok_pk[best_pk]["route_used"])
+        row["pkv_best_passes_us"] = ok_pk[best_pk].get("passes_us")
     if "auto" in ok_pk:
         row["pkv_auto_us"] = ok_pk["auto"]["us"]
         row["pkv_auto_route_used"] = ok_pk["auto"]["route_used"]
         row["pkv_plan_us"] = ok_pk["auto"].get("plan_us")
+        row["pkv_auto_passes_us"] = ok_pk["auto"].get("passes_us")
     errs = [v["rel_err_vs_fi"] for v in ok_pk.values() if v.get("rel_err_vs_fi") is not None]
     row["max_rel_err"] = max(errs) if errs else None
     row["max_abs_err"] = max((v["max_abs_vs_fi"] for v in ok_pk.values() if "max_abs_vs_fi" in v), default=None)
@@ -830,23 +1159,11 @@ def measure_step(gpu, st, args):
 
         graphs = {}
         if best_fi:
-            try:
-                import flashinfer
-                gw = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                    torch.zeros(128 << 20, dtype=torch.uint8, device=gpu.dev), st.layout, use_cuda_graph=True,
-                    use_tensor_cores=(best_fi == "tensorcore"),
-                    paged_kv_indptr_buffer=torch.empty(st.B + 1, dtype=torch.int32, device=gpu.dev),
-                    paged_kv_indices_buffer=torch.empty(max(st.pages, 1), dtype=torch.int32, device=gpu.dev),
-                    paged_kv_last_page_len_buffer=torch.empty(st.B, dtype=torch.int32, device=gpu.dev))
-                gw.plan(indptr_h, indices_d, last_h, st.Hq, st.Hkv, st.d, st.page_size, **plan_kw)
-                gout = torch.full_like(q, float("nan"))
-
-                def fi_run(r, gw=gw, gout=gout):
-                    gw.run(q, (Ks[r], Vs[r]), out=gout)
-                    return gout
-                graphs["fi"] = graph_time(f"FlashInfer {best_fi}", fi_run, fi_out[best_fi])
+            try:  # the decode wrapper: a use_cuda_graph wrapper and its fixed buffers; the others: the eager call
+                make = fi_var[(best_fi, row["fi_best_setting"])][2]
+                graphs["fi"] = graph_time(f"FlashInfer {best_fi}", make(), fi_out[best_fi])
                 graphs["fi"]["config"] = best_fi
-                del gw
+                graphs["fi"]["setting"] = row["fi_best_setting"]
             except Exception as ex:
                 graphs["fi"] = {"error": f"{type(ex).__name__}: {ex}"}
                 errors.append(f"FlashInfer graph wrapper: {type(ex).__name__}: {ex}")
@@ -871,12 +1188,12 @@ def measure_step(gpu, st, args):
 
     # ---- wall: plan + run + sync on the host clock (after the graphs: re-planning may move buffers) ----
     if best_fi:
-        w = gpu.fi_wrapper(best_fi)
+        fplan, frun = fi_var[(best_fi, row["fi_best_setting"])][:2]
         out = torch.empty_like(q)
 
-        def fwall(i, w=w, out=out):
-            w.plan(indptr_h, indices_d, last_h, st.Hq, st.Hkv, st.d, st.page_size, **plan_kw)
-            w.run(q, (Ks[i % R], Vs[i % R]), out=out)
+        def fwall(i, out=out):
+            fplan()
+            frun(i % R, out)
         fwall(0)
         row["fi_wall_us"] = gpu.host_times(fwall, wall_reps)
     if "auto" in ok_pk:
@@ -908,6 +1225,16 @@ def base_row(st, args):
     return r
 
 
+def fi_status(entry):
+    """One word (and the reason) for a FlashInfer path of a row: ok, refused, wrong or error."""
+    if "us" in entry:
+        return "ok"
+    for k in ("refused", "wrong", "error"):
+        if k in entry:
+            return f"{k}: {entry[k]}"
+    return "not run"
+
+
 def derive(row, read_gbps):
     """Ratios, fractions of the read ceiling and step efficiencies from the measured times."""
     fi, pb, pa, fl = row.get("fi_best_us"), row.get("pkv_best_us"), row.get("pkv_auto_us"), row.get("floor_us")
@@ -917,7 +1244,12 @@ def derive(row, read_gbps):
         return kvb / (us * 1e3) / read_gbps if us and read_gbps else None
 
     row["ratio"] = fi / pb if fi and pb else None                 # > 1: PersistentKV is faster
-    row["ratio_auto"] = fi / pa if fi and pa else None
+    row["ratio_auto"] = fi / pa if fi and pa else None            # the headline: auto against FlashInfer's best
+    row["ratio_best_route"] = row["ratio"]                        # the oracle: our best route
+    row["ratio_auto_by_path"] = {c: (us / pa if us and pa else None) for c, us in row.get("fi_path_us", {}).items()}
+    pfa, pfb = row.get("pkv_auto_passes_us"), row.get("fi_best_passes_us")
+    if pfa and pfb and len(pfa) == len(pfb):  # the ratio pass by pass (each pass alternates which library goes first)
+        row["ratio_auto_passes"] = [f / a for f, a in zip(pfb, pfa) if f and a]
     fg, pg = row.get("fi_graph_us"), row.get("pkv_graph_best_us")
     row["ratio_graph"] = fg / pg if fg and pg else None
     row["fi_frac_ceiling"], row["pkv_frac_ceiling"], row["pkv_auto_frac_ceiling"] = frac(fi), frac(pb), frac(pa)
@@ -931,15 +1263,36 @@ def fake_row(st, args, rnd):
     """A plausible made-up row for --dry-run (tests the writers and the plot, never a result)."""
     row = base_row(st, args)
     floor = 3.9 + st.kv_bytes / 4.55e6
-    fi_cc = floor / rnd.uniform(0.3, 0.95) if "cudacore" in st.fi_configs else None
-    fi_tc = floor / rnd.uniform(0.4, 1.0)
     row["floor_us"], row["floor_kernel"] = floor, "dry-run"
-    row["fi"] = {"tensorcore": {"us": fi_tc, "plan_us": rnd.uniform(3, 9)}}
-    if fi_cc:
-        row["fi"]["cudacore"] = {"us": fi_cc, "plan_us": rnd.uniform(3, 9)}
-    best = min(row["fi"], key=lambda c: row["fi"][c]["us"])
-    row.update(fi_best_config=best, fi_best_us=row["fi"][best]["us"], fi_plan_us=row["fi"][best]["plan_us"],
-               fi_wall_us=row["fi"][best]["us"] + 9)
+    row["fi"] = {}
+    for path, why in st.fi_paths(args):
+        if why:
+            row["fi"][path] = {"refused": why, "label": FI_PATH_LABELS[path]}
+            continue
+        e = {"label": FI_PATH_LABELS[path], "plan_us": rnd.uniform(3, 9), "ref_rel_err": rnd.uniform(1e-4, 6e-4)}
+        if path == "split_sweep":
+            e["sweep"] = {n: ({"same_as": same} if same else {"us": floor / rnd.uniform(0.4, 1.0)})
+                          for n, _, same in split_settings(st.lens, st.page_size, args.split_tokens, args.window_left)}
+        elif path == "xqa_sweep":
+            e["sweep"] = {f"sm_count={k}x132": {"us": floor / rnd.uniform(0.4, 1.0)} for k in args.xqa_sm_multiples}
+        elif path == "cudnn":
+            row["fi"][path] = {"refused": "dry run: cuDNN not importable", "label": FI_PATH_LABELS[path]}
+            continue
+        else:
+            e["sweep"] = {"default": {"us": floor / rnd.uniform(0.3, 1.0)}}
+        best_set = min((k for k in e["sweep"] if "us" in e["sweep"][k]), key=lambda k: e["sweep"][k]["us"])
+        e.update(us=e["sweep"][best_set]["us"], setting=best_set)
+        e["passes_us"] = [e["us"] * rnd.uniform(0.98, 1.02) for _ in range(args.passes)]
+        if path not in ("split_sweep", "xqa_sweep"):
+            e.pop("sweep")
+        row["fi"][path] = e
+    ok = {c: v for c, v in row["fi"].items() if "us" in v}
+    best = min(ok, key=lambda c: ok[c]["us"])
+    row.update(fi_best_config=best, fi_best_us=ok[best]["us"], fi_plan_us=ok[best]["plan_us"],
+               fi_best_setting=ok[best]["setting"], fi_best_label=FI_PATH_LABELS[best],
+               fi_best_passes_us=ok[best]["passes_us"], fi_wall_us=ok[best]["us"] + 9,
+               fi_path_us={c: v.get("us") for c, v in row["fi"].items()},
+               fi_path_status={c: fi_status(v) for c, v in row["fi"].items()})
     row["pkv"] = {r: {"us": floor / rnd.uniform(0.6, 0.98), "route_used": r if r != "auto" else "fused",
                       "rel_err_vs_fi": rnd.uniform(1e-4, 6e-4)} for r in args.routes}
     best_pk = min(row["pkv"], key=lambda r: row["pkv"][r]["us"])
@@ -947,7 +1300,8 @@ def fake_row(st, args, rnd):
                pkv_best_route_used=row["pkv"][best_pk]["route_used"])
     if "auto" in row["pkv"]:
         row.update(pkv_auto_us=row["pkv"]["auto"]["us"], pkv_auto_route_used="fused", pkv_plan_us=rnd.uniform(1, 4),
-                   pkv_wall_us=row["pkv"]["auto"]["us"] + 6)
+                   pkv_wall_us=row["pkv"]["auto"]["us"] + 6,
+                   pkv_auto_passes_us=[row["pkv"]["auto"]["us"] * rnd.uniform(0.98, 1.02) for _ in range(args.passes)])
     row["max_rel_err"] = max(v["rel_err_vs_fi"] for v in row["pkv"].values())
     row["fi_graph_us"], row["pkv_graph_best_us"] = row["fi_best_us"] * 0.97, row["pkv_best_us"] * 0.98
     row["problems"], row["errors"] = [], []
@@ -1394,7 +1748,21 @@ def parse_args(argv=None):
                    help="sliding window for both libraries, as FlashInfer's window_left (the last W + 1 tokens; "
                         "Gemma-2's local layers: 4095; default -1: none)")
     p.add_argument("--routes", default=",".join(ROUTES), help="PersistentKV routes (default all six)")
-    p.add_argument("--fi-configs", default="cudacore,tensorcore", help="FlashInfer paths to time")
+    p.add_argument("--fi-configs", default=",".join(FI_PATHS),
+                   help=f"FlashInfer paths to time (default all: {','.join(FI_PATHS)})")
+    p.add_argument("--split-tokens", default=",".join(map(str, SPLIT_TOKENS)),
+                   help="fixed_split_size settings of the split sweep, in tokens (plan() gets tokens / page size "
+                        "pages); disable_split_kv=True is always in the sweep")
+    p.add_argument("--xqa-sm-multiples", default=",".join(map(str, XQA_SM_MULTIPLES)),
+                   help="the xqa_sweep path: sm_count = k x SMs handed to flashinfer.xqa.xqa (more sub-sequences)")
+    p.add_argument("--passes", type=int, default=2,
+                   help="timing passes per step, FlashInfer first in even passes and PersistentKV first in odd "
+                        "ones; each times reps / passes runs; a path's time is the median of its passes")
+    p.add_argument("--repeat-procs", type=int, default=0,
+                   help="after the run, measure each --repeat-steps anchor again in this many separate processes "
+                        "(no graphs) and report the spread (meta.repeats, the Markdown's last table)")
+    p.add_argument("--repeat-steps", default=",".join(a[0] for a in ANCHORS if a[1] in (8, 16)),
+                   help="anchor steps repeated by --repeat-procs (default the B8 and B16 anchors)")
     p.add_argument("--reps", type=int, default=100, help="timed runs per configuration, anchors and shapes")
     p.add_argument("--trace-reps", type=int, default=30, help="timed runs per configuration, trace steps")
     p.add_argument("--warmup", type=int, default=3, help="untimed runs before each timing (twice: host cost, then device estimate)")
@@ -1423,7 +1791,9 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     a.routes = [r for r in a.routes.split(",") if r]
     a.fi_configs = [c for c in a.fi_configs.split(",") if c]
-    bad = [r for r in a.routes if r not in ROUTES] + [c for c in a.fi_configs if c not in ("cudacore", "tensorcore")]
+    a.split_tokens = [int(x) for x in a.split_tokens.split(",") if x]
+    a.xqa_sm_multiples = [int(x) for x in a.xqa_sm_multiples.split(",") if x]
+    bad = [r for r in a.routes if r not in ROUTES] + [c for c in a.fi_configs if c not in FI_PATHS]
     if bad:
         p.error(f"unknown routes or FlashInfer configs: {bad}")
     bad = [g for g in a.groups.split(",") if g not in ("anchors", "shapes", "traces")]
