@@ -1363,7 +1363,48 @@ def group_summary(rows):
                     "geomean_ratio_auto": geomean([r.get("ratio_auto") for r in rs]),
                     "pkv_wins": sum(1 for r in rs if (r.get("ratio") or 0) > 1),
                     "fi_eff": stats("fi_step_eff"), "pkv_eff": stats("pkv_step_eff"),
-                    "pkv_auto_eff": stats("pkv_auto_step_eff"), "bad": sum(1 for r in rs if not r.get("ok", True))})
+                    "pkv_auto_eff": stats("pkv_auto_step_eff"), "bad": sum(1 for r in rs if not r.get("ok", True)),
+                    "pkv_auto_wins": sum(1 for r in rs if (r.get("ratio_auto") or 0) > 1),
+                    "fi_best_paths": {c: sum(1 for r in rs if r.get("fi_best_config") == c)
+                                      for c in FI_PATHS if any(r.get("fi_best_config") == c for r in rs)}})
+    return out
+
+
+def fi_cell(r, path):
+    """A FlashInfer path's cell in the per-path table: its us, or why it has none."""
+    e = r.get("fi", {}).get(path)
+    if e is None:
+        return "-"
+    if "us" in e:
+        return ("**" if r.get("fi_best_config") == path else "") + f"{e['us']:.1f}" + (
+            "**" if r.get("fi_best_config") == path else "")
+    for k in ("refused", "wrong", "error"):
+        if k in e:
+            return k
+    return "-"
+
+
+def fi_refusals(rows):
+    """(path, reason) -> rows, for the paths that refused or failed."""
+    out = {}
+    for r in rows:
+        for path, e in r.get("fi", {}).items():
+            for k in ("refused", "wrong", "error"):
+                if k in e:
+                    out.setdefault((path, k, str(e[k])[:200]), []).append(row_label(r))
+                    break
+    return out
+
+
+def pass_spreads(rows, meta):
+    """Rows with more than one pass: spread of FlashInfer's best, ours auto and their ratio across passes."""
+    out = []
+    for r in rows:
+        fb, pa, ra = r.get("fi_best_passes_us"), r.get("pkv_auto_passes_us"), r.get("ratio_auto_passes")
+        if fb and pa and len(fb) > 1:
+            sp = lambda v: (max(v) - min(v)) / statistics.median(v) if v and statistics.median(v) else None
+            out.append({"label": row_label(r), "group": r["group"], "B": r["B"], "fi_best": sp(fb), "pkv_auto": sp(pa),
+                        "ratio_auto_min": min(ra) if ra else None, "ratio_auto_max": max(ra) if ra else None})
     return out
 
 
@@ -1428,14 +1469,23 @@ def markdown(meta, rows):
     L.append("- ratio = FlashInfer best kernel us / PersistentKV kernel us (> 1: PersistentKV is faster); "
              "of ceil = KV bytes / kernel time / read ceiling; eff = floor (streaming read of the step's bytes, "
              "timed like the steps) / kernel time. Method: see the header of bench/compare_flashinfer.py.\n")
+    L.append("- FlashInfer's best = the fastest of every FlashInfer decode path that ran on the step and agreed with "
+             "the float64 reference (paths: " + ", ".join(f"{FI_SHORT[p]} {FI_PATH_LABELS[p]}" for p in FI_PATHS)
+             + "); **ours: auto** (the headline) and ours: best route (an oracle: the fastest route, known only "
+             f"after timing them all) are both against it. Timing: {meta.get('passes', 1)} passes per step, the "
+             "libraries' order alternating.\n")
     L.append("## Summary by workload\n")
-    L.append("| workload | rows | geomean ratio (best) | geomean ratio (auto) | PKV faster | FI eff min/med/max "
-             "| PKV eff min/med/max | PKV auto eff min/med/max | bad |")
-    L.append("| --- | ---: | ---: | ---: | ---: | --- | --- | --- | ---: |")
+    L.append("| workload | rows | **geomean ours auto / FI best** | geomean ours best route / FI best | auto faster "
+             "| best route faster | FI best path (rows) | FI eff min/med/max | PKV eff min/med/max "
+             "| PKV auto eff min/med/max | bad |")
+    L.append("| --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | ---: |")
     for s in meta.get("summary", []):
         e = lambda t: "/".join(fmt(x, ".2f") for x in t)
-        L.append(f"| {s['group']} | {s['rows']} | {fmt(s['geomean_ratio'], '.2f')} | {fmt(s['geomean_ratio_auto'], '.2f')} "
-                 f"| {s['pkv_wins']} | {e(s['fi_eff'])} | {e(s['pkv_eff'])} | {e(s['pkv_auto_eff'])} | {s['bad']} |")
+        paths = ", ".join(f"{FI_SHORT.get(c, c)} {n}" for c, n in s.get("fi_best_paths", {}).items()) or "-"
+        L.append(f"| {s['group']} | {s['rows']} | **{fmt(s['geomean_ratio_auto'], '.2f')}** "
+                 f"| {fmt(s['geomean_ratio'], '.2f')} | {s.get('pkv_auto_wins', '-')} | {s['pkv_wins']} | {paths} "
+                 f"| {e(s['fi_eff'])} | {e(s['pkv_eff'])} | {e(s['pkv_auto_eff'])} | {s['bad']} |")
+    L.append("\n(ratio = FlashInfer's best kernel us / ours; > 1: ours is faster.)")
     ta = meta.get("trace_aggregates", [])
     if ta:
         L.append("\n## Traces: mean [min, max] over held-out seeds and sampled steps\n")
@@ -1466,6 +1516,45 @@ def markdown(meta, rows):
                 L.append(f"- **{r['group']} {row_label(r)}**: {p}")
             for p in r.get("errors", []):
                 L.append(f"- {r['group']} {row_label(r)} (recorded, not a disagreement): {p}")
+    L.append("\n## FlashInfer paths per step (kernel us; bold: FlashInfer's best)\n")
+    hdr = [FI_SHORT[p] for p in FI_PATHS]
+    L.append("| workload | step | B | FI best | FI best us | ours auto us | ours best us | **auto / FI best** "
+             "| best route / FI best | " + " | ".join(hdr) + " | split winner | XQA sm_count winner |")
+    L.append("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in hdr)
+             + " | --- | --- |")
+    for r in rows:
+        best = r.get("fi_best_config")
+        bl = f"{FI_SHORT.get(best, best)}" + (f" ({r['fi_best_setting']})" if r.get("fi_best_setting") not in
+                                               (None, "default") else "") if best else "-"
+        sp, xs = r.get("fi", {}).get("split_sweep", {}), r.get("fi", {}).get("xqa_sweep", {})
+        L.append(f"| {r['group']} | {row_label(r)} | {r['B']} | {bl} | {fmt(r.get('fi_best_us'))} "
+                 f"| {fmt(r.get('pkv_auto_us'))} | {fmt(r.get('pkv_best_us'))} | **{fmt(r.get('ratio_auto'), '.2f')}** "
+                 f"| {fmt(r.get('ratio'), '.2f')} | " + " | ".join(fi_cell(r, p) for p in FI_PATHS)
+                 + f" | {sp.get('setting', '-')} | {xs.get('setting', '-')} |")
+    ref = fi_refusals(rows)
+    if ref:
+        L.append("\n## FlashInfer paths that did not run\n")
+        for (path, kind, why), labels in sorted(ref.items()):
+            L.append(f"- {FI_SHORT[path]} {FI_PATH_LABELS[path]}, {kind} on {len(labels)} rows "
+                     f"({', '.join(labels[:4])}{', ...' if len(labels) > 4 else ''}): {why}")
+    ps = [x for x in pass_spreads(rows, meta) if x["group"] == "anchor" or x["B"] in (8, 16)]
+    if ps:
+        L.append("\n## Spread across passes (anchors; (max - min) / median of the pass medians)\n")
+        L.append("| step | B | FI best | ours auto | auto / FI best, min..max over passes |")
+        L.append("| --- | ---: | ---: | ---: | --- |")
+        for x in ps:
+            L.append(f"| {x['label']} | {x['B']} | {fmt(x['fi_best'], '.1%')} | {fmt(x['pkv_auto'], '.1%')} "
+                     f"| {fmt(x['ratio_auto_min'], '.3f')}..{fmt(x['ratio_auto_max'], '.3f')} |")
+    rep = meta.get("repeats") or []
+    if rep:
+        L.append(f"\n## Steps repeated in separate processes ({meta.get('repeat_procs')} each, no graphs)\n")
+        L.append("| step | runs | FI best us mean [min, max] | FI best paths | ours auto us mean [min, max] "
+                 "| auto / FI best mean [min, max] | best route / FI best mean [min, max] |")
+        L.append("| --- | ---: | --- | --- | --- | --- | --- |")
+        sp3 = lambda t: "-" if not t or t[0] is None else f"{t[0]:.3g} [{t[1]:.3g}, {t[2]:.3g}]"
+        for x in rep:
+            L.append(f"| {x['name']} | {x['runs']} | {sp3(x.get('fi_best_us'))} | {', '.join(x.get('fi_best_paths', []))} "
+                     f"| {sp3(x.get('pkv_auto_us'))} | {sp3(x.get('ratio_auto'))} | {sp3(x.get('ratio'))} |")
     L.append("\n## All rows\n")
     L.append("| workload | step | shape | B | KV MB | FI us | FI cfg | FI plan us | FI wall us | PKV us | PKV route "
              "| PKV auto us | PKV plan us | PKV wall us | ratio | ratio auto | FI graph us | PKV graph us "
@@ -1493,7 +1582,7 @@ def short_table(meta, rows):
         L.append(f"{'step':<26}{'B':>4}{'KV MB':>9}{'FI us':>9} {'cfg':<3}{'PKV us':>9} {'route':<10}{'auto us':>9}"
                  f"{'ratio':>7}{'r.auto':>7}{'FIeff':>6}{'PKVeff':>7} ok")
         for r in rs:
-            cfg = {"cudacore": "CC", "tensorcore": "TC"}.get(r.get("fi_best_config"), "-")
+            cfg = FI_SHORT.get(r.get("fi_best_config"), "-")
             L.append(f"{row_label(r)[:25]:<26}{r['B']:>4}{r['kv_mb']:>9.1f}{fmt(r.get('fi_best_us')):>9} {cfg:<3}"
                      f"{fmt(r.get('pkv_best_us')):>9} {(r.get('pkv_best_route_used') or '-')[:9]:<10}"
                      f"{fmt(r.get('pkv_auto_us')):>9}{fmt(r.get('ratio'), '.2f'):>7}{fmt(r.get('ratio_auto'), '.2f'):>7}"
@@ -1512,8 +1601,9 @@ def short_table(meta, rows):
                      f"{a['bad']:>4}")
     L.append("")
     for s in group_summary(rows):
-        L.append(f"{s['group']}: {s['rows']} rows, geomean ratio {fmt(s['geomean_ratio'], '.2f')} (auto "
-                 f"{fmt(s['geomean_ratio_auto'], '.2f')}), PKV faster on {s['pkv_wins']}, median eff FI "
+        L.append(f"{s['group']}: {s['rows']} rows, geomean ours auto / FI best {fmt(s['geomean_ratio_auto'], '.2f')} "
+                 f"(best route {fmt(s['geomean_ratio'], '.2f')}), auto faster on {s.get('pkv_auto_wins')}, best route "
+                 f"on {s['pkv_wins']}, FI best paths {s.get('fi_best_paths')}, median eff FI "
                  f"{fmt(s['fi_eff'][1], '.2f')} PKV {fmt(s['pkv_eff'][1], '.2f')}, bad {s['bad']}")
     ce = meta.get("ceilings", {})
     nbad = sum(1 for r in rows if not r.get("ok", True))
@@ -1545,14 +1635,25 @@ def base_meta(args):
          "soft_cap": args.soft_cap, "window_left": args.window_left,
          "trace_reps": args.trace_reps, "wall_reps": args.wall_reps, "floor_reps": args.floor_reps,
          "warmup": args.warmup, "rotate_gib": args.rotate_gib, "routes": args.routes, "fi_configs": args.fi_configs,
-         "graphs": not args.no_graphs, "graph_rotations": args.graph_rotations,
+         "graphs": not args.no_graphs, "graph_rotations": args.graph_rotations, "passes": args.passes,
+         "split_tokens": args.split_tokens, "xqa_sm_multiples": args.xqa_sm_multiples,
+         "repeat_procs": args.repeat_procs, "fi_path_labels": FI_PATH_LABELS,
          "method": {
              "kernel_time": "CUDA events around one run; runs queued in batches of 16 behind torch.cuda._sleep sized "
                             "from the host enqueue time; median",
              "rotation": "pool [R*P] views, rotation r = pool[r*P:(r+1)*P], same scattered page ids in [0, P)",
              "data": "uniform [-1, 1] K, V and q (torch uniform_)",
-             "fi": "BatchDecodeWithPagedKVCacheWrapper, 128 MB workspace, plan(indptr host, indices device, "
-                   "last_page_len host) once per step; run(q, (k, v), out=)",
+             "fi": "every FlashInfer decode path that takes the shape (bench/FLASHINFER.md, Decode paths): "
+                   "BatchDecodeWithPagedKVCacheWrapper (128 MB workspace, plan(indptr host, indices device, "
+                   "last_page_len host) once per step, run(q, (k, v), out=)) with use_tensor_cores False and True, "
+                   "and tensor cores with plan(fixed_split_size=tokens / page size) and plan(disable_split_kv=True) "
+                   "(best of the sweep); trtllm_batch_decode_with_kv_cache(backend='xqa') on a padded block table; "
+                   "flashinfer.xqa.xqa with sm_count = k x SMs (best of the sweep); BatchAttention plan/run; "
+                   "cudnn_batch_decode_with_kv_cache when cuDNN imports (HND only). Each checked against the float64 "
+                   "reference; FlashInfer's best = the fastest that agrees",
+             "passes": "each step timed in `passes` passes, FlashInfer's paths first in even passes and "
+                       "PersistentKV's routes first in odd ones; reps / passes runs each; a configuration's time is "
+                       "the median of its pass medians",
              "pkv": "BatchDecodeWithPagedKVCacheWrapper(backend='cuda'); plan(host numpy tables, route=...); "
                     "run(q, k, v, out=)",
              "wall": "host clock: sync, plan, run, sync; median of wall_reps",
@@ -1570,22 +1671,37 @@ def jit_one(spec, layout, args):
     """Child: compile and load one FlashInfer module by running a tiny problem on it."""
     import torch
     import flashinfer
-    dtype, d, cfg, hq, hkv = spec.split(",")
+    dtype, d, kind, hq, hkv = spec.split(",")
     d, hq, hkv = int(d), int(hq), int(hkv)
     tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     dev = torch.device("cuda", 0)
     t0 = time.perf_counter()
-    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(16 << 20, dtype=torch.uint8, device=dev), layout,
-                                                      use_tensor_cores=(cfg == "tensorcore"))
-    ps, n = 16, 64
-    indptr = torch.tensor([0, n // ps], dtype=torch.int32)
-    indices = torch.arange(n // ps, dtype=torch.int32, device=dev)
-    last = torch.tensor([ps], dtype=torch.int32)
-    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=tdt, kv_data_type=tdt, **score_kw(args))
-    shape = (n // ps, ps, hkv, d) if layout == "NHD" else (n // ps, hkv, ps, d)
+    ps, n = args.page_size, 64
+    pages = -(-n // ps)
+    indptr = torch.tensor([0, pages], dtype=torch.int32)
+    indices = torch.arange(pages, dtype=torch.int32, device=dev)
+    last = torch.tensor([n - (pages - 1) * ps], dtype=torch.int32)
+    shape = (pages, ps, hkv, d) if layout == "NHD" else (pages, hkv, ps, d)
     k = torch.rand(shape, dtype=tdt, device=dev)
     q = torch.rand(1, hq, d, dtype=tdt, device=dev)
-    o = w.run(q, (k, k.clone()))
+    if kind in ("cudacore", "tensorcore"):
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(16 << 20, dtype=torch.uint8, device=dev),
+                                                          layout, use_tensor_cores=(kind == "tensorcore"))
+        w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=tdt, kv_data_type=tdt, **score_kw(args))
+        o = w.run(q, (k, k.clone()))
+    elif kind == "xqa":
+        ws = torch.zeros(32 << 20, dtype=torch.uint8, device=dev)
+        o = flashinfer.decode.trtllm_batch_decode_with_kv_cache(
+            q, (k, k.clone()), ws, indices.view(1, -1), torch.tensor([n], dtype=torch.int32, device=dev), n,
+            bmm1_scale=1.0 / math.sqrt(d), window_left=args.window_left, kv_layout=layout, backend="xqa")
+    elif kind == "batch_attention":
+        w = flashinfer.BatchAttention(kv_layout=layout, device="cuda")
+        cap = args.soft_cap if args.soft_cap > 0 else 0.0
+        w.plan(torch.tensor([0, 1], dtype=torch.int32), indptr, indices, torch.tensor([n], dtype=torch.int32), hq, hkv,
+               d, d, ps, causal=False, logits_soft_cap=cap or None, q_data_type=tdt, kv_data_type=tdt)
+        o = w.run(q, (k, k.clone()), logits_soft_cap=cap)[0]
+    else:
+        raise SystemExit(f"unknown module kind {kind!r}")
     torch.cuda.synchronize()
     assert torch.isfinite(o).all()
     print(f"[jit] {spec}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
@@ -1597,7 +1713,7 @@ def jit_warmup(mods, layout, jobs, args):
         return 0.0
     t0 = time.perf_counter()
     ncpu = os.cpu_count() or 8
-    specs = [f"{dt},{d},{'tensorcore' if tc else 'cudacore'},{hq},{hkv}" for (dt, d, tc), (hq, hkv) in sorted(mods.items())]
+    specs = [f"{dt},{d},{kind},{hq},{hkv}" for (dt, d, kind, _), (hq, hkv) in sorted(mods.items())]
     jobs = max(1, min(jobs or len(specs), len(specs)))
     env = dict(os.environ)
     env.setdefault("MAX_JOBS", str(max(2, math.ceil(1.25 * ncpu / jobs))))
@@ -1607,7 +1723,8 @@ def jit_warmup(mods, layout, jobs, args):
         while pending and len(running) < jobs:
             s = pending.pop(0)
             p = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--jit-one", s, "--layout", layout,
-                                  "--soft-cap", str(args.soft_cap), "--window-left", str(args.window_left)],
+                                  "--soft-cap", str(args.soft_cap), "--window-left", str(args.window_left),
+                                  "--page-size", str(args.page_size)],
                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             running.append((s, p))
         time.sleep(0.5)
@@ -1695,20 +1812,31 @@ def check_flashinfer_api():
 
 
 def print_plan(args, steps):
-    mods = fi_modules(steps, args.fi_configs)
+    mods = fi_modules(steps, args)
     flat = max([8 << 30] + [s.pool_bytes for s in steps])
     print(f"plan of runs: {len(steps)} steps, layout {args.layout}, page size {args.page_size}")
     print(f"flat K/V buffer: {flat / 2 ** 30:.1f} GiB (largest pool; >= 8 GiB for the 4 GiB read ceiling)")
-    print(f"FlashInfer configs: {args.fi_configs}; JIT modules needed ({len(mods)}):")
-    for (dt, d, tc), (hq, hkv) in sorted(mods.items()):
-        print(f"  {dt} head_dim {d} {'tensor-core (fa2 prefill module)' if tc else 'CUDA-core decode module'}")
+    print(f"FlashInfer paths: {args.fi_configs}; split sweep {args.split_tokens} tokens + no split; XQA sm_count x "
+          f"{args.xqa_sm_multiples}; passes {args.passes}; JIT modules needed ({len(mods)}):")
+    what = {"cudacore": "CUDA-core decode module", "tensorcore": "tensor-core (fa2 prefill module)",
+            "xqa": "XQA (mha.cu, page size {ps}, G {g})", "batch_attention": "BatchAttention (persistent module)"}
+    for (dt, d, kind, g), (hq, hkv) in sorted(mods.items()):
+        print(f"  {dt} head_dim {d} {what[kind].format(ps=args.page_size, g=g)}")
+    refused = {}
+    for s in steps:
+        for path, why in s.fi_paths(args):
+            if why:
+                refused.setdefault((path, why), []).append(s.key())
+    for (path, why), keys in sorted(refused.items()):
+        print(f"  refused: {path} on {len(keys)} steps ({keys[0]}, ...): {why}")
     print(f"PersistentKV routes: {args.routes}; graphs: {'no' if args.no_graphs else 'yes'}")
     est = 0.0
     print(f"{'#':>4} {'group':<7}{'step':<32}{'shape':<10}{'B':>4}{'tokens':>9}{'KV MB':>9}{'R':>4}{'pool MB':>9}"
           f"{'reps':>5} {'FI configs'}")
     for i, s in enumerate(steps):
         print(f"{i:>4} {s.group:<7}{s.name[:31]:<32}{s.shape + ':' + s.dtype:<10}{s.B:>4}{s.total_tokens:>9}"
-              f"{s.kv_bytes / 1e6:>9.1f}{s.rotations:>4}{s.pool_bytes / 1e6:>9.0f}{s.reps:>5} {','.join(s.fi_configs)}")
+              f"{s.kv_bytes / 1e6:>9.1f}{s.rotations:>4}{s.pool_bytes / 1e6:>9.0f}{s.reps:>5} "
+              f"{','.join(FI_SHORT[p] for p, why in s.fi_paths(args) if not why)}")
         est += estimate_step_s(s, args)
     by = {}
     for s in steps:
@@ -1720,7 +1848,13 @@ def estimate_step_s(st, args):
     """Rough seconds for one step: ~12 timed configurations + floor + wall, plus fixed overhead."""
     floor_us = 3.9 + st.kv_bytes / 4.0e6
     kern = floor_us / 0.8
-    runs = (len(st.fi_configs) + len(args.routes) + (0 if args.no_graphs else 3)) * (st.reps + 2 * args.warmup + 2)
+    nfi = 0
+    for path, why in st.fi_paths(args):
+        if not why and path != "cudnn":
+            nfi += {"split_sweep": 1 + len(args.split_tokens), "xqa_sweep": len(args.xqa_sm_multiples)}.get(path, 1)
+    passes = max(1, args.passes)
+    per = max(10, -(-st.reps // passes)) * passes + passes * (2 * args.warmup + 2)
+    runs = (nfi + len(args.routes)) * per + (0 if args.no_graphs else 3) * (st.reps + 2 * args.warmup + 2)
     runs += 3 * min(args.floor_reps, st.reps) + 4 * args.wall_reps
     return 0.25 + runs * max(kern, 60.0) * 1e-6
 
@@ -1796,12 +1930,64 @@ def parse_args(argv=None):
     bad = [r for r in a.routes if r not in ROUTES] + [c for c in a.fi_configs if c not in FI_PATHS]
     if bad:
         p.error(f"unknown routes or FlashInfer configs: {bad}")
+    bad = [n for n in a.repeat_steps.split(",") if n and n not in ANCHOR_BY_NAME]
+    if bad:
+        p.error(f"--repeat-steps: unknown anchors {bad}")
     bad = [g for g in a.groups.split(",") if g not in ("anchors", "shapes", "traces")]
     if bad:
         p.error(f"unknown groups {bad}")
     if not (a.dry_run or a.jit_one or a.jit_warmup_only) and not a.out:
         p.error("--out DIR is required")
     return a
+
+
+def run_repeats(args, deadline=None):
+    """--repeat-procs: each --repeat-steps anchor measured again in separate processes (this script, that step
+    alone, no graphs), one after another; returns one entry per step with the spread over the processes."""
+    import tempfile
+    names = [n for n in args.repeat_steps.split(",") if n]
+    tmp = Path(tempfile.mkdtemp(prefix="pkv-repeat-"))
+    out = []
+    for name in names:
+        runs = []
+        for k in range(args.repeat_procs):
+            left = None if deadline is None else deadline - time.perf_counter()
+            if left is not None and left < 60:
+                log(f"repeats: no time left for {name} run {k + 1}")
+                break
+            d = tmp / f"{name}_{k}"
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--groups", "anchors", "--anchors", name, "--out",
+                   str(d), "--no-graphs", "--layout", args.layout, "--page-size", str(args.page_size), "--reps",
+                   str(args.reps), "--passes", str(args.passes), "--fi-configs", ",".join(args.fi_configs), "--routes",
+                   ",".join(args.routes), "--split-tokens", ",".join(map(str, args.split_tokens)),
+                   "--xqa-sm-multiples", ",".join(map(str, args.xqa_sm_multiples)), "--soft-cap", str(args.soft_cap),
+                   "--window-left", str(args.window_left), "--warmup", str(args.warmup), "--wall-reps", "2",
+                   "--rotate-gib", str(args.rotate_gib), "--floor", args.floor]
+            if left is not None:
+                cmd += ["--max-minutes", f"{(left - 20) / 60:.2f}"]
+            t0 = time.perf_counter()
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=None if left is None else max(30, left - 10))
+            try:
+                r = json.loads((d / "compare.json").read_text())["rows"][0]
+            except Exception as e:
+                log(f"repeats: {name} run {k + 1} gave no row (exit {p.returncode}, {type(e).__name__}): "
+                    f"{p.stderr[-800:]}")
+                continue
+            runs.append({key: r.get(key) for key in ("fi_best_us", "fi_best_config", "fi_best_setting", "pkv_auto_us",
+                                                     "pkv_auto_route_used", "pkv_best_us", "pkv_best_route_used",
+                                                     "ratio", "ratio_auto", "fi_path_us", "ok")})
+            log(f"repeats: {name} run {k + 1}/{args.repeat_procs}: FI {fmt(r.get('fi_best_us'))} us "
+                f"({r.get('fi_best_config')}), auto {fmt(r.get('pkv_auto_us'))} us, auto / FI best "
+                f"{fmt(r.get('ratio_auto'), '.3f')} ({time.perf_counter() - t0:.0f} s)")
+        if runs:
+            out.append({"name": name, "runs": len(runs), "per_run": runs,
+                        "fi_best_us": spread([x["fi_best_us"] for x in runs]),
+                        "pkv_auto_us": spread([x["pkv_auto_us"] for x in runs]),
+                        "pkv_best_us": spread([x["pkv_best_us"] for x in runs]),
+                        "ratio_auto": spread([x["ratio_auto"] for x in runs]),
+                        "ratio": spread([x["ratio"] for x in runs]),
+                        "fi_best_paths": sorted({str(x["fi_best_config"]) for x in runs})})
+    return out
 
 
 def run_append(args):
@@ -1927,10 +2113,11 @@ def main(argv=None):
     if args.jit_warmup_only:  # no PersistentKV needed: can run while the library builds
         traces = "traces" in args.groups.split(",")
         args.groups = ",".join(g for g in args.groups.split(",") if g != "traces")
-        mods = fi_modules(build_steps(args), args.fi_configs) if args.groups else {}
+        mods = fi_modules(build_steps(args), args) if args.groups else {}
         if traces:  # the trace steps use the paper shape
-            for cfg in args.fi_configs:
-                mods.setdefault(("fp16", 128, cfg == "tensorcore"), SHAPES["paper"][:2])
+            a = types.SimpleNamespace(page_size=args.page_size, layout=args.layout)
+            st = isolated_step("trace", "jit", "paper", "fp16", [1024], a, 1)
+            mods.update({k: v for k, v in fi_modules([st], args).items() if k not in mods})
         jit_warmup(mods, args.layout, args.jit_jobs, args)
         return 0
     steps = build_steps(args)
@@ -1944,6 +2131,11 @@ def main(argv=None):
             meta = dict(base_meta(args), dry_run=True, gpu={"name": "none (dry run)"},
                         ceilings={"read_gbps": 4600.0, "read_kernel": "dry-run"})
             rows = [fake_row(s, args, rnd) for s in steps]
+            if args.repeat_procs:
+                meta["repeats"] = [{"name": n, "runs": args.repeat_procs,
+                                    "fi_best_us": (50.0, 49.0, 51.0), "pkv_auto_us": (48.0, 47.5, 48.6),
+                                    "ratio_auto": (1.04, 1.02, 1.06), "ratio": (1.05, 1.03, 1.07),
+                                    "fi_best_paths": ["split_sweep"]} for n in args.repeat_steps.split(",") if n]
             write_outputs(args.out, meta, rows)
             log(f"dry run: wrote made-up rows to {args.out}/compare.json and compare.md")
             print(short_table(meta, rows))
@@ -1958,7 +2150,7 @@ def main(argv=None):
     meta.update(torch=torch.__version__, cuda=torch.version.cuda, flashinfer=flashinfer.__version__,
                 pkv_library=str(pkv.library_path), gpu={"name": torch.cuda.get_device_name(0)})
     if args.jit_warmup:
-        meta["jit_warmup_s"] = jit_warmup(fi_modules(steps, args.fi_configs), args.layout, args.jit_jobs, args)
+        meta["jit_warmup_s"] = jit_warmup(fi_modules(steps, args), args.layout, args.jit_jobs, args)
     flat = max([8 << 30] + [s.pool_bytes for s in steps])
     gpu = Gpu(args, flat)
     if gpu.devh is not None:
@@ -1972,10 +2164,12 @@ def main(argv=None):
         f"{ce['torch_sum_gbps']:.0f} GB/s; spin clock {gpu.cycles_per_us:.0f} cycles/us")
 
     budget = args.max_minutes * 60 if args.max_minutes else None
+    # --repeat-procs: keep ~30 s per child process (start, JIT load, buffer fill, one step) out of the steps' time
+    reserve = 30.0 * args.repeat_procs * len([n for n in args.repeat_steps.split(",") if n]) if args.repeat_procs else 0
     rows, skipped, last_write, longest = [], [], time.perf_counter(), 0.0
     for i, st in enumerate(steps):
         elapsed = time.perf_counter() - t_start
-        if budget is not None and elapsed + max(estimate_step_s(st, args), 1.5 * longest) + 10 > budget:
+        if budget is not None and elapsed + max(estimate_step_s(st, args), 1.5 * longest) + 10 + reserve > budget:
             skipped = [s.key() for s in steps[i:]]
             log(f"time limit: stopping before step {i + 1}/{len(steps)} ({st.key()}); {len(skipped)} steps not run")
             break
@@ -2006,6 +2200,13 @@ def main(argv=None):
         if time.perf_counter() - last_write > 30:
             write_outputs(args.out, dict(meta, partial=True, elapsed_s=time.perf_counter() - t_start), rows)
             last_write = time.perf_counter()
+    if args.repeat_procs > 0 and "device_error" not in meta:
+        write_outputs(args.out, dict(meta, partial=True, elapsed_s=time.perf_counter() - t_start), rows)
+        gpu.flat = None  # the children allocate their own buffers
+        gpu.fi_wrappers.clear()
+        gpu.pkv_wrappers.clear()
+        torch.cuda.empty_cache()
+        meta["repeats"] = run_repeats(args, None if budget is None else t_start + budget)
     meta.update(truncated=bool(skipped), skipped=skipped, elapsed_s=time.perf_counter() - t_start)
     write_outputs(args.out, meta, rows)
     log(f"wrote {args.out / 'compare.json'} and {args.out / 'compare.md'} ({meta['elapsed_s']:.0f} s)")
