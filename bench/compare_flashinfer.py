@@ -33,9 +33,22 @@ Method (the same for both libraries, as in tools/bench.c and anchors.md):
     torch.sum over a float32 view when the library lacks the helper (--floor torch forces it);
   - read ceiling: the same read kernel over 4 GiB, and torch.sum over a 4 GiB float32 view; the
     higher of the two is `read_gbps` (both are in the JSON);
-  - FlashInfer as its users configure it: BatchDecodeWithPagedKVCacheWrapper, 128 MB workspace,
-    use_tensor_cores=False (CUDA-core decode; only for G in {1,2,3,4,6,8}) and use_tensor_cores=True;
-    plan() once per step (indptr and last_page_len on the host, indices on the device);
+  - FlashInfer: every decode path that runs for the shape on Hopper (bench/FLASHINFER.md, "Decode paths"):
+    BatchDecodeWithPagedKVCacheWrapper (128 MB workspace) with use_tensor_cores=False (CUDA-core decode; G in
+    {1,2,3,4,6,8}) and True, and a split sweep of the tensor-core plan (fixed_split_size = --split-tokens /
+    page size pages, and disable_split_kv=True; the best setting is the path's time); XQA through
+    trtllm_batch_decode_with_kv_cache(backend="xqa") on a padded [B, max pages] block table, and through
+    flashinfer.xqa.xqa with sm_count = k x SMs (its sub-sequence count; --xqa-sm-multiples); BatchAttention
+    (the persistent kernel); cuDNN decode when its Python module imports (HND only).  A path that does not
+    take the shape is listed as refused with the reason; each setting is checked against the float64
+    reference, and FlashInfer's best is the fastest path that agrees.  Wrappers: plan() once per step
+    (indptr and last_page_len on the host, indices on the device);
+  - order: --passes passes (default 2) per step, FlashInfer first in even passes and PersistentKV first in
+    odd ones, reps / passes runs each; a configuration's time is the median of its pass medians, and the
+    pass medians are kept (spread); --repeat-procs N measures the --repeat-steps anchors (default B8, B16)
+    again in N separate processes;
+  - reported: ours auto against FlashInfer's best (the headline), ours best route against it (an oracle),
+    and a column per FlashInfer path;
     PersistentKV: every route (auto, single, split, bucketed, workqueue, fused) through the
     binding's route=, plan() from host numpy tables (it copies the indices to the device);
   - cross-check: every output poisoned with NaN first; every PersistentKV route compared with
@@ -1808,7 +1821,21 @@ def check_flashinfer_api():
         assert p in pp, f"FlashInfer plan lacks {p}"
     rp = inspect.signature(W.run).parameters
     assert "out" in rp, "FlashInfer run lacks out="
-    log(f"FlashInfer {flashinfer.__version__}: wrapper, plan and run accept the arguments used here")
+    pp = inspect.signature(W.plan).parameters
+    for p in ("fixed_split_size", "disable_split_kv"):
+        assert p in pp, f"FlashInfer plan lacks {p}"
+    tp = inspect.signature(flashinfer.decode.trtllm_batch_decode_with_kv_cache).parameters
+    for p in ("query", "kv_cache", "workspace_buffer", "block_tables", "seq_lens", "max_seq_len", "bmm1_scale",
+              "bmm2_scale", "window_left", "out", "kv_layout", "backend"):
+        assert p in tp, f"trtllm_batch_decode_with_kv_cache lacks {p}"
+    from flashinfer.xqa import xqa
+    assert "sm_count" in inspect.signature(xqa).parameters, "flashinfer.xqa.xqa lacks sm_count"
+    bp = inspect.signature(flashinfer.BatchAttention.plan).parameters
+    for p in ("qo_indptr", "kv_indptr", "kv_indices", "kv_len_arr", "head_dim_qk", "head_dim_vo", "causal",
+              "logits_soft_cap", "q_data_type", "kv_data_type"):
+        assert p in bp, f"BatchAttention.plan lacks {p}"
+    assert "lse" in inspect.signature(flashinfer.BatchAttention.run).parameters, "BatchAttention.run lacks lse="
+    log(f"FlashInfer {flashinfer.__version__}: the decode wrapper, XQA, BatchAttention accept the arguments used here")
 
 
 def print_plan(args, steps):
