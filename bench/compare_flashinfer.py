@@ -33,9 +33,22 @@ Method (the same for both libraries, as in tools/bench.c and anchors.md):
     torch.sum over a float32 view when the library lacks the helper (--floor torch forces it);
   - read ceiling: the same read kernel over 4 GiB, and torch.sum over a 4 GiB float32 view; the
     higher of the two is `read_gbps` (both are in the JSON);
-  - FlashInfer as its users configure it: BatchDecodeWithPagedKVCacheWrapper, 128 MB workspace,
-    use_tensor_cores=False (CUDA-core decode; only for G in {1,2,3,4,6,8}) and use_tensor_cores=True;
-    plan() once per step (indptr and last_page_len on the host, indices on the device);
+  - FlashInfer: every decode path that runs for the shape on Hopper (bench/FLASHINFER.md, "Decode paths"):
+    BatchDecodeWithPagedKVCacheWrapper (128 MB workspace) with use_tensor_cores=False (CUDA-core decode; G in
+    {1,2,3,4,6,8}) and True, and a split sweep of the tensor-core plan (fixed_split_size = --split-tokens /
+    page size pages, and disable_split_kv=True; the best setting is the path's time); XQA through
+    trtllm_batch_decode_with_kv_cache(backend="xqa") on a padded [B, max pages] block table, and through
+    flashinfer.xqa.xqa with sm_count = k x SMs (its sub-sequence count; --xqa-sm-multiples); BatchAttention
+    (the persistent kernel); cuDNN decode when its Python module imports (HND only).  A path that does not
+    take the shape is listed as refused with the reason; each setting is checked against the float64
+    reference, and FlashInfer's best is the fastest path that agrees.  Wrappers: plan() once per step
+    (indptr and last_page_len on the host, indices on the device);
+  - order: --passes passes (default 2) per step, FlashInfer first in even passes and PersistentKV first in
+    odd ones, reps / passes runs each; a configuration's time is the median of its pass medians, and the
+    pass medians are kept (spread); --repeat-procs N measures the --repeat-steps anchors (default B8, B16)
+    again in N separate processes;
+  - reported: ours auto against FlashInfer's best (the headline), ours best route against it (an oracle),
+    and a column per FlashInfer path;
     PersistentKV: every route (auto, single, split, bucketed, workqueue, fused) through the
     binding's route=, plan() from host numpy tables (it copies the indices to the device);
   - cross-check: every output poisoned with NaN first; every PersistentKV route compared with
@@ -84,6 +97,19 @@ SHAPES = {  # name: (Hq, Hkv, d, default dtype)   (workloads.md)
 SHAPE_RUNS = ["g8:fp16", "g8:bf16", "g7:bf16", "mha:fp16", "d256:bf16", "d64:bf16"]
 SHAPE_POINTS = ["B1_N8192", "B1_N32768", "B8_bimodal", "B32_bimodal", "B64_uniform"]
 FI_CUDACORE_GROUPS = (1, 2, 3, 4, 6, 8)  # FlashInfer's CUDA-core decode dispatches these G only
+# FlashInfer's decode paths on Hopper (bench/FLASHINFER.md, "Decode paths"), in the order they are set up
+FI_PATHS = ["cudacore", "tensorcore", "split_sweep", "xqa", "xqa_sweep", "batch_attention", "cudnn"]
+FI_PATH_LABELS = {
+    "cudacore": "decode wrapper, CUDA cores", "tensorcore": "decode wrapper, tensor cores (fa2)",
+    "split_sweep": "decode wrapper (split sweep)", "xqa": "XQA (trtllm_batch_decode_with_kv_cache)",
+    "xqa_sweep": "XQA (sm_count sweep)", "batch_attention": "BatchAttention (persistent)", "cudnn": "cuDNN decode"}
+FI_SHORT = {"cudacore": "CC", "tensorcore": "TC", "split_sweep": "SP", "xqa": "XQ", "xqa_sweep": "XS",
+            "batch_attention": "BA", "cudnn": "DN"}
+FI_MODULE_OF = {"cudacore": "cudacore", "tensorcore": "tensorcore", "split_sweep": "tensorcore", "xqa": "xqa",
+                "xqa_sweep": "xqa", "batch_attention": "batch_attention"}  # JIT module kind; cuDNN has none
+SPLIT_TOKENS = [512, 1024, 2048, 4096, 8192]  # fixed_split_size of the split sweep, in tokens (plan() takes pages)
+XQA_PAGE_SIZES = (16, 32, 64, 128)
+XQA_SM_MULTIPLES = [2, 4, 8]  # sm_count = k * SMs handed to flashinfer.xqa.xqa (its sub-sequence count)
 FAMILIES = ["uniform", "bimodal", "zipf", "bucketed"]
 BATCHES = [1, 2, 4, 8, 16, 32, 64, 128]
 HELD_OUT_SEEDS = [20260623, 20260624, 20260625, 20260626, 20260627]
@@ -254,11 +280,87 @@ class Step:
 
     @property
     def fi_configs(self):
+        """The decode-wrapper configurations that take this shape (the JIT modules of the decode wrapper)."""
         cfgs = ["cudacore"] if self.G in FI_CUDACORE_GROUPS else []
         return cfgs + ["tensorcore"]
 
+    def fi_paths(self, args):
+        """[(path, refusal or None)] for the FlashInfer paths asked for (--fi-configs)."""
+        return [(p, fi_refusal(self, p, args)) for p in args.fi_configs]
+
     def key(self):
         return f"{self.group}/{self.name}/{self.shape}/{self.dtype}"
+
+
+def fi_refusal(st, path, args):
+    """Why FlashInfer's `path` does not take the step's shape, from the checks in its source (0.7.0.post1),
+    or None.  Checks that need the device (compute capability, an importable cuDNN) come at run time."""
+    soft_cap = getattr(args, "soft_cap", 0.0) or 0.0
+    window = getattr(args, "window_left", -1)
+    if path == "cudacore" and st.G not in FI_CUDACORE_GROUPS:
+        return f"G={st.G}: the CUDA-core decode kernel dispatches G in {FI_CUDACORE_GROUPS} only"
+    if path in ("xqa", "xqa_sweep"):
+        if st.page_size not in XQA_PAGE_SIZES:
+            return f"page size {st.page_size}: XQA is compiled for pages of {XQA_PAGE_SIZES} tokens only"
+        if st.d % 16 or not 16 <= st.d <= 512:
+            return f"head_dim {st.d}: XQA takes multiples of 16 in [16, 512]"
+        if st.d > 256 and st.G > 16:
+            return f"head_dim {st.d} > 256 needs G <= 16 in XQA (G={st.G})"
+        if soft_cap > 0:
+            return "XQA has no logits soft cap (trtllm_batch_decode_with_kv_cache takes none)"
+    if path == "batch_attention":
+        if window >= 0:
+            return "BatchAttention.plan() has no sliding window (window_left)"
+        if st.d > 256:
+            return f"head_dim {st.d}: BatchAttention refuses head_dim > 256"
+    if path == "cudnn":
+        if st.layout != "HND":
+            return "cuDNN decode takes HND caches [pages, Hkv, page, d] only"
+        if soft_cap > 0 or window >= 0:
+            return "cudnn_batch_decode_with_kv_cache takes no soft cap and no sliding window"
+    return None
+
+
+def padded_block_table(indptr, indices, pad=0):
+    """The CSR page table as XQA and cuDNN take it: int32 [B, max pages of a row], rows padded with `pad`
+    (a valid page id: the kernels stop at seq_lens)."""
+    import numpy as np
+    indptr = np.asarray(indptr, dtype=np.int64)
+    counts = np.diff(indptr)
+    width = max(1, int(counts.max()) if len(counts) else 1)
+    bt = np.full((len(counts), width), pad, dtype=np.int32)
+    bt[np.arange(width)[None, :] < counts[:, None]] = np.asarray(indices, dtype=np.int32)
+    return bt
+
+
+def split_settings(lens, page_size, split_tokens, window_left=-1):
+    """The split sweep of the decode wrapper: [(setting, plan keywords, same_as)].  fixed_split_size is in
+    pages (the fa2 planner's kv_chunk_size counts pages); a split of at least every row's attended tokens
+    is the same plan as disable_split_kv=True and is not timed again (same_as = "nosplit")."""
+    longest = max(int(x) for x in lens) if len(lens) else 0
+    if window_left >= 0:
+        longest = min(longest, window_left + 1)
+    out = [("nosplit", {"disable_split_kv": True}, None)]
+    for tok in split_tokens:
+        pages = max(1, tok // page_size)
+        same = "nosplit" if pages * page_size >= longest else None
+        out.append((f"split{tok}", {"fixed_split_size": pages}, same))
+    return out
+
+
+def combine_passes(ts):
+    """One timing from the passes' timings (time_calls dicts): the median of the pass medians, every pass's
+    median, and their spread ((max - min) / median)."""
+    us = [t["us"] for t in ts]
+    c = dict(ts[0])
+    c["us"] = statistics.median(us)
+    c["passes_us"] = us
+    c["min_us"] = min(t["min_us"] for t in ts)
+    c["p10_us"] = statistics.median(t["p10_us"] for t in ts)
+    c["p90_us"] = statistics.median(t["p90_us"] for t in ts)
+    c["reps"] = sum(t["reps"] for t in ts)
+    c["pass_spread"] = (max(us) - min(us)) / c["us"] if c["us"] else None
+    return c
 
 
 def random_pages(n, name):
@@ -349,13 +451,16 @@ def build_steps(args):
     return steps
 
 
-def fi_modules(steps, fi_configs):
-    """The FlashInfer JIT modules the steps need: (dtype, head_dim, tensorcore), with one shape each."""
+def fi_modules(steps, args):
+    """The FlashInfer JIT modules the steps need: (dtype, head_dim, module kind, G) -> (Hq, Hkv).  The decode
+    wrapper's and BatchAttention's modules do not depend on G (recorded as 0); XQA's do (and on the page size
+    and on a window, which are the run's)."""
     mods = {}
     for st in steps:
-        for cfg in st.fi_configs:
-            if cfg in fi_configs:
-                mods.setdefault((st.dtype, st.d, cfg == "tensorcore"), (st.Hq, st.Hkv))
+        for path, why in st.fi_paths(args):
+            kind = FI_MODULE_OF.get(path)
+            if why is None and kind is not None:
+                mods.setdefault((st.dtype, st.d, kind, st.G if kind == "xqa" else 0), (st.Hq, st.Hkv))
     return mods
 
 
@@ -565,13 +670,32 @@ class Gpu:
 
     # -- libraries --
     def fi_wrapper(self, cfg):
+        """A decode wrapper per configuration: cudacore, tensorcore, and tensorcore_split (the split sweep's own
+        wrapper, so that its plans never replace the tensorcore wrapper's)."""
         import flashinfer
         key = (self.args.layout, cfg)
         if key not in self.fi_wrappers:
             ws = self.torch.zeros(128 << 20, dtype=self.torch.uint8, device=self.dev)
             self.fi_wrappers[key] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                ws, self.args.layout, use_tensor_cores=(cfg == "tensorcore"))
+                ws, self.args.layout, use_tensor_cores=(cfg != "cudacore"))
         return self.fi_wrappers[key]
+
+    def fi_buffer(self, name, nbytes=128 << 20):
+        """A zeroed uint8 workspace kept for the run: XQA's (its first 8 MB are semaphores that must start at
+        zero; the kernel leaves them at zero) and cuDNN's."""
+        if name not in self.fi_wrappers:
+            self.fi_wrappers[name] = self.torch.zeros(nbytes, dtype=self.torch.uint8, device=self.dev)
+        return self.fi_wrappers[name]
+
+    def fi_batch_attention(self):
+        import flashinfer
+        key = (self.args.layout, "batch_attention")
+        if key not in self.fi_wrappers:  # owns a 384 MB float workspace
+            self.fi_wrappers[key] = flashinfer.BatchAttention(kv_layout=self.args.layout, device="cuda")
+        return self.fi_wrappers[key]
+
+    def sm_count(self):
+        return self.torch.cuda.get_device_properties(self.dev).multi_processor_count
 
     def pkv_wrapper(self, route):
         import persistentkv as pkv
@@ -650,6 +774,134 @@ def score_kw(args):
     return kw
 
 
+def fi_variants(gpu, st, path, q, Ks, Vs, tabs, args):
+    """The settings of one FlashInfer path for the step: [(setting, plan, run, graph, same_as)].
+    plan() does the path's host work for the step (plan() of a wrapper, or the padded block table and its copy
+    to the device), run(r, out) one decode over rotation r into out, graph() a callable r -> out that a CUDA
+    graph may capture (a use_cuda_graph wrapper for the decode wrapper), same_as a setting whose plan this
+    one repeats (not timed again).  Raises when FlashInfer lacks the path."""
+    import numpy as np
+    import flashinfer
+    torch, dev = gpu.torch, gpu.dev
+    tdt = gpu.tdt[st.dtype]
+    indptr_h, indices_d, last_h = tabs
+    plan_kw = dict(q_data_type=tdt, kv_data_type=tdt, **score_kw(args))
+    sm_scale = 1.0 / math.sqrt(st.d)
+
+    def eager_graph(run):
+        def make():
+            gout = torch.full_like(q, float("nan"))
+
+            def on(r):
+                run(r, gout)
+                return gout
+            return on
+        return make
+
+    if path in ("cudacore", "tensorcore", "split_sweep"):
+        cfg = {"split_sweep": "tensorcore_split"}.get(path, path)
+        w = gpu.fi_wrapper(cfg)
+        if path == "split_sweep":
+            settings = split_settings(st.lens, st.page_size, args.split_tokens, args.window_left)
+        else:
+            settings = [("default", {}, None)]
+        res = []
+        for name, extra, same in settings:
+            def plan(_=None, w=w, extra=extra):
+                w.plan(indptr_h, indices_d, last_h, st.Hq, st.Hkv, st.d, st.page_size, **plan_kw, **extra)
+
+            def run(r, out, w=w):
+                w.run(q, (Ks[r], Vs[r]), out=out)
+
+            def graph(extra=extra):
+                gw = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                    torch.zeros(128 << 20, dtype=torch.uint8, device=dev), st.layout, use_cuda_graph=True,
+                    use_tensor_cores=(path != "cudacore"),
+                    paged_kv_indptr_buffer=torch.empty(st.B + 1, dtype=torch.int32, device=dev),
+                    paged_kv_indices_buffer=torch.empty(max(st.pages, 1), dtype=torch.int32, device=dev),
+                    paged_kv_last_page_len_buffer=torch.empty(st.B, dtype=torch.int32, device=dev))
+                gw.plan(indptr_h, indices_d, last_h, st.Hq, st.Hkv, st.d, st.page_size, **plan_kw, **extra)
+                gout = torch.full_like(q, float("nan"))
+
+                def on(r, gw=gw):
+                    gw.run(q, (Ks[r], Vs[r]), out=gout)
+                    return gout
+                return on
+            res.append((name, plan, run, graph, same))
+        return res
+
+    if path in ("xqa", "xqa_sweep", "cudnn"):
+        cap = torch.cuda.get_device_capability(dev)
+        if path != "cudnn" and cap[0] not in (9, 10, 12):
+            raise NotImplementedError(f"XQA runs on sm_90, sm_100 and sm_12x only (this is sm_{cap[0]}{cap[1]})")
+        tables = {}
+
+        def tplan(_=None):
+            # what a caller of this API does per step: the padded [B, max pages] block table and the lengths
+            bt = padded_block_table(st.indptr, st.indices)
+            tables["bt"] = torch.from_numpy(bt).to(dev)
+            # FlashInfer documents uint32 lengths; its own decode wrapper hands int32 (same bits below 2^31)
+            seq = torch.from_numpy(st.lens.astype(np.int32)).to(dev)
+            tables["seq"] = seq
+            tables["seq2"] = seq.unsqueeze(1)               # flashinfer.xqa.xqa: [B, beam_width]
+            tables["seq4"] = seq.view(st.B, 1, 1, 1)        # cuDNN: [B, 1, 1, 1]
+            tables["max_len"] = int(st.lens.max())
+        tplan()
+        ws = gpu.fi_buffer("xqa_ws" if path != "cudnn" else "cudnn_ws")
+        if path == "xqa":
+            def run(r, out):
+                flashinfer.decode.trtllm_batch_decode_with_kv_cache(
+                    q, (Ks[r], Vs[r]), ws, tables["bt"], tables["seq"], tables["max_len"], bmm1_scale=sm_scale,
+                    bmm2_scale=1.0, window_left=args.window_left, out=out, kv_layout=st.layout, backend="xqa")
+            return [("default", tplan, run, eager_graph(run), None)]
+        if path == "xqa_sweep":
+            # the one knob of XQA's sub-sequence (multi-CTA) split on fp16/bf16 caches: launchMHAFlashInfer takes
+            # nbSubSeqPerSeq = min(max(1, sm_count / (B * Hkv)), ceil(max_seq_len / tile)); sm_count is an
+            # argument of flashinfer.xqa.xqa (trtllm_batch_decode_with_kv_cache passes the device's SM count)
+            from flashinfer.xqa import xqa as xqa_fn
+            sem, scratch = ws[: 8 << 20], ws[8 << 20:]
+            sms = gpu.sm_count()
+            res = []
+            for k in args.xqa_sm_multiples:
+                def run(r, out, smc=k * sms):
+                    xqa_fn(q.unsqueeze(1), Ks[r], Vs[r], tables["bt"], tables["seq2"], out.unsqueeze(1), scratch, sem,
+                           st.Hkv, st.page_size, q_scale=1.0, kv_scale=1.0,
+                           sliding_win_size=args.window_left + 1 if args.window_left >= 0 else 0,
+                           kv_layout=st.layout, sm_count=smc)
+                # the split count saturates at ceil(max_seq_len / tile): a larger sm_count may change nothing
+                res.append((f"sm_count={k}x{sms}", tplan, run, eager_graph(run), None))
+            return res
+        # cuDNN
+        from flashinfer.cudnn import decode as cudnn_decode
+        if not getattr(cudnn_decode, "CUDNN_AVAILABLE", False):
+            raise NotImplementedError(
+                "not run: the python module cudnn (nvidia-cudnn-frontend) is not installed - it does not travel "
+                "in the wheelhouse (size limit), and FlashInfer's fallback loads downloaded cubins "
+                "(FLASHINFER_NO_DOWNLOAD=1 offline)")
+
+        def run(r, out):
+            cudnn_decode.cudnn_batch_decode_with_kv_cache(
+                q, Ks[r], Vs[r], sm_scale, ws, max_sequence_kv=tables["max_len"], actual_seq_lens_kv=tables["seq4"],
+                block_tables=tables["bt"], out=out)
+        return [("default", tplan, run, eager_graph(run), None)]
+
+    if path == "batch_attention":
+        ba = gpu.fi_batch_attention()
+        qo_indptr = torch.arange(st.B + 1, dtype=torch.int32)
+        kv_len = torch.from_numpy(st.lens.astype(np.int32))
+        lse = torch.empty(st.B, st.Hq, dtype=torch.float32, device=dev)
+        cap = args.soft_cap if args.soft_cap > 0 else 0.0
+
+        def plan(_=None):
+            ba.plan(qo_indptr, indptr_h, indices_d, kv_len, st.Hq, st.Hkv, st.d, st.d, st.page_size, causal=False,
+                    logits_soft_cap=cap or None, q_data_type=tdt, kv_data_type=tdt)
+
+        def run(r, out):
+            ba.run(q, (Ks[r], Vs[r]), out=out, lse=lse, logits_soft_cap=cap)
+        return [("default", plan, run, eager_graph(run), None)]
+    raise ValueError(f"unknown FlashInfer path {path!r}")
+
+
 def measure_step(gpu, st, args):
     """Every measurement of one step; returns the row dict."""
     torch = gpu.torch
@@ -682,56 +934,65 @@ def measure_step(gpu, st, args):
             problems.append(f"{name}: rel err {e:.2e} against the float64 reference")
         return e
 
-    # ---- FlashInfer ----
-    fi, fi_out = {}, {}
-    plan_kw = dict(q_data_type=tdt, kv_data_type=tdt, **score_kw(args))
-    if "cudacore" in args.fi_configs and "cudacore" not in st.fi_configs:
-        fi["cudacore"] = {"skipped": f"G={st.G}: FlashInfer's CUDA-core decode takes G in {FI_CUDACORE_GROUPS}"}
-    for cfg in st.fi_configs:
-        if cfg not in args.fi_configs:
+    # ---- FlashInfer: every path that takes the shape, each setting planned, run once and checked ----
+    fi, fi_out, fi_var = {}, {}, {}   # fi_var[(path, setting)] = (plan, run, graph, out)
+    tabs = (indptr_h, indices_d, last_h)
+    for path, why in st.fi_paths(args):
+        if why:
+            fi[path] = {"refused": why, "label": FI_PATH_LABELS[path]}
             continue
-        mod = (st.dtype, st.d, cfg)
+        mod = (path, st.dtype, st.d, st.G, st.layout)
         if mod in gpu.fi_failed:  # do not recompile a module that failed on an earlier step
-            fi[cfg] = {"error": f"failed on an earlier step: {gpu.fi_failed[mod]}"}
-            errors.append(f"FlashInfer {cfg}: failed on an earlier step")
+            fi[path] = dict(gpu.fi_failed[mod], label=FI_PATH_LABELS[path])
             continue
+        entry = {"label": FI_PATH_LABELS[path], "sweep": {}}
         try:
-            w = gpu.fi_wrapper(cfg)
+            variants = fi_variants(gpu, st, path, q, Ks, Vs, tabs, args)
+        except (ValueError, NotImplementedError, ImportError, AttributeError) as e:  # FlashInfer lacks it here
+            fi[path] = {"refused": f"{type(e).__name__}: {e}", "label": FI_PATH_LABELS[path]}
+            gpu.fi_failed[mod] = {"refused": fi[path]["refused"]}
+            continue
+        for setting, plan, run, graph, same in variants:
+            if same is not None:
+                entry["sweep"][setting] = {"same_as": same}
+                continue
+            try:
+                plan()
+                out = torch.full_like(q, float("nan"))
+                run(0, out)
+                torch.cuda.synchronize()
+                res = {"nan_outputs": nan_count(out), "ref_rel_err": None}
+                if ref is not None:
+                    res["ref_rel_err"] = rel_err(out[ref_rows], ref)[0]
+                if res["nan_outputs"] or (res["ref_rel_err"] is not None and not res["ref_rel_err"] <= tol):
+                    res["wrong"] = (f"{res['nan_outputs']} NaN outputs, rel err {fmt(res['ref_rel_err'], '.2e')} "
+                                    f"against the float64 reference")
+                    problems.append(f"FlashInfer {path} {setting}: {res['wrong']}")
+                else:
+                    fi_var[(path, setting)] = (plan, run, graph, out.clone())
+                for r in range(min(R, 4)):  # warm, as the PersistentKV routes
+                    run(r, out)
+                torch.cuda.synchronize()
+                entry["sweep"][setting] = res
+            except (ValueError, NotImplementedError, AssertionError) as e:  # FlashInfer's checks of the shape
+                entry["sweep"][setting] = {"refused": f"{type(e).__name__}: {e}"}
+                safe_sync(torch)
+            except Exception as e:  # a JIT build or a launch that failed: recorded, not fatal
+                entry["sweep"][setting] = {"error": f"{type(e).__name__}: {e}"}
+                errors.append(f"FlashInfer {path} {setting}: {type(e).__name__}: {e}")
+                if safe_sync(torch) is None and len(variants) == 1:
+                    gpu.fi_failed[mod] = {"error": f"failed on an earlier step: {type(e).__name__}: {str(e)[:300]}"}
+        if not any(k[0] == path for k in fi_var):
+            states = [v for v in entry["sweep"].values() if "same_as" not in v]
+            if states and all("refused" in v for v in states):
+                entry["refused"] = states[0]["refused"]
+            elif not any("wrong" in v for v in states):
+                entry["error"] = "; ".join(v.get("error", v.get("refused", "?")) for v in states)
+            else:
+                entry["wrong"] = "; ".join(v["wrong"] for v in states if "wrong" in v)
+        fi[path] = entry
 
-            def fplan(_=None, w=w):
-                w.plan(indptr_h, indices_d, last_h, st.Hq, st.Hkv, st.d, st.page_size, **plan_kw)
-            fplan()
-            out = torch.full_like(q, float("nan"))
-            w.run(q, (Ks[0], Vs[0]), out=out)
-            torch.cuda.synchronize()
-            fi_out[cfg] = out.clone()
-            t = gpu.time_calls(lambda r, w=w, out=out: w.run(q, (Ks[r], Vs[r]), out=out), R, reps)
-            nan = t["nan_outputs"] = nan_count(fi_out[cfg])
-            t["ref_rel_err"] = check_ref(f"FlashInfer {cfg}", fi_out[cfg])
-            t["plan_us"] = gpu.host_times(fplan, wall_reps)
-            fi[cfg] = t
-            if nan:
-                problems.append(f"FlashInfer {cfg}: {nan} NaN outputs")
-        except Exception as e:  # a configuration FlashInfer refuses: recorded, not fatal
-            fi[cfg] = {"error": f"{type(e).__name__}: {e}"}
-            errors.append(f"FlashInfer {cfg}: {type(e).__name__}: {e}")
-            if cfg not in fi_out:  # failed in plan or the first run: JIT build or an unsupported case
-                gpu.fi_failed[mod] = f"{type(e).__name__}: {str(e)[:300]}"
-            safe_sync(torch)
-    row["fi"] = fi
-    ok_fi = {c: v for c, v in fi.items() if "us" in v}
-    best_fi = min(ok_fi, key=lambda c: ok_fi[c]["us"]) if ok_fi else None
-    row["fi_best_config"] = best_fi
-    if best_fi is None:
-        problems.append("no FlashInfer configuration ran: nothing to compare PersistentKV with")
-    else:
-        row["fi_best_us"] = ok_fi[best_fi]["us"]
-        row["fi_plan_us"] = ok_fi[best_fi]["plan_us"]
-        if len(fi_out) == 2:
-            row["fi_cudacore_vs_tensorcore_rel_err"] = rel_err(fi_out["cudacore"], fi_out["tensorcore"])[0]
-
-    # ---- PersistentKV ----
-    # Every route is planned, run and checked first, then all are timed.
+    # ---- PersistentKV: every route planned, run and checked ----
     pk, pk_out, wrappers = {}, {}, {}
     for route in args.routes:
         try:
@@ -753,12 +1014,91 @@ def measure_step(gpu, st, args):
             pk[route] = {"error": f"{type(e).__name__}: {e}"}
             problems.append(f"PersistentKV {route}: {type(e).__name__}: {e}")
             safe_sync(torch)
-    # auto is timed last (after the fixed routes), so no measurement-order effect lands on it alone
+
+    # ---- timing: --passes passes, the libraries' order alternating (FlashInfer first in even passes) ----
+    # Within PersistentKV, auto is timed after the fixed routes; a FlashInfer path is re-planned before its
+    # timing (the split sweep's settings share a wrapper).  Each pass times reps / passes runs.
+    passes = max(1, args.passes)
+    preps = max(10, -(-reps // passes))
+    fi_t, pk_t, pk_failed = {}, {}, set()
     order = [r for r in wrappers if r != "auto"] + [r for r in wrappers if r == "auto"]
+    for p in range(passes):
+        for lib in (("fi", "pkv") if p % 2 == 0 else ("pkv", "fi")):
+            if lib == "fi":
+                for key, (plan, run, _, out) in fi_var.items():
+                    if key in fi_t and fi_t[key] is None:
+                        continue
+                    try:
+                        plan()
+                        o = torch.empty_like(q)
+                        fi_t.setdefault(key, []).append(gpu.time_calls(lambda r, run=run, o=o: run(r, o), R, preps))
+                    except Exception as e:
+                        fi[key[0]]["sweep"][key[1]] = {"error": f"timing: {type(e).__name__}: {e}"}
+                        errors.append(f"FlashInfer {key[0]} {key[1]} (timing): {type(e).__name__}: {e}")
+                        fi_t[key] = None
+                        safe_sync(torch)
+            else:
+                for route in order:
+                    if route in pk_failed:
+                        continue
+                    w, pplan, out = wrappers[route]
+                    try:
+                        pk_t.setdefault(route, []).append(
+                            gpu.time_calls(lambda r, w=w, out=out: w.run(q, Ks[r], Vs[r], out=out), R, preps))
+                    except Exception as e:
+                        pk[route] = {"error": f"{type(e).__name__}: {e}"}
+                        problems.append(f"PersistentKV {route}: {type(e).__name__}: {e}")
+                        pk_failed.add(route)
+                        safe_sync(torch)
+
+    # ---- FlashInfer: each path's best setting, the best path ----
+    for (path, setting), ts in fi_t.items():
+        if ts:
+            fi[path]["sweep"][setting].update(combine_passes(ts))
+    for path, entry in fi.items():
+        sw = {k: v for k, v in entry.get("sweep", {}).items() if "us" in v}
+        if not sw:
+            continue
+        best_set = min(sw, key=lambda k: sw[k]["us"])
+        entry.update({k: v for k, v in sw[best_set].items()})
+        entry["setting"] = best_set
+        fi_out[path] = fi_var[(path, best_set)][3]
+        if path not in ("split_sweep", "xqa_sweep"):
+            entry.pop("sweep", None)  # one setting: its numbers are the entry's
+        else:
+            entry["sweep"] = {k: (dict(us=v["us"], passes_us=v.get("passes_us")) if "us" in v else v)
+                              for k, v in entry["sweep"].items()}
+        try:
+            entry["plan_us"] = gpu.host_times(fi_var[(path, best_set)][0], wall_reps)
+        except Exception as e:
+            errors.append(f"FlashInfer {path} plan timing: {type(e).__name__}: {e}")
+    row["fi"] = fi
+    ok_fi = {c: v for c, v in fi.items() if "us" in v}
+    best_fi = min(ok_fi, key=lambda c: ok_fi[c]["us"]) if ok_fi else None
+    row["fi_best_config"] = best_fi
+    row["fi_path_us"] = {c: v.get("us") for c, v in fi.items()}
+    row["fi_path_status"] = {c: fi_status(v) for c, v in fi.items()}
+    if best_fi is None:
+        problems.append("no FlashInfer path ran: nothing to compare PersistentKV with")
+    else:
+        row["fi_best_us"] = ok_fi[best_fi]["us"]
+        row["fi_best_setting"] = ok_fi[best_fi].get("setting")
+        row["fi_best_label"] = FI_PATH_LABELS[best_fi]
+        row["fi_plan_us"] = ok_fi[best_fi].get("plan_us")
+        row["fi_best_passes_us"] = ok_fi[best_fi].get("passes_us")
+        for c in ok_fi:
+            if c != best_fi:
+                fi[c]["rel_err_vs_best"] = rel_err(fi_out[c], fi_out[best_fi])[0]
+        if "cudacore" in fi_out and "tensorcore" in fi_out:
+            row["fi_cudacore_vs_tensorcore_rel_err"] = rel_err(fi_out["cudacore"], fi_out["tensorcore"])[0]
+
+    # ---- PersistentKV: checks against FlashInfer's best and the reference ----
     for route in order:
+        if route in pk_failed or route not in pk_t:
+            continue
         w, pplan, out = wrappers[route]
         try:
-            t = gpu.time_calls(lambda r, w=w, out=out: w.run(q, Ks[r], Vs[r], out=out), R, reps)
+            t = combine_passes(pk_t[route])
             t["route_used"] = w.route
             c = w.counters or {}
             t.update({k: c.get(k) for k in ("launches", "tasks", "merge_state_bytes")})
@@ -785,10 +1125,12 @@ def measure_step(gpu, st, args):
     if best_pk:
         row["pkv_best_us"] = ok_pk[best_pk]["us"]
         row["pkv_best_route_used"] = ("auto:" if best_pk == "auto" else "") + str(ok_pk[best_pk]["route_used"])
+        row["pkv_best_passes_us"] = ok_pk[best_pk].get("passes_us")
     if "auto" in ok_pk:
         row["pkv_auto_us"] = ok_pk["auto"]["us"]
         row["pkv_auto_route_used"] = ok_pk["auto"]["route_used"]
         row["pkv_plan_us"] = ok_pk["auto"].get("plan_us")
+        row["pkv_auto_passes_us"] = ok_pk["auto"].get("passes_us")
     errs = [v["rel_err_vs_fi"] for v in ok_pk.values() if v.get("rel_err_vs_fi") is not None]
     row["max_rel_err"] = max(errs) if errs else None
     row["max_abs_err"] = max((v["max_abs_vs_fi"] for v in ok_pk.values() if "max_abs_vs_fi" in v), default=None)
@@ -830,23 +1172,11 @@ def measure_step(gpu, st, args):
 
         graphs = {}
         if best_fi:
-            try:
-                import flashinfer
-                gw = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-                    torch.zeros(128 << 20, dtype=torch.uint8, device=gpu.dev), st.layout, use_cuda_graph=True,
-                    use_tensor_cores=(best_fi == "tensorcore"),
-                    paged_kv_indptr_buffer=torch.empty(st.B + 1, dtype=torch.int32, device=gpu.dev),
-                    paged_kv_indices_buffer=torch.empty(max(st.pages, 1), dtype=torch.int32, device=gpu.dev),
-                    paged_kv_last_page_len_buffer=torch.empty(st.B, dtype=torch.int32, device=gpu.dev))
-                gw.plan(indptr_h, indices_d, last_h, st.Hq, st.Hkv, st.d, st.page_size, **plan_kw)
-                gout = torch.full_like(q, float("nan"))
-
-                def fi_run(r, gw=gw, gout=gout):
-                    gw.run(q, (Ks[r], Vs[r]), out=gout)
-                    return gout
-                graphs["fi"] = graph_time(f"FlashInfer {best_fi}", fi_run, fi_out[best_fi])
+            try:  # the decode wrapper: a use_cuda_graph wrapper and its fixed buffers; the others: the eager call
+                make = fi_var[(best_fi, row["fi_best_setting"])][2]
+                graphs["fi"] = graph_time(f"FlashInfer {best_fi}", make(), fi_out[best_fi])
                 graphs["fi"]["config"] = best_fi
-                del gw
+                graphs["fi"]["setting"] = row["fi_best_setting"]
             except Exception as ex:
                 graphs["fi"] = {"error": f"{type(ex).__name__}: {ex}"}
                 errors.append(f"FlashInfer graph wrapper: {type(ex).__name__}: {ex}")
@@ -871,12 +1201,12 @@ def measure_step(gpu, st, args):
 
     # ---- wall: plan + run + sync on the host clock (after the graphs: re-planning may move buffers) ----
     if best_fi:
-        w = gpu.fi_wrapper(best_fi)
+        fplan, frun = fi_var[(best_fi, row["fi_best_setting"])][:2]
         out = torch.empty_like(q)
 
-        def fwall(i, w=w, out=out):
-            w.plan(indptr_h, indices_d, last_h, st.Hq, st.Hkv, st.d, st.page_size, **plan_kw)
-            w.run(q, (Ks[i % R], Vs[i % R]), out=out)
+        def fwall(i, out=out):
+            fplan()
+            frun(i % R, out)
         fwall(0)
         row["fi_wall_us"] = gpu.host_times(fwall, wall_reps)
     if "auto" in ok_pk:
@@ -908,6 +1238,16 @@ def base_row(st, args):
     return r
 
 
+def fi_status(entry):
+    """One word (and the reason) for a FlashInfer path of a row: ok, refused, wrong or error."""
+    if "us" in entry:
+        return "ok"
+    for k in ("refused", "wrong", "error"):
+        if k in entry:
+            return f"{k}: {entry[k]}"
+    return "not run"
+
+
 def derive(row, read_gbps):
     """Ratios, fractions of the read ceiling and step efficiencies from the measured times."""
     fi, pb, pa, fl = row.get("fi_best_us"), row.get("pkv_best_us"), row.get("pkv_auto_us"), row.get("floor_us")
@@ -917,7 +1257,12 @@ def derive(row, read_gbps):
         return kvb / (us * 1e3) / read_gbps if us and read_gbps else None
 
     row["ratio"] = fi / pb if fi and pb else None                 # > 1: PersistentKV is faster
-    row["ratio_auto"] = fi / pa if fi and pa else None
+    row["ratio_auto"] = fi / pa if fi and pa else None            # the headline: auto against FlashInfer's best
+    row["ratio_best_route"] = row["ratio"]                        # the oracle: our best route
+    row["ratio_auto_by_path"] = {c: (us / pa if us and pa else None) for c, us in row.get("fi_path_us", {}).items()}
+    pfa, pfb = row.get("pkv_auto_passes_us"), row.get("fi_best_passes_us")
+    if pfa and pfb and len(pfa) == len(pfb):  # the ratio pass by pass (each pass alternates which library goes first)
+        row["ratio_auto_passes"] = [f / a for f, a in zip(pfb, pfa) if f and a]
     fg, pg = row.get("fi_graph_us"), row.get("pkv_graph_best_us")
     row["ratio_graph"] = fg / pg if fg and pg else None
     row["fi_frac_ceiling"], row["pkv_frac_ceiling"], row["pkv_auto_frac_ceiling"] = frac(fi), frac(pb), frac(pa)
@@ -931,15 +1276,36 @@ def fake_row(st, args, rnd):
     """A plausible made-up row for --dry-run (tests the writers and the plot, never a result)."""
     row = base_row(st, args)
     floor = 3.9 + st.kv_bytes / 4.55e6
-    fi_cc = floor / rnd.uniform(0.3, 0.95) if "cudacore" in st.fi_configs else None
-    fi_tc = floor / rnd.uniform(0.4, 1.0)
     row["floor_us"], row["floor_kernel"] = floor, "dry-run"
-    row["fi"] = {"tensorcore": {"us": fi_tc, "plan_us": rnd.uniform(3, 9)}}
-    if fi_cc:
-        row["fi"]["cudacore"] = {"us": fi_cc, "plan_us": rnd.uniform(3, 9)}
-    best = min(row["fi"], key=lambda c: row["fi"][c]["us"])
-    row.update(fi_best_config=best, fi_best_us=row["fi"][best]["us"], fi_plan_us=row["fi"][best]["plan_us"],
-               fi_wall_us=row["fi"][best]["us"] + 9)
+    row["fi"] = {}
+    for path, why in st.fi_paths(args):
+        if why:
+            row["fi"][path] = {"refused": why, "label": FI_PATH_LABELS[path]}
+            continue
+        e = {"label": FI_PATH_LABELS[path], "plan_us": rnd.uniform(3, 9), "ref_rel_err": rnd.uniform(1e-4, 6e-4)}
+        if path == "split_sweep":
+            e["sweep"] = {n: ({"same_as": same} if same else {"us": floor / rnd.uniform(0.4, 1.0)})
+                          for n, _, same in split_settings(st.lens, st.page_size, args.split_tokens, args.window_left)}
+        elif path == "xqa_sweep":
+            e["sweep"] = {f"sm_count={k}x132": {"us": floor / rnd.uniform(0.4, 1.0)} for k in args.xqa_sm_multiples}
+        elif path == "cudnn":
+            row["fi"][path] = {"refused": "dry run: cuDNN not importable", "label": FI_PATH_LABELS[path]}
+            continue
+        else:
+            e["sweep"] = {"default": {"us": floor / rnd.uniform(0.3, 1.0)}}
+        best_set = min((k for k in e["sweep"] if "us" in e["sweep"][k]), key=lambda k: e["sweep"][k]["us"])
+        e.update(us=e["sweep"][best_set]["us"], setting=best_set)
+        e["passes_us"] = [e["us"] * rnd.uniform(0.98, 1.02) for _ in range(args.passes)]
+        if path not in ("split_sweep", "xqa_sweep"):
+            e.pop("sweep")
+        row["fi"][path] = e
+    ok = {c: v for c, v in row["fi"].items() if "us" in v}
+    best = min(ok, key=lambda c: ok[c]["us"])
+    row.update(fi_best_config=best, fi_best_us=ok[best]["us"], fi_plan_us=ok[best]["plan_us"],
+               fi_best_setting=ok[best]["setting"], fi_best_label=FI_PATH_LABELS[best],
+               fi_best_passes_us=ok[best]["passes_us"], fi_wall_us=ok[best]["us"] + 9,
+               fi_path_us={c: v.get("us") for c, v in row["fi"].items()},
+               fi_path_status={c: fi_status(v) for c, v in row["fi"].items()})
     row["pkv"] = {r: {"us": floor / rnd.uniform(0.6, 0.98), "route_used": r if r != "auto" else "fused",
                       "rel_err_vs_fi": rnd.uniform(1e-4, 6e-4)} for r in args.routes}
     best_pk = min(row["pkv"], key=lambda r: row["pkv"][r]["us"])
@@ -947,7 +1313,8 @@ def fake_row(st, args, rnd):
                pkv_best_route_used=row["pkv"][best_pk]["route_used"])
     if "auto" in row["pkv"]:
         row.update(pkv_auto_us=row["pkv"]["auto"]["us"], pkv_auto_route_used="fused", pkv_plan_us=rnd.uniform(1, 4),
-                   pkv_wall_us=row["pkv"]["auto"]["us"] + 6)
+                   pkv_wall_us=row["pkv"]["auto"]["us"] + 6,
+                   pkv_auto_passes_us=[row["pkv"]["auto"]["us"] * rnd.uniform(0.98, 1.02) for _ in range(args.passes)])
     row["max_rel_err"] = max(v["rel_err_vs_fi"] for v in row["pkv"].values())
     row["fi_graph_us"], row["pkv_graph_best_us"] = row["fi_best_us"] * 0.97, row["pkv_best_us"] * 0.98
     row["problems"], row["errors"] = [], []
@@ -1009,7 +1376,48 @@ def group_summary(rows):
                     "geomean_ratio_auto": geomean([r.get("ratio_auto") for r in rs]),
                     "pkv_wins": sum(1 for r in rs if (r.get("ratio") or 0) > 1),
                     "fi_eff": stats("fi_step_eff"), "pkv_eff": stats("pkv_step_eff"),
-                    "pkv_auto_eff": stats("pkv_auto_step_eff"), "bad": sum(1 for r in rs if not r.get("ok", True))})
+                    "pkv_auto_eff": stats("pkv_auto_step_eff"), "bad": sum(1 for r in rs if not r.get("ok", True)),
+                    "pkv_auto_wins": sum(1 for r in rs if (r.get("ratio_auto") or 0) > 1),
+                    "fi_best_paths": {c: sum(1 for r in rs if r.get("fi_best_config") == c)
+                                      for c in FI_PATHS if any(r.get("fi_best_config") == c for r in rs)}})
+    return out
+
+
+def fi_cell(r, path):
+    """A FlashInfer path's cell in the per-path table: its us, or why it has none."""
+    e = r.get("fi", {}).get(path)
+    if e is None:
+        return "-"
+    if "us" in e:
+        return ("**" if r.get("fi_best_config") == path else "") + f"{e['us']:.1f}" + (
+            "**" if r.get("fi_best_config") == path else "")
+    for k in ("refused", "wrong", "error"):
+        if k in e:
+            return k
+    return "-"
+
+
+def fi_refusals(rows):
+    """(path, reason) -> rows, for the paths that refused or failed."""
+    out = {}
+    for r in rows:
+        for path, e in r.get("fi", {}).items():
+            for k in ("refused", "wrong", "error"):
+                if k in e:
+                    out.setdefault((path, k, str(e[k])[:200]), []).append(row_label(r))
+                    break
+    return out
+
+
+def pass_spreads(rows, meta):
+    """Rows with more than one pass: spread of FlashInfer's best, ours auto and their ratio across passes."""
+    out = []
+    for r in rows:
+        fb, pa, ra = r.get("fi_best_passes_us"), r.get("pkv_auto_passes_us"), r.get("ratio_auto_passes")
+        if fb and pa and len(fb) > 1:
+            sp = lambda v: (max(v) - min(v)) / statistics.median(v) if v and statistics.median(v) else None
+            out.append({"label": row_label(r), "group": r["group"], "B": r["B"], "fi_best": sp(fb), "pkv_auto": sp(pa),
+                        "ratio_auto_min": min(ra) if ra else None, "ratio_auto_max": max(ra) if ra else None})
     return out
 
 
@@ -1074,14 +1482,23 @@ def markdown(meta, rows):
     L.append("- ratio = FlashInfer best kernel us / PersistentKV kernel us (> 1: PersistentKV is faster); "
              "of ceil = KV bytes / kernel time / read ceiling; eff = floor (streaming read of the step's bytes, "
              "timed like the steps) / kernel time. Method: see the header of bench/compare_flashinfer.py.\n")
+    L.append("- FlashInfer's best = the fastest of every FlashInfer decode path that ran on the step and agreed with "
+             "the float64 reference (paths: " + ", ".join(f"{FI_SHORT[p]} {FI_PATH_LABELS[p]}" for p in FI_PATHS)
+             + "); **ours: auto** (the headline) and ours: best route (an oracle: the fastest route, known only "
+             f"after timing them all) are both against it. Timing: {meta.get('passes', 1)} passes per step, the "
+             "libraries' order alternating.\n")
     L.append("## Summary by workload\n")
-    L.append("| workload | rows | geomean ratio (best) | geomean ratio (auto) | PKV faster | FI eff min/med/max "
-             "| PKV eff min/med/max | PKV auto eff min/med/max | bad |")
-    L.append("| --- | ---: | ---: | ---: | ---: | --- | --- | --- | ---: |")
+    L.append("| workload | rows | **geomean ours auto / FI best** | geomean ours best route / FI best | auto faster "
+             "| best route faster | FI best path (rows) | FI eff min/med/max | PKV eff min/med/max "
+             "| PKV auto eff min/med/max | bad |")
+    L.append("| --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- | --- | ---: |")
     for s in meta.get("summary", []):
         e = lambda t: "/".join(fmt(x, ".2f") for x in t)
-        L.append(f"| {s['group']} | {s['rows']} | {fmt(s['geomean_ratio'], '.2f')} | {fmt(s['geomean_ratio_auto'], '.2f')} "
-                 f"| {s['pkv_wins']} | {e(s['fi_eff'])} | {e(s['pkv_eff'])} | {e(s['pkv_auto_eff'])} | {s['bad']} |")
+        paths = ", ".join(f"{FI_SHORT.get(c, c)} {n}" for c, n in s.get("fi_best_paths", {}).items()) or "-"
+        L.append(f"| {s['group']} | {s['rows']} | **{fmt(s['geomean_ratio_auto'], '.2f')}** "
+                 f"| {fmt(s['geomean_ratio'], '.2f')} | {s.get('pkv_auto_wins', '-')} | {s['pkv_wins']} | {paths} "
+                 f"| {e(s['fi_eff'])} | {e(s['pkv_eff'])} | {e(s['pkv_auto_eff'])} | {s['bad']} |")
+    L.append("\n(ratio = FlashInfer's best kernel us / ours; > 1: ours is faster.)")
     ta = meta.get("trace_aggregates", [])
     if ta:
         L.append("\n## Traces: mean [min, max] over held-out seeds and sampled steps\n")
@@ -1112,6 +1529,45 @@ def markdown(meta, rows):
                 L.append(f"- **{r['group']} {row_label(r)}**: {p}")
             for p in r.get("errors", []):
                 L.append(f"- {r['group']} {row_label(r)} (recorded, not a disagreement): {p}")
+    L.append("\n## FlashInfer paths per step (kernel us; bold: FlashInfer's best)\n")
+    hdr = [FI_SHORT[p] for p in FI_PATHS]
+    L.append("| workload | step | B | FI best | FI best us | ours auto us | ours best us | **auto / FI best** "
+             "| best route / FI best | " + " | ".join(hdr) + " | split winner | XQA sm_count winner |")
+    L.append("| --- | --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | " + " | ".join("---:" for _ in hdr)
+             + " | --- | --- |")
+    for r in rows:
+        best = r.get("fi_best_config")
+        bl = f"{FI_SHORT.get(best, best)}" + (f" ({r['fi_best_setting']})" if r.get("fi_best_setting") not in
+                                               (None, "default") else "") if best else "-"
+        sp, xs = r.get("fi", {}).get("split_sweep", {}), r.get("fi", {}).get("xqa_sweep", {})
+        L.append(f"| {r['group']} | {row_label(r)} | {r['B']} | {bl} | {fmt(r.get('fi_best_us'))} "
+                 f"| {fmt(r.get('pkv_auto_us'))} | {fmt(r.get('pkv_best_us'))} | **{fmt(r.get('ratio_auto'), '.2f')}** "
+                 f"| {fmt(r.get('ratio'), '.2f')} | " + " | ".join(fi_cell(r, p) for p in FI_PATHS)
+                 + f" | {sp.get('setting', '-')} | {xs.get('setting', '-')} |")
+    ref = fi_refusals(rows)
+    if ref:
+        L.append("\n## FlashInfer paths that did not run\n")
+        for (path, kind, why), labels in sorted(ref.items()):
+            L.append(f"- {FI_SHORT[path]} {FI_PATH_LABELS[path]}, {kind} on {len(labels)} rows "
+                     f"({', '.join(labels[:4])}{', ...' if len(labels) > 4 else ''}): {why}")
+    ps = [x for x in pass_spreads(rows, meta) if x["group"] == "anchor" or x["B"] in (8, 16)]
+    if ps:
+        L.append("\n## Spread across passes (anchors; (max - min) / median of the pass medians)\n")
+        L.append("| step | B | FI best | ours auto | auto / FI best, min..max over passes |")
+        L.append("| --- | ---: | ---: | ---: | --- |")
+        for x in ps:
+            L.append(f"| {x['label']} | {x['B']} | {fmt(x['fi_best'], '.1%')} | {fmt(x['pkv_auto'], '.1%')} "
+                     f"| {fmt(x['ratio_auto_min'], '.3f')}..{fmt(x['ratio_auto_max'], '.3f')} |")
+    rep = meta.get("repeats") or []
+    if rep:
+        L.append(f"\n## Steps repeated in separate processes ({meta.get('repeat_procs')} each, no graphs)\n")
+        L.append("| step | runs | FI best us mean [min, max] | FI best paths | ours auto us mean [min, max] "
+                 "| auto / FI best mean [min, max] | best route / FI best mean [min, max] |")
+        L.append("| --- | ---: | --- | --- | --- | --- | --- |")
+        sp3 = lambda t: "-" if not t or t[0] is None else f"{t[0]:.3g} [{t[1]:.3g}, {t[2]:.3g}]"
+        for x in rep:
+            L.append(f"| {x['name']} | {x['runs']} | {sp3(x.get('fi_best_us'))} | {', '.join(x.get('fi_best_paths', []))} "
+                     f"| {sp3(x.get('pkv_auto_us'))} | {sp3(x.get('ratio_auto'))} | {sp3(x.get('ratio'))} |")
     L.append("\n## All rows\n")
     L.append("| workload | step | shape | B | KV MB | FI us | FI cfg | FI plan us | FI wall us | PKV us | PKV route "
              "| PKV auto us | PKV plan us | PKV wall us | ratio | ratio auto | FI graph us | PKV graph us "
@@ -1139,7 +1595,7 @@ def short_table(meta, rows):
         L.append(f"{'step':<26}{'B':>4}{'KV MB':>9}{'FI us':>9} {'cfg':<3}{'PKV us':>9} {'route':<10}{'auto us':>9}"
                  f"{'ratio':>7}{'r.auto':>7}{'FIeff':>6}{'PKVeff':>7} ok")
         for r in rs:
-            cfg = {"cudacore": "CC", "tensorcore": "TC"}.get(r.get("fi_best_config"), "-")
+            cfg = FI_SHORT.get(r.get("fi_best_config"), "-")
             L.append(f"{row_label(r)[:25]:<26}{r['B']:>4}{r['kv_mb']:>9.1f}{fmt(r.get('fi_best_us')):>9} {cfg:<3}"
                      f"{fmt(r.get('pkv_best_us')):>9} {(r.get('pkv_best_route_used') or '-')[:9]:<10}"
                      f"{fmt(r.get('pkv_auto_us')):>9}{fmt(r.get('ratio'), '.2f'):>7}{fmt(r.get('ratio_auto'), '.2f'):>7}"
@@ -1158,8 +1614,9 @@ def short_table(meta, rows):
                      f"{a['bad']:>4}")
     L.append("")
     for s in group_summary(rows):
-        L.append(f"{s['group']}: {s['rows']} rows, geomean ratio {fmt(s['geomean_ratio'], '.2f')} (auto "
-                 f"{fmt(s['geomean_ratio_auto'], '.2f')}), PKV faster on {s['pkv_wins']}, median eff FI "
+        L.append(f"{s['group']}: {s['rows']} rows, geomean ours auto / FI best {fmt(s['geomean_ratio_auto'], '.2f')} "
+                 f"(best route {fmt(s['geomean_ratio'], '.2f')}), auto faster on {s.get('pkv_auto_wins')}, best route "
+                 f"on {s['pkv_wins']}, FI best paths {s.get('fi_best_paths')}, median eff FI "
                  f"{fmt(s['fi_eff'][1], '.2f')} PKV {fmt(s['pkv_eff'][1], '.2f')}, bad {s['bad']}")
     ce = meta.get("ceilings", {})
     nbad = sum(1 for r in rows if not r.get("ok", True))
@@ -1191,14 +1648,25 @@ def base_meta(args):
          "soft_cap": args.soft_cap, "window_left": args.window_left,
          "trace_reps": args.trace_reps, "wall_reps": args.wall_reps, "floor_reps": args.floor_reps,
          "warmup": args.warmup, "rotate_gib": args.rotate_gib, "routes": args.routes, "fi_configs": args.fi_configs,
-         "graphs": not args.no_graphs, "graph_rotations": args.graph_rotations,
+         "graphs": not args.no_graphs, "graph_rotations": args.graph_rotations, "passes": args.passes,
+         "split_tokens": args.split_tokens, "xqa_sm_multiples": args.xqa_sm_multiples,
+         "repeat_procs": args.repeat_procs, "fi_path_labels": FI_PATH_LABELS,
          "method": {
              "kernel_time": "CUDA events around one run; runs queued in batches of 16 behind torch.cuda._sleep sized "
                             "from the host enqueue time; median",
              "rotation": "pool [R*P] views, rotation r = pool[r*P:(r+1)*P], same scattered page ids in [0, P)",
              "data": "uniform [-1, 1] K, V and q (torch uniform_)",
-             "fi": "BatchDecodeWithPagedKVCacheWrapper, 128 MB workspace, plan(indptr host, indices device, "
-                   "last_page_len host) once per step; run(q, (k, v), out=)",
+             "fi": "every FlashInfer decode path that takes the shape (bench/FLASHINFER.md, Decode paths): "
+                   "BatchDecodeWithPagedKVCacheWrapper (128 MB workspace, plan(indptr host, indices device, "
+                   "last_page_len host) once per step, run(q, (k, v), out=)) with use_tensor_cores False and True, "
+                   "and tensor cores with plan(fixed_split_size=tokens / page size) and plan(disable_split_kv=True) "
+                   "(best of the sweep); trtllm_batch_decode_with_kv_cache(backend='xqa') on a padded block table; "
+                   "flashinfer.xqa.xqa with sm_count = k x SMs (best of the sweep); BatchAttention plan/run; "
+                   "cudnn_batch_decode_with_kv_cache when cuDNN imports (HND only). Each checked against the float64 "
+                   "reference; FlashInfer's best = the fastest that agrees",
+             "passes": "each step timed in `passes` passes, FlashInfer's paths first in even passes and "
+                       "PersistentKV's routes first in odd ones; reps / passes runs each; a configuration's time is "
+                       "the median of its pass medians",
              "pkv": "BatchDecodeWithPagedKVCacheWrapper(backend='cuda'); plan(host numpy tables, route=...); "
                     "run(q, k, v, out=)",
              "wall": "host clock: sync, plan, run, sync; median of wall_reps",
@@ -1216,22 +1684,37 @@ def jit_one(spec, layout, args):
     """Child: compile and load one FlashInfer module by running a tiny problem on it."""
     import torch
     import flashinfer
-    dtype, d, cfg, hq, hkv = spec.split(",")
+    dtype, d, kind, hq, hkv = spec.split(",")
     d, hq, hkv = int(d), int(hq), int(hkv)
     tdt = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
     dev = torch.device("cuda", 0)
     t0 = time.perf_counter()
-    w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(16 << 20, dtype=torch.uint8, device=dev), layout,
-                                                      use_tensor_cores=(cfg == "tensorcore"))
-    ps, n = 16, 64
-    indptr = torch.tensor([0, n // ps], dtype=torch.int32)
-    indices = torch.arange(n // ps, dtype=torch.int32, device=dev)
-    last = torch.tensor([ps], dtype=torch.int32)
-    w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=tdt, kv_data_type=tdt, **score_kw(args))
-    shape = (n // ps, ps, hkv, d) if layout == "NHD" else (n // ps, hkv, ps, d)
+    ps, n = args.page_size, 64
+    pages = -(-n // ps)
+    indptr = torch.tensor([0, pages], dtype=torch.int32)
+    indices = torch.arange(pages, dtype=torch.int32, device=dev)
+    last = torch.tensor([n - (pages - 1) * ps], dtype=torch.int32)
+    shape = (pages, ps, hkv, d) if layout == "NHD" else (pages, hkv, ps, d)
     k = torch.rand(shape, dtype=tdt, device=dev)
     q = torch.rand(1, hq, d, dtype=tdt, device=dev)
-    o = w.run(q, (k, k.clone()))
+    if kind in ("cudacore", "tensorcore"):
+        w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(torch.zeros(16 << 20, dtype=torch.uint8, device=dev),
+                                                          layout, use_tensor_cores=(kind == "tensorcore"))
+        w.plan(indptr, indices, last, hq, hkv, d, ps, q_data_type=tdt, kv_data_type=tdt, **score_kw(args))
+        o = w.run(q, (k, k.clone()))
+    elif kind == "xqa":
+        ws = torch.zeros(32 << 20, dtype=torch.uint8, device=dev)
+        o = flashinfer.decode.trtllm_batch_decode_with_kv_cache(
+            q, (k, k.clone()), ws, indices.view(1, -1), torch.tensor([n], dtype=torch.int32, device=dev), n,
+            bmm1_scale=1.0 / math.sqrt(d), window_left=args.window_left, kv_layout=layout, backend="xqa")
+    elif kind == "batch_attention":
+        w = flashinfer.BatchAttention(kv_layout=layout, device="cuda")
+        cap = args.soft_cap if args.soft_cap > 0 else 0.0
+        w.plan(torch.tensor([0, 1], dtype=torch.int32), indptr, indices, torch.tensor([n], dtype=torch.int32), hq, hkv,
+               d, d, ps, causal=False, logits_soft_cap=cap or None, q_data_type=tdt, kv_data_type=tdt)
+        o = w.run(q, (k, k.clone()), logits_soft_cap=cap)[0]
+    else:
+        raise SystemExit(f"unknown module kind {kind!r}")
     torch.cuda.synchronize()
     assert torch.isfinite(o).all()
     print(f"[jit] {spec}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
@@ -1243,7 +1726,7 @@ def jit_warmup(mods, layout, jobs, args):
         return 0.0
     t0 = time.perf_counter()
     ncpu = os.cpu_count() or 8
-    specs = [f"{dt},{d},{'tensorcore' if tc else 'cudacore'},{hq},{hkv}" for (dt, d, tc), (hq, hkv) in sorted(mods.items())]
+    specs = [f"{dt},{d},{kind},{hq},{hkv}" for (dt, d, kind, _), (hq, hkv) in sorted(mods.items())]
     jobs = max(1, min(jobs or len(specs), len(specs)))
     env = dict(os.environ)
     env.setdefault("MAX_JOBS", str(max(2, math.ceil(1.25 * ncpu / jobs))))
@@ -1253,7 +1736,8 @@ def jit_warmup(mods, layout, jobs, args):
         while pending and len(running) < jobs:
             s = pending.pop(0)
             p = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--jit-one", s, "--layout", layout,
-                                  "--soft-cap", str(args.soft_cap), "--window-left", str(args.window_left)],
+                                  "--soft-cap", str(args.soft_cap), "--window-left", str(args.window_left),
+                                  "--page-size", str(args.page_size)],
                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
             running.append((s, p))
         time.sleep(0.5)
@@ -1337,24 +1821,49 @@ def check_flashinfer_api():
         assert p in pp, f"FlashInfer plan lacks {p}"
     rp = inspect.signature(W.run).parameters
     assert "out" in rp, "FlashInfer run lacks out="
-    log(f"FlashInfer {flashinfer.__version__}: wrapper, plan and run accept the arguments used here")
+    pp = inspect.signature(W.plan).parameters
+    for p in ("fixed_split_size", "disable_split_kv"):
+        assert p in pp, f"FlashInfer plan lacks {p}"
+    tp = inspect.signature(flashinfer.decode.trtllm_batch_decode_with_kv_cache).parameters
+    for p in ("query", "kv_cache", "workspace_buffer", "block_tables", "seq_lens", "max_seq_len", "bmm1_scale",
+              "bmm2_scale", "window_left", "out", "kv_layout", "backend"):
+        assert p in tp, f"trtllm_batch_decode_with_kv_cache lacks {p}"
+    from flashinfer.xqa import xqa
+    assert "sm_count" in inspect.signature(xqa).parameters, "flashinfer.xqa.xqa lacks sm_count"
+    bp = inspect.signature(flashinfer.BatchAttention.plan).parameters
+    for p in ("qo_indptr", "kv_indptr", "kv_indices", "kv_len_arr", "head_dim_qk", "head_dim_vo", "causal",
+              "logits_soft_cap", "q_data_type", "kv_data_type"):
+        assert p in bp, f"BatchAttention.plan lacks {p}"
+    assert "lse" in inspect.signature(flashinfer.BatchAttention.run).parameters, "BatchAttention.run lacks lse="
+    log(f"FlashInfer {flashinfer.__version__}: the decode wrapper, XQA, BatchAttention accept the arguments used here")
 
 
 def print_plan(args, steps):
-    mods = fi_modules(steps, args.fi_configs)
+    mods = fi_modules(steps, args)
     flat = max([8 << 30] + [s.pool_bytes for s in steps])
     print(f"plan of runs: {len(steps)} steps, layout {args.layout}, page size {args.page_size}")
     print(f"flat K/V buffer: {flat / 2 ** 30:.1f} GiB (largest pool; >= 8 GiB for the 4 GiB read ceiling)")
-    print(f"FlashInfer configs: {args.fi_configs}; JIT modules needed ({len(mods)}):")
-    for (dt, d, tc), (hq, hkv) in sorted(mods.items()):
-        print(f"  {dt} head_dim {d} {'tensor-core (fa2 prefill module)' if tc else 'CUDA-core decode module'}")
+    print(f"FlashInfer paths: {args.fi_configs}; split sweep {args.split_tokens} tokens + no split; XQA sm_count x "
+          f"{args.xqa_sm_multiples}; passes {args.passes}; JIT modules needed ({len(mods)}):")
+    what = {"cudacore": "CUDA-core decode module", "tensorcore": "tensor-core (fa2 prefill module)",
+            "xqa": "XQA (mha.cu, page size {ps}, G {g})", "batch_attention": "BatchAttention (persistent module)"}
+    for (dt, d, kind, g), (hq, hkv) in sorted(mods.items()):
+        print(f"  {dt} head_dim {d} {what[kind].format(ps=args.page_size, g=g)}")
+    refused = {}
+    for s in steps:
+        for path, why in s.fi_paths(args):
+            if why:
+                refused.setdefault((path, why), []).append(s.key())
+    for (path, why), keys in sorted(refused.items()):
+        print(f"  refused: {path} on {len(keys)} steps ({keys[0]}, ...): {why}")
     print(f"PersistentKV routes: {args.routes}; graphs: {'no' if args.no_graphs else 'yes'}")
     est = 0.0
     print(f"{'#':>4} {'group':<7}{'step':<32}{'shape':<10}{'B':>4}{'tokens':>9}{'KV MB':>9}{'R':>4}{'pool MB':>9}"
           f"{'reps':>5} {'FI configs'}")
     for i, s in enumerate(steps):
         print(f"{i:>4} {s.group:<7}{s.name[:31]:<32}{s.shape + ':' + s.dtype:<10}{s.B:>4}{s.total_tokens:>9}"
-              f"{s.kv_bytes / 1e6:>9.1f}{s.rotations:>4}{s.pool_bytes / 1e6:>9.0f}{s.reps:>5} {','.join(s.fi_configs)}")
+              f"{s.kv_bytes / 1e6:>9.1f}{s.rotations:>4}{s.pool_bytes / 1e6:>9.0f}{s.reps:>5} "
+              f"{','.join(FI_SHORT[p] for p, why in s.fi_paths(args) if not why)}")
         est += estimate_step_s(s, args)
     by = {}
     for s in steps:
@@ -1366,7 +1875,13 @@ def estimate_step_s(st, args):
     """Rough seconds for one step: ~12 timed configurations + floor + wall, plus fixed overhead."""
     floor_us = 3.9 + st.kv_bytes / 4.0e6
     kern = floor_us / 0.8
-    runs = (len(st.fi_configs) + len(args.routes) + (0 if args.no_graphs else 3)) * (st.reps + 2 * args.warmup + 2)
+    nfi = 0
+    for path, why in st.fi_paths(args):
+        if not why and path != "cudnn":
+            nfi += {"split_sweep": 1 + len(args.split_tokens), "xqa_sweep": len(args.xqa_sm_multiples)}.get(path, 1)
+    passes = max(1, args.passes)
+    per = max(10, -(-st.reps // passes)) * passes + passes * (2 * args.warmup + 2)
+    runs = (nfi + len(args.routes)) * per + (0 if args.no_graphs else 3) * (st.reps + 2 * args.warmup + 2)
     runs += 3 * min(args.floor_reps, st.reps) + 4 * args.wall_reps
     return 0.25 + runs * max(kern, 60.0) * 1e-6
 
@@ -1394,7 +1909,21 @@ def parse_args(argv=None):
                    help="sliding window for both libraries, as FlashInfer's window_left (the last W + 1 tokens; "
                         "Gemma-2's local layers: 4095; default -1: none)")
     p.add_argument("--routes", default=",".join(ROUTES), help="PersistentKV routes (default all six)")
-    p.add_argument("--fi-configs", default="cudacore,tensorcore", help="FlashInfer paths to time")
+    p.add_argument("--fi-configs", default=",".join(FI_PATHS),
+                   help=f"FlashInfer paths to time (default all: {','.join(FI_PATHS)})")
+    p.add_argument("--split-tokens", default=",".join(map(str, SPLIT_TOKENS)),
+                   help="fixed_split_size settings of the split sweep, in tokens (plan() gets tokens / page size "
+                        "pages); disable_split_kv=True is always in the sweep")
+    p.add_argument("--xqa-sm-multiples", default=",".join(map(str, XQA_SM_MULTIPLES)),
+                   help="the xqa_sweep path: sm_count = k x SMs handed to flashinfer.xqa.xqa (more sub-sequences)")
+    p.add_argument("--passes", type=int, default=2,
+                   help="timing passes per step, FlashInfer first in even passes and PersistentKV first in odd "
+                        "ones; each times reps / passes runs; a path's time is the median of its passes")
+    p.add_argument("--repeat-procs", type=int, default=0,
+                   help="after the run, measure each --repeat-steps anchor again in this many separate processes "
+                        "(no graphs) and report the spread (meta.repeats, the Markdown's last table)")
+    p.add_argument("--repeat-steps", default=",".join(a[0] for a in ANCHORS if a[1] in (8, 16)),
+                   help="anchor steps repeated by --repeat-procs (default the B8 and B16 anchors)")
     p.add_argument("--reps", type=int, default=100, help="timed runs per configuration, anchors and shapes")
     p.add_argument("--trace-reps", type=int, default=30, help="timed runs per configuration, trace steps")
     p.add_argument("--warmup", type=int, default=3, help="untimed runs before each timing (twice: host cost, then device estimate)")
@@ -1423,15 +1952,69 @@ def parse_args(argv=None):
     a = p.parse_args(argv)
     a.routes = [r for r in a.routes.split(",") if r]
     a.fi_configs = [c for c in a.fi_configs.split(",") if c]
-    bad = [r for r in a.routes if r not in ROUTES] + [c for c in a.fi_configs if c not in ("cudacore", "tensorcore")]
+    a.split_tokens = [int(x) for x in a.split_tokens.split(",") if x]
+    a.xqa_sm_multiples = [int(x) for x in a.xqa_sm_multiples.split(",") if x]
+    bad = [r for r in a.routes if r not in ROUTES] + [c for c in a.fi_configs if c not in FI_PATHS]
     if bad:
         p.error(f"unknown routes or FlashInfer configs: {bad}")
+    bad = [n for n in a.repeat_steps.split(",") if n and n not in ANCHOR_BY_NAME]
+    if bad:
+        p.error(f"--repeat-steps: unknown anchors {bad}")
     bad = [g for g in a.groups.split(",") if g not in ("anchors", "shapes", "traces")]
     if bad:
         p.error(f"unknown groups {bad}")
     if not (a.dry_run or a.jit_one or a.jit_warmup_only) and not a.out:
         p.error("--out DIR is required")
     return a
+
+
+def run_repeats(args, deadline=None):
+    """--repeat-procs: each --repeat-steps anchor measured again in separate processes (this script, that step
+    alone, no graphs), one after another; returns one entry per step with the spread over the processes."""
+    import tempfile
+    names = [n for n in args.repeat_steps.split(",") if n]
+    tmp = Path(tempfile.mkdtemp(prefix="pkv-repeat-"))
+    out = []
+    for name in names:
+        runs = []
+        for k in range(args.repeat_procs):
+            left = None if deadline is None else deadline - time.perf_counter()
+            if left is not None and left < 60:
+                log(f"repeats: no time left for {name} run {k + 1}")
+                break
+            d = tmp / f"{name}_{k}"
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--groups", "anchors", "--anchors", name, "--out",
+                   str(d), "--no-graphs", "--layout", args.layout, "--page-size", str(args.page_size), "--reps",
+                   str(args.reps), "--passes", str(args.passes), "--fi-configs", ",".join(args.fi_configs), "--routes",
+                   ",".join(args.routes), "--split-tokens", ",".join(map(str, args.split_tokens)),
+                   "--xqa-sm-multiples", ",".join(map(str, args.xqa_sm_multiples)), "--soft-cap", str(args.soft_cap),
+                   "--window-left", str(args.window_left), "--warmup", str(args.warmup), "--wall-reps", "2",
+                   "--rotate-gib", str(args.rotate_gib), "--floor", args.floor]
+            if left is not None:
+                cmd += ["--max-minutes", f"{(left - 20) / 60:.2f}"]
+            t0 = time.perf_counter()
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=None if left is None else max(30, left - 10))
+            try:
+                r = json.loads((d / "compare.json").read_text())["rows"][0]
+            except Exception as e:
+                log(f"repeats: {name} run {k + 1} gave no row (exit {p.returncode}, {type(e).__name__}): "
+                    f"{p.stderr[-800:]}")
+                continue
+            runs.append({key: r.get(key) for key in ("fi_best_us", "fi_best_config", "fi_best_setting", "pkv_auto_us",
+                                                     "pkv_auto_route_used", "pkv_best_us", "pkv_best_route_used",
+                                                     "ratio", "ratio_auto", "fi_path_us", "ok")})
+            log(f"repeats: {name} run {k + 1}/{args.repeat_procs}: FI {fmt(r.get('fi_best_us'))} us "
+                f"({r.get('fi_best_config')}), auto {fmt(r.get('pkv_auto_us'))} us, auto / FI best "
+                f"{fmt(r.get('ratio_auto'), '.3f')} ({time.perf_counter() - t0:.0f} s)")
+        if runs:
+            out.append({"name": name, "runs": len(runs), "per_run": runs,
+                        "fi_best_us": spread([x["fi_best_us"] for x in runs]),
+                        "pkv_auto_us": spread([x["pkv_auto_us"] for x in runs]),
+                        "pkv_best_us": spread([x["pkv_best_us"] for x in runs]),
+                        "ratio_auto": spread([x["ratio_auto"] for x in runs]),
+                        "ratio": spread([x["ratio"] for x in runs]),
+                        "fi_best_paths": sorted({str(x["fi_best_config"]) for x in runs})})
+    return out
 
 
 def run_append(args):
@@ -1557,10 +2140,11 @@ def main(argv=None):
     if args.jit_warmup_only:  # no PersistentKV needed: can run while the library builds
         traces = "traces" in args.groups.split(",")
         args.groups = ",".join(g for g in args.groups.split(",") if g != "traces")
-        mods = fi_modules(build_steps(args), args.fi_configs) if args.groups else {}
+        mods = fi_modules(build_steps(args), args) if args.groups else {}
         if traces:  # the trace steps use the paper shape
-            for cfg in args.fi_configs:
-                mods.setdefault(("fp16", 128, cfg == "tensorcore"), SHAPES["paper"][:2])
+            a = types.SimpleNamespace(page_size=args.page_size, layout=args.layout)
+            st = isolated_step("trace", "jit", "paper", "fp16", [1024], a, 1)
+            mods.update({k: v for k, v in fi_modules([st], args).items() if k not in mods})
         jit_warmup(mods, args.layout, args.jit_jobs, args)
         return 0
     steps = build_steps(args)
@@ -1574,6 +2158,11 @@ def main(argv=None):
             meta = dict(base_meta(args), dry_run=True, gpu={"name": "none (dry run)"},
                         ceilings={"read_gbps": 4600.0, "read_kernel": "dry-run"})
             rows = [fake_row(s, args, rnd) for s in steps]
+            if args.repeat_procs:
+                meta["repeats"] = [{"name": n, "runs": args.repeat_procs,
+                                    "fi_best_us": (50.0, 49.0, 51.0), "pkv_auto_us": (48.0, 47.5, 48.6),
+                                    "ratio_auto": (1.04, 1.02, 1.06), "ratio": (1.05, 1.03, 1.07),
+                                    "fi_best_paths": ["split_sweep"]} for n in args.repeat_steps.split(",") if n]
             write_outputs(args.out, meta, rows)
             log(f"dry run: wrote made-up rows to {args.out}/compare.json and compare.md")
             print(short_table(meta, rows))
@@ -1588,7 +2177,7 @@ def main(argv=None):
     meta.update(torch=torch.__version__, cuda=torch.version.cuda, flashinfer=flashinfer.__version__,
                 pkv_library=str(pkv.library_path), gpu={"name": torch.cuda.get_device_name(0)})
     if args.jit_warmup:
-        meta["jit_warmup_s"] = jit_warmup(fi_modules(steps, args.fi_configs), args.layout, args.jit_jobs, args)
+        meta["jit_warmup_s"] = jit_warmup(fi_modules(steps, args), args.layout, args.jit_jobs, args)
     flat = max([8 << 30] + [s.pool_bytes for s in steps])
     gpu = Gpu(args, flat)
     if gpu.devh is not None:
@@ -1602,10 +2191,12 @@ def main(argv=None):
         f"{ce['torch_sum_gbps']:.0f} GB/s; spin clock {gpu.cycles_per_us:.0f} cycles/us")
 
     budget = args.max_minutes * 60 if args.max_minutes else None
+    # --repeat-procs: keep ~30 s per child process (start, JIT load, buffer fill, one step) out of the steps' time
+    reserve = 30.0 * args.repeat_procs * len([n for n in args.repeat_steps.split(",") if n]) if args.repeat_procs else 0
     rows, skipped, last_write, longest = [], [], time.perf_counter(), 0.0
     for i, st in enumerate(steps):
         elapsed = time.perf_counter() - t_start
-        if budget is not None and elapsed + max(estimate_step_s(st, args), 1.5 * longest) + 10 > budget:
+        if budget is not None and elapsed + max(estimate_step_s(st, args), 1.5 * longest) + 10 + reserve > budget:
             skipped = [s.key() for s in steps[i:]]
             log(f"time limit: stopping before step {i + 1}/{len(steps)} ({st.key()}); {len(skipped)} steps not run")
             break
@@ -1636,6 +2227,13 @@ def main(argv=None):
         if time.perf_counter() - last_write > 30:
             write_outputs(args.out, dict(meta, partial=True, elapsed_s=time.perf_counter() - t_start), rows)
             last_write = time.perf_counter()
+    if args.repeat_procs > 0 and "device_error" not in meta:
+        write_outputs(args.out, dict(meta, partial=True, elapsed_s=time.perf_counter() - t_start), rows)
+        gpu.flat = None  # the children allocate their own buffers
+        gpu.fi_wrappers.clear()
+        gpu.pkv_wrappers.clear()
+        torch.cuda.empty_cache()
+        meta["repeats"] = run_repeats(args, None if budget is None else t_start + budget)
     meta.update(truncated=bool(skipped), skipped=skipped, elapsed_s=time.perf_counter() - t_start)
     write_outputs(args.out, meta, rows)
     log(f"wrote {args.out / 'compare.json'} and {args.out / 'compare.md'} ({meta['elapsed_s']:.0f} s)")
