@@ -150,6 +150,11 @@ uint16_t pkv_float_to_half(float f);
 float pkv_half_to_float(uint16_t h);
 uint16_t pkv_float_to_bf16(float f);
 float pkv_bf16_to_float(uint16_t h);
+/* fp8 (e5m2 0: e4m3 "fn", largest 448, no infinities; 1: e5m2, largest 57344): any code decoded; floats
+ * encoded with round to nearest even, saturating (beyond the largest finite, infinities included: the
+ * largest finite of the sign; NaN: NaN). */
+float pkv_fp8_to_float(uint8_t v, int e5m2);
+uint8_t pkv_float_to_fp8(float f, int e5m2);
 
 /* ------------------------------------------------------------------------------------------------
  * Float64 reference: the definition every backend is checked against.  Inputs are host

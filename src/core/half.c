@@ -60,3 +60,39 @@ uint16_t pkv_float_to_bf16(float f) {
 }
 
 float pkv_bf16_to_float(uint16_t h) { return bits_f32((uint32_t)h << 16); }
+
+/* ---- fp8 (OCP 8-bit floats): e4m3 ("fn": no infinities, S.1111.111 the only NaN, largest 448) and e5m2
+ * (IEEE-like: infinities and NaNs at exponent 31, largest finite 57344) ----------------------------------- */
+float pkv_fp8_to_float(uint8_t v, int e5m2) {
+    const uint32_t sign = (uint32_t)(v & 0x80u) << 24;
+    const int ebits = e5m2 ? 5 : 4, mbits = 7 - ebits, bias = e5m2 ? 15 : 7;
+    const uint32_t e = (uint32_t)(v & 0x7fu) >> mbits, m = (uint32_t)v & ((1u << mbits) - 1u);
+    if (!e5m2 && e == 15 && m == 7) return bits_f32(sign | 0x7fc00000u);
+    if (e5m2 && e == 31) return bits_f32(sign | (m ? 0x7fc00000u : 0x7f800000u));
+    if (e == 0) { /* subnormal: m x 2^(1 - bias - mbits), exact in float */
+        const float mag = (float)m * bits_f32((uint32_t)(127 + 1 - bias - mbits) << 23);
+        return sign ? -mag : mag;
+    }
+    return bits_f32(sign | ((e - (uint32_t)bias + 127u) << 23) | (m << (23 - mbits)));
+}
+
+uint8_t pkv_float_to_fp8(float f, int e5m2) {
+    const uint32_t x = f32_bits(f);
+    const uint8_t sign = (uint8_t)((x >> 24) & 0x80u);
+    const uint8_t max_code = e5m2 ? 0x7bu : 0x7eu; /* the largest finite magnitude */
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint8_t)(sign | 0x7fu); /* NaN (e5m2: 0x7f is a NaN too) */
+    const float a = bits_f32(x & 0x7fffffffu);
+    if (!(a < pkv_fp8_to_float(max_code, e5m2))) return (uint8_t)(sign | max_code); /* saturate, inf included */
+    /* the largest code whose magnitude is <= a (magnitudes grow with the code), then round to nearest even */
+    uint32_t lo = 0, hi = max_code;
+    while (lo < hi) {
+        const uint32_t mid = (lo + hi + 1) / 2;
+        if (pkv_fp8_to_float((uint8_t)mid, e5m2) <= a) lo = mid;
+        else hi = mid - 1;
+    }
+    const float below = pkv_fp8_to_float((uint8_t)lo, e5m2), above = pkv_fp8_to_float((uint8_t)(lo + 1), e5m2);
+    const float d_lo = a - below, d_hi = above - a; /* exact: fp8 neighbours are a float's bits apart */
+    uint32_t code = lo;
+    if (d_hi < d_lo || (d_hi == d_lo && (lo & 1u))) code = lo + 1;
+    return (uint8_t)(sign | code);
+}

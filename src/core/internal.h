@@ -159,6 +159,10 @@ void pkv_clear_error(pkv_context *ctx);
 /* fp16 / bf16 <-> float, round to nearest even (half.c). */
 uint16_t pkv_float_to_half(float f);
 float pkv_half_to_float(uint16_t h);
+/* fp8 (half.c): decode any code; encode with round to nearest even, saturating (a finite value beyond the
+ * largest, or an infinity, becomes the largest finite of its sign; NaN stays NaN). */
+float pkv_fp8_to_float(uint8_t v, int e5m2); /* e5m2 0: e4m3, 1: e5m2 */
+uint8_t pkv_float_to_fp8(float f, int e5m2);
 uint16_t pkv_float_to_bf16(float f);
 float pkv_bf16_to_float(uint16_t h);
 
