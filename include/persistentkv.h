@@ -518,6 +518,11 @@ PKV_API pkv_status pkv_request_length(const pkv_page_pool *pool, int32_t req, in
  * *count = its page count.  PKV_ERR_INVALID_ARGUMENT when capacity is below it. */
 PKV_API pkv_status pkv_request_pages(const pkv_page_pool *pool, int32_t req, int32_t *pages_out, int64_t capacity,
                                      int32_t *count);
+/* The request's pages from index first on (first <= its page count) into pages_out [capacity]; *count = its
+ * page count.  O(pages copied): what a server that keeps each row's page ids in place (one slot of a fixed
+ * stride per row, on the device) reads per step - the last page (a copy-on-write replaces it) and a new one. */
+PKV_API pkv_status pkv_request_pages_from(const pkv_page_pool *pool, int32_t req, int32_t first, int32_t *pages_out,
+                                          int64_t capacity, int32_t *count);
 
 /* The page-table entries (sum of the pages) of the rows reqs [batch_size] into *num_indices: the
  * capacity pkv_page_pool_table needs.  O(B). */

@@ -39,6 +39,13 @@ struct pkv_decoder {
     int64_t h_cap;
     int32_t *pages;                                     /* a request's pages (host) */
     int64_t pages_cap;
+    /* the decode steps' page table, kept between steps: batch position i's ids at b_slots[i x S ...) */
+    int32_t S;                                          /* pages per row: ceil(max_len / page_size) */
+    int32_t *slot_req, *slot_np;                        /* host [max_batch]: each position's request, its ids */
+    int32_t *b_slots, *b_sindptr, *h_sindptr;           /* backend [max_batch x S]; the rows' offsets i x S */
+    int32_t *h_pairs, *b_pairs;                         /* the step's (index, id) changes: host and backend */
+    int64_t pairs_cap;
+    const int32_t *attn_indices;                        /* the page ids attention reads this forward */
     void *ws;
     size_t ws_cap;
     pkv_decoder_times last;
@@ -99,6 +106,7 @@ void pkv_decoder_config_default(pkv_decoder_config *c, const pkv_model_shape *sh
     c->num_pages = 4096;
     c->max_batch = 128;
     c->max_requests = 1024;
+    c->max_len = 32768;
     c->seed = 1;
     c->route = PKV_ROUTE_AUTO;
 }
@@ -119,7 +127,7 @@ pkv_status pkv_decoder_create(pkv_context *ctx, const pkv_decoder_config *cfg, p
     *out = NULL;
     TRY(pkv_model_shape_check(&cfg->shape));
     if (cfg->page_size < 1 || cfg->page_size > 256 || cfg->num_pages < 1 || cfg->num_pages > INT32_MAX ||
-        cfg->max_batch < 1 || cfg->max_requests < 1)
+        cfg->max_batch < 1 || cfg->max_requests < 1 || cfg->max_len < 1 || cfg->max_len > (1 << 30))
         return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "decoder: page size, pages, batch or requests out of range");
     pkv_decoder *d = (pkv_decoder *)calloc(1, sizeof *d);
     if (!d) return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "decoder: out of memory");
@@ -185,9 +193,28 @@ pkv_status pkv_decoder_create(pkv_context *ctx, const pkv_decoder_config *cfg, p
     if (st == PKV_OK) st = balloc(d, (size_t)(B + 1) * 4, &d->b_aptr);
     if (st == PKV_OK) st = balloc(d, (size_t)(B + 1) * 4, &d->b_aindptr);
     if (st == PKV_OK) st = balloc(d, (size_t)B * 4, &d->b_alens);
+    d->S = (int32_t)(((int64_t)cfg->max_len + cfg->page_size - 1) / cfg->page_size);
+    if ((int64_t)d->S * B > INT32_MAX && st == PKV_OK)
+        st = pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "decoder: max_batch x pages per row above 2^31");
+    d->pairs_cap = (int64_t)B * d->S;
+    if (st == PKV_OK) st = balloc(d, (size_t)B * d->S * 4, &d->b_slots);
+    if (st == PKV_OK) st = balloc(d, (size_t)(B + 1) * 4, &d->b_sindptr);
+    if (st == PKV_OK) st = balloc(d, (size_t)d->pairs_cap * 8, &d->b_pairs);
+    d->slot_req = (int32_t *)malloc((size_t)B * 4);
+    d->slot_np = (int32_t *)malloc((size_t)B * 4);
+    d->h_pairs = (int32_t *)malloc((size_t)d->pairs_cap * 8);
     d->h_indptr = (int32_t *)malloc((size_t)(B + 1) * 4);
+    d->h_sindptr = (int32_t *)malloc((size_t)(B + 1) * 4);
     d->h_lens = (int32_t *)malloc((size_t)B * 4);
-    if (st == PKV_OK && (!d->h_indptr || !d->h_lens)) st = pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "decoder: out of memory");
+    if (st == PKV_OK && (!d->h_indptr || !d->h_sindptr || !d->h_lens || !d->slot_req || !d->slot_np || !d->h_pairs))
+        st = pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "decoder: out of memory");
+    if (st == PKV_OK) {
+        for (int64_t i = 0; i <= B; i++) d->h_sindptr[i] = (int32_t)(i * d->S); /* the strided rows */
+        st = bput(d, d->b_sindptr, d->h_sindptr, (size_t)(B + 1) * 4);
+        for (int64_t i = 0; i < B; i++) d->slot_req[i] = -1, d->slot_np[i] = 0;
+        /* every id valid before any step writes it: page 0 (never read past a row's length) */
+        if (st == PKV_OK) st = pkv_op_fill_uniform(d->ops, (uint16_t *)d->b_slots, (int64_t)B * d->S * 2, 0.0f, 0.0f, 0);
+    }
     if (st == PKV_OK) st = pkv_ops_synchronize(d->ops);
     if (st != PKV_OK) {
         pkv_decoder_free(d);
@@ -208,9 +235,11 @@ void pkv_decoder_free(pkv_decoder *d) {
     free(d->layers);
     void *bufs[] = {d->embed, d->final_norm, d->lm_head, d->inv_freq, d->x, d->h, d->qkv, d->attn, d->tmp, d->gu,
                     d->act, d->logits, d->b_tokens, d->b_positions, d->b_next, d->b_indptr, d->b_lens, d->b_aptr,
-                    d->b_aindptr, d->b_alens, d->b_indices, d->b_aindices, d->ws};
+                    d->b_aindptr, d->b_alens, d->b_indices, d->b_aindices, d->ws, d->b_slots, d->b_sindptr,
+                    d->b_pairs};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) bfree(d, bufs[i]);
     free(d->h_indptr), free(d->h_lens), free(d->h_indices), free(d->pages);
+    free(d->slot_req), free(d->slot_np), free(d->h_pairs), free(d->h_sindptr);
     pkv_plan_free(d->plan);
     pkv_page_pool_free(d->pool);
     pkv_ops_free(d->ops);
@@ -313,7 +342,7 @@ static pkv_status forward(pkv_decoder *d, int32_t R, const append_table *at, int
         t.q_row_stride = d->qkv_row;
         t.k_cache = w->k_cache;
         t.v_cache = w->v_cache;
-        t.kv_page_indices = d->b_indices;
+        t.kv_page_indices = d->attn_indices;
         t.o = d->attn;
         TRY(pkv_run(d->ctx, d->plan, d->ws, d->ws_cap, &t, NULL));
         TRY(pkv_ops_mark(o, PKV_PART_GEMM));
@@ -365,6 +394,12 @@ static void finish_times(pkv_decoder *d, double t0, double host_us) {
     d->last.step_us = wall_us() - t0;
 }
 
+/* A request id that starts over (created, or freed): no batch position keeps its ids. */
+static void forget(pkv_decoder *d, int32_t req) {
+    for (int32_t i = 0; i < d->cfg.max_batch; i++)
+        if (d->slot_req[i] == req) d->slot_req[i] = -1, d->slot_np[i] = 0;
+}
+
 void pkv_decoder_last_times(const pkv_decoder *d, pkv_decoder_times *t) {
     if (d && t) *t = d->last;
 }
@@ -383,16 +418,41 @@ pkv_status pkv_decoder_step(pkv_decoder *d, const int32_t *reqs, const int32_t *
             for (int32_t l = 0; l < d->s.layers; l++)
                 TRY(pkv_copy_pages(d->ctx, &d->prob, &c, 1, d->layers[l].k_cache, d->layers[l].v_cache, 0, NULL));
     }
-    int64_t n = 0;
-    TRY(pkv_page_pool_table_size(d->pool, reqs, B, &n));
-    if (n > d->h_cap) {
-        free(d->h_indices);
-        d->h_indices = (int32_t *)malloc((size_t)n * 2 * sizeof(int32_t));
-        if (!d->h_indices) return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "decoder: out of memory");
-        d->h_cap = n * 2;
+    /* the rows' lengths, and the ids that changed since the last step at each batch position: the last
+     * page known there onwards (a copy-on-write replaces it, a step adds one), or the whole row where
+     * another request took the position */
+    int32_t npairs = 0;
+    pkv_status st = PKV_OK;
+    for (int32_t i = 0; i < B && st == PKV_OK; i++) {
+        int32_t len = 0, np = 0;
+        st = pkv_request_length(d->pool, reqs[i], &len);
+        if (st != PKV_OK) break;
+        const bool same = d->slot_req[i] == reqs[i];
+        const int32_t from = same && d->slot_np[i] > 0 ? d->slot_np[i] - 1 : 0;
+        st = pkv_request_pages(d->pool, reqs[i], NULL, 0, &np); /* the count */
+        if (st != PKV_OK) break;
+        if (np > d->S) {
+            st = pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "decoder step: request %d holds %d pages, above max_len's %d",
+                              reqs[i], np, d->S);
+            break;
+        }
+        const int32_t first = from < np ? from : (np > 0 ? np - 1 : 0);
+        /* the ids into the upper half of this row's room, then spread into (index, id) pairs in place (pair j
+         * is written after id j is read, and never over an id not read yet) */
+        int32_t *dst = d->h_pairs + 2 * (int64_t)npairs + (int64_t)(np - first);
+        st = pkv_request_pages_from(d->pool, reqs[i], first, dst, np - first, &np);
+        for (int32_t j = 0; st == PKV_OK && j < np - first; j++) {
+            const int32_t id = dst[j];
+            d->h_pairs[2 * (int64_t)(npairs + j)] = i * d->S + first + j;
+            d->h_pairs[2 * (int64_t)(npairs + j) + 1] = id;
+        }
+        npairs += np - first;
+        d->slot_req[i] = reqs[i];
+        d->slot_np[i] = np;
+        d->h_lens[i] = len;
     }
-    TRY(pkv_page_pool_table(d->pool, reqs, B, d->h_indptr, d->h_indices, d->h_cap, NULL, d->h_lens));
-    const pkv_page_table table = {B, d->h_indptr, d->h_indices, d->h_lens};
+    if (st != PKV_OK) return st;
+    const pkv_page_table table = {B, d->h_sindptr, NULL, d->h_lens}; /* the manager's ids: valid by construction */
     pkv_plan_options opts;
     pkv_plan_options_default(&opts);
     opts.route = d->cfg.route;
@@ -401,15 +461,16 @@ pkv_status pkv_decoder_step(pkv_decoder *d, const int32_t *reqs, const int32_t *
     if (!positions) return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "decoder: out of memory");
     for (int32_t i = 0; i < B; i++) positions[i] = d->h_lens[i] - 1;
     const double host_us = wall_us() - t0;
-    /* the table (attention and append alike: the decode form, token i the last of row i) */
-    pkv_status st = bgrow(d, &d->b_indices, &d->b_cap, n > 0 ? n : 1);
-    if (st == PKV_OK) st = bput(d, d->b_indices, d->h_indices, (size_t)n * 4);
-    if (st == PKV_OK) st = bput(d, d->b_aindptr, d->h_indptr, (size_t)(B + 1) * 4);
+    /* the changes, the lengths, positions and tokens (the decode form of the append: token i the last of
+     * row i, over the same strided table) */
+    st = bput(d, d->b_pairs, d->h_pairs, (size_t)npairs * 8);
+    if (st == PKV_OK) st = pkv_op_scatter_i32(d->ops, d->b_slots, d->b_pairs, npairs);
     if (st == PKV_OK) st = bput(d, d->b_alens, d->h_lens, (size_t)B * 4);
     if (st == PKV_OK) st = bput(d, d->b_positions, positions, (size_t)B * 4);
     if (st == PKV_OK) st = bput(d, d->b_tokens, tokens, (size_t)B * 4);
     if (positions != pos) free(positions);
-    const append_table at = {B, d->b_aindptr, d->b_indices, d->b_alens, NULL}; /* the decode form */
+    const append_table at = {B, d->b_sindptr, d->b_slots, d->b_alens, NULL};
+    d->attn_indices = d->b_slots;
     if (st == PKV_OK) st = pkv_op_embed(d->ops, d->embed, d->s.vocab, d->s.hidden, d->b_tokens, B, d->x);
     if (st == PKV_OK) st = forward(d, B, &at, 0, B);
     if (st == PKV_OK) st = results(d, B, next, logits_out);
@@ -427,6 +488,7 @@ pkv_status pkv_decoder_prefill(pkv_decoder *d, int32_t req, const int32_t *promp
                                 prompt[i], d->s.vocab);
     const double t0 = wall_us();
     TRY(pkv_request_create(d->pool, req, n));
+    forget(d, req);
     int32_t np = 0;
     pkv_status st = pkv_request_pages(d->pool, req, NULL, 0, &np);
     if (st == PKV_OK && np > d->pages_cap) {
@@ -482,6 +544,7 @@ pkv_status pkv_decoder_prefill(pkv_decoder *d, int32_t req, const int32_t *promp
         if (st == PKV_OK) st = bput(d, d->b_alens, alens, sizeof alens);
         if (st == PKV_OK) st = bput(d, d->b_aptr, aptr, sizeof aptr);
         const append_table at = {1, d->b_aindptr, d->b_aindices, d->b_alens, d->b_aptr};
+        d->attn_indices = d->b_indices;
         const bool last = j + R == n;
         if (st == PKV_OK) st = pkv_op_embed(d->ops, d->embed, d->s.vocab, d->s.hidden, d->b_tokens, R, d->x);
         if (st == PKV_OK) st = forward(d, R, &at, R - 1, last ? 1 : 0);
@@ -496,10 +559,13 @@ pkv_status pkv_decoder_prefill(pkv_decoder *d, int32_t req, const int32_t *promp
 
 pkv_status pkv_decoder_prefill_synthetic(pkv_decoder *d, int32_t req, int32_t n) {
     if (!d) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "decoder: NULL argument");
-    return pkv_request_create(d->pool, req, n);
+    TRY(pkv_request_create(d->pool, req, n));
+    forget(d, req);
+    return PKV_OK;
 }
 
 pkv_status pkv_decoder_release(pkv_decoder *d, int32_t req) {
     if (!d) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "decoder: NULL argument");
+    forget(d, req);
     return pkv_request_free(d->pool, req);
 }

@@ -231,6 +231,13 @@ pkv_status pkv_op_fill_uniform(pkv_ops *ops, uint16_t *p, int64_t count, float l
     return PKV_OK;
 }
 
+pkv_status pkv_op_scatter_i32(pkv_ops *ops, int32_t *dst, const int32_t *pairs, int32_t n) {
+    OPS_CHECK(ops && dst && (pairs || n == 0) && n >= 0, "scatter_i32: bad argument");
+    if (ops->cuda) return pkv_cuda_op_scatter_i32(ops, dst, pairs, n);
+    for (int32_t k = 0; k < n; k++) dst[pairs[2 * k]] = pairs[2 * k + 1];
+    return PKV_OK;
+}
+
 pkv_status pkv_op_argmax(pkv_ops *ops, const uint16_t *logits, int32_t B, int32_t vocab, int32_t *tokens) {
     OPS_CHECK(ops && logits && tokens && B >= 0 && vocab > 0, "argmax: bad argument");
     if (ops->cuda) return pkv_cuda_op_argmax(ops, logits, B, vocab, tokens);

@@ -120,7 +120,18 @@ __global__ void fill_kernel(uint16_t *p, int64_t count, float lo, float hi, uint
         p[i] = to_bf(__fmaf_rn(hi - lo, pkv_fill_u(seed, (uint64_t)i), lo));
 }
 
+__global__ void scatter_kernel(int32_t *dst, const int32_t *pairs, int32_t n) {
+    for (int32_t k = blockIdx.x * kThreads + threadIdx.x; k < n; k += gridDim.x * kThreads) dst[pairs[2 * k]] = pairs[2 * k + 1];
+}
+
 } // namespace
+
+extern "C" pkv_status pkv_cuda_op_scatter_i32(pkv_ops *ops, int32_t *dst, const int32_t *pairs, int32_t n) {
+    if (n == 0) return PKV_OK;
+    const int32_t blocks = (n + kThreads - 1) / kThreads;
+    scatter_kernel<<<blocks < 1024 ? blocks : 1024, kThreads, 0, stream_of(ops)>>>(dst, pairs, n);
+    return launched("scatter_i32");
+}
 
 extern "C" pkv_status pkv_cuda_op_fill_uniform(pkv_ops *ops, uint16_t *p, int64_t count, float lo, float hi,
                                                uint64_t seed) {

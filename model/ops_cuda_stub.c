@@ -48,6 +48,10 @@ pkv_status pkv_cuda_op_fill_uniform(pkv_ops *ops, uint16_t *p, int64_t count, fl
     (void)ops, (void)p, (void)count, (void)lo, (void)hi, (void)seed;
     return NO_CUDA;
 }
+pkv_status pkv_cuda_op_scatter_i32(pkv_ops *ops, int32_t *dst, const int32_t *pairs, int32_t n) {
+    (void)ops, (void)dst, (void)pairs, (void)n;
+    return NO_CUDA;
+}
 pkv_status pkv_cuda_op_argmax(pkv_ops *ops, const uint16_t *logits, int32_t B, int32_t vocab, int32_t *tokens) {
     (void)ops, (void)logits, (void)B, (void)vocab, (void)tokens;
     return NO_CUDA;

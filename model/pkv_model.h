@@ -68,6 +68,8 @@ pkv_status pkv_op_rope(pkv_ops *ops, uint16_t *qkv, const int32_t *positions, in
 pkv_status pkv_op_silu_mul(pkv_ops *ops, const uint16_t *gu, int32_t B, int32_t mlp, uint16_t *out);
 /* Greedy sampling: tokens[b] = the first index of the largest logit of row b (int32 out). */
 pkv_status pkv_op_argmax(pkv_ops *ops, const uint16_t *logits, int32_t B, int32_t vocab, int32_t *tokens);
+/* dst[pairs[2k]] = pairs[2k + 1] for k < n (int32, backend memory): the step's changed page ids. */
+pkv_status pkv_op_scatter_i32(pkv_ops *ops, int32_t *dst, const int32_t *pairs, int32_t n);
 /* Fills count bf16 values with lo + (hi - lo) u, u uniform in [0, 1) from a hash of (seed, index): the same
  * values on both backends (lo == hi: a constant). */
 pkv_status pkv_op_fill_uniform(pkv_ops *ops, uint16_t *p, int64_t count, float lo, float hi, uint64_t seed);
@@ -90,13 +92,18 @@ pkv_status pkv_ops_synchronize(pkv_ops *ops);
  * greedy token.  A request's prompt is prefilled exactly (its tokens as rows of the same engine, row i
  * attending to tokens 0..i: quadratic reads, for prompts of up to a few thousand tokens) or, for decode
  * benchmarks of long contexts, synthetically (its K and V in every layer filled with random values, no
- * model output: the decode steps that follow read and write real bytes, the tokens are not a model's). */
+ * model output: the decode steps that follow read and write real bytes, the tokens are not a model's).
+ * The step's page table stays on the device between steps, a row of max_len / page_size ids per batch
+ * position: a step plans from the rows' lengths alone (the manager's pages are valid by construction) and
+ * uploads only what changed (a row's new or copied page, or a whole row where another request took the
+ * position), so its host cost is O(B), not O(pages). */
 typedef struct pkv_decoder_config {
     pkv_model_shape shape;
     int32_t page_size;     /* tokens per page (16) */
     int64_t num_pages;     /* pages per layer's pool: the most tokens in flight / page_size, at least */
     int32_t max_batch;     /* most requests decoded in one step (and most prompt tokens prefilled at once) */
     int32_t max_requests;  /* request ids in [0, max_requests) */
+    int32_t max_len;       /* a request's most tokens (its row of the step's page table holds that many pages) */
     uint64_t seed;         /* the random weights' */
     pkv_route route;       /* attention's route (AUTO: the library's policy) */
 } pkv_decoder_config;

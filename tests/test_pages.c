@@ -198,6 +198,17 @@ static void test_worked_example(void) {
     CHECK(st.pages_shared == 2 && st.pages_used == 3 && st.fragmentation == 3 + 3 + 3);
     CHECK_OK(pkv_request_extend(pool, 3, 1, &c));
     CHECK(c.src_page == 3 && c.dst_page == 1); /* page 1 was on top of the free stack */
+    /* the fork's pages from its last one on: the copy in place of page 3 */
+    int32_t tail[2] = {-9, -9};
+    CHECK_OK(pkv_request_pages_from(pool, 3, 1, tail, 2, &n));
+    CHECK(n == 2 && tail[0] == 1 && tail[1] == -9);
+    CHECK_OK(pkv_request_pages_from(pool, 3, 2, NULL, 0, &n)); /* nothing past the end */
+    CHECK(n == 2);
+    CHECK_ERR(pkv_request_pages_from(pool, 3, 3, tail, 2, &n), PKV_ERR_INVALID_ARGUMENT);
+    CHECK_ERR(pkv_request_pages_from(pool, 3, -1, tail, 2, &n), PKV_ERR_INVALID_ARGUMENT);
+    CHECK_ERR(pkv_request_pages_from(pool, 3, 0, tail, 1, &n), PKV_ERR_INVALID_ARGUMENT);
+    CHECK_ERR(pkv_request_pages_from(pool, 3, 0, NULL, 4, &n), PKV_ERR_NULL_POINTER);
+    CHECK_ERR(pkv_request_pages_from(pool, 77, 0, tail, 2, &n), PKV_ERR_UNKNOWN_REQUEST);
     CHECK(pkv_page_pool_page_refs(pool, 3) == 1 && pkv_page_pool_page_refs(pool, 1) == 1);
     CHECK_OK(pkv_request_extend(pool, 1, 1, &c)); /* page 3 is request 1's alone now: no copy */
     CHECK(c.src_page == -1);

@@ -350,6 +350,7 @@ int cmd_decode(int argc, char **argv) {
     }
     pkv_trace *t = NULL;
     int64_t pages = o.pages;
+    int32_t max_len = 0; /* a request's most tokens: its row of the step's table */
     if (!o.prompts) {
         pkv_trace_config tc;
         pkv_trace_config_default(&tc, o.family);
@@ -371,8 +372,14 @@ int cmd_decode(int argc, char **argv) {
             }
             pages += o.batch;
         }
-    } else if (pages == 0) {
-        pages = 65536;
+        for (int32_t r = 0; r < pkv_trace_num_requests(t); r++) {
+            int32_t prompt = 0, dec = 0;
+            pkv_trace_request(t, r, &prompt, &dec);
+            if (prompt + dec + 1 > max_len) max_len = prompt + dec + 1;
+        }
+    } else {
+        if (pages == 0) pages = 65536;
+        max_len = 65536 + o.max_new; /* prompts of up to 64K tokens (a line holds fewer) */
     }
     pkv_context_config cc;
     pkv_context_config_default(&cc);
@@ -389,6 +396,7 @@ int cmd_decode(int argc, char **argv) {
     dc.max_batch = o.batch > 256 ? o.batch : 256; /* prefill chunks of up to 256 rows */
     dc.max_requests = t ? pkv_trace_num_requests(t) : o.batch;
     dc.seed = o.seed;
+    dc.max_len = max_len;
     fprintf(stderr, "pkv decode: %s, %d layers, %lld pages of %d tokens per layer, on %s: setting up\n", s.name,
             s.layers, (long long)pages, o.page_size, pkv_context_device_name(ctx));
     pkv_decoder *d = NULL;

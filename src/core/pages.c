@@ -306,6 +306,25 @@ pkv_status pkv_request_pages(const pkv_page_pool *pool, int32_t req, int32_t *pa
     return PKV_OK;
 }
 
+pkv_status pkv_request_pages_from(const pkv_page_pool *pool, int32_t req, int32_t first, int32_t *pages_out,
+                                  int64_t capacity, int32_t *count) {
+    if (!count) return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "pkv_request_pages_from: count is NULL");
+    pool_request *r = NULL;
+    const pkv_status s = lookup(pool, req, "pkv_request_pages_from", &r);
+    if (s != PKV_OK) return s;
+    if (first < 0 || first > r->npages)
+        return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, "pkv_request_pages_from: first %d is not in [0, %d]", first,
+                        r->npages);
+    const int32_t n = r->npages - first;
+    if (n > 0 && !pages_out) return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "pkv_request_pages_from: pages_out is NULL");
+    if (capacity < n)
+        return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT,
+                        "pkv_request_pages_from: %d pages from %d on, capacity is %lld", n, first, (long long)capacity);
+    if (n > 0) memcpy(pages_out, r->pages + first, (size_t)n * sizeof *pages_out);
+    *count = r->npages;
+    return PKV_OK;
+}
+
 /* ---- tables -------------------------------------------------------------------------------------- */
 /* The rows' page count (every request live), or the status of the first bad row. */
 static pkv_status rows_pages(const pkv_page_pool *pool, const int32_t *reqs, int32_t batch_size, const char *what,
