@@ -360,6 +360,7 @@ _protos = {
     "pkv_request_fork": (c_enum, [_vp, ctypes.c_int32, ctypes.c_int32]),
     "pkv_request_length": (c_enum, [_vp, ctypes.c_int32, _i32p]),
     "pkv_request_pages": (c_enum, [_vp, ctypes.c_int32, _vp, ctypes.c_int64, _i32p]),
+    "pkv_request_pages_from": (c_enum, [_vp, ctypes.c_int32, ctypes.c_int32, _vp, ctypes.c_int64, _i32p]),
     "pkv_page_pool_table_size": (c_enum, [_vp, _vp, ctypes.c_int32, _P(ctypes.c_int64)]),
     "pkv_page_pool_table": (c_enum, [_vp, _vp, ctypes.c_int32, _vp, _vp, ctypes.c_int64, _vp, _vp]),
     "pkv_page_pool_check_table": (c_enum, [_vp, _vp, _P(PageTable)]),

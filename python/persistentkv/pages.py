@@ -85,6 +85,18 @@ class PagePool:
         check(lib.pkv_request_pages(self._h, req, out.ctypes.data, out.size, ctypes.byref(n)), call="pkv_request_pages")
         return out
 
+    def pages_from(self, req, first):
+        """The request's pages from index first on (numpy int32): O(pages returned) - a step's last and new
+        page, for a server that keeps each row's page ids in place on the device (docs/pages.md)."""
+        np = A.numpy()
+        n = ctypes.c_int32()
+        req, first = L.as_int(req, "req"), L.as_int(first, "first")
+        check(lib.pkv_request_pages(self._h, req, None, 0, ctypes.byref(n)), call="pkv_request_pages")
+        out = np.empty(max(n.value - first, 0), dtype=np.int32)
+        check(lib.pkv_request_pages_from(self._h, req, first, out.ctypes.data if out.size else None, out.size,
+                                         ctypes.byref(n)), call="pkv_request_pages_from")
+        return out
+
     def page_refs(self, page):
         return int(lib.pkv_page_pool_page_refs(self._h, L.as_int(page, "page")))
 

@@ -21,6 +21,9 @@ def test_pool_operations_and_counters():
     pool.fork(0, 1)
     assert pool.page_refs(1) == 2
     assert pool.extend(1, 1) == (1, 2)  # the shared partial page is copied onto the next free page
+    assert list(pool.pages_from(1, 1)) == [2] and list(pool.pages_from(1, 2)) == []  # the copy replaced page 1
+    with pytest.raises(PkvError):
+        pool.pages_from(1, 3)
     s = pool.stats()
     assert s["pages_used"] == 3 and s["pages_shared"] == 1 and s["cow_copies"] == 1 and s["fragmentation"] == 1
     pool.truncate(1, 5)
