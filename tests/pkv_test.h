@@ -7,6 +7,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static int pkv_test_passed = 0;
 static int pkv_test_failed = 0;
@@ -42,6 +43,17 @@ static int pkv_test_failed = 0;
     } while (0)
 
 #define CHECK_OK(expr) CHECK_STATUS(expr, PKV_OK)
+
+/* The expected failure, with a last-error message that starts with its status string. */
+#define CHECK_FAILS(expr, expected)                                                                       \
+    do {                                                                                                  \
+        pkv_status st__ = (expr);                                                                         \
+        const char *msg__ = pkv_last_error();                                                             \
+        CHECK_MSG(st__ == (expected), "%s returned %d (%s), expected %d (%s)", #expr, (int)st__,          \
+                  pkv_status_string(st__), (int)(expected), pkv_status_string(expected));                \
+        CHECK_MSG(strncmp(msg__, pkv_status_string(expected), strlen(pkv_status_string(expected))) == 0, \
+                  "%s: message '%s' does not start with '%s'", #expr, msg__, pkv_status_string(expected)); \
+    } while (0)
 
 /* Exit code 77 tells CTest the test was skipped (SKIP_RETURN_CODE 77). */
 #define PKV_TEST_SKIP(...)                                                               \

@@ -16,16 +16,6 @@
 #include <stdbool.h>
 #include <string.h>
 
-#define CHECK_ERR(expr, expected)                                                                         \
-    do {                                                                                                  \
-        pkv_status st__ = (expr);                                                                         \
-        const char *msg__ = pkv_last_error();                                                             \
-        CHECK_MSG(st__ == (expected), "%s returned %d (%s), expected %d (%s)", #expr, (int)st__,          \
-                  pkv_status_string(st__), (int)(expected), pkv_status_string(expected));                \
-        CHECK_MSG(strncmp(msg__, pkv_status_string(expected), strlen(pkv_status_string(expected))) == 0, \
-                  "%s: message '%s' does not start with '%s'", #expr, msg__, pkv_status_string(expected)); \
-    } while (0)
-
 enum { MAXR = 8, MAXLEN = 700 };
 
 typedef struct scenario {
@@ -258,72 +248,72 @@ static void test_errors(void) {
     const uint64_t sum = checksum(kc, cache) ^ checksum(vc, cache);
     int32_t bidx[3] = {0, 1, 1}, pos[3] = {4, 1, 2}, aptr[3] = {0, 2, 3};
     a.batch_indices = bidx, a.positions = pos;
-    CHECK_ERR(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_BEYOND_LENGTH); /* position 2 of a 2-token row */
+    CHECK_FAILS(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_BEYOND_LENGTH); /* position 2 of a 2-token row */
     pos[2] = 1;
     bidx[1] = 2;
-    CHECK_ERR(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_INVALID_ARGUMENT); /* row 2 of 2 */
+    CHECK_FAILS(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_INVALID_ARGUMENT); /* row 2 of 2 */
     bidx[1] = 1;
     pos[0] = -1;
-    CHECK_ERR(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_INVALID_ARGUMENT);
+    CHECK_FAILS(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_INVALID_ARGUMENT);
     pos[0] = 4;
     a.seq_lens = NULL; /* without lengths, only the pages bound a position */
     pos[1] = 4;
-    CHECK_ERR(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_BEYOND_LENGTH);
+    CHECK_FAILS(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_BEYOND_LENGTH);
     pos[1] = 1;
     indices[1] = 8;
-    CHECK_ERR(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_PAGE_OUT_OF_RANGE);
+    CHECK_FAILS(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_PAGE_OUT_OF_RANGE);
     indices[1] = 6;
     a.positions = NULL;
-    CHECK_ERR(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_NULL_POINTER);
+    CHECK_FAILS(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_NULL_POINTER);
     a.batch_indices = NULL;
-    CHECK_ERR(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_INVALID_ARGUMENT); /* decode form, 3 tokens */
-    CHECK_ERR(pkv_append_kv(g_ctx, &p, 2, 2, &a, NULL), PKV_ERR_NULL_POINTER);     /* no lengths */
+    CHECK_FAILS(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_INVALID_ARGUMENT); /* decode form, 3 tokens */
+    CHECK_FAILS(pkv_append_kv(g_ctx, &p, 2, 2, &a, NULL), PKV_ERR_NULL_POINTER);     /* no lengths */
     a.append_indptr = aptr, a.kv_last_page_len = last;
     last[1] = 5;
-    CHECK_ERR(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_LENGTH_EXCEEDS_PAGES);
+    CHECK_FAILS(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_LENGTH_EXCEEDS_PAGES);
     last[1] = 2;
     aptr[1] = 3, aptr[2] = 3; /* 3 tokens into the 2-token row... no: 3 into row 0, 0 into row 1 */
     a.kv_last_page_len = NULL, a.seq_lens = lens;
     lens[0] = 2;
-    CHECK_ERR(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_BEYOND_LENGTH);
+    CHECK_FAILS(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_BEYOND_LENGTH);
     lens[0] = 5;
     aptr[1] = 4;
-    CHECK_ERR(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_BAD_INDPTR);
+    CHECK_FAILS(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_BAD_INDPTR);
     aptr[1] = 2;
     indptr[1] = 4;
-    CHECK_ERR(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_BAD_INDPTR);
+    CHECK_FAILS(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_BAD_INDPTR);
     indptr[1] = 2;
     lens[1] = -1;
-    CHECK_ERR(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_NEGATIVE_LENGTH);
+    CHECK_FAILS(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_NEGATIVE_LENGTH);
     lens[1] = 2;
     CHECK_MSG((checksum(kc, cache) ^ checksum(vc, cache)) == sum, "a failing append wrote into the cache");
     CHECK_OK(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL)); /* the ragged form, now right */
     a.k = NULL;
-    CHECK_ERR(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_NULL_POINTER);
+    CHECK_FAILS(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_NULL_POINTER);
     a.k = k;
     a.k_token_stride = 5;
-    CHECK_ERR(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_INVALID_ARGUMENT);
+    CHECK_FAILS(pkv_append_kv(g_ctx, &p, 2, 3, &a, NULL), PKV_ERR_INVALID_ARGUMENT);
     a.k_token_stride = 0;
-    CHECK_ERR(pkv_append_kv(g_ctx, &p, -1, 3, &a, NULL), PKV_ERR_BATCH_SIZE);
-    CHECK_ERR(pkv_append_kv(g_ctx, &p, 2, -3, &a, NULL), PKV_ERR_INVALID_ARGUMENT);
-    CHECK_ERR(pkv_append_kv(NULL, &p, 2, 3, &a, NULL), PKV_ERR_NULL_POINTER);
-    CHECK_ERR(pkv_append_kv(g_ctx, NULL, 2, 3, &a, NULL), PKV_ERR_NULL_POINTER);
+    CHECK_FAILS(pkv_append_kv(g_ctx, &p, -1, 3, &a, NULL), PKV_ERR_BATCH_SIZE);
+    CHECK_FAILS(pkv_append_kv(g_ctx, &p, 2, -3, &a, NULL), PKV_ERR_INVALID_ARGUMENT);
+    CHECK_FAILS(pkv_append_kv(NULL, &p, 2, 3, &a, NULL), PKV_ERR_NULL_POINTER);
+    CHECK_FAILS(pkv_append_kv(g_ctx, NULL, 2, 3, &a, NULL), PKV_ERR_NULL_POINTER);
     CHECK_OK(pkv_append_kv(g_ctx, &p, 2, 0, &a, NULL)); /* nothing to append */
     /* copies */
     pkv_page_copy c[3] = {{3, 5}, {6, 7}, {1, 2}};
     CHECK_OK(pkv_copy_pages(g_ctx, &p, c, 3, kc, vc, 0, NULL));
     CHECK(memcmp(kc + 5 * 512, kc + 3 * 512, 1024) == 0 && memcmp(vc + 7 * 512, vc + 6 * 512, 1024) == 0);
     c[1].dst_page = 8;
-    CHECK_ERR(pkv_copy_pages(g_ctx, &p, c, 3, kc, vc, 0, NULL), PKV_ERR_PAGE_OUT_OF_RANGE);
+    CHECK_FAILS(pkv_copy_pages(g_ctx, &p, c, 3, kc, vc, 0, NULL), PKV_ERR_PAGE_OUT_OF_RANGE);
     c[1].dst_page = 6;
-    CHECK_ERR(pkv_copy_pages(g_ctx, &p, c, 3, kc, vc, 0, NULL), PKV_ERR_INVALID_ARGUMENT); /* onto itself */
+    CHECK_FAILS(pkv_copy_pages(g_ctx, &p, c, 3, kc, vc, 0, NULL), PKV_ERR_INVALID_ARGUMENT); /* onto itself */
     c[1].dst_page = 5;
-    CHECK_ERR(pkv_copy_pages(g_ctx, &p, c, 3, kc, vc, 0, NULL), PKV_ERR_INVALID_ARGUMENT); /* 5 written twice */
+    CHECK_FAILS(pkv_copy_pages(g_ctx, &p, c, 3, kc, vc, 0, NULL), PKV_ERR_INVALID_ARGUMENT); /* 5 written twice */
     c[1].dst_page = 3;
-    CHECK_ERR(pkv_copy_pages(g_ctx, &p, c, 3, kc, vc, 0, NULL), PKV_ERR_INVALID_ARGUMENT); /* 3 read and written */
-    CHECK_ERR(pkv_copy_pages(g_ctx, &p, NULL, 3, kc, vc, 0, NULL), PKV_ERR_NULL_POINTER);
-    CHECK_ERR(pkv_copy_pages(g_ctx, &p, c, -1, kc, vc, 0, NULL), PKV_ERR_INVALID_ARGUMENT);
-    CHECK_ERR(pkv_copy_pages(g_ctx, &p, c, 3, kc, vc, 7, NULL), PKV_ERR_INVALID_ARGUMENT);
+    CHECK_FAILS(pkv_copy_pages(g_ctx, &p, c, 3, kc, vc, 0, NULL), PKV_ERR_INVALID_ARGUMENT); /* 3 read and written */
+    CHECK_FAILS(pkv_copy_pages(g_ctx, &p, NULL, 3, kc, vc, 0, NULL), PKV_ERR_NULL_POINTER);
+    CHECK_FAILS(pkv_copy_pages(g_ctx, &p, c, -1, kc, vc, 0, NULL), PKV_ERR_INVALID_ARGUMENT);
+    CHECK_FAILS(pkv_copy_pages(g_ctx, &p, c, 3, kc, vc, 7, NULL), PKV_ERR_INVALID_ARGUMENT);
     free(kc), free(vc);
 }
 

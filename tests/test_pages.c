@@ -19,17 +19,6 @@
 #include <stdbool.h>
 #include <string.h>
 
-/* The status, and a message that starts with its string. */
-#define CHECK_ERR(expr, expected)                                                                         \
-    do {                                                                                                  \
-        pkv_status st__ = (expr);                                                                         \
-        const char *msg__ = pkv_last_error();                                                             \
-        CHECK_MSG(st__ == (expected), "%s returned %d (%s), expected %d (%s)", #expr, (int)st__,          \
-                  pkv_status_string(st__), (int)(expected), pkv_status_string(expected));                \
-        CHECK_MSG(strncmp(msg__, pkv_status_string(expected), strlen(pkv_status_string(expected))) == 0, \
-                  "%s: message '%s' does not start with '%s'", #expr, msg__, pkv_status_string(expected)); \
-    } while (0)
-
 static void test_random_sequences(void) {
     pkv_rng rng;
     pkv_rng_seed(&rng, 20260635);
@@ -204,11 +193,11 @@ static void test_worked_example(void) {
     CHECK(n == 2 && tail[0] == 1 && tail[1] == -9);
     CHECK_OK(pkv_request_pages_from(pool, 3, 2, NULL, 0, &n)); /* nothing past the end */
     CHECK(n == 2);
-    CHECK_ERR(pkv_request_pages_from(pool, 3, 3, tail, 2, &n), PKV_ERR_INVALID_ARGUMENT);
-    CHECK_ERR(pkv_request_pages_from(pool, 3, -1, tail, 2, &n), PKV_ERR_INVALID_ARGUMENT);
-    CHECK_ERR(pkv_request_pages_from(pool, 3, 0, tail, 1, &n), PKV_ERR_INVALID_ARGUMENT);
-    CHECK_ERR(pkv_request_pages_from(pool, 3, 0, NULL, 4, &n), PKV_ERR_NULL_POINTER);
-    CHECK_ERR(pkv_request_pages_from(pool, 77, 0, tail, 2, &n), PKV_ERR_UNKNOWN_REQUEST);
+    CHECK_FAILS(pkv_request_pages_from(pool, 3, 3, tail, 2, &n), PKV_ERR_INVALID_ARGUMENT);
+    CHECK_FAILS(pkv_request_pages_from(pool, 3, -1, tail, 2, &n), PKV_ERR_INVALID_ARGUMENT);
+    CHECK_FAILS(pkv_request_pages_from(pool, 3, 0, tail, 1, &n), PKV_ERR_INVALID_ARGUMENT);
+    CHECK_FAILS(pkv_request_pages_from(pool, 3, 0, NULL, 4, &n), PKV_ERR_NULL_POINTER);
+    CHECK_FAILS(pkv_request_pages_from(pool, 77, 0, tail, 2, &n), PKV_ERR_UNKNOWN_REQUEST);
     CHECK(pkv_page_pool_page_refs(pool, 3) == 1 && pkv_page_pool_page_refs(pool, 1) == 1);
     CHECK_OK(pkv_request_extend(pool, 1, 1, &c)); /* page 3 is request 1's alone now: no copy */
     CHECK(c.src_page == -1);
@@ -236,91 +225,91 @@ static void test_worked_example(void) {
 
 static void test_errors(void) {
     pkv_page_pool *pool = NULL;
-    CHECK_ERR(pkv_page_pool_create(0, 16, 4, &pool), PKV_ERR_INVALID_ARGUMENT);
+    CHECK_FAILS(pkv_page_pool_create(0, 16, 4, &pool), PKV_ERR_INVALID_ARGUMENT);
     CHECK(pool == NULL);
-    CHECK_ERR(pkv_page_pool_create(8, 0, 4, &pool), PKV_ERR_PAGE_SIZE);
-    CHECK_ERR(pkv_page_pool_create(8, 257, 4, &pool), PKV_ERR_PAGE_SIZE);
-    CHECK_ERR(pkv_page_pool_create(8, 16, 0, &pool), PKV_ERR_INVALID_ARGUMENT);
-    CHECK_ERR(pkv_page_pool_create(8, 16, 4, NULL), PKV_ERR_NULL_POINTER);
+    CHECK_FAILS(pkv_page_pool_create(8, 0, 4, &pool), PKV_ERR_PAGE_SIZE);
+    CHECK_FAILS(pkv_page_pool_create(8, 257, 4, &pool), PKV_ERR_PAGE_SIZE);
+    CHECK_FAILS(pkv_page_pool_create(8, 16, 0, &pool), PKV_ERR_INVALID_ARGUMENT);
+    CHECK_FAILS(pkv_page_pool_create(8, 16, 4, NULL), PKV_ERR_NULL_POINTER);
     CHECK_OK(pkv_page_pool_create(4, 16, 4, &pool));
     if (!pool) return;
     pkv_page_copy c;
     int32_t len = 0;
     /* unknown requests: outside the ids, never created */
-    CHECK_ERR(pkv_request_extend(pool, 7, 1, &c), PKV_ERR_UNKNOWN_REQUEST);
-    CHECK_ERR(pkv_request_extend(pool, -1, 1, &c), PKV_ERR_UNKNOWN_REQUEST);
-    CHECK_ERR(pkv_request_free(pool, 2), PKV_ERR_UNKNOWN_REQUEST);
-    CHECK_ERR(pkv_request_length(pool, 3, &len), PKV_ERR_UNKNOWN_REQUEST);
-    CHECK_ERR(pkv_request_create(pool, 4, 1), PKV_ERR_UNKNOWN_REQUEST);
+    CHECK_FAILS(pkv_request_extend(pool, 7, 1, &c), PKV_ERR_UNKNOWN_REQUEST);
+    CHECK_FAILS(pkv_request_extend(pool, -1, 1, &c), PKV_ERR_UNKNOWN_REQUEST);
+    CHECK_FAILS(pkv_request_free(pool, 2), PKV_ERR_UNKNOWN_REQUEST);
+    CHECK_FAILS(pkv_request_length(pool, 3, &len), PKV_ERR_UNKNOWN_REQUEST);
+    CHECK_FAILS(pkv_request_create(pool, 4, 1), PKV_ERR_UNKNOWN_REQUEST);
     /* double free, extending / truncating / forking a freed request */
     CHECK_OK(pkv_request_create(pool, 0, 20));
-    CHECK_ERR(pkv_request_create(pool, 0, 20), PKV_ERR_INVALID_ARGUMENT); /* live */
+    CHECK_FAILS(pkv_request_create(pool, 0, 20), PKV_ERR_INVALID_ARGUMENT); /* live */
     CHECK_OK(pkv_request_free(pool, 0));
-    CHECK_ERR(pkv_request_free(pool, 0), PKV_ERR_REQUEST_FREED);
-    CHECK_ERR(pkv_request_extend(pool, 0, 1, &c), PKV_ERR_REQUEST_FREED);
-    CHECK_ERR(pkv_request_truncate(pool, 0, 0), PKV_ERR_REQUEST_FREED);
-    CHECK_ERR(pkv_request_fork(pool, 0, 1), PKV_ERR_REQUEST_FREED);
-    CHECK_ERR(pkv_request_length(pool, 0, &len), PKV_ERR_REQUEST_FREED);
+    CHECK_FAILS(pkv_request_free(pool, 0), PKV_ERR_REQUEST_FREED);
+    CHECK_FAILS(pkv_request_extend(pool, 0, 1, &c), PKV_ERR_REQUEST_FREED);
+    CHECK_FAILS(pkv_request_truncate(pool, 0, 0), PKV_ERR_REQUEST_FREED);
+    CHECK_FAILS(pkv_request_fork(pool, 0, 1), PKV_ERR_REQUEST_FREED);
+    CHECK_FAILS(pkv_request_length(pool, 0, &len), PKV_ERR_REQUEST_FREED);
     const int32_t freed = 0;
     int64_t n = 0;
-    CHECK_ERR(pkv_page_pool_table_size(pool, &freed, 1, &n), PKV_ERR_REQUEST_FREED);
+    CHECK_FAILS(pkv_page_pool_table_size(pool, &freed, 1, &n), PKV_ERR_REQUEST_FREED);
     /* bad lengths */
-    CHECK_ERR(pkv_request_create(pool, 1, -1), PKV_ERR_NEGATIVE_LENGTH);
-    CHECK_ERR(pkv_request_create(pool, 1, (1 << 30) + 1), PKV_ERR_INVALID_ARGUMENT);
+    CHECK_FAILS(pkv_request_create(pool, 1, -1), PKV_ERR_NEGATIVE_LENGTH);
+    CHECK_FAILS(pkv_request_create(pool, 1, (1 << 30) + 1), PKV_ERR_INVALID_ARGUMENT);
     CHECK_OK(pkv_request_create(pool, 1, 17)); /* 2 pages */
-    CHECK_ERR(pkv_request_truncate(pool, 1, 18), PKV_ERR_BEYOND_LENGTH);
-    CHECK_ERR(pkv_request_truncate(pool, 1, -3), PKV_ERR_NEGATIVE_LENGTH);
-    CHECK_ERR(pkv_request_extend(pool, 1, -1, &c), PKV_ERR_INVALID_ARGUMENT);
+    CHECK_FAILS(pkv_request_truncate(pool, 1, 18), PKV_ERR_BEYOND_LENGTH);
+    CHECK_FAILS(pkv_request_truncate(pool, 1, -3), PKV_ERR_NEGATIVE_LENGTH);
+    CHECK_FAILS(pkv_request_extend(pool, 1, -1, &c), PKV_ERR_INVALID_ARGUMENT);
     /* pool exhausted: a clear status, the pool unchanged */
     pkv_page_pool_stats before, after;
     CHECK_OK(pkv_page_pool_get_stats(pool, &before));
-    CHECK_ERR(pkv_request_extend(pool, 1, 48, &c), PKV_ERR_POOL_EXHAUSTED); /* needs 3 more, 2 free */
-    CHECK_ERR(pkv_request_create(pool, 2, 33), PKV_ERR_POOL_EXHAUSTED);
+    CHECK_FAILS(pkv_request_extend(pool, 1, 48, &c), PKV_ERR_POOL_EXHAUSTED); /* needs 3 more, 2 free */
+    CHECK_FAILS(pkv_request_create(pool, 2, 33), PKV_ERR_POOL_EXHAUSTED);
     CHECK_OK(pkv_page_pool_get_stats(pool, &after));
     CHECK(memcmp(&before, &after, sizeof before) == 0);
     CHECK_OK(pkv_request_length(pool, 1, &len));
     CHECK(len == 17);
     /* a shared partial last page needs somewhere to put its copy */
     CHECK_OK(pkv_request_fork(pool, 1, 2));
-    CHECK_ERR(pkv_request_fork(pool, 1, 2), PKV_ERR_INVALID_ARGUMENT); /* dst live */
-    CHECK_ERR(pkv_request_extend(pool, 2, 1, NULL), PKV_ERR_NULL_POINTER);
+    CHECK_FAILS(pkv_request_fork(pool, 1, 2), PKV_ERR_INVALID_ARGUMENT); /* dst live */
+    CHECK_FAILS(pkv_request_extend(pool, 2, 1, NULL), PKV_ERR_NULL_POINTER);
     CHECK_OK(pkv_request_extend(pool, 2, 1, &c));
     CHECK(c.src_page >= 0 && c.dst_page >= 0 && c.src_page != c.dst_page);
     /* tables: a foreign page, too small a capacity, length beyond the request's */
     const int32_t reqs[2] = {1, 2};
     int32_t indptr[3], indices[8], lens[2];
-    CHECK_ERR(pkv_page_pool_table(pool, reqs, 2, indptr, indices, 3, NULL, lens), PKV_ERR_INVALID_ARGUMENT);
+    CHECK_FAILS(pkv_page_pool_table(pool, reqs, 2, indptr, indices, 3, NULL, lens), PKV_ERR_INVALID_ARGUMENT);
     CHECK_OK(pkv_page_pool_table(pool, reqs, 2, indptr, indices, 8, NULL, lens));
     pkv_page_table t = {2, indptr, indices, lens};
     CHECK_OK(pkv_page_pool_check_table(pool, reqs, &t));
     const int32_t swapped[2] = {2, 1};
-    CHECK_ERR(pkv_page_pool_check_table(pool, swapped, &t), PKV_ERR_FOREIGN_PAGE); /* row 0 names 1's copy page */
+    CHECK_FAILS(pkv_page_pool_check_table(pool, swapped, &t), PKV_ERR_FOREIGN_PAGE); /* row 0 names 1's copy page */
     const int32_t own = indices[3];
     indices[3] = indices[1]; /* request 2's last page replaced by request 1's */
-    CHECK_ERR(pkv_page_pool_check_table(pool, reqs, &t), PKV_ERR_FOREIGN_PAGE);
+    CHECK_FAILS(pkv_page_pool_check_table(pool, reqs, &t), PKV_ERR_FOREIGN_PAGE);
     indices[3] = own;
     lens[1] = 19;
-    CHECK_ERR(pkv_page_pool_check_table(pool, reqs, &t), PKV_ERR_BEYOND_LENGTH);
+    CHECK_FAILS(pkv_page_pool_check_table(pool, reqs, &t), PKV_ERR_BEYOND_LENGTH);
     lens[1] = 18;
     indices[0] = 9;
-    CHECK_ERR(pkv_page_pool_check_table(pool, reqs, &t), PKV_ERR_PAGE_OUT_OF_RANGE);
+    CHECK_FAILS(pkv_page_pool_check_table(pool, reqs, &t), PKV_ERR_PAGE_OUT_OF_RANGE);
     const int32_t unknown[2] = {1, 3};
-    CHECK_ERR(pkv_page_pool_check_table(pool, unknown, &t), PKV_ERR_PAGE_OUT_OF_RANGE); /* the shape first */
+    CHECK_FAILS(pkv_page_pool_check_table(pool, unknown, &t), PKV_ERR_PAGE_OUT_OF_RANGE); /* the shape first */
     indices[0] = 0; /* request 1's first page again */
     CHECK_OK(pkv_page_pool_check_table(pool, reqs, &t));
-    CHECK_ERR(pkv_page_pool_check_table(pool, unknown, &t), PKV_ERR_UNKNOWN_REQUEST);
+    CHECK_FAILS(pkv_page_pool_check_table(pool, unknown, &t), PKV_ERR_UNKNOWN_REQUEST);
     /* NULL pointers and bad sizes */
-    CHECK_ERR(pkv_request_create(NULL, 0, 1), PKV_ERR_NULL_POINTER);
-    CHECK_ERR(pkv_request_extend(NULL, 0, 1, &c), PKV_ERR_NULL_POINTER);
-    CHECK_ERR(pkv_request_length(pool, 1, NULL), PKV_ERR_NULL_POINTER);
-    CHECK_ERR(pkv_request_pages(pool, 1, NULL, 4, &len), PKV_ERR_NULL_POINTER);
-    CHECK_ERR(pkv_request_pages(pool, 1, indices, 1, &len), PKV_ERR_INVALID_ARGUMENT);
-    CHECK_ERR(pkv_page_pool_table(pool, NULL, 2, indptr, indices, 8, NULL, NULL), PKV_ERR_NULL_POINTER);
-    CHECK_ERR(pkv_page_pool_table(pool, reqs, -1, indptr, indices, 8, NULL, NULL), PKV_ERR_BATCH_SIZE);
-    CHECK_ERR(pkv_page_pool_table(pool, reqs, 2, NULL, indices, 8, NULL, NULL), PKV_ERR_NULL_POINTER);
-    CHECK_ERR(pkv_page_pool_table_size(pool, reqs, 2, NULL), PKV_ERR_NULL_POINTER);
-    CHECK_ERR(pkv_page_pool_get_stats(NULL, &after), PKV_ERR_NULL_POINTER);
-    CHECK_ERR(pkv_page_pool_check_table(pool, reqs, NULL), PKV_ERR_NULL_POINTER);
+    CHECK_FAILS(pkv_request_create(NULL, 0, 1), PKV_ERR_NULL_POINTER);
+    CHECK_FAILS(pkv_request_extend(NULL, 0, 1, &c), PKV_ERR_NULL_POINTER);
+    CHECK_FAILS(pkv_request_length(pool, 1, NULL), PKV_ERR_NULL_POINTER);
+    CHECK_FAILS(pkv_request_pages(pool, 1, NULL, 4, &len), PKV_ERR_NULL_POINTER);
+    CHECK_FAILS(pkv_request_pages(pool, 1, indices, 1, &len), PKV_ERR_INVALID_ARGUMENT);
+    CHECK_FAILS(pkv_page_pool_table(pool, NULL, 2, indptr, indices, 8, NULL, NULL), PKV_ERR_NULL_POINTER);
+    CHECK_FAILS(pkv_page_pool_table(pool, reqs, -1, indptr, indices, 8, NULL, NULL), PKV_ERR_BATCH_SIZE);
+    CHECK_FAILS(pkv_page_pool_table(pool, reqs, 2, NULL, indices, 8, NULL, NULL), PKV_ERR_NULL_POINTER);
+    CHECK_FAILS(pkv_page_pool_table_size(pool, reqs, 2, NULL), PKV_ERR_NULL_POINTER);
+    CHECK_FAILS(pkv_page_pool_get_stats(NULL, &after), PKV_ERR_NULL_POINTER);
+    CHECK_FAILS(pkv_page_pool_check_table(pool, reqs, NULL), PKV_ERR_NULL_POINTER);
     CHECK(pkv_page_pool_page_refs(NULL, 0) == -1 && pkv_page_pool_page_refs(pool, 4) == -1 &&
           pkv_page_pool_page_refs(pool, -1) == -1);
     CHECK_OK(pkv_page_pool_table(pool, reqs, 0, indptr, NULL, 0, NULL, NULL)); /* an empty step */
