@@ -1,5 +1,5 @@
 /* fuzz_cli_options.c - the pkv tool's option parsers (tools/options.h) on arbitrary command lines.  The
- * input: its first byte picks the subcommand (bench, trace, check, calibrate), the second the size of the
+ * input: its first byte picks the subcommand (bench, trace, check, calibrate, decode), the second the size of the
  * message buffer (1..256: a message is cut to any size without writing past it), the rest is argv split at
  * NUL bytes.  What must hold: the answer is one of the three codes, with a message exactly when refused;
  * argv is not written; a second parse gives the same answer and message; what a bench parse lets through is
@@ -13,17 +13,19 @@ static cli_parse_status parse(int cmd, int argc, char **argv, char *err, size_t 
     trace_opts t;
     check_opts c;
     calibrate_opts k;
+    decode_opts d;
     switch (cmd) {
     case 0: return bench_options_parse(argc, argv, b, err, cap);
     case 1: return trace_options_parse(argc, argv, &t, err, cap);
     case 2: return check_options_parse(argc, argv, &c, err, cap);
-    default: return calibrate_options_parse(argc, argv, &k, err, cap);
+    case 3: return calibrate_options_parse(argc, argv, &k, err, cap);
+    default: return decode_options_parse(argc, argv, &d, err, cap);
     }
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 2) return 0;
-    const int cmd = data[0] % 4;
+    const int cmd = data[0] % 5;
     const size_t cap = 1 + data[1] % 256;
     /* argv: the rest split at NUL bytes, into a copy the parse must leave as it is */
     char *text = (char *)malloc(size - 2 + 1), *copy = (char *)malloc(size - 2 + 1);

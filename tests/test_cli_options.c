@@ -31,18 +31,21 @@ static void set_args(cmdline *c, const char *const *args) {
     }
 }
 
-/* Parses c with parser k (0 bench, 1 trace, 2 check, 3 calibrate) into err (cap bytes). */
+/* Parses c with parser k (0 bench, 1 trace, 2 check, 3 calibrate, 4 decode) into err (cap bytes). */
+#define NPARSERS 5
 static bench_opts bench_o[2]; /* 16 KiB each: one per thread of the threaded part */
 static cli_parse_status parse(int k, const cmdline *c, char *err, size_t cap, int slot) {
     char **argv = (char **)c->argv;
     trace_opts t;
     check_opts ch;
     calibrate_opts ca;
+    decode_opts de;
     switch (k) {
     case 0: return bench_options_parse(c->argc, argv, &bench_o[slot], err, cap);
     case 1: return trace_options_parse(c->argc, argv, &t, err, cap);
     case 2: return check_options_parse(c->argc, argv, &ch, err, cap);
-    default: return calibrate_options_parse(c->argc, argv, &ca, err, cap);
+    case 3: return calibrate_options_parse(c->argc, argv, &ca, err, cap);
+    default: return decode_options_parse(c->argc, argv, &de, err, cap);
     }
 }
 
@@ -64,10 +67,10 @@ static cli_parse_status parse_args(int k, const char *const *args, char *err, si
 static void chosen(void) {
     const char *const none[] = {NULL};
     char err[CLI_ERR_CAP];
-    for (int k = 0; k < 4; k++) CHECK(parse_args(k, none, err, sizeof err) == CLI_PARSE_GO_ON && err[0] == '\0');
-    for (int k = 0; k < 4; k++) EXPECT(k, CLI_PARSE_HELP, "", "--help");
-    for (int k = 0; k < 4; k++) EXPECT(k, CLI_PARSE_BAD, "unknown option", "--nope");
-    for (int k = 0; k < 4; k++) EXPECT(k, CLI_PARSE_BAD, "unexpected argument", "stray");
+    for (int k = 0; k < NPARSERS; k++) CHECK(parse_args(k, none, err, sizeof err) == CLI_PARSE_GO_ON && err[0] == '\0');
+    for (int k = 0; k < NPARSERS; k++) EXPECT(k, CLI_PARSE_HELP, "", "--help");
+    for (int k = 0; k < NPARSERS; k++) EXPECT(k, CLI_PARSE_BAD, "unknown option", "--nope");
+    for (int k = 0; k < NPARSERS; k++) EXPECT(k, CLI_PARSE_BAD, "unexpected argument", "stray");
     CHECK(cli_parse_exit_code(CLI_PARSE_GO_ON) == -1 && cli_parse_exit_code(CLI_PARSE_HELP) == 0 &&
           cli_parse_exit_code(CLI_PARSE_BAD) == 2);
     /* bench: numbers at and past their bounds, lists, shapes the library refuses, workloads */
@@ -147,7 +150,8 @@ static const char *const options[] = {
     "--min-chunk", "--explain", "--policy", "--calibrate-out", "--calibration-set", "--heldout-set",
     "--set-batches", "--set-seeds", "--parallelism", "--kv-interleaved", "--window", "--soft-cap",
     "--behind-producer", "--pdl", "--graph-max-batch", "--graph-tasks", "--family", "--holes", "--in", "--out",
-    "--show", "--count", "--max-len", "--from-json", "--evaluate", "--replay-auto", "--help", "--"};
+    "--show", "--count", "--max-len", "--from-json", "--evaluate", "--replay-auto", "--help", "--",
+    "--model", "--layers", "--prefill", "--prompts", "--weights", "--max-new", "--pages", "--out-tokens"};
 static const char *const values[] = {
     "", "0", "1", "-1", "2", "16", "256", "257", "1024", "1025", "65536", "1048576", "2147483647", "2147483648",
     "-2147483649", "4294967297", "9223372036854775807", "9223372036854775808", "18446744073709551616",
@@ -203,7 +207,7 @@ static void random_cases(int cases) {
         cmdline c, copy;
         random_cmdline(&c);
         copy = c;
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < NPARSERS; k++) {
             char err[CLI_ERR_CAP], err2[CLI_ERR_CAP];
             const cli_parse_status st = parse(k, &c, err, sizeof err, 0);
             const cli_parse_status st2 = parse(k, &c, err2, sizeof err2, 0);
@@ -221,7 +225,7 @@ static void random_cases(int cases) {
         }
     }
     CHECK_MSG(bad_cases == 0, "%d of %d random command lines answered wrongly", bad_cases, cases);
-    printf("random command lines: %d x 4 parsers: %d go on, %d help, %d refused\n", cases, answers[0], answers[1],
+    printf("random command lines: %d x %d parsers: %d go on, %d help, %d refused\n", cases, NPARSERS, answers[0], answers[1],
            answers[2]);
 }
 
@@ -229,14 +233,14 @@ static void random_cases(int cases) {
 typedef struct thread_job {
     int slot;
     cmdline *lines;
-    char (*errs)[4][CLI_ERR_CAP];
+    char (*errs)[NPARSERS][CLI_ERR_CAP];
     int mismatches;
 } thread_job;
 
 static void *thread_main(void *arg) {
     thread_job *j = (thread_job *)arg;
     for (int n = 0; n < THREAD_CASES; n++)
-        for (int k = 0; k < 4; k++) {
+        for (int k = 0; k < NPARSERS; k++) {
             char err[CLI_ERR_CAP];
             parse(k, &j->lines[n], err, sizeof err, j->slot);
             j->mismatches += strcmp(err, j->errs[n][k]) != 0;
@@ -246,10 +250,10 @@ static void *thread_main(void *arg) {
 
 static void threads(void) {
     static cmdline lines[THREAD_CASES];
-    static char errs[THREAD_CASES][4][CLI_ERR_CAP];
+    static char errs[THREAD_CASES][NPARSERS][CLI_ERR_CAP];
     for (int n = 0; n < THREAD_CASES; n++) {
         random_cmdline(&lines[n]);
-        for (int k = 0; k < 4; k++) parse(k, &lines[n], errs[n][k], CLI_ERR_CAP, 0);
+        for (int k = 0; k < NPARSERS; k++) parse(k, &lines[n], errs[n][k], CLI_ERR_CAP, 0);
     }
     thread_job jobs[2] = {{0, lines, errs, 0}, {1, lines, errs, 0}};
     pthread_t th[2];

@@ -5,6 +5,7 @@
  * progress on stderr. */
 #define _POSIX_C_SOURCE 200809L
 #include "cli.h"
+#include "options.h"
 #include "pkv_lab.h"
 #include "pkv_model.h"
 
@@ -14,100 +15,14 @@
 #include <string.h>
 #include <time.h>
 
-typedef struct decode_opts {
-    const char *model, *weights, *prompts, *out_tokens, *out_logits, *json, *prefill;
-    pkv_backend_kind backend;
-    pkv_trace_family family;
-    int32_t layers, batch, requests, steps, page_size, max_new;
-    int64_t pages;
-    uint64_t seed;
-} decode_opts;
-
-static void decode_usage(FILE *f) {
-    fprintf(f,
-            "usage: pkv decode [options]\n"
-            "  the end-to-end decode loop: a model's layers (random bf16 weights, or --weights) around the\n"
-            "  attention engine, the KV cache owned by the page manager; greedy sampling\n\n"
-            "  --model NAME          llama3-8b (default), qwen2.5-32b, llama3.1-70b, hf-small, tiny\n"
-            "  --layers N            run the model's first N layers only (memory: the KV pool is per layer)\n"
-            "  --backend cpu|cuda    default: cuda when a GPU is visible\n"
-            "  --trace FAMILY        continuous batching over a workloads.md family (uniform, bimodal, zipf,\n"
-            "                        bucketed, homogeneous; default bimodal) ...\n"
-            "  --batch B             ... with at most B requests decoded per step (default 8)\n"
-            "  --requests N          ... N requests (default 3 x B)\n"
-            "  --seed S              the trace's seed (default 20260623) and the weights'\n"
-            "  --steps N             stop after N decode steps (default: the trace's end)\n"
-            "  --prefill exact|synthetic  exact: prompts through the model (short prompts); synthetic (default\n"
-            "                        with --trace): prompt K/V are the pool's random values, no model compute\n"
-            "  --prompts FILE        instead of a trace: one prompt per line (token ids), prefilled exactly,\n"
-            "                        decoded together for --max-new tokens (default 32)\n"
-            "  --weights FILE        the model's weights (PKVW file, as bench/check_transformers.py writes)\n"
-            "  --out-tokens FILE     the generated tokens of --prompts, one line per prompt\n"
-            "  --out-logits FILE     the logits of each prompt's first generated token (float32 [prompts, vocab])\n"
-            "  --page-size N         tokens per page (default 16)\n"
-            "  --pages N             pages per layer's pool (default: what the trace needs)\n"
-            "  --json FILE           the report as JSON\n");
-}
-
-static bool num(const char *s, int64_t lo, int64_t hi, int64_t *out) {
+/* A token id in [0, vocab). */
+static bool token_id(const char *s, int32_t vocab, int32_t *out) {
     char *end = NULL;
     errno = 0;
     const long long v = strtoll(s, &end, 10);
-    if (!s[0] || *end || errno || v < lo || v > hi) return false;
-    *out = v;
+    if (!s[0] || *end || errno || v < 0 || v >= vocab) return false;
+    *out = (int32_t)v;
     return true;
-}
-
-static int parse(int argc, char **argv, decode_opts *o) {
-    memset(o, 0, sizeof *o);
-    o->model = "llama3-8b";
-    o->backend = PKV_BACKEND_BEST;
-    o->family = PKV_TRACE_BIMODAL;
-    o->batch = 8;
-    o->page_size = 16;
-    o->max_new = 32;
-    o->seed = 20260623;
-    for (int i = 0; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            decode_usage(stdout);
-            return 0;
-        }
-        if (!v) {
-            fprintf(stderr, "pkv decode: %s needs a value\n", a);
-            return 2;
-        }
-        i++;
-        int64_t x = 0;
-        if (strcmp(a, "--model") == 0) o->model = v;
-        else if (strcmp(a, "--weights") == 0) o->weights = v;
-        else if (strcmp(a, "--prompts") == 0) o->prompts = v;
-        else if (strcmp(a, "--out-tokens") == 0) o->out_tokens = v;
-        else if (strcmp(a, "--out-logits") == 0) o->out_logits = v;
-        else if (strcmp(a, "--json") == 0) o->json = v;
-        else if (strcmp(a, "--prefill") == 0 && (strcmp(v, "exact") == 0 || strcmp(v, "synthetic") == 0)) o->prefill = v;
-        else if (strcmp(a, "--backend") == 0 && (strcmp(v, "cpu") == 0 || strcmp(v, "cuda") == 0))
-            o->backend = v[1] == 'p' ? PKV_BACKEND_CPU : PKV_BACKEND_CUDA;
-        else if (strcmp(a, "--trace") == 0 && pkv_trace_family_parse(v, &o->family) == PKV_OK) {}
-        else if (strcmp(a, "--layers") == 0 && num(v, 1, 1024, &x)) o->layers = (int32_t)x;
-        else if (strcmp(a, "--batch") == 0 && num(v, 1, 4096, &x)) o->batch = (int32_t)x;
-        else if (strcmp(a, "--requests") == 0 && num(v, 1, 1 << 20, &x)) o->requests = (int32_t)x;
-        else if (strcmp(a, "--steps") == 0 && num(v, 1, 1 << 30, &x)) o->steps = (int32_t)x;
-        else if (strcmp(a, "--page-size") == 0 && num(v, 1, 256, &x)) o->page_size = (int32_t)x;
-        else if (strcmp(a, "--max-new") == 0 && num(v, 1, 1 << 20, &x)) o->max_new = (int32_t)x;
-        else if (strcmp(a, "--pages") == 0 && num(v, 1, INT32_MAX, &x)) o->pages = x;
-        else if (strcmp(a, "--seed") == 0 && num(v, 0, INT64_MAX, &x)) o->seed = (uint64_t)x;
-        else {
-            fprintf(stderr, "pkv decode: bad option %s %s (pkv decode --help)\n", a, v);
-            return 2;
-        }
-    }
-    if (!o->prefill) o->prefill = o->prompts ? "exact" : "synthetic";
-    if (o->prompts && strcmp(o->prefill, "synthetic") == 0) {
-        fprintf(stderr, "pkv decode: --prompts are prefilled exactly (--prefill synthetic applies to --trace)\n");
-        return 2;
-    }
-    return -1;
 }
 
 /* The prompts of --prompts: one line of token ids each. */
@@ -129,13 +44,13 @@ static int read_prompts(const char *path, int32_t ***out, int32_t **lens, int32_
         p[n] = (int32_t *)malloc(sizeof line / 2 * sizeof(int32_t));
         l[n] = 0;
         for (char *s = strtok(line, " ,\t\n"); s; s = strtok(NULL, " ,\t\n")) {
-            int64_t t = 0;
-            if (!num(s, 0, vocab - 1, &t)) {
+            int32_t t = 0;
+            if (!token_id(s, vocab, &t)) {
                 fprintf(stderr, "pkv decode: %s line %d: '%s' is not a token id in [0, %d)\n", path, n + 1, s, vocab);
                 fclose(f);
                 return -1;
             }
-            p[n][l[n]++] = (int32_t)t;
+            p[n][l[n]++] = t;
         }
         if (l[n] > 0) n++;
         else free(p[n]);
@@ -231,7 +146,7 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
             const double p0 = now_s();
             pkv_status st;
             int32_t first = 0;
-            if (strcmp(o->prefill, "exact") == 0) {
+            if (o->exact_prefill) {
                 int32_t *ids = malloc((size_t)prompt * 4);
                 for (int32_t i = 0; i < prompt; i++) ids[i] = (int32_t)pkv_rng_uniform_int(&rng, 0, s->vocab - 1);
                 st = pkv_decoder_prefill(d, arrived, ids, prompt, &first, NULL);
@@ -282,15 +197,11 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
     }
     pkv_page_pool_stats ps;
     pkv_page_pool_get_stats(pkv_decoder_pool(d), &ps);
-    /* the median step */
-    for (int i = 1; i < steps; i++)
-        for (int j = i; j > 0 && step_ms[j - 1] > step_ms[j]; j--) {
-            const double x = step_ms[j];
-            step_ms[j] = step_ms[j - 1], step_ms[j - 1] = x;
-        }
+    qsort(step_ms, (size_t)steps, sizeof(double), cli_cmp_double); /* for the median step */
     const double tps = tokens / (wall / 1e6), median = steps ? step_ms[steps / 2] : 0;
+    const char *prefill = o->exact_prefill ? "exact" : "synthetic";
     printf("## pkv decode: %s (%d layers), %s, B %d, %s prefill, on %s\n\n", s->name, s->layers,
-           pkv_trace_family_name(o->family), B, o->prefill, device);
+           pkv_trace_family_name(o->family), B, prefill, device);
     printf("| steps | tokens | tokens/s | median step ms | attention | GEMMs | append | other | host | peak KV pages |\n");
     printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     printf("| %d | %lld | %.1f | %.3f | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %lld |\n\n", steps, (long long)tokens,
@@ -299,7 +210,7 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
     printf("attention's share of the step by mean context:");
     for (int b = 0; b < 9; b++)
         if (share_n[b] > 0) printf(" %s%dK: %.1f%%", b == 8 ? ">=" : "<", 2 << b, 100 * share_sum[b] / share_n[b]);
-    printf("\nprefill (%s, counted apart): %.2f s\n", o->prefill, prefill_s);
+    printf("\nprefill (%s, counted apart): %.2f s\n", prefill, prefill_s);
     if (o->json) {
         FILE *f = fopen(o->json, "w");
         if (!f) {
@@ -313,7 +224,7 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
                    "\"gemm\": %.1f, \"append\": %.1f, \"other\": %.1f, \"host\": %.1f, \"wall\": %.1f}, "
                    "\"peak_kv_pages\": %lld, \"prefill_s\": %.3f, \"attention_share_by_context\": {",
                 commit ? commit : "unknown", device, s->name, s->layers, pkv_trace_family_name(o->family), B, nreq,
-                o->prefill, steps, (long long)tokens, tps, median, attn, gemm, append, other, host, wall,
+                prefill, steps, (long long)tokens, tps, median, attn, gemm, append, other, host, wall,
                 (long long)ps.peak_used, prefill_s);
         int first = 1;
         for (int b = 0; b < 9; b++)
@@ -330,8 +241,11 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
 
 int cmd_decode(int argc, char **argv) {
     decode_opts o;
-    int rc = parse(argc, argv, &o);
-    if (rc >= 0) return rc;
+    char err[CLI_ERR_CAP];
+    const cli_parse_status ps = decode_options_parse(argc, argv, &o, err, sizeof err);
+    if (ps == CLI_PARSE_HELP) decode_usage(stdout);
+    if (ps == CLI_PARSE_BAD) fprintf(stderr, "pkv decode: %s\n", err);
+    if (ps != CLI_PARSE_GO_ON) return cli_parse_exit_code(ps);
     pkv_model_shape s;
     if (pkv_model_shape_named(o.model, &s) != PKV_OK) {
         fprintf(stderr, "pkv decode: %s\n", pkv_last_error());
@@ -343,10 +257,6 @@ int cmd_decode(int argc, char **argv) {
             return 2;
         }
         s.layers = o.layers;
-    }
-    if (o.weights && o.layers > 0) {
-        fprintf(stderr, "pkv decode: --weights holds the whole model: --layers does not apply\n");
-        return 2;
     }
     pkv_trace *t = NULL;
     int64_t pages = o.pages;
@@ -406,7 +316,7 @@ int cmd_decode(int argc, char **argv) {
         pkv_context_free(ctx);
         return 1;
     }
-    rc = o.prompts ? generate(d, &o, &s) : serve(d, &o, &s, t, pkv_context_device_name(ctx));
+    const int rc = o.prompts ? generate(d, &o, &s) : serve(d, &o, &s, t, pkv_context_device_name(ctx));
     pkv_decoder_free(d);
     pkv_trace_free(t);
     pkv_context_free(ctx);

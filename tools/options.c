@@ -636,3 +636,74 @@ cli_parse_status calibrate_options_parse(int argc, char **argv, calibrate_opts *
     if (o->policy && !o->evaluate) return bad(err, cap, "--policy needs --evaluate (the measured steps to replay)");
     return CLI_PARSE_GO_ON;
 }
+
+/* ---- pkv decode ----------------------------------------------------------------------------------- */
+void decode_usage(FILE *f) {
+    fprintf(f,
+            "usage: pkv decode [options]\n"
+            "  the end-to-end decode loop: a model's layers (random bf16 weights, or --weights) around the\n"
+            "  attention engine, the KV cache owned by the page manager; greedy sampling\n\n"
+            "  --model NAME          llama3-8b (default), qwen2.5-32b, llama3.1-70b, hf-small, tiny\n"
+            "  --layers N            run the model's first N layers only (memory: the KV pool is per layer)\n"
+            "  --backend cpu|cuda|best   default: best (cuda when a GPU is visible)\n"
+            "  --trace FAMILY        continuous batching over a workloads.md family (uniform, bimodal, zipf,\n"
+            "                        bucketed, homogeneous; default bimodal) ...\n"
+            "  --batch B             ... with at most B requests decoded per step (default 8)\n"
+            "  --requests N          ... N requests (default 3 x B)\n"
+            "  --seed S              the trace's seed (default 20260623) and the weights'\n"
+            "  --steps N             stop after N decode steps (default: the trace's end)\n"
+            "  --prefill exact|synthetic  exact: prompts through the model (short prompts); synthetic (default\n"
+            "                        with --trace): prompt K/V are the pool's random values, no model compute\n"
+            "  --prompts FILE        instead of a trace: one prompt per line (token ids), prefilled exactly,\n"
+            "                        decoded together for --max-new tokens (default 32)\n"
+            "  --weights FILE        the model's weights (PKVW file, as bench/check_transformers.py writes)\n"
+            "  --out-tokens FILE     the generated tokens of --prompts, one line per prompt\n"
+            "  --out-logits FILE     the logits of each prompt's first generated token (float32 [prompts, vocab])\n"
+            "  --page-size N         tokens per page (default 16)\n"
+            "  --pages N             pages per layer's pool (default: what the trace needs)\n"
+            "  --json FILE           the report as JSON\n");
+}
+
+cli_parse_status decode_options_parse(int argc, char **argv, decode_opts *o, char *err, size_t cap) {
+    static const char *const known[] = {"--model",   "--layers",     "--backend",    "--trace",     "--batch",
+                                        "--requests", "--seed",      "--steps",      "--prefill",   "--prompts",
+                                        "--weights", "--out-tokens", "--out-logits", "--page-size", "--pages",
+                                        "--max-new", "--json",       "--help!",      NULL};
+    memset(o, 0, sizeof *o);
+    if (err && cap) err[0] = '\0';
+    if (wants_help(argc, argv)) return CLI_PARSE_HELP;
+    opt_set s;
+    cli_parse_status st = scan(argc, argv, known, "decode", &s, err, cap);
+    if (st != CLI_PARSE_GO_ON) return st;
+    o->model = get(&s, "--model") ? get(&s, "--model") : "llama3-8b";
+    if (!o->model[0]) return bad(err, cap, "option --model needs a name, got ''");
+    const char *be = get(&s, "--backend");
+    o->backend = PKV_BACKEND_BEST;
+    if (be && strcmp(be, "cpu") == 0) o->backend = PKV_BACKEND_CPU;
+    else if (be && strcmp(be, "cuda") == 0) o->backend = PKV_BACKEND_CUDA;
+    else if (be && strcmp(be, "best") != 0) return bad(err, cap, "unknown backend '%.*s' (best, cpu or cuda)", SHOWN, be);
+    const char *fam = get(&s, "--trace");
+    o->family = PKV_TRACE_BIMODAL;
+    if (fam && pkv_trace_family_parse(fam, &o->family) != PKV_OK)
+        return bad(err, cap, "unknown trace family '%.*s' (uniform, bimodal, zipf, bucketed, homogeneous)", SHOWN, fam);
+    const char *pre = get(&s, "--prefill");
+    if (pre && strcmp(pre, "exact") != 0 && strcmp(pre, "synthetic") != 0)
+        return bad(err, cap, "option --prefill takes exact or synthetic, got '%.*s'", SHOWN, pre);
+    if ((st = path_opt(&s, "--weights", &o->weights, err, cap)) != CLI_PARSE_GO_ON) return st;
+    if ((st = path_opt(&s, "--prompts", &o->prompts, err, cap)) != CLI_PARSE_GO_ON) return st;
+    if ((st = path_opt(&s, "--out-tokens", &o->out_tokens, err, cap)) != CLI_PARSE_GO_ON) return st;
+    if ((st = path_opt(&s, "--out-logits", &o->out_logits, err, cap)) != CLI_PARSE_GO_ON) return st;
+    if ((st = path_opt(&s, "--json", &o->json, err, cap)) != CLI_PARSE_GO_ON) return st;
+    if (o->prompts && pre && strcmp(pre, "synthetic") == 0)
+        return bad(err, cap, "--prompts are prefilled exactly (--prefill synthetic applies to --trace)");
+    o->exact_prefill = pre ? strcmp(pre, "exact") == 0 : o->prompts != NULL;
+    if ((st = i32_opt(&s, "--layers", 0, 1, 1024, &o->layers, err, cap)) != CLI_PARSE_GO_ON) return st;
+    if (o->weights && o->layers > 0) return bad(err, cap, "--weights holds the whole model: --layers does not apply");
+    if ((st = i32_opt(&s, "--batch", 8, 1, 4096, &o->batch, err, cap)) != CLI_PARSE_GO_ON) return st;
+    if ((st = i32_opt(&s, "--requests", 0, 1, 1 << 20, &o->requests, err, cap)) != CLI_PARSE_GO_ON) return st;
+    if ((st = i32_opt(&s, "--steps", 0, 1, 1 << 30, &o->steps, err, cap)) != CLI_PARSE_GO_ON) return st;
+    if ((st = i32_opt(&s, "--page-size", 16, 1, MAX_PAGE_SIZE, &o->page_size, err, cap)) != CLI_PARSE_GO_ON) return st;
+    if ((st = i32_opt(&s, "--max-new", 32, 1, 1 << 20, &o->max_new, err, cap)) != CLI_PARSE_GO_ON) return st;
+    if ((st = int_opt(&s, "--pages", 0, 1, INT32_MAX, &o->pages, err, cap)) != CLI_PARSE_GO_ON) return st;
+    return seed_opt(&s, "--seed", 20260623, &o->seed, err, cap);
+}

@@ -121,4 +121,19 @@ typedef struct calibrate_opts {
 cli_parse_status calibrate_options_parse(int argc, char **argv, calibrate_opts *o, char *err, size_t cap);
 void calibrate_usage(FILE *f);
 
+/* ---- pkv decode --------------------------------------------------------------------------------- */
+typedef struct decode_opts {
+    const char *model;                           /* into argv (checked by the command: model/pkv_model.h) */
+    const char *weights, *prompts, *out_tokens, *out_logits, *json; /* into argv; NULL: not given */
+    bool exact_prefill;                          /* --prefill exact (default with --prompts), else synthetic */
+    pkv_backend_kind backend;
+    pkv_trace_family family;
+    int32_t layers, batch, requests, steps, page_size, max_new; /* layers, requests, steps 0: the default */
+    int64_t pages;                                             /* 0: what the trace needs */
+    uint64_t seed;
+} decode_opts;
+
+cli_parse_status decode_options_parse(int argc, char **argv, decode_opts *o, char *err, size_t cap);
+void decode_usage(FILE *f);
+
 #endif
