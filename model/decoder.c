@@ -1,6 +1,5 @@
 /* decoder.c - a Llama-style decoder around the attention engine (pkv_model.h): weights, a KV pool per layer
  * over the page manager's page ids, exact prefill, decode steps, timing by part. */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "pkv_model.h"
 
 #include "ops_internal.h"
@@ -10,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 typedef struct layer_w {
     uint16_t *attn_norm, *wqkv, *wo, *mlp_norm, *wgu, *wd;
@@ -50,12 +48,6 @@ struct pkv_decoder {
     size_t ws_cap;
     pkv_decoder_times last;
 };
-
-static double wall_us(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return 1e6 * (double)ts.tv_sec + 1e-3 * (double)ts.tv_nsec;
-}
 
 /* ---- backend memory ---------------------------------------------------------------------------------- */
 static pkv_status balloc(pkv_decoder *d, size_t bytes, void *out) {
@@ -391,7 +383,7 @@ static void finish_times(pkv_decoder *d, double t0, double host_us) {
     d->last.gemm_us = parts[PKV_PART_GEMM];
     d->last.other_us = parts[PKV_PART_OTHER];
     d->last.host_us = host_us;
-    d->last.step_us = wall_us() - t0;
+    d->last.step_us = pkv_wall_us() - t0;
 }
 
 /* A request id that starts over (created, or freed): no batch position keeps its ids. */
@@ -409,7 +401,7 @@ pkv_status pkv_decoder_step(pkv_decoder *d, const int32_t *reqs, const int32_t *
     if (!d || !reqs || !tokens || !next) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "decoder step: NULL argument");
     if (B < 1 || B > d->cfg.max_batch)
         return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "decoder step: %d requests, not in [1, %d]", B, d->cfg.max_batch);
-    const double t0 = wall_us();
+    const double t0 = pkv_wall_us();
     /* host: a token's room for each request, the step's table, the plan */
     for (int32_t i = 0; i < B; i++) {
         pkv_page_copy c;
@@ -460,7 +452,7 @@ pkv_status pkv_decoder_step(pkv_decoder *d, const int32_t *reqs, const int32_t *
     int32_t pos[1024], *positions = B <= 1024 ? pos : (int32_t *)malloc((size_t)B * 4);
     if (!positions) return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "decoder: out of memory");
     for (int32_t i = 0; i < B; i++) positions[i] = d->h_lens[i] - 1;
-    const double host_us = wall_us() - t0;
+    const double host_us = pkv_wall_us() - t0;
     /* the changes, the lengths, positions and tokens (the decode form of the append: token i the last of
      * row i, over the same strided table) */
     st = bput(d, d->b_pairs, d->h_pairs, (size_t)npairs * 8);
@@ -486,7 +478,7 @@ pkv_status pkv_decoder_prefill(pkv_decoder *d, int32_t req, const int32_t *promp
         if (prompt[i] < 0 || prompt[i] >= d->s.vocab)
             return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "decoder prefill: token %d (%d) not in [0, %d)", i,
                                 prompt[i], d->s.vocab);
-    const double t0 = wall_us();
+    const double t0 = pkv_wall_us();
     TRY(pkv_request_create(d->pool, req, n));
     forget(d, req);
     int32_t np = 0;
@@ -507,7 +499,7 @@ pkv_status pkv_decoder_prefill(pkv_decoder *d, int32_t req, const int32_t *promp
     double host_us = 0.0;
     /* the prompt in chunks of up to max_batch rows: row i attends to tokens 0..i of the request */
     for (int32_t j = 0; st == PKV_OK && j < n; j += C) {
-        const double h0 = wall_us();
+        const double h0 = pkv_wall_us();
         const int32_t R = n - j < C ? n - j : C;
         int64_t total = 0;
         d->h_indptr[0] = 0;
@@ -533,7 +525,7 @@ pkv_status pkv_decoder_prefill(pkv_decoder *d, int32_t req, const int32_t *promp
         pkv_plan_options_default(&opts);
         opts.route = d->cfg.route;
         st = pkv_plan_step(d->ctx, &d->prob, &table, &opts, d->plan);
-        host_us += wall_us() - h0;
+        host_us += pkv_wall_us() - h0;
         /* the append: one row, the request as long as j + R tokens, its last R tokens */
         const int32_t aindptr[2] = {0, (j + R + ps - 1) / ps}, alens[1] = {j + R}, aptr[2] = {0, R};
         if (st == PKV_OK) st = bgrow(d, &d->b_indices, &d->b_cap, total);

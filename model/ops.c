@@ -83,7 +83,7 @@ void pkv_ops_free(pkv_ops *ops) {
     free(ops);
 }
 
-static double wall_us(void) {
+double pkv_wall_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return 1e6 * (double)ts.tv_sec + 1e-3 * (double)ts.tv_nsec;
@@ -98,7 +98,7 @@ pkv_status pkv_ops_mark(pkv_ops *ops, int part) {
         const pkv_status st = pkv_cuda_ops_mark(ops, k);
         if (st != PKV_OK) return st;
     } else {
-        ops->wall[k] = wall_us();
+        ops->wall[k] = pkv_wall_us();
     }
     ops->nmarks++;
     return PKV_OK;

@@ -27,6 +27,9 @@ struct pkv_ops {
 pkv_status pkv_cuda_ops_mark(pkv_ops *ops, int k);
 pkv_status pkv_cuda_ops_elapsed(pkv_ops *ops, int k, double *us); /* from mark k to mark k + 1 */
 
+/* The monotonic clock, microseconds (the CPU ops' timing and the decoder's host time). */
+double pkv_wall_us(void);
+
 pkv_status pkv_cuda_ops_init(pkv_ops *ops);
 void pkv_cuda_ops_release(pkv_ops *ops);
 pkv_status pkv_cuda_ops_synchronize(pkv_ops *ops);

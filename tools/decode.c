@@ -3,7 +3,6 @@
  * given prompts (the check against transformers).  Reports tokens/s, per-step wall time and its split by
  * part, attention's share as the context grows, KV pages in use; Markdown on stdout, JSON with --json,
  * progress on stderr. */
-#define _POSIX_C_SOURCE 200809L
 #include "cli.h"
 #include "options.h"
 #include "pkv_lab.h"
@@ -13,7 +12,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 /* A token id in [0, vocab). */
 static bool token_id(const char *s, int32_t vocab, int32_t *out) {
@@ -61,12 +59,6 @@ static int read_prompts(const char *path, int32_t ***out, int32_t **lens, int32_
     return n;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Greedy generation of the prompts (all decoded together), tokens to --out-tokens. */
 static int generate(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s) {
     int32_t **prompts = NULL, *plen = NULL;
@@ -91,7 +83,7 @@ static int generate(pkv_decoder *d, const decode_opts *o, const pkv_model_shape 
         }
         gen[(size_t)r * o->max_new] = tok[r];
     }
-    const double t0 = now_s();
+    const double t0 = cli_now_us();
     for (int k = 1; k < o->max_new; k++) {
         if (pkv_decoder_step(d, reqs, tok, n, next, NULL) != PKV_OK) {
             fprintf(stderr, "pkv decode: step %d: %s\n", k, pkv_last_error());
@@ -99,7 +91,7 @@ static int generate(pkv_decoder *d, const decode_opts *o, const pkv_model_shape 
         }
         for (int r = 0; r < n; r++) tok[r] = gen[(size_t)r * o->max_new + k] = next[r];
     }
-    const double wall = now_s() - t0;
+    const double wall = (cli_now_us() - t0) / 1e6;
     FILE *f = o->out_tokens ? fopen(o->out_tokens, "w") : stdout;
     if (!f) {
         fprintf(stderr, "pkv decode: cannot write %s\n", o->out_tokens);
@@ -143,7 +135,7 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
         while (nlive < B && arrived < nreq) { /* arrivals */
             int32_t prompt = 0, dec = 0;
             pkv_trace_request(t, arrived, &prompt, &dec);
-            const double p0 = now_s();
+            const double p0 = cli_now_us();
             pkv_status st;
             int32_t first = 0;
             if (o->exact_prefill) {
@@ -155,7 +147,7 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
                 st = pkv_decoder_prefill_synthetic(d, arrived, prompt);
                 first = (int32_t)pkv_rng_uniform_int(&rng, 0, s->vocab - 1);
             }
-            prefill_s += now_s() - p0;
+            prefill_s += (cli_now_us() - p0) / 1e6;
             if (st != PKV_OK) {
                 fprintf(stderr, "pkv decode: prefill of request %d (%d tokens): %s\n", arrived, prompt, pkv_last_error());
                 return 1;
@@ -197,8 +189,7 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
     }
     pkv_page_pool_stats ps;
     pkv_page_pool_get_stats(pkv_decoder_pool(d), &ps);
-    qsort(step_ms, (size_t)steps, sizeof(double), cli_cmp_double); /* for the median step */
-    const double tps = tokens / (wall / 1e6), median = steps ? step_ms[steps / 2] : 0;
+    const double tps = tokens / (wall / 1e6), median = cli_median(step_ms, steps);
     const char *prefill = o->exact_prefill ? "exact" : "synthetic";
     printf("## pkv decode: %s (%d layers), %s, B %d, %s prefill, on %s\n\n", s->name, s->layers,
            pkv_trace_family_name(o->family), B, prefill, device);
