@@ -14,6 +14,8 @@
  * Math (for query head h of row i, KV head g = h / G, G = Hq / Hkv, N_i tokens):
  *   s_j = scale * dot(q[i,h,:], K[i,g,j,:]),  o[i,h,:] = sum_j softmax(s)_j V[i,g,j,:],
  *   lse[i,h] = ln(sum_j exp(s_j)); a row with N_i = 0 yields o = 0 and lse = -inf.
+ * An fp8 KV cache (pkv_problem.kv_dtype) is read as K = float(stored K) x k_scale and V = float(stored V) x
+ * v_scale (pkv_tensors: per tensor, or per KV head g), as vLLM and FlashInfer define it.
  *
  * Errors: every call that can fail returns a pkv_status; the message of the last failing call on the
  * calling thread is pkv_last_error().
@@ -50,7 +52,7 @@ extern "C" {
 #define PKV_MAX_PER_UNIT 1024           /* pkv_plan_options.ctas_per_unit */
 
 #define PKV_VERSION_MAJOR 0
-#define PKV_VERSION_MINOR 5
+#define PKV_VERSION_MINOR 6
 #define PKV_VERSION_PATCH 0
 
 /* ------------------------------------------------------------------------------------------------
@@ -97,7 +99,16 @@ PKV_API const char *pkv_last_error(void);
 /* ------------------------------------------------------------------------------------------------
  * Problem and page table.
  * ---------------------------------------------------------------------------------------------- */
-typedef enum pkv_dtype { PKV_DTYPE_FP16 = 0, PKV_DTYPE_BF16 = 1, PKV_DTYPE_FP32 = 2 } pkv_dtype;
+/* Element types.  The fp8 ones are KV-cache types only (pkv_problem.kv_dtype), one byte an element, the OCP
+ * formats: E4M3 is e4m3 "fn" (torch.float8_e4m3fn: no infinities, one NaN code per sign, largest finite 448),
+ * E5M2 is e5m2 (torch.float8_e5m2: infinities and NaNs as IEEE, largest finite 57344). */
+typedef enum pkv_dtype {
+    PKV_DTYPE_FP16 = 0,
+    PKV_DTYPE_BF16 = 1,
+    PKV_DTYPE_FP32 = 2,
+    PKV_DTYPE_FP8_E4M3 = 3,
+    PKV_DTYPE_FP8_E5M2 = 4
+} pkv_dtype;
 
 /* NHD: k_cache [num_pages, page_size, num_kv_heads, head_dim];
  * HND: k_cache [num_pages, num_kv_heads, page_size, head_dim].  Same for v_cache. */
@@ -110,7 +121,8 @@ typedef struct pkv_problem {
     int32_t page_size;     /* tokens per page, 1..256 */
     int64_t num_pages;     /* size of the page pool (required); page ids must lie in [0, num_pages) */
     pkv_layout layout;
-    pkv_dtype dtype;       /* q, k_cache, v_cache and o: FP16 or BF16; lse is always fp32 */
+    pkv_dtype dtype;       /* q and o (and the caches unless kv_dtype says otherwise): FP16 or BF16; lse is
+                            * always fp32 */
     float sm_scale;        /* <= 0 selects 1 / sqrt(head_dim); at most 1e20 (fp16 scores then stay finite in
                             * float; bf16 inputs whose q.k overflows float give non-finite outputs) */
     float logits_soft_cap; /* > 0: each score s = sm_scale q.k becomes cap x tanh(s / cap) before the
@@ -118,9 +130,19 @@ typedef struct pkv_problem {
     int32_t window;        /* > 0: sliding-window attention, each row attends to its last `window` tokens
                             * only (FlashInfer's window_left + 1); 0: every token.  The planner plans the
                             * attended tokens only */
+    /* The element type of k_cache and v_cache.  PKV_DTYPE_FP8_E4M3 or PKV_DTYPE_FP8_E5M2: an fp8 cache of one
+     * byte an element (q and o stay dtype, which must then be FP16 or BF16: else PKV_ERR_INVALID_ARGUMENT),
+     * dequantized as stored value x scale (pkv_tensors.k_scale, v_scale) and quantized by pkv_append_kv.
+     * 0 - what zero-initialising and pkv_problem_default leave - or dtype itself: the caches hold dtype, as
+     * before (so an fp16 cache beside bf16 q cannot be asked for).  Other values: PKV_ERR_UNSUPPORTED_DTYPE.
+     * Every stride, page size and byte count of the caches is in elements of this type (fp8: bytes); the
+     * planner's counters and cost model count one byte per fp8 element.  The CUDA backend's decode kernels
+     * do not read fp8 caches yet: its pkv_plan_step and pkv_run return PKV_ERR_UNSUPPORTED for them. */
+    pkv_dtype kv_dtype;
 } pkv_problem;
 
-/* Fills p with the defaults of the `paper` shape (Hq 32, Hkv 8, d 128, page 16, NHD, fp16).  NULL: nothing. */
+/* Fills p with the defaults of the `paper` shape (Hq 32, Hkv 8, d 128, page 16, NHD, fp16 q, o and caches
+ * (kv_dtype 0)).  NULL: nothing. */
 PKV_API void pkv_problem_default(pkv_problem *p);
 
 /* The page table in CSR form (host arrays, as FlashInfer's plan takes them).
@@ -406,9 +428,9 @@ PKV_API int pkv_context_get_cost_model(const pkv_context *ctx, pkv_cost_model *m
  * Run.
  * ---------------------------------------------------------------------------------------------- */
 typedef struct pkv_tensors {
-    /* Every pointer at its element's alignment (q, k_cache, v_cache, o 2 bytes, lse and kv_page_indices 4,
-     * the workspace 8; else PKV_ERR_INVALID_ARGUMENT); CUDA backend: q, k_cache, v_cache, o and the
-     * workspace 16-byte aligned. */
+    /* Every pointer at its element's alignment (q and o 2 bytes, k_cache and v_cache their kv_dtype's: 2, or 1
+     * for fp8, lse, kv_page_indices and the per-head scales 4, the workspace 8; else PKV_ERR_INVALID_ARGUMENT);
+     * CUDA backend: q, k_cache, v_cache, o and the workspace 16-byte aligned. */
     const void *q;                  /* [B, Hq, d]; rows q_row_stride elements apart */
     const void *k_cache;            /* NHD or HND pages, see pkv_layout */
     const void *v_cache;
@@ -418,8 +440,8 @@ typedef struct pkv_tensors {
     /* Elements from one page to the next in k_cache and in v_cache; 0: dense pools, page_size x Hkv
      * x head_dim.  A cache that interleaves K and V per page (FlashInfer's and vLLM's [num_pages, 2,
      * ...] tensor) is k_cache = its start, v_cache = k_cache + page_size x Hkv x head_dim elements,
-     * kv_page_stride = 2 x page_size x Hkv x head_dim.  At least one dense page; a multiple of 8 on
-     * the CUDA backend (16-byte accesses). */
+     * kv_page_stride = 2 x page_size x Hkv x head_dim.  In elements of kv_dtype (fp8: bytes).  At least one
+     * dense page; a multiple of 16 bytes on the CUDA backend (16-byte accesses: 8 fp16 elements). */
     int64_t kv_page_stride;
     /* Elements from one row (request) of q to the next, and of o; 0: dense, Hq x head_dim.  Each row's
      * Hq x head_dim values stay contiguous, so a q that is the query part of a fused QKV projection
@@ -428,6 +450,23 @@ typedef struct pkv_tensors {
      * of 8 on the CUDA backend.  Elements between the rows of o are never written; lse stays [B, Hq]. */
     int64_t q_row_stride;
     int64_t o_row_stride;
+    /* The dequantization scales of an fp8 cache (pkv_problem.kv_dtype): a stored element times its scale is
+     * the real value, K and V apart, as vLLM's and FlashInfer's k_scale and v_scale (float(stored) x scale,
+     * in fp32).  Run-time arguments, so one plan serves every layer of a step whatever each layer's scales.
+     * Per tensor: k_scale, v_scale; 0 (what zero-initialising leaves) means 1.0; negative, NaN or infinite:
+     * PKV_ERR_INVALID_ARGUMENT.  Per KV head: k_head_scales and v_head_scales, [Hkv] floats each in the
+     * backend's memory (as kv_page_indices; CPU: host), each entry positive and finite (the CPU backend checks
+     * them: PKV_ERR_INVALID_ARGUMENT); a tensor with per-head scales takes no per-tensor one (its k_scale or
+     * v_scale 0 or 1, else PKV_ERR_INVALID_ARGUMENT); NULL: per tensor.  A cache of dtype (fp16, bf16) is read
+     * as it is: its scales must be 0 or 1 and the per-head pointers NULL (PKV_ERR_INVALID_ARGUMENT).
+     * A NaN stored in a token a row attends to (an fp8 NaN code) makes that row's o NaN for every query head
+     * of the token's KV head, and its lse too when the NaN is in K (CPU backend, every route); slots no row
+     * attends to are never read, whatever they hold.  e5m2 infinities go through the float arithmetic as
+     * they are. */
+    float k_scale;
+    float v_scale;
+    const float *k_head_scales; /* [Hkv] or NULL */
+    const float *v_head_scales; /* [Hkv] or NULL */
 } pkv_tensors;
 
 /* Executes the plan: tasks then merges, phase by phase.  CPU backend: host pointers, stream
@@ -571,19 +610,32 @@ typedef struct pkv_append_tensors {
     const int32_t *batch_indices;
     const int32_t *positions;
     const int32_t *append_indptr;
+    /* An fp8 cache (pkv_problem.kv_dtype): k and v are dtype (fp16 or bf16) and each value is stored as
+     * fp8(float(value) / scale) - the scales of pkv_tensors, with the same rules (per tensor, 0 meaning 1.0,
+     * or per KV head in the backend's memory) - rounded to nearest even and saturating: a quotient beyond the
+     * format's largest finite (448 for E4M3, 57344 for E5M2), infinities included, is stored as the largest
+     * finite of its sign; NaN is stored as NaN.  A cache of dtype: scales 0 or 1 and no per-head pointers,
+     * values copied bit for bit. */
+    float k_scale;
+    float v_scale;
+    const float *k_head_scales; /* [Hkv] or NULL */
+    const float *v_head_scales; /* [Hkv] or NULL */
 } pkv_append_tensors;
 
 /* Writes num_tokens new tokens of K and V into the pages (problem: Hkv, d, page_size, num_pages, layout,
- * dtype).  The CPU backend checks every index (row, position, page id) first and writes nothing when one
- * is bad (PKV_ERR_BEYOND_LENGTH, PKV_ERR_PAGE_OUT_OF_RANGE, PKV_ERR_BAD_INDPTR); the CUDA backend cannot
- * read the indices without a sync, so its kernel skips a token whose slot is out of range instead of
- * writing it.  CUDA: k, v, the caches 16-byte aligned and the strides multiples of 8. */
+ * dtype, kv_dtype).  The CPU backend checks every index (row, position, page id) first and writes nothing
+ * when one is bad (PKV_ERR_BEYOND_LENGTH, PKV_ERR_PAGE_OUT_OF_RANGE, PKV_ERR_BAD_INDPTR); the CUDA backend
+ * cannot read the indices without a sync, so its kernel skips a token whose slot is out of range instead of
+ * writing it.  CUDA: k, v, the caches 16-byte aligned and the strides multiples of 8 (of 16 for an fp8
+ * cache's kv_page_stride); fp8 caches with per-tensor scales only (per-head: PKV_ERR_UNSUPPORTED). */
 PKV_API pkv_status pkv_append_kv(pkv_context *ctx, const pkv_problem *problem, int32_t batch_size,
                                  int32_t num_tokens, const pkv_append_tensors *tensors, void *stream);
 
 /* Copies whole pages of K and V (the copies of pkv_request_extend; a host array of count entries, each
- * page id in [0, num_pages), no dst twice) on the context's backend.  CUDA: the copies go in the launch's
- * parameters (no upload, capturable), PKV_MAX_PAGE_COPIES per launch. */
+ * page id in [0, num_pages), no dst twice) on the context's backend, bit for bit: kv_page_stride and the
+ * pages in elements of the problem's kv_dtype (fp8: bytes).  CUDA: the copies go in the launch's parameters
+ * (no upload, capturable), PKV_MAX_PAGE_COPIES per launch; the caches 16-byte aligned, the page stride a
+ * multiple of 16 bytes. */
 #define PKV_MAX_PAGE_COPIES 64
 PKV_API pkv_status pkv_copy_pages(pkv_context *ctx, const pkv_problem *problem, const pkv_page_copy *copies,
                                   int32_t count, void *k_cache, void *v_cache, int64_t kv_page_stride, void *stream);

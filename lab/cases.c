@@ -19,6 +19,72 @@ uint16_t pkv_test_from_float(float f, pkv_dtype dtype) {
     return dtype == PKV_DTYPE_BF16 ? pkv_float_to_bf16(f) : pkv_float_to_half(f);
 }
 
+int pkv_test_is_fp8(pkv_dtype d) { return d == PKV_DTYPE_FP8_E4M3 || d == PKV_DTYPE_FP8_E5M2; }
+
+pkv_dtype pkv_test_kv_dtype(const pkv_problem *p) { return pkv_test_is_fp8(p->kv_dtype) ? p->kv_dtype : p->dtype; }
+
+size_t pkv_test_kv_size(const pkv_problem *p) { return pkv_test_is_fp8(p->kv_dtype) ? 1 : 2; }
+
+float pkv_test_kv_value(const pkv_test_case *tc, const void *cache, int64_t at, int32_t h, int is_v) {
+    const pkv_dtype kt = pkv_test_kv_dtype(&tc->problem);
+    if (!pkv_test_is_fp8(kt)) return pkv_test_to_float(((const uint16_t *)cache)[at], kt);
+    return pkv_fp8_to_float(((const uint8_t *)cache)[at], kt == PKV_DTYPE_FP8_E5M2) * pkv_test_kv_scale(tc, h, is_v);
+}
+
+float pkv_test_kv_scale(const pkv_test_case *tc, int32_t h, int is_v) {
+    const float *heads = is_v ? tc->v_head_scales : tc->k_head_scales;
+    const float s = is_v ? tc->v_scale : tc->k_scale;
+    return heads ? heads[h] : s > 0.0f ? s : 1.0f;
+}
+
+/* An fp8 code of value / scale for a random value uniform in [-1, 1], never a zero code. */
+static uint8_t random_fp8(pkv_rng *rng, int e5m2, float scale) {
+    for (;;) {
+        const float f = (float)(2.0 * pkv_rng_uniform01(rng) - 1.0);
+        const uint8_t c = pkv_float_to_fp8(f / scale, e5m2);
+        if ((c & 0x7fu) != 0) return c;
+    }
+}
+
+/* d random K and V values of KV head h at element `at` of the pools (the case's kv_dtype and scales). */
+static void fill_kv(pkv_test_case *tc, pkv_rng *rng, int64_t at, int32_t h) {
+    const pkv_dtype kt = pkv_test_kv_dtype(&tc->problem);
+    const int32_t d = tc->problem.head_dim;
+    if (!pkv_test_is_fp8(kt)) {
+        for (int32_t e = 0; e < d; e++) {
+            tc->k_cache[at + e] = pkv_test_random_value(rng, kt);
+            tc->v_cache[at + e] = pkv_test_random_value(rng, kt);
+        }
+        return;
+    }
+    const int e5m2 = kt == PKV_DTYPE_FP8_E5M2;
+    const float ks = pkv_test_kv_scale(tc, h, 0), vs = pkv_test_kv_scale(tc, h, 1);
+    uint8_t *k8 = (uint8_t *)tc->k_cache, *v8 = (uint8_t *)tc->v_cache;
+    for (int32_t e = 0; e < d; e++) {
+        k8[at + e] = random_fp8(rng, e5m2, ks);
+        v8[at + e] = random_fp8(rng, e5m2, vs);
+    }
+}
+
+/* NaN in d K and V elements at element `at` of the pools. */
+static void nan_kv(pkv_test_case *tc, int64_t at) {
+    const pkv_dtype kt = pkv_test_kv_dtype(&tc->problem);
+    const int32_t d = tc->problem.head_dim;
+    if (pkv_test_is_fp8(kt)) {
+        memset((uint8_t *)tc->k_cache + at, PKV_TEST_NAN_FP8, (size_t)d);
+        memset((uint8_t *)tc->v_cache + at, PKV_TEST_NAN_FP8, (size_t)d);
+        return;
+    }
+    const uint16_t nan_bits = pkv_test_nan_bits(kt);
+    for (int32_t e = 0; e < d; e++) tc->k_cache[at + e] = tc->v_cache[at + e] = nan_bits;
+}
+
+/* An fp8 cache's scale: 1/4 of the draws 0 (meaning 1.0), else log-uniform in [1/200, 1/2]. */
+static float random_scale(pkv_rng *rng) {
+    if (pkv_rng_uniform01(rng) < 0.25) return 0.0f;
+    return (float)exp(log(1.0 / 200.0) + pkv_rng_uniform01(rng) * log(100.0));
+}
+
 void pkv_test_choices_default(pkv_test_choices *c) {
     memset(c, 0, sizeof *c);
     c->max_batch = 6;
@@ -56,6 +122,8 @@ void pkv_test_case_free(pkv_test_case *tc) {
     free(tc->lse);
     free(tc->o_ref);
     free(tc->lse_ref);
+    free(tc->k_head_scales);
+    free(tc->v_head_scales);
     memset(tc, 0, sizeof *tc);
 }
 
@@ -74,27 +142,36 @@ int64_t pkv_test_kv_at(const pkv_test_case *tc, int32_t i, int32_t t, int32_t h)
 void pkv_test_poison_before_window(pkv_test_case *tc) {
     const pkv_problem *p = &tc->problem;
     if (p->window <= 0) return;
-    const uint16_t nan_bits = pkv_test_nan_bits(p->dtype);
     for (int32_t i = 0; i < tc->batch_size; i++)
         for (int32_t t = 0; t < tc->seq_lens[i] - p->window; t++)
-            for (int32_t h = 0; h < p->num_kv_heads; h++) {
-                const int64_t at = pkv_test_kv_at(tc, i, t, h);
-                for (int32_t e = 0; e < p->head_dim; e++) tc->k_cache[at + e] = tc->v_cache[at + e] = nan_bits;
-            }
+            for (int32_t h = 0; h < p->num_kv_heads; h++) nan_kv(tc, pkv_test_kv_at(tc, i, t, h));
 }
 
 /* Every score of a head equal to c (pkv_lab.h). */
 void pkv_test_constant_scores(pkv_test_case *tc, pkv_rng *rng, double c) {
     pkv_problem *p = &tc->problem;
     const int32_t d = p->head_dim;
+    const pkv_dtype kt = pkv_test_kv_dtype(p);
+    const int fp8 = pkv_test_is_fp8(kt);
+    if (fp8 && tc->k_head_scales) /* one K scale for every head, so every head's q.k is the same */
+        for (int32_t h = 1; h < p->num_kv_heads; h++) tc->k_head_scales[h] = tc->k_head_scales[0];
+    const float ks = fp8 ? pkv_test_kv_scale(tc, 0, 0) : 1.0f;
     uint16_t qv[256], kv[256];
+    uint8_t kv8[256];
     double dot = 0.0;
     while (fabs(dot) < 1.0) { /* |q.k| >= 1 keeps sm_scale = |c| / |q.k| within its documented 1e20 */
         dot = 0.0;
         for (int32_t e = 0; e < d; e++) {
             qv[e] = pkv_test_random_value(rng, p->dtype);
-            kv[e] = pkv_test_random_value(rng, p->dtype);
-            dot += (double)pkv_test_to_float(qv[e], p->dtype) * (double)pkv_test_to_float(kv[e], p->dtype);
+            double k;
+            if (fp8) {
+                kv8[e] = random_fp8(rng, kt == PKV_DTYPE_FP8_E5M2, ks);
+                k = (double)pkv_fp8_to_float(kv8[e], kt == PKV_DTYPE_FP8_E5M2) * (double)ks;
+            } else {
+                kv[e] = pkv_test_random_value(rng, p->dtype);
+                k = (double)pkv_test_to_float(kv[e], p->dtype);
+            }
+            dot += (double)pkv_test_to_float(qv[e], p->dtype) * k;
         }
     }
     if ((dot < 0.0) != (c < 0.0)) { /* flipping q's sign bits flips the scores' sign exactly */
@@ -105,8 +182,12 @@ void pkv_test_constant_scores(pkv_test_case *tc, pkv_rng *rng, double c) {
     for (int64_t e = 0; e < tc->q_elems; e++) tc->q[e] = qv[e % d];
     for (int32_t i = 0; i < tc->batch_size; i++)
         for (int32_t t = 0; t < tc->seq_lens[i]; t++)
-            for (int32_t h = 0; h < p->num_kv_heads; h++)
-                memcpy(tc->k_cache + pkv_test_kv_at(tc, i, t, h), kv, (size_t)d * sizeof kv[0]);
+            for (int32_t h = 0; h < p->num_kv_heads; h++) {
+                if (fp8)
+                    memcpy((uint8_t *)tc->k_cache + pkv_test_kv_at(tc, i, t, h), kv8, (size_t)d);
+                else
+                    memcpy(tc->k_cache + pkv_test_kv_at(tc, i, t, h), kv, (size_t)d * sizeof kv[0]);
+            }
 }
 
 /* A random logits soft cap c in [1, 50] with sm_scale set so that the scaled scores of the tests' data
@@ -124,6 +205,11 @@ void pkv_test_random_cap(pkv_rng *rng, pkv_problem *p) {
 int pkv_test_case_build(pkv_rng *rng, const pkv_problem *shape, int32_t batch_size,
                                       const int32_t *lens, double hole_fraction, int poison_unused_kv,
                                       pkv_test_case *tc) {
+    return pkv_test_case_build_kv(rng, shape, batch_size, lens, hole_fraction, poison_unused_kv, 0, tc);
+}
+
+int pkv_test_case_build_kv(pkv_rng *rng, const pkv_problem *shape, int32_t batch_size, const int32_t *lens,
+                           double hole_fraction, int poison_unused_kv, int head_scales, pkv_test_case *tc) {
     memset(tc, 0, sizeof *tc);
     tc->problem = *shape;
     tc->batch_size = batch_size;
@@ -167,7 +253,24 @@ int pkv_test_case_build(pkv_rng *rng, const pkv_problem *shape, int32_t batch_si
     tc->lse_elems = (int64_t)batch_size * hq;
     tc->kv_elems = num_pages * ps * hkv * d;
     size_t qn = (size_t)(tc->q_elems > 0 ? tc->q_elems : 1), ln = (size_t)(tc->lse_elems > 0 ? tc->lse_elems : 1);
+    /* an fp8 cache: kv_elems bytes (uint16 units rounded up), and its scales drawn first */
     size_t kn = (size_t)(tc->kv_elems > 0 ? tc->kv_elems : 1);
+    if (pkv_test_is_fp8(p->kv_dtype)) {
+        kn = (kn + 1) / 2;
+        if (head_scales) {
+            tc->k_head_scales = (float *)malloc((size_t)hkv * sizeof(float));
+            tc->v_head_scales = (float *)malloc((size_t)hkv * sizeof(float));
+            if (!tc->k_head_scales || !tc->v_head_scales) return 0;
+            for (int32_t h = 0; h < hkv; h++) {
+                const float a = random_scale(rng), b = random_scale(rng);
+                tc->k_head_scales[h] = a > 0.0f ? a : 1.0f;
+                tc->v_head_scales[h] = b > 0.0f ? b : 1.0f;
+            }
+        } else {
+            tc->k_scale = random_scale(rng);
+            tc->v_scale = random_scale(rng);
+        }
+    }
     tc->q = (uint16_t *)malloc(qn * sizeof(uint16_t));
     tc->o = (uint16_t *)malloc(qn * sizeof(uint16_t));
     tc->o_ref = (double *)malloc(qn * sizeof(double));
@@ -177,22 +280,27 @@ int pkv_test_case_build(pkv_rng *rng, const pkv_problem *shape, int32_t batch_si
     tc->v_cache = (uint16_t *)malloc(kn * sizeof(uint16_t));
     if (!tc->q || !tc->o || !tc->o_ref || !tc->lse || !tc->lse_ref || !tc->k_cache || !tc->v_cache) return 0;
     for (int64_t e = 0; e < tc->q_elems; e++) tc->q[e] = pkv_test_random_value(rng, p->dtype);
-    const uint16_t nan_bits = pkv_test_nan_bits(p->dtype);
-    for (int64_t e = 0; e < tc->kv_elems; e++) {
-        tc->k_cache[e] = poison_unused_kv ? nan_bits : pkv_test_random_value(rng, p->dtype);
-        tc->v_cache[e] = poison_unused_kv ? nan_bits : pkv_test_random_value(rng, p->dtype);
+    if (!pkv_test_is_fp8(p->kv_dtype)) {
+        const uint16_t nan_bits = pkv_test_nan_bits(p->dtype);
+        for (int64_t e = 0; e < tc->kv_elems; e++) {
+            tc->k_cache[e] = poison_unused_kv ? nan_bits : pkv_test_random_value(rng, p->dtype);
+            tc->v_cache[e] = poison_unused_kv ? nan_bits : pkv_test_random_value(rng, p->dtype);
+        }
+    } else { /* every slot of a page: pages, then KV heads, then tokens (both layouts hold a head's d in a run) */
+        for (int64_t pg = 0; pg < num_pages; pg++)
+            for (int32_t h = 0; h < hkv; h++)
+                for (int32_t t = 0; t < ps; t++) {
+                    const int64_t at = pg * ps * hkv * d +
+                                       (p->layout == PKV_LAYOUT_NHD ? (int64_t)t * hkv * d + (int64_t)h * d
+                                                                    : (int64_t)h * ps * d + (int64_t)t * d);
+                    if (poison_unused_kv) nan_kv(tc, at);
+                    else fill_kv(tc, rng, at, h);
+                }
     }
     if (poison_unused_kv) { /* real data only where a row's tokens live */
         for (int32_t i = 0; i < batch_size; i++)
-            for (int32_t t = 0; t < lens[i]; t++) {
-                for (int32_t h = 0; h < hkv; h++) {
-                    const int64_t at = pkv_test_kv_at(tc, i, t, h);
-                    for (int32_t e = 0; e < d; e++) {
-                        tc->k_cache[at + e] = pkv_test_random_value(rng, p->dtype);
-                        tc->v_cache[at + e] = pkv_test_random_value(rng, p->dtype);
-                    }
-                }
-            }
+            for (int32_t t = 0; t < lens[i]; t++)
+                for (int32_t h = 0; h < hkv; h++) fill_kv(tc, rng, pkv_test_kv_at(tc, i, t, h), h);
     }
     tc->table.batch_size = batch_size;
     tc->table.kv_indptr = tc->kv_indptr;
@@ -219,6 +327,7 @@ int pkv_test_case_random(pkv_rng *rng, const pkv_test_choices *c, pkv_test_case 
     static const pkv_layout def_layouts[] = {PKV_LAYOUT_NHD, PKV_LAYOUT_HND};
     static const pkv_dtype def_dtypes[] = {PKV_DTYPE_FP16, PKV_DTYPE_BF16};
     pkv_problem p;
+    int head_scales = 0;
     pkv_problem_default(&p);
     int32_t G = c->num_groups ? c->groups[pkv_test_pick(rng, c->num_groups)] : def_groups[pkv_test_pick(rng, 3)];
     p.num_kv_heads = c->num_kv_heads ? c->kv_heads[pkv_test_pick(rng, c->num_kv_heads)] : def_kv[pkv_test_pick(rng, 2)];
@@ -227,6 +336,10 @@ int pkv_test_case_random(pkv_rng *rng, const pkv_test_choices *c, pkv_test_case 
     p.page_size = c->num_page_sizes ? c->page_sizes[pkv_test_pick(rng, c->num_page_sizes)] : def_pages[pkv_test_pick(rng, 3)];
     p.layout = c->num_layouts ? c->layouts[pkv_test_pick(rng, c->num_layouts)] : def_layouts[pkv_test_pick(rng, 2)];
     p.dtype = c->num_dtypes ? c->dtypes[pkv_test_pick(rng, c->num_dtypes)] : def_dtypes[pkv_test_pick(rng, 2)];
+    if (c->num_kv_dtypes > 0) { /* drawn only when listed: the other cases' draws stay as they were */
+        p.kv_dtype = c->kv_dtypes[pkv_test_pick(rng, c->num_kv_dtypes)];
+        head_scales = pkv_test_is_fp8(p.kv_dtype) && pkv_rng_uniform01(rng) < c->head_scale_prob;
+    }
     int32_t lo = c->min_batch > 0 ? c->min_batch : 0, hi = c->max_batch > lo ? c->max_batch : lo;
     int32_t B = (int32_t)pkv_rng_uniform_int(rng, lo, hi);
     int32_t *lens = (int32_t *)malloc((size_t)(B > 0 ? B : 1) * sizeof(int32_t));
@@ -235,14 +348,15 @@ int pkv_test_case_random(pkv_rng *rng, const pkv_test_choices *c, pkv_test_case 
         return 0;
     }
     for (int32_t i = 0; i < B; i++) lens[i] = pkv_test_random_len(rng, c);
-    int ok = pkv_test_case_build(rng, &p, B, lens, c->hole_fraction, c->poison_unused_kv, tc);
+    int ok = pkv_test_case_build_kv(rng, &p, B, lens, c->hole_fraction, c->poison_unused_kv, head_scales, tc);
     free(lens);
     return ok;
 }
 
 /* Fills o_ref and lse_ref with the float64 reference. */
 pkv_status pkv_test_case_reference(pkv_test_case *tc) {
-    return pkv_reference(&tc->problem, &tc->table, tc->q, tc->k_cache, tc->v_cache, tc->o_ref, tc->lse_ref);
+    return pkv_reference_kv(&tc->problem, &tc->table, tc->q, tc->k_cache, tc->v_cache, tc->k_scale, tc->v_scale,
+                            tc->k_head_scales, tc->v_head_scales, tc->o_ref, tc->lse_ref);
 }
 
 /* Fills o with the dtype's NaN pattern and lse with NaN, so unwritten elements show. */
@@ -323,16 +437,22 @@ int64_t pkv_test_empty_rows_nonzero(const pkv_test_case *tc) {
 uint16_t *pkv_test_interleave(const pkv_test_case *tc, int64_t pad, int64_t *stride) {
     const pkv_problem *p = &tc->problem;
     const int64_t page = (int64_t)p->page_size * p->num_kv_heads * p->head_dim;
+    const size_t es = pkv_test_kv_size(p);
     *stride = 2 * page + pad;
-    uint16_t *kv = (uint16_t *)malloc((size_t)(p->num_pages * *stride) * 2 + 2);
+    char *kv = (char *)malloc((size_t)(p->num_pages * *stride) * es + 2);
     if (!kv) return NULL;
-    const uint16_t nan_bits = pkv_test_nan_bits(p->dtype); /* NaN in the padding (0x7e00 is finite in bf16) */
-    for (int64_t i = 0; i < p->num_pages * *stride; i++) kv[i] = nan_bits;
-    for (int64_t pg = 0; pg < p->num_pages; pg++) {
-        memcpy(kv + pg * *stride, (const uint16_t *)tc->k_cache + pg * page, (size_t)page * 2);
-        memcpy(kv + pg * *stride + page, (const uint16_t *)tc->v_cache + pg * page, (size_t)page * 2);
+    if (es == 1) { /* NaN in the padding */
+        memset(kv, PKV_TEST_NAN_FP8, (size_t)(p->num_pages * *stride));
+    } else {
+        const uint16_t nan_bits = pkv_test_nan_bits(p->dtype); /* 0x7e00 is finite in bf16 */
+        for (int64_t i = 0; i < p->num_pages * *stride; i++) ((uint16_t *)(void *)kv)[i] = nan_bits;
     }
-    return kv;
+    for (int64_t pg = 0; pg < p->num_pages; pg++) {
+        memcpy(kv + (size_t)(pg * *stride) * es, (const char *)tc->k_cache + (size_t)(pg * page) * es, (size_t)page * es);
+        memcpy(kv + (size_t)(pg * *stride + page) * es, (const char *)tc->v_cache + (size_t)(pg * page) * es,
+               (size_t)page * es);
+    }
+    return (uint16_t *)(void *)kv;
 }
 
 /* A copy of B rows of `row` elements spread `stride` apart, the gaps filled with `fill`. */
@@ -363,6 +483,7 @@ pkv_status pkv_test_run_layout(pkv_context *ctx, const pkv_plan *plan, pkv_test_
     const pkv_problem *p = &tc->problem;
     const int32_t B = tc->batch_size;
     const int64_t page = (int64_t)p->page_size * p->num_kv_heads * p->head_dim;
+    const size_t es = pkv_test_kv_size(p); /* bytes of a cache element */
     const int64_t row = (int64_t)p->num_qo_heads * p->head_dim;
     const int64_t qs = L->q_pad > 0 ? row + L->q_pad : 0, os = L->o_pad > 0 ? row + L->o_pad : 0;
     const uint16_t gap_fill = 0x3c01; /* finite in fp16 and bf16, and not the outputs' poison */
@@ -385,19 +506,24 @@ pkv_status pkv_test_run_layout(pkv_context *ctx, const pkv_plan *plan, pkv_test_
         if (!ws) st = PKV_ERR_OUT_OF_MEMORY;
         pkv_tensors t = {.q = q_host,
                          .k_cache = kv ? (const void *)kv : tc->k_cache,
-                         .v_cache = kv ? (const void *)(kv + page) : tc->v_cache,
+                         .v_cache = kv ? (const void *)((const char *)kv + (size_t)page * es) : tc->v_cache,
                          .kv_page_indices = tc->kv_page_indices,
                          .o = o_host,
                          .lse = tc->lse,
                          .kv_page_stride = stride,
                          .q_row_stride = qs,
-                         .o_row_stride = os};
+                         .o_row_stride = os,
+                         .k_scale = tc->k_scale,
+                         .v_scale = tc->v_scale,
+                         .k_head_scales = tc->k_head_scales,
+                         .v_head_scales = tc->v_head_scales};
         if (st == PKV_OK) st = pkv_run(ctx, plan, ws, ws_bytes, &t, NULL);
         free(ws);
     } else if (st == PKV_OK) {
-        size_t kvb = (size_t)tc->kv_elems * 2, lb = (size_t)tc->lse_elems * 4;
-        size_t ib = (size_t)tc->kv_indptr[B] * 4, kvib = (size_t)(p->num_pages * stride) * 2;
-        void *q = NULL, *k = NULL, *v = NULL, *o = NULL, *lse = NULL, *idx = NULL, *ws = NULL;
+        size_t kvb = (size_t)tc->kv_elems * es, lb = (size_t)tc->lse_elems * 4;
+        size_t ib = (size_t)tc->kv_indptr[B] * 4, kvib = (size_t)(p->num_pages * stride) * es;
+        size_t hb = (size_t)p->num_kv_heads * sizeof(float);
+        void *q = NULL, *k = NULL, *v = NULL, *o = NULL, *lse = NULL, *idx = NULL, *ws = NULL, *khs = NULL, *vhs = NULL;
         st = pkv_dev_malloc(ctx, qb, &q);
         if (st == PKV_OK) st = pkv_dev_malloc(ctx, kv ? kvib : kvb, &k);
         if (st == PKV_OK && !kv) st = pkv_dev_malloc(ctx, kvb, &v);
@@ -405,6 +531,10 @@ pkv_status pkv_test_run_layout(pkv_context *ctx, const pkv_plan *plan, pkv_test_
         if (st == PKV_OK) st = pkv_dev_malloc(ctx, lb, &lse);
         if (st == PKV_OK) st = pkv_dev_malloc(ctx, ib, &idx);
         if (st == PKV_OK) st = pkv_dev_malloc(ctx, ws_bytes, &ws);
+        if (st == PKV_OK && tc->k_head_scales) st = pkv_dev_malloc(ctx, hb, &khs);
+        if (st == PKV_OK && tc->v_head_scales) st = pkv_dev_malloc(ctx, hb, &vhs);
+        if (st == PKV_OK && khs) st = pkv_dev_copy_h2d(ctx, khs, tc->k_head_scales, hb);
+        if (st == PKV_OK && vhs) st = pkv_dev_copy_h2d(ctx, vhs, tc->v_head_scales, hb);
         if (st == PKV_OK) st = pkv_dev_copy_h2d(ctx, q, q_host, qb);
         if (st == PKV_OK) st = pkv_dev_copy_h2d(ctx, k, kv ? (const void *)kv : tc->k_cache, kv ? kvib : kvb);
         if (st == PKV_OK && !kv) st = pkv_dev_copy_h2d(ctx, v, tc->v_cache, kvb);
@@ -412,7 +542,7 @@ pkv_status pkv_test_run_layout(pkv_context *ctx, const pkv_plan *plan, pkv_test_
         if (st == PKV_OK) st = pkv_dev_copy_h2d(ctx, o, o_host, ob);      /* poisoned */
         if (st == PKV_OK) st = pkv_dev_copy_h2d(ctx, lse, tc->lse, lb); /* poisoned */
         if (st == PKV_OK) {
-            const void *vp = kv ? (const void *)((const uint16_t *)k + page) : v;
+            const void *vp = kv ? (const void *)((const char *)k + (size_t)page * es) : v;
             pkv_tensors t = {.q = q,
                              .k_cache = k,
                              .v_cache = vp,
@@ -421,13 +551,17 @@ pkv_status pkv_test_run_layout(pkv_context *ctx, const pkv_plan *plan, pkv_test_
                              .lse = (float *)lse,
                              .kv_page_stride = stride,
                              .q_row_stride = qs,
-                             .o_row_stride = os};
+                             .o_row_stride = os,
+                             .k_scale = tc->k_scale,
+                             .v_scale = tc->v_scale,
+                             .k_head_scales = (const float *)khs,
+                             .v_head_scales = (const float *)vhs};
             st = pkv_run(ctx, plan, ws, ws_bytes, &t, NULL);
         }
         if (st == PKV_OK) st = pkv_dev_synchronize(ctx);
         if (st == PKV_OK) st = pkv_dev_copy_d2h(ctx, o_host, o, ob);
         if (st == PKV_OK) st = pkv_dev_copy_d2h(ctx, tc->lse, lse, lb);
-        void *bufs[] = {q, k, v, o, lse, idx, ws};
+        void *bufs[] = {q, k, v, o, lse, idx, ws, khs, vhs};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) pkv_dev_free(ctx, bufs[i]);
     }
     if (st == PKV_OK && oh) {

@@ -157,11 +157,16 @@ float pkv_fp8_to_float(uint8_t v, int e5m2);
 uint8_t pkv_float_to_fp8(float f, int e5m2);
 
 /* ------------------------------------------------------------------------------------------------
- * Float64 reference: the definition every backend is checked against.  Inputs are host
- * arrays of problem->dtype (dense page pools); o_ref [B, Hq, d] and lse_ref [B, Hq] are doubles.
+ * Float64 reference: the definition every backend is checked against.  Inputs are host arrays: q of
+ * problem->dtype, the dense page pools of its kv_dtype; o_ref [B, Hq, d] and lse_ref [B, Hq] are doubles.
  * ---------------------------------------------------------------------------------------------- */
 pkv_status pkv_reference(const pkv_problem *problem, const pkv_page_table *table, const void *q,
                          const void *k_cache, const void *v_cache, double *o_ref, double *lse_ref);
+/* The same with an fp8 cache's scales, as pkv_tensors takes them (0: 1.0; per-head arrays [Hkv] on the host,
+ * NULL: per tensor): each element read as the double of its code times its scale. */
+pkv_status pkv_reference_kv(const pkv_problem *problem, const pkv_page_table *table, const void *q,
+                            const void *k_cache, const void *v_cache, float k_scale, float v_scale,
+                            const float *k_head_scales, const float *v_head_scales, double *o_ref, double *lse_ref);
 
 /* ------------------------------------------------------------------------------------------------
  * Traces (workloads.md).  A trace is a sequence of decode steps; each step lists its active rows
@@ -320,14 +325,17 @@ void pkv_dev_graph_free(void *graph); /* accepts NULL */
  *   pkv_test_unwritten(&tc) == 0, pkv_test_rel_l2(&tc) < tol, pkv_test_lse_err(&tc) < tol
  *   pkv_test_case_free(&tc);
  *
- * Data: q, K and V are uniform in [-1, 1] rounded to the dtype, never zero.  With poison_unused_kv set,
- * every KV slot no row reads (the tail of a row's last page, pages a row owns past its length, and the
- * unused "hole" pages of the pool) holds NaN, so a kernel that reads or mixes in a token it must not see
- * turns its output into NaN.
+ * Data: q, K and V are uniform in [-1, 1] rounded to the dtype, never zero.  An fp8 cache (the problem's
+ * kv_dtype) holds the codes of such values divided by the case's scales (per tensor, 1/4 of them 0 = 1.0,
+ * else log-uniform in [1/200, 1/2]; or per KV head), never a zero code.  With poison_unused_kv set, every
+ * KV slot no row reads (the tail of a row's last page, pages a row owns past its length, and the unused
+ * "hole" pages of the pool) holds NaN, so a kernel that reads or mixes in a token it must not see turns
+ * its output into NaN.
  * ---------------------------------------------------------------------------------------------- */
-/* NaN bit patterns used to poison outputs and unused KV slots. */
+/* NaN bit patterns used to poison outputs and unused KV slots (PKV_TEST_NAN_FP8: a NaN in e4m3 and e5m2). */
 #define PKV_TEST_NAN_FP16 ((uint16_t)0x7e00u)
 #define PKV_TEST_NAN_BF16 ((uint16_t)0x7fc0u)
+#define PKV_TEST_NAN_FP8 0x7f
 
 /* The CPU backend's tolerances against the float64 reference (test_cpu, test_fuzz). */
 #define PKV_TEST_TOL_O_FP16 1.0e-3 /* relative L2 of o */
@@ -351,6 +359,8 @@ typedef struct pkv_test_choices {
     double one_prob;            /* probability of a row of length 1; default 0.1 */
     double hole_fraction;       /* unused pages / used pages; default 0.25 */
     int poison_unused_kv;       /* NaN in every KV slot no row reads; default 1 */
+    const pkv_dtype *kv_dtypes; int32_t num_kv_dtypes;   /* the caches' kv_dtype; default (none listed): 0, of dtype */
+    double head_scale_prob;     /* an fp8 case's probability of per-KV-head scales; default 0 (per tensor) */
 } pkv_test_choices;
 
 /* A generated problem with its host data, outputs and reference. */
@@ -362,7 +372,9 @@ typedef struct pkv_test_case {
     int32_t *kv_indptr;       // [B + 1]
     int32_t *kv_page_indices; // [kv_indptr[B]]
     uint16_t *q;              // [B, Hq, d]
-    uint16_t *k_cache;        // [num_pages, page_size, Hkv, d] (NHD) or [num_pages, Hkv, page_size, d] (HND)
+    /* [num_pages, page_size, Hkv, d] (NHD) or [num_pages, Hkv, page_size, d] (HND) elements of kv_dtype:
+     * 2 bytes, or for an fp8 cache 1 byte each (read them as uint8_t; pkv_test_kv_value) */
+    uint16_t *k_cache;
     uint16_t *v_cache;
     uint16_t *o;              // [B, Hq, d]   output under test
     float *lse;               // [B, Hq]      output under test
@@ -370,11 +382,22 @@ typedef struct pkv_test_case {
     double *lse_ref;          // [B, Hq]
     int64_t q_elems, kv_elems, lse_elems, total_tokens;
     int ok;                   /* 1 when every allocation succeeded */
+    /* an fp8 cache's scales as pkv_tensors takes them (0: 1.0), or per KV head ([Hkv], else NULL) */
+    float k_scale, v_scale;
+    float *k_head_scales, *v_head_scales;
 } pkv_test_case;
 
 uint16_t pkv_test_nan_bits(pkv_dtype dtype);
 float pkv_test_to_float(uint16_t bits, pkv_dtype dtype);
 uint16_t pkv_test_from_float(float f, pkv_dtype dtype);
+/* fp8 kv_dtype checks for tests: an fp8 type; the caches' element type (kv_dtype if fp8, else dtype) and its
+ * bytes; the scale of KV head h's K (is_v 0) or V (1) as a run uses it; a cache element as a float
+ * (element `at` of cache, KV head h). */
+int pkv_test_is_fp8(pkv_dtype d);
+pkv_dtype pkv_test_kv_dtype(const pkv_problem *p);
+size_t pkv_test_kv_size(const pkv_problem *p);
+float pkv_test_kv_scale(const pkv_test_case *tc, int32_t h, int is_v);
+float pkv_test_kv_value(const pkv_test_case *tc, const void *cache, int64_t at, int32_t h, int is_v);
 void pkv_test_choices_default(pkv_test_choices *c);
 int64_t pkv_test_pick(pkv_rng *rng, int64_t count);
 /* Uniform in [-1, 1], rounded to the dtype, never zero (nor -0). */
@@ -393,7 +416,11 @@ void pkv_test_random_cap(pkv_rng *rng, pkv_problem *p);
  * ceil(len / page_size) pages, sometimes one more; page ids are a random permutation of the pool
  * (no page shared between rows) with hole_fraction unused pages.  Returns tc->ok. */
 int pkv_test_case_build(pkv_rng *rng, const pkv_problem *shape, int32_t batch_size, const int32_t *lens, double hole_fraction, int poison_unused_kv, pkv_test_case *tc);
-/* Makes every score of a head the same constant c: K of every token of a KV head is one random vector,
+/* The same; for an fp8 kv_dtype head_scales != 0 draws per-KV-head scales instead of per-tensor ones. */
+int pkv_test_case_build_kv(pkv_rng *rng, const pkv_problem *shape, int32_t batch_size, const int32_t *lens,
+                           double hole_fraction, int poison_unused_kv, int head_scales, pkv_test_case *tc);
+/* Makes every score of a head the same constant c (an fp8 case with per-head K scales gets head 0's K scale
+ * on every head first): K of every token of a KV head is one random vector,
  * q of every row and query head one random vector (its sign set by c's), and sm_scale = |c| / |q.k|
  * (|q.k| >= 1 by redrawing; c = 0 gives sm_scale 1e-30).  Softmax weights are then uniform whatever c
  * is: o is the mean of V over the attended tokens and lse = c + ln(n), so a backend whose merge loses

@@ -268,11 +268,11 @@ static bool attend(soak *S, const epoch *e, pkv_problem p, int32_t B, const int3
         if (indptr[B] > 0) st = pkv_dev_copy_h2d(S->ctx, S->d_idx, indices, (size_t)indptr[B] * 4);
         if (st == PKV_OK) st = pkv_dev_memset(S->ctx, S->d_o, 0xff, o_bytes); /* NaN: unwritten shows */
         if (st == PKV_OK) st = pkv_dev_memset(S->ctx, S->d_lse, 0xff, lse_bytes);
-        t = (pkv_tensors){S->d_q, e->dk, e->dv, (const int32_t *)S->d_idx, S->d_o, (float *)S->d_lse, 0, 0, 0};
+        t = (pkv_tensors){S->d_q, e->dk, e->dv, (const int32_t *)S->d_idx, S->d_o, (float *)S->d_lse, 0, 0, 0, 0.0f, 0.0f, NULL, NULL};
     } else {
         memset(S->h_o, 0xff, o_bytes);
         memset(S->h_lse, 0xff, lse_bytes);
-        t = (pkv_tensors){S->h_q, e->k, e->v, indices, S->h_o, S->h_lse, 0, 0, 0};
+        t = (pkv_tensors){S->h_q, e->k, e->v, indices, S->h_o, S->h_lse, 0, 0, 0, 0.0f, 0.0f, NULL, NULL};
     }
     if (st == PKV_OK) st = pkv_run(S->ctx, S->plan, S->ws, S->ws_cap, &t, NULL);
     s->steps++;

@@ -113,7 +113,7 @@ _lab = _load_lab()
 if _lab is not None:
     _lab.pkv_last_error.restype, _lab.pkv_last_error.argtypes = ctypes.c_char_p, []
 # the lab's functions (their errors are the lab library's own thread-local message)
-LAB_FUNCTIONS = ("pkv_reference", "pkv_plan_num_state_slots", "pkv_plan_problem", "pkv_plan_batch_size")
+LAB_FUNCTIONS = ("pkv_reference", "pkv_reference_kv", "pkv_plan_num_state_slots", "pkv_plan_problem", "pkv_plan_batch_size")
 LAB_PREFIXES = ("pkv_trace_", "pkv_rng_")
 
 
@@ -171,7 +171,7 @@ class Status(enum.IntEnum):
     FOREIGN_PAGE = 24
 
 
-DTYPE_FP16, DTYPE_BF16, DTYPE_FP32 = 0, 1, 2
+DTYPE_FP16, DTYPE_BF16, DTYPE_FP32, DTYPE_FP8_E4M3, DTYPE_FP8_E5M2 = 0, 1, 2, 3, 4
 LAYOUT_NHD, LAYOUT_HND = 0, 1
 BACKEND_CPU, BACKEND_CUDA, BACKEND_BEST = 0, 1, 2
 
@@ -181,7 +181,8 @@ class Problem(ctypes.Structure):
     _fields_ = [("num_qo_heads", ctypes.c_int32), ("num_kv_heads", ctypes.c_int32),
                 ("head_dim", ctypes.c_int32), ("page_size", ctypes.c_int32),
                 ("num_pages", ctypes.c_int64), ("layout", c_enum), ("dtype", c_enum),
-                ("sm_scale", ctypes.c_float), ("logits_soft_cap", ctypes.c_float), ("window", ctypes.c_int32)]
+                ("sm_scale", ctypes.c_float), ("logits_soft_cap", ctypes.c_float), ("window", ctypes.c_int32),
+                ("kv_dtype", c_enum)]
 
 
 _i32p = ctypes.POINTER(ctypes.c_int32)
@@ -203,7 +204,9 @@ class Tensors(ctypes.Structure):
     _fields_ = [("q", ctypes.c_void_p), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
                 ("kv_page_indices", ctypes.c_void_p), ("o", ctypes.c_void_p),
                 ("lse", ctypes.c_void_p), ("kv_page_stride", ctypes.c_int64),
-                ("q_row_stride", ctypes.c_int64), ("o_row_stride", ctypes.c_int64)]
+                ("q_row_stride", ctypes.c_int64), ("o_row_stride", ctypes.c_int64),
+                ("k_scale", ctypes.c_float), ("v_scale", ctypes.c_float),
+                ("k_head_scales", ctypes.c_void_p), ("v_head_scales", ctypes.c_void_p)]
 
 
 class Counters(ctypes.Structure):
@@ -277,7 +280,8 @@ class AppendTensors(ctypes.Structure):
                 ("v_token_stride", ctypes.c_int64), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
                 ("kv_page_stride", ctypes.c_int64)] + [(n, ctypes.c_void_p) for n in (
                     "kv_indptr", "kv_page_indices", "kv_last_page_len", "seq_lens", "batch_indices", "positions",
-                    "append_indptr")]
+                    "append_indptr")] + [("k_scale", ctypes.c_float), ("v_scale", ctypes.c_float),
+                                         ("k_head_scales", ctypes.c_void_p), ("v_head_scales", ctypes.c_void_p)]
 
 
 # ---- prototypes ---------------------------------------------------------------------------------
@@ -327,6 +331,8 @@ _protos = {
     "pkv_plan_upload": (c_enum, [_vp, _vp, _vp, ctypes.c_size_t, _vp]),
     "pkv_reference": (c_enum, [_P(Problem), _P(PageTable), _vp, _vp, _vp, _P(ctypes.c_double),
                                _P(ctypes.c_double)]),
+    "pkv_reference_kv": (c_enum, [_P(Problem), _P(PageTable), _vp, _vp, _vp, ctypes.c_float, ctypes.c_float, _vp, _vp,
+                                  _P(ctypes.c_double), _P(ctypes.c_double)]),
     "pkv_trace_family_name": (_cp, [c_enum]),
     "pkv_trace_family_parse": (c_enum, [_cp, _P(c_enum)]),
     "pkv_trace_config_default": (None, [_P(TraceConfig), c_enum]),
@@ -374,7 +380,7 @@ for _name, (_res, _args) in _protos.items():
     _fn.restype, _fn.argtypes = _res, _args
 
 # The structs above mirror this version of persistentkv.h: refuse a library of another version.
-ABI_VERSION = 500  # 0.5.0
+ABI_VERSION = 600  # 0.6.0
 lib.pkv_version.restype, lib.pkv_version.argtypes = ctypes.c_uint32, []
 if lib.pkv_version() != ABI_VERSION:
     raise LibraryNotFoundError(

@@ -49,9 +49,12 @@ pkv_status pkv_append_kv(pkv_context *ctx, const pkv_problem *problem, int32_t b
     if (t->kv_page_stride != 0 && t->kv_page_stride < page_elems)
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "pkv_append_kv: kv_page_stride %lld is below a page (%lld)",
                         (long long)t->kv_page_stride, (long long)page_elems);
-    if (misaligned(t->k, 2) || misaligned(t->v, 2) || misaligned(t->k_cache, 2) || misaligned(t->v_cache, 2) ||
+    const size_t kv_es = pkv_kv_elem_size(problem);
+    if (misaligned(t->k, 2) || misaligned(t->v, 2) || misaligned(t->k_cache, kv_es) || misaligned(t->v_cache, kv_es) ||
         misaligned(t->kv_indptr, 4) || misaligned(t->kv_page_indices, 4))
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "pkv_append_kv: a pointer is not aligned to its element");
+    s = pkv_check_kv_scales(ctx, problem, t->k_scale, t->v_scale, t->k_head_scales, t->v_head_scales, "pkv_append_kv");
+    if (s != PKV_OK) return s;
     if (!ctx->ops->append)
         return pkv_fail(ctx, PKV_ERR_UNSUPPORTED, "the %s backend does not append", ctx->ops->name);
     return ctx->ops->append(ctx, problem, batch_size, num_tokens, t, stream);
@@ -70,8 +73,10 @@ pkv_status pkv_copy_pages(pkv_context *ctx, const pkv_problem *problem, const pk
     if (kv_page_stride != 0 && kv_page_stride < page_elems)
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "pkv_copy_pages: kv_page_stride %lld is below a page (%lld)",
                         (long long)kv_page_stride, (long long)page_elems);
-    if (misaligned(k_cache, 2) || misaligned(v_cache, 2))
-        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "pkv_copy_pages: k_cache and v_cache must be 2-byte aligned");
+    const size_t kv_es = pkv_kv_elem_size(problem);
+    if (misaligned(k_cache, kv_es) || misaligned(v_cache, kv_es))
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "pkv_copy_pages: k_cache and v_cache must be %zu-byte aligned",
+                        kv_es);
     for (int32_t c = 0; c < count; c++) {
         const int32_t a = copies[c].src_page, b = copies[c].dst_page;
         if (a < 0 || a >= problem->num_pages || b < 0 || b >= problem->num_pages)

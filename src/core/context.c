@@ -144,16 +144,20 @@ pkv_status pkv_run(pkv_context *ctx, const pkv_plan *plan, void *workspace, size
             return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "%s %" PRId64 " x %d rows overflows", stride_names[i],
                             strides[i], plan->batch_size);
     }
-    /* every element at its natural alignment (fp16/bf16 2 bytes, lse and page ids 4, the workspace's states
-     * and counters 8), on both backends; the CUDA kernels use 16-byte vector accesses (below) */
+    /* every element at its natural alignment (fp16/bf16 2 bytes, fp8 1, lse and page ids 4, the workspace's
+     * states and counters 8), on both backends; the CUDA kernels use 16-byte vector accesses (below) */
     {
         const void *ptrs[] = {t->q, t->k_cache, t->v_cache, t->o, t->lse, t->kv_page_indices, workspace};
         const char *names[] = {"q", "k_cache", "v_cache", "o", "lse", "kv_page_indices", "workspace"};
-        const unsigned align[] = {2, 2, 2, 2, 4, 4, 8};
+        const unsigned kv_align = (unsigned)pkv_kv_elem_size(&plan->problem);
+        const unsigned align[] = {2, kv_align, kv_align, 2, 4, 4, 8};
         for (int i = 0; i < 7; i++)
             if (((uintptr_t)ptrs[i] & (align[i] - 1u)) != 0)
                 return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "%s is not %u-byte aligned", names[i], align[i]);
     }
+    st = pkv_check_kv_scales(ctx, &plan->problem, t->k_scale, t->v_scale, t->k_head_scales, t->v_head_scales,
+                             "pkv_run");
+    if (st != PKV_OK) return st;
     if (ctx->kind == PKV_BACKEND_CUDA) {
         for (int i = 0; i < 3; i++)
             if (strides[i] % 8 != 0)

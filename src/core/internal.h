@@ -171,7 +171,24 @@ pkv_status pkv_check_problem(pkv_context *ctx, const pkv_problem *p);
 pkv_status pkv_check_table(pkv_context *ctx, const pkv_problem *p, const pkv_page_table *t,
                            bool check_page_ids);
 size_t pkv_dtype_size(pkv_dtype d);
+const char *pkv_dtype_name(pkv_dtype d); /* "fp16", "bf16", "fp32", "fp8_e4m3", "fp8_e5m2"; "unknown" */
 float pkv_problem_scale(const pkv_problem *p);
+static inline bool pkv_dtype_is_fp8(pkv_dtype d) { return d == PKV_DTYPE_FP8_E4M3 || d == PKV_DTYPE_FP8_E5M2; }
+/* The caches' element type of a checked problem: kv_dtype when it is fp8, else dtype (kv_dtype 0 or dtype). */
+static inline pkv_dtype pkv_kv_dtype(const pkv_problem *p) {
+    return pkv_dtype_is_fp8(p->kv_dtype) ? p->kv_dtype : p->dtype;
+}
+/* Bytes of one cache element (fp8 1, fp16 / bf16 2). */
+static inline size_t pkv_kv_elem_size(const pkv_problem *p) { return pkv_dtype_size(pkv_kv_dtype(p)); }
+/* A per-tensor scale as used: 0 is 1.0. */
+static inline float pkv_scale_or_one(float s) { return s > 0.0f ? s : 1.0f; }
+/* The scales of a run or an append (pkv_tensors, pkv_append_tensors) by what the host can see: per-tensor
+ * values, which pointers are set, their alignment (who names the call in the message). */
+pkv_status pkv_check_kv_scales(pkv_context *ctx, const pkv_problem *p, float k_scale, float v_scale,
+                               const float *k_heads, const float *v_heads, const char *who);
+/* The entries of per-head scales in host memory (either pointer may be NULL): positive and finite. */
+pkv_status pkv_check_head_scales(pkv_context *ctx, const pkv_problem *p, const float *k_heads, const float *v_heads,
+                                 const char *who);
 
 /* Strides in elements of the KV cache for the problem's layout. */
 typedef struct pkv_kv_strides { int64_t page, head, token; } pkv_kv_strides;

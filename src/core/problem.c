@@ -15,15 +15,72 @@ void pkv_problem_default(pkv_problem *p) {
     p->sm_scale = 0.0f;
     p->logits_soft_cap = 0.0f;
     p->window = 0;
+    p->kv_dtype = (pkv_dtype)0; /* the caches hold dtype */
 }
 
 size_t pkv_dtype_size(pkv_dtype d) {
     switch (d) {
+    case PKV_DTYPE_FP8_E4M3:
+    case PKV_DTYPE_FP8_E5M2: return 1;
     case PKV_DTYPE_FP16:
     case PKV_DTYPE_BF16: return 2;
     case PKV_DTYPE_FP32: return 4;
     }
     return 0;
+}
+
+const char *pkv_dtype_name(pkv_dtype d) {
+    switch (d) {
+    case PKV_DTYPE_FP16: return "fp16";
+    case PKV_DTYPE_BF16: return "bf16";
+    case PKV_DTYPE_FP32: return "fp32";
+    case PKV_DTYPE_FP8_E4M3: return "fp8_e4m3";
+    case PKV_DTYPE_FP8_E5M2: return "fp8_e5m2";
+    }
+    return "unknown";
+}
+
+/* The scales' common rules (pkv_tensors, pkv_append_tensors): per tensor 0 (1.0) or positive and finite;
+ * per head only for fp8 caches, and then no per-tensor scale but 0 or 1; caches of dtype take no scale. */
+static pkv_status check_scale_pair(pkv_context *ctx, const char *who, const char *name, float s,
+                                   const float *heads, bool fp8) {
+    if (!(s >= 0.0f) || isinf(s))
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "%s: %s %g is not a finite value >= 0 (0: 1.0)", who, name,
+                        (double)s);
+    if (!fp8 && (heads || (s != 0.0f && s != 1.0f)))
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT,
+                        "%s: %s%s applies to fp8 caches only (pkv_problem.kv_dtype); a cache of dtype takes 0 or 1 "
+                        "and no per-head scales",
+                        who, name, heads ? " per head" : "");
+    if (heads && s != 0.0f && s != 1.0f)
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT,
+                        "%s: %s %g and per-head scales both given: a tensor takes one or the other", who, name,
+                        (double)s);
+    if (heads && ((uintptr_t)heads & 3u) != 0)
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "%s: the per-head %s array is not 4-byte aligned", who, name);
+    return PKV_OK;
+}
+
+pkv_status pkv_check_kv_scales(pkv_context *ctx, const pkv_problem *p, float k_scale, float v_scale,
+                               const float *k_heads, const float *v_heads, const char *who) {
+    const bool fp8 = pkv_dtype_is_fp8(pkv_kv_dtype(p));
+    pkv_status st = check_scale_pair(ctx, who, "k_scale", k_scale, k_heads, fp8);
+    if (st == PKV_OK) st = check_scale_pair(ctx, who, "v_scale", v_scale, v_heads, fp8);
+    return st;
+}
+
+pkv_status pkv_check_head_scales(pkv_context *ctx, const pkv_problem *p, const float *k_heads, const float *v_heads,
+                                 const char *who) {
+    const float *arrays[2] = {k_heads, v_heads};
+    const char *names[2] = {"k_head_scales", "v_head_scales"};
+    for (int a = 0; a < 2; a++) {
+        if (!arrays[a]) continue;
+        for (int32_t h = 0; h < p->num_kv_heads; h++)
+            if (!(arrays[a][h] > 0.0f) || isinf(arrays[a][h]))
+                return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "%s: %s[%d] = %g is not a positive finite scale", who,
+                                names[a], h, (double)arrays[a][h]);
+    }
+    return PKV_OK;
 }
 
 float pkv_problem_scale(const pkv_problem *p) {
@@ -69,8 +126,19 @@ pkv_status pkv_check_problem(pkv_context *ctx, const pkv_problem *p) {
         return pkv_fail(ctx, PKV_ERR_UNSUPPORTED_HEAD_DIM, "head_dim %d is not one of 64, 128, 256", p->head_dim);
     if (p->page_size < 1 || p->page_size > 256)
         return pkv_fail(ctx, PKV_ERR_PAGE_SIZE, "page_size %d is not in [1, 256]", p->page_size);
+    if (pkv_dtype_is_fp8(p->dtype))
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT,
+                        "dtype %s is q's and o's, which are fp16 or bf16; an fp8 KV cache is pkv_problem.kv_dtype",
+                        pkv_dtype_name(p->dtype));
+    if (pkv_dtype_is_fp8(p->kv_dtype) && p->dtype != PKV_DTYPE_FP16 && p->dtype != PKV_DTYPE_BF16)
+        return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "an fp8 KV cache (kv_dtype %s) needs q and o in fp16 or bf16, not dtype %d",
+                        pkv_dtype_name(p->kv_dtype), (int)p->dtype);
     if (p->dtype != PKV_DTYPE_FP16 && p->dtype != PKV_DTYPE_BF16)
         return pkv_fail(ctx, PKV_ERR_UNSUPPORTED_DTYPE, "dtype %d is not fp16 or bf16", (int)p->dtype);
+    if (p->kv_dtype != 0 && p->kv_dtype != p->dtype && !pkv_dtype_is_fp8(p->kv_dtype))
+        return pkv_fail(ctx, PKV_ERR_UNSUPPORTED_DTYPE,
+                        "kv_dtype %d is neither 0 nor dtype (caches of dtype %s) nor fp8_e4m3 / fp8_e5m2",
+                        (int)p->kv_dtype, pkv_dtype_name(p->dtype));
     if (p->layout != PKV_LAYOUT_NHD && p->layout != PKV_LAYOUT_HND)
         return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "layout %d is not NHD or HND", (int)p->layout);
     if (p->num_pages < 0 || p->num_pages > INT32_MAX)

@@ -5,7 +5,8 @@
  * the row's last token) - and so to page kv_page_indices[kv_indptr[row] + position / page_size], slot
  * position % page_size, where each KV head's d values are one contiguous run in NHD and in HND.  Two passes:
  * every token's slot is resolved and checked first (a bad index is a specific status, nothing written),
- * then the rows of d values are copied. */
+ * then the rows of d values are copied (an fp8 cache: quantized, value / scale to the nearest fp8 code,
+ * saturating).  Page copies move whole pages of cache elements, bit for bit. */
 #include "internal.h"
 
 #include <string.h>
@@ -78,6 +79,38 @@ static pkv_status resolve(pkv_context *ctx, const pkv_problem *p, int32_t batch_
     return PKV_OK;
 }
 
+/* dst [n] fp8 codes <- src [n] fp16 / bf16 values / scale (round to nearest even, saturating, NaN kept) */
+static void quantize_row(uint8_t *dst, const uint16_t *src, int32_t n, pkv_dtype dtype, int e5m2, float scale) {
+    for (int32_t e = 0; e < n; e++) {
+        const float f = dtype == PKV_DTYPE_BF16 ? pkv_bf16_to_float(src[e]) : pkv_half_to_float(src[e]);
+        dst[e] = pkv_float_to_fp8(f / scale, e5m2);
+    }
+}
+
+/* The write pass for an fp8 cache (every slot already resolved and checked): each KV head's d values
+ * quantized with its scale. */
+static void append_fp8(const pkv_problem *p, int32_t batch_size, int32_t num_tokens, const pkv_append_tensors *t) {
+    const int e5m2 = pkv_kv_dtype(p) == PKV_DTYPE_FP8_E5M2;
+    const int32_t hkv = p->num_kv_heads, d = p->head_dim;
+    const pkv_kv_strides st = pkv_kv_strides_of(p);
+    const int64_t pstride = t->kv_page_stride > 0 ? t->kv_page_stride : st.page;
+    const int64_t ks = t->k_token_stride > 0 ? t->k_token_stride : (int64_t)hkv * d;
+    const int64_t vs = t->v_token_stride > 0 ? t->v_token_stride : (int64_t)hkv * d;
+    const uint16_t *k = (const uint16_t *)t->k, *v = (const uint16_t *)t->v;
+    uint8_t *kc = (uint8_t *)t->k_cache, *vc = (uint8_t *)t->v_cache;
+    int32_t page, slot;
+    for (int32_t tok = 0; tok < num_tokens; tok++) {
+        resolve(NULL, p, batch_size, tok, t, &page, &slot);
+        for (int32_t h = 0; h < hkv; h++) {
+            const int64_t dst = (int64_t)page * pstride + (int64_t)h * st.head + (int64_t)slot * st.token;
+            const float ksc = t->k_head_scales ? t->k_head_scales[h] : pkv_scale_or_one(t->k_scale);
+            const float vsc = t->v_head_scales ? t->v_head_scales[h] : pkv_scale_or_one(t->v_scale);
+            quantize_row(kc + dst, k + (int64_t)tok * ks + (int64_t)h * d, d, p->dtype, e5m2, ksc);
+            quantize_row(vc + dst, v + (int64_t)tok * vs + (int64_t)h * d, d, p->dtype, e5m2, vsc);
+        }
+    }
+}
+
 pkv_status pkv_cpu_append(pkv_context *ctx, const pkv_problem *p, int32_t batch_size, int32_t num_tokens,
                           const pkv_append_tensors *t, void *stream) {
     (void)stream;
@@ -102,6 +135,13 @@ pkv_status pkv_cpu_append(pkv_context *ctx, const pkv_problem *p, int32_t batch_
         const pkv_status s = resolve(ctx, p, batch_size, tok, t, &page, &slot);
         if (s != PKV_OK) return s;
     }
+    const pkv_dtype kv_dtype = pkv_kv_dtype(p);
+    if (pkv_dtype_is_fp8(kv_dtype)) {
+        const pkv_status s = pkv_check_head_scales(ctx, p, t->k_head_scales, t->v_head_scales, "pkv_append_kv");
+        if (s != PKV_OK) return s;
+        append_fp8(p, batch_size, num_tokens, t);
+        return PKV_OK;
+    }
     const size_t es = pkv_dtype_size(p->dtype);
     const int32_t hkv = p->num_kv_heads, d = p->head_dim;
     const pkv_kv_strides st = pkv_kv_strides_of(p);
@@ -124,7 +164,7 @@ pkv_status pkv_cpu_append(pkv_context *ctx, const pkv_problem *p, int32_t batch_
 pkv_status pkv_cpu_copy_pages(pkv_context *ctx, const pkv_problem *p, const pkv_page_copy *copies, int32_t count,
                               void *k_cache, void *v_cache, int64_t page_stride, void *stream) {
     (void)ctx, (void)stream;
-    const size_t es = pkv_dtype_size(p->dtype);
+    const size_t es = pkv_kv_elem_size(p);
     const int64_t page_elems = (int64_t)p->num_kv_heads * p->head_dim * p->page_size;
     const int64_t ps = page_stride > 0 ? page_stride : page_elems;
     for (int32_t c = 0; c < count; c++) {

@@ -4,8 +4,9 @@
  *
  * A task (row, KV head, [tok_begin, tok_end)) reads its K and V pages in place through
  * kv_page_indices[page_base + tok / page_size] with the layout's strides (no repacking), converts a
- * block of tokens to fp32 once and applies it to all G query heads of the KV head (query head
- * h = kv_head * G + j), with an online softmax (running max m, running sum l, rescaled numerators).
+ * block of tokens to fp32 once (an fp8 cache is dequantized there: float(code) x the KV head's scale)
+ * and applies it to all G query heads of the KV head (query head h = kv_head * G + j), with an online
+ * softmax (running max m, running sum l, rescaled numerators).
  * It writes either the final o (dtype, round to nearest even) and lse (natural log), or the partial
  * state of its slot in the workspace:
  *   state_o  fp32 [num_state_slots, G, d]     at workspace + plan->off_state_o  (normalised o_s)
@@ -34,8 +35,9 @@
 #define CPU_TOKEN_BLOCK 32 /* tokens converted to fp32 and scored together */
 #define CPU_MAX_THREADS 256
 
-/* ---- fp16 / bf16 loads ------------------------------------------------------------------------ */
+/* ---- fp16 / bf16 / fp8 loads ------------------------------------------------------------------- */
 static float half_table[65536]; /* fp16 bit pattern -> float, filled once from pkv_half_to_float */
+static float fp8_table[2][256]; /* fp8 code -> float, [0] e4m3, [1] e5m2, from pkv_fp8_to_float */
 static pthread_once_t half_loads_once = PTHREAD_ONCE_INIT;
 
 /* x86-64 CPUs with F16C convert 8 halves per instruction (vcvtph2ps, exact like the table, so the results
@@ -72,6 +74,10 @@ __attribute__((target("avx,f16c"))) static void load_half_f16c(float *dst, const
 /* Once per process: the table, and whether load_row converts by F16C instead. */
 static void half_loads_init(void) {
     for (uint32_t h = 0; h < 65536u; h++) half_table[h] = pkv_half_to_float((uint16_t)h);
+    for (uint32_t c = 0; c < 256u; c++) {
+        fp8_table[0][c] = pkv_fp8_to_float((uint8_t)c, 0);
+        fp8_table[1][c] = pkv_fp8_to_float((uint8_t)c, 1);
+    }
 #ifdef PKV_CPU_F16C
     use_f16c = cpu_has_f16c() && pkv_tuning_env_cpu_f16c(); /* PKV_TUNING cpu_f16c (tuning.c) */
 #endif
@@ -93,6 +99,18 @@ static void load_row(float *dst, const uint16_t *src, int32_t n, pkv_dtype dtype
     }
 #endif
     for (int32_t e = 0; e < n; e++) dst[e] = half_table[src[e]];
+}
+
+/* dst [n] fp32 <- n cache elements from element `at` of base (the problem's kv_dtype): fp16 / bf16 as they
+ * are, fp8 dequantized as float(code) x scale */
+static void load_kv_row(float *dst, const void *base, int64_t at, int32_t n, pkv_dtype kv_dtype, float scale) {
+    if (pkv_dtype_is_fp8(kv_dtype)) {
+        const uint8_t *src = (const uint8_t *)base + at;
+        const float *table = fp8_table[kv_dtype == PKV_DTYPE_FP8_E5M2];
+        for (int32_t e = 0; e < n; e++) dst[e] = table[src[e]] * scale;
+        return;
+    }
+    load_row(dst, (const uint16_t *)base + at, n, kv_dtype);
 }
 
 /* dst [n] fp16 or bf16 <- src [n] fp32 * factor (round to nearest even) */
@@ -161,8 +179,11 @@ static void run_task(const cpu_job *job, int32_t k, cpu_scratch *sc) {
     const pkv_tensors *t = job->tensors;
     const pkv_task *task = &plan->tasks[k];
     const int32_t G = plan->group, d = p->head_dim, hq = p->num_qo_heads, ps = p->page_size;
-    const pkv_dtype dtype = p->dtype;
+    const pkv_dtype dtype = p->dtype, kv_dtype = pkv_kv_dtype(p);
     const float scale = pkv_problem_scale(p), cap = p->logits_soft_cap;
+    /* an fp8 cache's scales for this KV head (a cache of dtype has none: 1) */
+    const float k_scale = t->k_head_scales ? t->k_head_scales[task->kv_head] : pkv_scale_or_one(t->k_scale);
+    const float v_scale = t->v_head_scales ? t->v_head_scales[task->kv_head] : pkv_scale_or_one(t->v_scale);
     const pkv_kv_strides kvs = pkv_kv_strides_run(p, t);
     const int32_t h0 = task->kv_head * G; /* first query head of the group */
 
@@ -196,7 +217,6 @@ static void run_task(const cpu_job *job, int32_t k, cpu_scratch *sc) {
     }
     memset(sc->acc, 0, (size_t)G * (size_t)d * sizeof(float));
 
-    const uint16_t *k16 = (const uint16_t *)t->k_cache, *v16 = (const uint16_t *)t->v_cache;
     const int32_t *pages = t->kv_page_indices + task->page_base;
     const int64_t head_off = (int64_t)task->kv_head * kvs.head;
 
@@ -206,7 +226,7 @@ static void run_task(const cpu_job *job, int32_t k, cpu_scratch *sc) {
         for (int32_t x = 0; x < nt; x++) {
             const int32_t tok = tok0 + x;
             const int64_t at = (int64_t)pages[tok / ps] * kvs.page + head_off + (int64_t)(tok % ps) * kvs.token;
-            load_row(sc->kv + (int64_t)x * d, k16 + at, d, dtype);
+            load_kv_row(sc->kv + (int64_t)x * d, t->k_cache, at, d, kv_dtype, k_scale);
         }
         for (int32_t j = 0; j < G; j++)
             for (int32_t x = 0; x < nt; x++)
@@ -221,7 +241,7 @@ static void run_task(const cpu_job *job, int32_t k, cpu_scratch *sc) {
         for (int32_t x = 0; x < nt; x++) {
             const int32_t tok = tok0 + x;
             const int64_t at = (int64_t)pages[tok / ps] * kvs.page + head_off + (int64_t)(tok % ps) * kvs.token;
-            load_row(sc->kv + (int64_t)x * d, v16 + at, d, dtype);
+            load_kv_row(sc->kv + (int64_t)x * d, t->v_cache, at, d, kv_dtype, v_scale);
         }
         /* online softmax: new max, rescale the running sum and numerators once per block */
         for (int32_t j = 0; j < G; j++) {
@@ -278,11 +298,21 @@ static void run_merge(const cpu_job *job, int32_t k, cpu_scratch *sc) {
     const float *state_ml = mg->count > 0 ? (const float *)(job->workspace + plan->off_state_ml) : NULL;
 
     for (int32_t j = 0; j < G; j++) {
-        /* M over the states that hold tokens (a neutral state, l = 0, weighs nothing) */
+        /* M over the states that hold tokens (a neutral state, l = 0, weighs nothing); a state whose sum is NaN
+         * (a NaN score: a NaN in an attended K) makes the head's o and lse NaN, as an unsplit task's are */
         float M = -INFINITY;
+        bool nan_state = false;
         for (int32_t s = 0; s < mg->count; s++) {
             const float *ml = state_ml + ((int64_t)(mg->first_slot + s) * G + j) * 2;
-            if (ml[1] > 0.0f && ml[0] > M) M = ml[0];
+            if (isnan(ml[1])) nan_state = true;
+            else if (ml[1] > 0.0f && ml[0] > M) M = ml[0];
+        }
+        if (nan_state) {
+            const float nan = NAN;
+            for (int32_t e = 0; e < d; e++) sc->acc[e] = nan;
+            store_row(o16 + (int64_t)j * d, sc->acc, 1.0f, d, p->dtype);
+            if (lse_out) lse_out[j] = nan;
+            continue;
         }
         if (M == -INFINITY) { /* empty row (count 0) or only neutral states */
             memset(o16 + (int64_t)j * d, 0, (size_t)d * sizeof(uint16_t));
@@ -426,6 +456,7 @@ static pkv_status cpu_run(pkv_context *ctx, const pkv_plan *plan, void *workspac
     cpu_pool *pool = (cpu_pool *)ctx->backend_state;
     if (plan->num_tasks > 0) {
         pkv_status st = check_task_pages(ctx, plan, t->kv_page_indices);
+        if (st == PKV_OK) st = pkv_check_head_scales(ctx, &plan->problem, t->k_head_scales, t->v_head_scales, "pkv_run");
         if (st != PKV_OK) return st;
     }
     pthread_mutex_lock(&pool->run_lock);

@@ -32,7 +32,7 @@ pkv_status pkv_cost_terms(const pkv_plan *plan, double t[PKV_COST_TERMS]) {
         return pkv_fail(NULL, PKV_ERR_INVALID_ARGUMENT, "the plan was not planned (or its last planning failed)");
     const pkv_problem *p = &plan->problem;
     const pkv_counters *c = &plan->counters;
-    const double es = (double)pkv_dtype_size(p->dtype), d = p->head_dim;
+    const double es = (double)pkv_kv_elem_size(p), d = p->head_dim; /* K and V bytes of a token */
     int32_t longest = 0;
     for (int32_t k = 0; k < plan->num_tasks; k++) {
         int32_t n = plan->tasks[k].tok_end - plan->tasks[k].tok_begin;

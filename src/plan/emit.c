@@ -285,11 +285,13 @@ void plan_compute_counters(pkv_plan *plan) {
     const pkv_problem *p = &plan->problem;
     pkv_counters *c = &plan->counters;
     memset(c, 0, sizeof *c);
-    const int64_t es = (int64_t)pkv_dtype_size(p->dtype), d = p->head_dim, hkv = p->num_kv_heads;
+    /* q and o in dtype, K and V in the cache's element type (fp8: one byte) */
+    const int64_t es = (int64_t)pkv_dtype_size(p->dtype), kv_es = (int64_t)pkv_kv_elem_size(p);
+    const int64_t d = p->head_dim, hkv = p->num_kv_heads;
     int64_t split_tasks = 0;
     for (int32_t k = 0; k < plan->num_tasks; k++) {
         const pkv_task *t = &plan->tasks[k];
-        c->kv_bytes += (int64_t)(t->tok_end - t->tok_begin) * d * es * 2; /* K and V */
+        c->kv_bytes += (int64_t)(t->tok_end - t->tok_begin) * d * kv_es * 2; /* K and V */
         if (t->state_slot >= 0) split_tasks++;
     }
     for (int32_t k = 0; k < plan->num_rows; k++) c->total_tokens += plan->rows[k].seq_len - plan->rows[k].tok_begin;

@@ -148,7 +148,7 @@ static uint64_t graph_signature(const pkv_plan *plan, int32_t max_batch) {
     uint32_t fb[2];
     memcpy(fb, f, sizeof fb);
     const int64_t v[] = {p->num_qo_heads, p->num_kv_heads, p->head_dim, p->page_size, p->num_pages, (int64_t)p->layout,
-                         (int64_t)p->dtype, fb[0], fb[1], p->window, max_batch, plan->graph_tasks, plan->graph_merges,
+                         (int64_t)p->dtype, (int64_t)pkv_kv_dtype(p), fb[0], fb[1], p->window, max_batch, plan->graph_tasks, plan->graph_merges,
                          (int64_t)plan->route, (int64_t)plan->off_tasks, (int64_t)plan->off_merges,
                          (int64_t)plan->off_counts, (int64_t)plan->off_state_o, (int64_t)plan->off_state_ml,
                          (int64_t)plan->workspace_bytes, (int64_t)plan->blob_bytes};

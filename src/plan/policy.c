@@ -131,7 +131,7 @@ static int64_t attended_tokens(const plan_params *pp, const int32_t *lens, int32
 static void candidate_terms(const plan_params *pp, const pkv_problem *p, const int32_t *lens, int32_t B,
                             int32_t wq_chunk_pages, double t[TC_COUNT][PKV_COST_TERMS]) {
     const int64_t hkv = p->num_kv_heads, G = p->num_qo_heads / hkv, d = p->head_dim;
-    const int64_t es = (int64_t)pkv_dtype_size(p->dtype);
+    const int64_t es = (int64_t)pkv_dtype_size(p->dtype), kv_es = (int64_t)pkv_kv_elem_size(p); /* q/o, K/V */
     const int32_t S = plan_choose_splits(pp, p, lens, NULL, B);
     const int32_t wq_pages = wq_chunk_pages > 0 ? wq_chunk_pages : plan_workqueue_chunk(pp, p, lens, B);
     const int64_t tokens = attended_tokens(pp, lens, B, p->window), empty = B - pp->nonempty;
@@ -140,8 +140,8 @@ static void candidate_terms(const plan_params *pp, const pkv_problem *p, const i
     r[1] = workqueue_tally(pp, lens, B, (int64_t)wq_pages * p->page_size, p->window);
     r[0] = split_tally(pp, p, lens, B, S);
     for (int k = 0; k < 2; k++) r[k].tasks *= hkv, r[k].split_tasks *= hkv;
-    const int64_t kv = tokens * hkv * d * es * 2, qo = (int64_t)B * p->num_qo_heads * (d * es * 2 + 4);
-    const double token_mb = (double)(d * es * 2) / 1e6, merge_mb_per_state = (double)G * (d + 1.0) * 4.0 / 1e6;
+    const int64_t kv = tokens * hkv * d * kv_es * 2, qo = (int64_t)B * p->num_qo_heads * (d * es * 2 + 4);
+    const double token_mb = (double)(d * kv_es * 2) / 1e6, merge_mb_per_state = (double)G * (d + 1.0) * 4.0 / 1e6;
     for (int k = 0; k < TC_COUNT; k++) {
         const route_tally *x = &r[k == TC_SPLIT ? 0 : 1];
         int64_t ntasks, nsplit, maxc, lng, launches;

@@ -213,7 +213,7 @@ static pkv_status check_coverage(const vstate *v) {
 static pkv_status check_counters(const vstate *v) {
     const pkv_plan *plan = v->plan;
     int64_t kv = 0, split_tasks = 0;
-    const int64_t es = (int64_t)pkv_dtype_size(plan->problem.dtype), d = plan->problem.head_dim;
+    const int64_t es = (int64_t)pkv_kv_elem_size(&plan->problem), d = plan->problem.head_dim; /* K and V bytes */
     for (int32_t j = 0; j < v->nt; j++) {
         kv += (int64_t)(plan->tasks[j].tok_end - plan->tasks[j].tok_begin) * d * es * 2;
         split_tasks += plan->tasks[j].state_slot >= 0;
