@@ -70,7 +70,7 @@ run() {
   # 3. the library, with CUDA, for the H200
   say "building libpersistentkv (build-gpu, sm_90a)"
   if ! { cmake -S . -B build-gpu -DCMAKE_CUDA_ARCHITECTURES=90a-real -DCMAKE_BUILD_TYPE=Release \
-         && cmake --build build-gpu -j "$(nproc)" --target persistentkv; }; then
+         && cmake --build build-gpu -j "$(nproc)" --target persistentkv persistentkv_lab; }; then
     say "library build failed"
     kill "$jit_pid" 2>/dev/null
     wait "$jit_pid" 2>/dev/null
