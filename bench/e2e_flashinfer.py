@@ -1032,10 +1032,11 @@ def main(argv=None):
         return 0
 
     try:
+        import numpy  # noqa: F401  (the page tables, the lab's traces)
         import torch
-    except ImportError:
-        log("torch is not installed: nothing to run (pip install torch)")
-        return 77 if args.dry_run else 2
+    except ImportError as e:
+        log(f"{e.name} is not installed: nothing to run (pip install numpy torch)")
+        return 77 if args.dry_run else 2  # 77: CTest's skip
     import persistentkv as pkv
     cuda = not args.dry_run
     if cuda and not torch.cuda.is_available():
@@ -1128,6 +1129,11 @@ def main(argv=None):
     write_outputs(out, meta, rows, final=True)
     log(f"wrote {out / 'e2e.json'} and {out / 'e2e.md'} ({meta['elapsed_s']:.0f} s)")
     bad = [f"{r['family']} B{r['B']}" for r in rows if r.get("loops") and r.get("status") != "ok"]
+    if args.dry_run:  # both loops compute the attention in fp32 on the CPU: the tokens must agree too
+        bad += [f"{r['family']} B{r['B']} tokens" for r in rows
+                if (r.get("loops", {}).get("torch_ref", {}).get("token_agreement") or 0) < 0.9]
+        if len([r for r in rows if r.get("ratio")]) < len(rows):
+            bad.append("a cell did not run")
     if bad:
         log(f"cells without an agreeing comparison loop: {bad}")
         rc = 1
