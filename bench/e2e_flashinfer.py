@@ -388,6 +388,7 @@ class FiEngine(Engine):
         except Exception as e:  # the path refuses strided q: copies it (counted in its time)
             ok, why = False, f"{type(e).__name__}: {str(e)[:200]}"
         if not ok:
+            out.copy_(ref)  # the layer goes on with the contiguous call's output
             self.notes.append(f"q copied to a contiguous tensor before each call (strided q: {why})")
         else:
             self.notes.append("q read in place from the QKV output (strided rows)")
