@@ -869,6 +869,9 @@ def plot(meta, rows, path):
     other = "torch stand-in" if meta["dry_run"] else "FlashInfer best"
     ax[0].set(xscale="log", yscale="log", xlabel="batch B", ylabel="tokens/s",
               title=f"tokens/s (o-: ours, x--: {other})")
+    bs = sorted({r["B"] for r in ok})
+    ax[0].set_xticks(bs, [str(b) for b in bs])
+    ax[0].minorticks_off()
     ax[0].legend(fontsize=7, ncol=2)
     ax[1].set(xscale="log", xlabel="mean context (tokens)", ylabel="attention share of the step (%)",
               title="attention share (o: ours, x: other)")
