@@ -466,8 +466,10 @@ def fi_modules(steps, args):
 
 # ---- the GPU side -----------------------------------------------------------------------------------
 class DevHelpers:
-    """PersistentKV's exported device helpers (src/core/pkv_dev.h), through a private ctypes handle:
-    the streaming-read floor, launch latency and device info.  None of them is in the binding."""
+    """PersistentKV's device helpers (lab/pkv_lab.h: the streaming-read floor, launch latency and device
+    info), from the lab's shared library (libpersistentkv_lab.so) through a private ctypes handle.  The lab
+    carries its own copy of the core, so the context they run on is created by the lab's pkv_context_create:
+    a context from the serving library would belong to another copy of the core and its CUDA runtime."""
 
     class Info(ctypes.Structure):
         _fields_ = [("name", ctypes.c_char * 128), ("sms", ctypes.c_int32), ("cc_major", ctypes.c_int32),
@@ -475,9 +477,11 @@ class DevHelpers:
                     ("driver_version", ctypes.c_int32), ("l2_bytes", ctypes.c_int64), ("mem_bytes", ctypes.c_int64)]
 
     def __init__(self):
-        import persistentkv as pkv
         from persistentkv import _lib as L
-        self.dll = ctypes.CDLL(pkv.library_path)  # same library, own function objects
+        if L._lab is None:
+            raise RuntimeError(f"the lab library ({L._LAB_NAME}) was not found next to {L.library_path} "
+                               "(build the persistentkv_lab target)")
+        self.dll = ctypes.CDLL(L._lab._name)  # the lab library, own function objects
         vp, sz, P = ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER
         self.dll.pkv_dev_time_read.argtypes = [vp, vp, sz, sz, ctypes.c_int32, P(ctypes.c_double)]
         self.dll.pkv_dev_time_read.restype = ctypes.c_int
@@ -487,13 +491,20 @@ class DevHelpers:
         self.dll.pkv_dev_get_info.restype = ctypes.c_int
         self.dll.pkv_context_last_error.argtypes = [vp]
         self.dll.pkv_context_last_error.restype = ctypes.c_char_p
+        self.dll.pkv_context_config_default.argtypes = [P(L.ContextConfig)]
+        self.dll.pkv_context_config_default.restype = None
+        self.dll.pkv_context_create.argtypes = [P(L.ContextConfig), P(vp)]
+        self.dll.pkv_context_create.restype = ctypes.c_int
+        self.dll.pkv_context_free.argtypes = [vp]
+        self.dll.pkv_context_free.restype = None
         cfg = L.ContextConfig()
-        L.lib.pkv_context_config_default(ctypes.byref(cfg))
+        self.dll.pkv_context_config_default(ctypes.byref(cfg))
         cfg.backend = L.BACKEND_CUDA
         ctx = ctypes.c_void_p()
-        L.check(L.lib.pkv_context_create(ctypes.byref(cfg), ctypes.byref(ctx)), call="pkv_context_create")
+        if self.dll.pkv_context_create(ctypes.byref(cfg), ctypes.byref(ctx)) != 0:
+            raise RuntimeError("pkv_context_create (lab library) failed")
         self.ctx = ctx
-        self._free = L.lib.pkv_context_free
+        self._free = self.dll.pkv_context_free
 
     def _check(self, st, what):
         if st != 0:
@@ -671,11 +682,14 @@ class Gpu:
     # -- libraries --
     def fi_wrapper(self, cfg):
         """A decode wrapper per configuration: cudacore, tensorcore, and tensorcore_split (the split sweep's own
-        wrapper, so that its plans never replace the tensorcore wrapper's)."""
+        wrapper, so that its plans never replace the tensorcore wrapper's).  The default wrappers get the 128 MB
+        workspace FlashInfer's users give them; the split sweep's gets 512 MB, so that its short splits of long
+        batches (whose partial outputs overflow 128 MB) run instead of being refused."""
         import flashinfer
         key = (self.args.layout, cfg)
         if key not in self.fi_wrappers:
-            ws = self.torch.zeros(128 << 20, dtype=self.torch.uint8, device=self.dev)
+            ws = self.torch.zeros((512 if cfg == "tensorcore_split" else 128) << 20, dtype=self.torch.uint8,
+                                  device=self.dev)
             self.fi_wrappers[key] = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                 ws, self.args.layout, use_tensor_cores=(cfg != "cudacore"))
         return self.fi_wrappers[key]

@@ -40,7 +40,7 @@ export FLASHINFER_NO_DOWNLOAD=1
 export PKV_FLASHINFER_CACHE="${PKV_FLASHINFER_CACHE:-$REPO/build-gpu/fi-cache}"
 TABLE=$(mktemp /tmp/pkv-compare-table.XXXXXX)
 
-elapsed() { echo $(( $(date +%s) - T0 )); }
+. "$REPO/bench/gpu_bench_lib.sh"
 say() { echo "[run_compare +$(elapsed)s] $*"; }
 
 run() {
@@ -49,49 +49,21 @@ run() {
   nvidia-smi -L 2>/dev/null || say "nvidia-smi not available"
   say "$(python3 --version 2>&1), $(nproc) cores"
 
-  # 1. FlashInfer from the carried wheels (prints the export lines on stdout)
-  local exports
-  if ! exports="$(bash bench/install_wheelhouse.sh "$REPO/.whl")"; then
-    say "installing the FlashInfer wheels failed (carry .whl: run(..., carry=[\".whl\"]))"
-    return 1
-  fi
-  eval "$exports"
-  if ! command -v nvcc >/dev/null 2>&1; then
-    for d in "${CUDA_HOME:-}" /usr/local/cuda /usr/local/cuda-13.0; do
-      if [ -n "$d" ] && [ -x "$d/bin/nvcc" ]; then export PATH="$d/bin:$PATH"; break; fi
-    done
-  fi
-  say "nvcc: $(command -v nvcc || echo missing) $(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*')"
+  # 1. FlashInfer from the carried wheels, nvcc
+  gpu_bench_setup || return 1
 
   # 2. FlashInfer's JIT modules, compiled in the background while the library builds
   python3 bench/compare_flashinfer.py --jit-warmup-only --matrix "$MATRIX" "$@" &
   local jit_pid=$!
 
   # 3. the library, with CUDA, for the H200
-  say "building libpersistentkv (build-gpu, sm_90a)"
-  if ! { cmake -S . -B build-gpu -DCMAKE_CUDA_ARCHITECTURES=90a-real -DCMAKE_BUILD_TYPE=Release \
-         && cmake --build build-gpu -j "$(nproc)" --target persistentkv; }; then
-    say "library build failed"
-    kill "$jit_pid" 2>/dev/null
-    wait "$jit_pid" 2>/dev/null
-    return 1
-  fi
-  export PKV_LIBRARY="$REPO/build-gpu/libpersistentkv.so"
-  python3 -c "import sys; sys.path.insert(0, 'python'); import persistentkv as p; \
-print('[run_compare] persistentkv', p.__version__, p.library_path, 'cuda', p.cuda_available()); \
-sys.exit(0 if p.cuda_available() else 1)" || [ "${PKV_ALLOW_NO_CUDA:-0}" = 1 ] \
-    || { say "the library has no CUDA backend or sees no GPU"; return 1; }
-  say "library built; waiting for the FlashInfer JIT warm-up"
-  wait "$jit_pid" || say "JIT warm-up exited with $? (the benchmark compiles what is missing on first use)"
+  gpu_bench_build "$jit_pid" run_compare || return 1
   # the same wrapper calls on FlashInfer and on persistentkv.flashinfer (drop-in parity), a few seconds
   python3 bench/check_flashinfer_api.py || say "check_flashinfer_api.py: persistentkv.flashinfer disagrees with FlashInfer"
 
   # 4. the comparison, inside what is left of the time limit
-  local left
-  left=$(( LIMIT - $(elapsed) - 30 ))
-  [ "$left" -lt 60 ] && left=60
   local maxmin
-  maxmin=$(python3 -c "print(round($left / 60.0, 2))")
+  maxmin=$(gpu_bench_minutes_left 30)
   say "running the comparison (--max-minutes $maxmin)"
   python3 bench/compare_flashinfer.py --matrix "$MATRIX" --out "$OUT" --max-minutes "$maxmin" "$@" | tee "$TABLE"
   local rc=${PIPESTATUS[0]}
@@ -101,17 +73,7 @@ sys.exit(0 if p.cuda_available() else 1)" || [ "${PKV_ALLOW_NO_CUDA:-0}" = 1 ] \
   if [ -f "$OUT/compare.json" ]; then
     python3 bench/plot_compare.py "$OUT/compare.json" --out "$OUT/compare.png" || say "plot failed"
   fi
-  if [ "${PKV_SAVE_FI_CACHE:-0}" = 1 ] && [ -d "$PKV_FLASHINFER_CACHE/.cache" ]; then
-    tar czf "$OUT/fi-cache.tgz" -C "$PKV_FLASHINFER_CACHE" .cache
-    local sz
-    sz=$(stat -c %s "$OUT/fi-cache.tgz")
-    if [ "$sz" -gt $((16 * 1024 * 1024)) ]; then
-      say "fi-cache.tgz is $sz bytes, over the 16 MiB the device tool returns: removed"
-      rm -f "$OUT/fi-cache.tgz"
-    else
-      say "saved the FlashInfer JIT cache ($sz bytes): carry it and set PKV_FLASHINFER_CACHE_TGZ"
-    fi
-  fi
+  gpu_bench_save_cache
   ls -l "$OUT"
   say "done in $(elapsed) s"
   # the short table last: the device tool returns the tail of the output

@@ -36,6 +36,10 @@ struct decode_params {
     int32_t one_row;
     int64_t stride_page, stride_head, stride_tok;
     float scale_log2;         // sm_scale * log2(e)
+    // fp8 KV caches: real value = stored value x scale, per tensor (k_scale, v_scale) or per KV head
+    // (k_scales, v_scales: device arrays [Hkv], NULL for per tensor); 1 for 16-bit caches
+    float k_scale, v_scale;
+    const float *k_scales, *v_scales;
     float cap_log2, cap_scale; // logits soft cap c > 0: c * log2(e) and sm_scale / c; cap_log2 0: none
     int32_t num_qo_heads, group, page_size, page_shift; // page_shift < 0: page_size not a power of 2
     int32_t rect;

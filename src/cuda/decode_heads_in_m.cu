@@ -16,6 +16,9 @@
 //              output column n of n-block (u, e) is head-dim (n + 8u) * 8 + e.
 // Online softmax in the log2 domain per warp; warps combine through shared memory at the end; the CTA
 // writes o/lse directly (unsplit row) or a partial state (o_s normalised, lse_s natural log): task.cuh.
+// It is also the kernel of fp8 caches for every G (KV = kv_e4m3 or kv_e5m2): the same chunks read with
+// 8-byte loads and widened to T in registers (register_tiles.cuh); the K scale multiplies the scores and
+// the V scale the output, so the products run on the stored values.
 #include "kernels.cuh"
 #include "register_tiles.cuh"
 #include "task.cuh"
@@ -26,7 +29,7 @@ namespace pkv {
 // function: the q fragments, the accumulators and the page ids looked up a tile ahead live across the
 // tile loop, which reads top to bottom as the mma sequence it is; split into helpers they would be passed
 // by reference through force-inlined calls for the same code.
-template <typename T, int D, bool CAP>
+template <typename T, int D, bool CAP, typename KV>
 __device__ __forceinline__ void decode_m_body(const decode_params &p, const task_info &ti, float *smem) {
     constexpr int KC = D / 32; // K chunks of 8 halves per thread per token
     constexpr int VC = D / 64; // V chunks per thread per token
@@ -63,8 +66,9 @@ __device__ __forceinline__ void decode_m_body(const decode_params &p, const task
     }
     const T *qa_row = sm_q + g * (D + 32), *qb_row = sm_q + (g + 8) * (D + 32);
 
-    const T *kbase = static_cast<const T *>(p.k);
-    const T *vbase = static_cast<const T *>(p.v);
+    constexpr bool kFp8 = kv_traits<T, KV>::fp8;
+    const float kscale = !kFp8 ? 1.f : p.k_scales ? p.k_scales[head] : p.k_scale;
+    const float vscale = !kFp8 ? 1.f : p.v_scales ? p.v_scales[head] : p.v_scale;
     float acc[NB][4];
 #pragma unroll
     for (int nb = 0; nb < NB; nb++) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.f;
@@ -77,8 +81,8 @@ __device__ __forceinline__ void decode_m_body(const decode_params &p, const task
     for (int tile = warp; tile < ntiles; tile += kWarps) {
         const int base = tb + tile * 16;
         uint4 kr[2][KC], vr[4][VC];
-        load_k<T, D>(p, kbase, base, head, g, c, kpage, kr);
-        load_v<T, D>(p, vbase, base, head, g, c, vpage, vr);
+        load_k<T, D, KV>(p, p.k, base, head, g, c, kpage, kr);
+        load_v<T, D, KV>(p, p.v, base, head, g, c, vpage, vr);
         tile_pages(p, ti, ntiles, tile + kWarps, g, c, kpage, vpage); // in flight with this tile
         // ---- S = Q K^T for the two 8-token halves of the tile
         float s[2][4];
@@ -108,6 +112,10 @@ __device__ __forceinline__ void decode_m_body(const decode_params &p, const task
 #pragma unroll
             for (int x = 0; x < 2; x++) {
                 const bool valid = base + 8 * j + 2 * c + x < te;
+                if constexpr (kFp8) {
+                    s[j][x] *= kscale;
+                    s[j][2 + x] *= kscale;
+                }
                 s[j][x] = valid ? score_log2<CAP>(p, s[j][x]) : -INFINITY;
                 s[j][2 + x] = valid ? score_log2<CAP>(p, s[j][2 + x]) : -INFINITY;
                 mx0 = fmaxf(mx0, s[j][x]);
@@ -170,10 +178,10 @@ __device__ __forceinline__ void decode_m_body(const decode_params &p, const task
             for (int e = 0; e < 8; e++) {
                 const int nb = u * 8 + e;
                 const int d0 = (2 * c + 8 * u) * 8 + e, d1 = (2 * c + 1 + 8 * u) * 8 + e;
-                wo[g * (D + 4) + d0] = acc[nb][0];
-                wo[g * (D + 4) + d1] = acc[nb][1];
-                wo[(g + 8) * (D + 4) + d0] = acc[nb][2];
-                wo[(g + 8) * (D + 4) + d1] = acc[nb][3];
+                wo[g * (D + 4) + d0] = acc[nb][0] * vscale;
+                wo[g * (D + 4) + d1] = acc[nb][1] * vscale;
+                wo[(g + 8) * (D + 4) + d0] = acc[nb][2] * vscale;
+                wo[(g + 8) * (D + 4) + d1] = acc[nb][3] * vscale;
             }
         if (c == 0) {
             sm_m[warp * GP + g] = m0;
@@ -185,27 +193,36 @@ __device__ __forceinline__ void decode_m_body(const decode_params &p, const task
     finish_task<T, D, GP, D == 128 ? 32 : 16>(p, smem, ti, G); // 16: no more registers at d = 64, none left at 256
 }
 
-template <typename T, int D>
+template <typename T, int D, typename KV>
 __global__ void __launch_bounds__(kThreads, 2) decode_kernel_m(const decode_params p) {
     extern __shared__ float smem[];
     PKV_TL_SCOPE(0, p.timeline);
     task_info ti;
     if (!load_task<T, D>(p, ti)) return;
-    if (p.cap_log2 > 0.f) decode_m_body<T, D, true>(p, ti, smem);
-    else decode_m_body<T, D, false>(p, ti, smem);
+    if (p.cap_log2 > 0.f) decode_m_body<T, D, true, KV>(p, ti, smem);
+    else decode_m_body<T, D, false, KV>(p, ti, smem);
 }
 
-template <typename T> static decode_fn heads_in_m_of(int head_dim) {
+template <typename T, typename KV> static decode_fn heads_in_m_of(int head_dim) {
     switch (head_dim) {
-    case 64: return decode_kernel_m<T, 64>;
-    case 128: return decode_kernel_m<T, 128>;
-    case 256: return decode_kernel_m<T, 256>;
+    case 64: return decode_kernel_m<T, 64, KV>;
+    case 128: return decode_kernel_m<T, 128, KV>;
+    case 256: return decode_kernel_m<T, 256, KV>;
     }
     return nullptr;
 }
 
-decode_fn heads_in_m_kernel(pkv_dtype dtype, int head_dim) {
-    return dtype == PKV_DTYPE_FP16 ? heads_in_m_of<__half>(head_dim) : heads_in_m_of<__nv_bfloat16>(head_dim);
+template <typename T> static decode_fn heads_in_m_kv(kv_kind kv, int head_dim) {
+    switch (kv) {
+    case kKvSame: return heads_in_m_of<T, T>(head_dim);
+    case kKvE4M3: return heads_in_m_of<T, kv_e4m3>(head_dim);
+    case kKvE5M2: return heads_in_m_of<T, kv_e5m2>(head_dim);
+    }
+    return nullptr;
+}
+
+decode_fn heads_in_m_kernel(pkv_dtype dtype, kv_kind kv, int head_dim) {
+    return dtype == PKV_DTYPE_FP16 ? heads_in_m_kv<__half>(kv, head_dim) : heads_in_m_kv<__nv_bfloat16>(kv, head_dim);
 }
 
 int heads_in_m_smem_bytes(int head_dim) {

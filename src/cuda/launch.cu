@@ -27,7 +27,7 @@ const int kHeadDims[PKV_TMA_HEAD_DIMS] = {64, 128, 256};
 decode_fn register_kernel(kernel_kind kind, pkv_dtype dtype, int head_dim, int *smem_bytes) {
     if (kind == kHeadsInM) {
         *smem_bytes = heads_in_m_smem_bytes(head_dim);
-        return heads_in_m_kernel(dtype, head_dim);
+        return heads_in_m_kernel(dtype, kKvSame, head_dim);
     }
     *smem_bytes = heads_in_n_smem_bytes(head_dim);
     return heads_in_n_kernel(dtype, head_dim);

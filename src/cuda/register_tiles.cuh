@@ -1,12 +1,69 @@
 // register_tiles.cuh - the register kernels' K and V reads (heads in M and heads in N): a warp's 16-token
 // tile straight from the pages into registers with 16-byte loads, no shared memory, each thread loading
 // the chunks its own mma fragments need (the permutation is described in decode_heads_in_m.cu), and the
-// tile's page ids, which the kernels look up a tile ahead.
+// tile's page ids, which the kernels look up a tile ahead.  fp8 caches (e4m3, e5m2) are read in the same
+// pattern with 8-byte loads, 8 elements each, widened in registers to the mma's 16-bit type.
 #pragma once
 
 #include "decode_common.cuh"
 
+#include <cuda_fp8.h>
+
+#include <type_traits>
+
 namespace pkv {
+
+// The element type of a cache: T itself (fp16, bf16), or fp8 in one of its two encodings, read as bytes.
+struct kv_e4m3 {};
+struct kv_e5m2 {};
+template <typename T, typename KV> struct kv_traits {
+    static constexpr bool fp8 = false;
+    using elem = T;
+};
+template <typename T> struct kv_traits<T, kv_e4m3> {
+    static constexpr bool fp8 = true;
+    using elem = uint8_t;
+};
+template <typename T> struct kv_traits<T, kv_e5m2> {
+    static constexpr bool fp8 = true;
+    using elem = uint8_t;
+};
+
+// Two fp8 values (the low 16 bits of w, element 0 in the low byte) as a pair of T (element 0 in the low
+// half).  Exact: every e4m3 and e5m2 value, NaN and (e5m2) infinities included, is a float16 and a bfloat16
+// value.  e5m2 is the high byte of the float16 of the same value, so a byte permute widens it; e4m3 takes
+// the hardware conversion where there is one (sm_89 and newer) and cuda_fp8.h's arithmetic before that.
+template <typename KV> __device__ __forceinline__ uint32_t fp8x2_to_half2(uint32_t w);
+template <> __device__ __forceinline__ uint32_t fp8x2_to_half2<kv_e5m2>(uint32_t w) {
+    return __byte_perm(w, 0u, 0x1404u);
+}
+template <> __device__ __forceinline__ uint32_t fp8x2_to_half2<kv_e4m3>(uint32_t w) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3);
+    return (uint32_t)h.x | ((uint32_t)h.y << 16);
+}
+template <typename T, typename KV> __device__ __forceinline__ uint32_t fp8x2_to(uint32_t w) {
+    const uint32_t h = fp8x2_to_half2<KV>(w);
+    if constexpr (std::is_same<T, __half>::value) {
+        return h;
+    } else {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&h));
+        const __nv_bfloat162 b = __float22bfloat162_rn(f);
+        return *reinterpret_cast<const uint32_t *>(&b);
+    }
+}
+// 8 fp8 values (8 bytes) as the 8 T values of one 16-byte chunk of a 16-bit cache.
+template <typename T, typename KV> __device__ __forceinline__ uint4 widen_fp8x8(uint2 x) {
+    return make_uint4(fp8x2_to<T, KV>(x.x), fp8x2_to<T, KV>(x.x >> 16), fp8x2_to<T, KV>(x.y),
+                      fp8x2_to<T, KV>(x.y >> 16));
+}
+// One 8-element chunk of a cache at element offset off from base, as 8 T values.
+template <typename T, typename KV> __device__ __forceinline__ uint4 load_chunk8(const void *base, int64_t off) {
+    if constexpr (kv_traits<T, KV>::fp8) {
+        return widen_fp8x8<T, KV>(ldg_nc_v2(static_cast<const uint8_t *>(base) + off));
+    } else {
+        return ldg_nc_v4(static_cast<const T *>(base) + off);
+    }
+}
 
 // Page ids of a tile's tokens (K: base + 8j + g; V: base + {2c, 2c+1, 8+2c, 9+2c}); -1 past the
 // range, so those K/V slots are never read.
@@ -27,30 +84,30 @@ __device__ __forceinline__ void tile_pages(const decode_params &p, const task_in
 
 // K of tokens base + 8j + g: the 16-byte chunks i*4 + c.  V of tokens base + {2c, 2c+1, 8+2c, 9+2c}:
 // the chunks g + 8u.  Zeros where the page id is -1.
-template <typename T, int D>
-__device__ __forceinline__ void load_k(const decode_params &p, const T *kbase, int base, int head, int g, int c,
+template <typename T, int D, typename KV = T>
+__device__ __forceinline__ void load_k(const decode_params &p, const void *kbase, int base, int head, int g, int c,
                                        const int32_t (&kp)[2], uint4 (&kr)[2][D / 32]) {
 #pragma unroll
     for (int j = 0; j < 2; j++) {
         if (kp[j] >= 0) {
-            const T *src = kbase + page_offset(p, kp[j], base + 8 * j + g, head);
+            const int64_t off = page_offset(p, kp[j], base + 8 * j + g, head);
 #pragma unroll
-            for (int i = 0; i < D / 32; i++) kr[j][i] = ldg_nc_v4(src + (i * 4 + c) * 8);
+            for (int i = 0; i < D / 32; i++) kr[j][i] = load_chunk8<T, KV>(kbase, off + (i * 4 + c) * 8);
         } else {
 #pragma unroll
             for (int i = 0; i < D / 32; i++) kr[j][i] = make_uint4(0, 0, 0, 0);
         }
     }
 }
-template <typename T, int D>
-__device__ __forceinline__ void load_v(const decode_params &p, const T *vbase, int base, int head, int g, int c,
+template <typename T, int D, typename KV = T>
+__device__ __forceinline__ void load_v(const decode_params &p, const void *vbase, int base, int head, int g, int c,
                                        const int32_t (&vp)[4], uint4 (&vr)[4][D / 64]) {
 #pragma unroll
     for (int qv = 0; qv < 4; qv++) {
         if (vp[qv] >= 0) {
-            const T *src = vbase + page_offset(p, vp[qv], base + (qv >> 1) * 8 + 2 * c + (qv & 1), head);
+            const int64_t off = page_offset(p, vp[qv], base + (qv >> 1) * 8 + 2 * c + (qv & 1), head);
 #pragma unroll
-            for (int u = 0; u < D / 64; u++) vr[qv][u] = ldg_nc_v4(src + (g + 8 * u) * 8);
+            for (int u = 0; u < D / 64; u++) vr[qv][u] = load_chunk8<T, KV>(vbase, off + (g + 8 * u) * 8);
         } else {
 #pragma unroll
             for (int u = 0; u < D / 64; u++) vr[qv][u] = make_uint4(0, 0, 0, 0);
