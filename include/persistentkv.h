@@ -136,8 +136,8 @@ typedef struct pkv_problem {
      * 0 - what zero-initialising and pkv_problem_default leave - or dtype itself: the caches hold dtype, as
      * before (so an fp16 cache beside bf16 q cannot be asked for).  Other values: PKV_ERR_UNSUPPORTED_DTYPE.
      * Every stride, page size and byte count of the caches is in elements of this type (fp8: bytes); the
-     * planner's counters and cost model count one byte per fp8 element.  The CUDA backend's decode kernels
-     * do not read fp8 caches yet: its pkv_plan_step and pkv_run return PKV_ERR_UNSUPPORTED for them. */
+     * planner's counters and cost model count one byte per fp8 element.  The CUDA backend reads fp8 caches
+     * with its register kernel (heads in M) on every route and G, widening each value exactly to dtype. */
     pkv_dtype kv_dtype;
 } pkv_problem;
 
@@ -441,7 +441,7 @@ typedef struct pkv_tensors {
      * x head_dim.  A cache that interleaves K and V per page (FlashInfer's and vLLM's [num_pages, 2,
      * ...] tensor) is k_cache = its start, v_cache = k_cache + page_size x Hkv x head_dim elements,
      * kv_page_stride = 2 x page_size x Hkv x head_dim.  In elements of kv_dtype (fp8: bytes).  At least one
-     * dense page; a multiple of 16 bytes on the CUDA backend (16-byte accesses: 8 fp16 elements). */
+     * dense page; a multiple of 8 elements on the CUDA backend (16 bytes of fp16 or bf16, 8 of fp8). */
     int64_t kv_page_stride;
     /* Elements from one row (request) of q to the next, and of o; 0: dense, Hq x head_dim.  Each row's
      * Hq x head_dim values stay contiguous, so a q that is the query part of a fused QKV projection

@@ -42,11 +42,15 @@ static void check_case(pkv_context *ctx, pkv_plan *plan, pkv_test_case *tc, cons
         double err = pkv_test_rel_l2(tc), lerr = pkv_test_lse_err(tc);
         int64_t unwritten = pkv_test_unwritten(tc);
         CHECK_MSG(err < tol && lerr < 1e-2 && unwritten == 0 && pkv_test_empty_rows_nonzero(tc) == 0 && gap_writes == 0,
-                  "%s route %s: B=%d G=%d Hkv=%d d=%d page=%d %s %s kv pad %lld q pad %lld o pad %lld window %d cap %g "
+                  "%s route %s: B=%d G=%d Hkv=%d d=%d page=%d %s %s kv %s%s kv pad %lld q pad %lld o pad %lld window %d cap %g "
                   "rel_l2=%.2e lse=%.2e unwritten=%lld written between o's rows=%lld",
                   what, rname, tc->batch_size, p->num_qo_heads / p->num_kv_heads, p->num_kv_heads, p->head_dim,
                   p->page_size, p->layout == PKV_LAYOUT_HND ? "HND" : "NHD",
-                  p->dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", (long long)L.kv_pad, (long long)L.q_pad,
+                  p->dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16",
+                  p->kv_dtype == PKV_DTYPE_FP8_E4M3   ? "e4m3"
+                  : p->kv_dtype == PKV_DTYPE_FP8_E5M2 ? "e5m2"
+                                                      : "16-bit",
+                  tc->k_head_scales ? " (per-head scales)" : "", (long long)L.kv_pad, (long long)L.q_pad,
                   (long long)L.o_pad, p->window, (double)p->logits_soft_cap, err, lerr, (long long)unwritten,
                   (long long)gap_writes);
     }
@@ -748,6 +752,30 @@ static void behind_a_producer(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng, co
     pkv_test_case_free(&tc);
 }
 
+/* count random cases under the choices through check_case: a quarter of them with a sliding window, a
+ * third capped; dense or interleaved K/V; every other case with q as the query part of a fused QKV output,
+ * every fourth case (one with a dense q) with o's rows further apart. */
+static void random_cases(pkv_context *ctx, pkv_plan *plan, pkv_rng *rng, const pkv_test_choices *ch, int count,
+                         const char *label) {
+    for (int n = 0; n < count; n++) {
+        pkv_test_case tc;
+        CHECK(pkv_test_case_random(rng, ch, &tc));
+        if (!tc.ok) continue;
+        if (n % 4 == 1) {
+            tc.problem.window = (int32_t)pkv_rng_uniform_int(rng, 1, ch->max_len);
+            pkv_test_poison_before_window(&tc);
+        }
+        if (n % 6 == 1 || n % 6 == 4) pkv_test_random_cap(rng, &tc.problem);
+        CHECK_OK(pkv_test_case_reference(&tc));
+        char what[48];
+        snprintf(what, sizeof what, "%s %d", label, n);
+        const int64_t qkv_pad = 2 * (int64_t)tc.problem.num_kv_heads * tc.problem.head_dim;
+        check_case(ctx, plan, &tc, what,
+                   (pkv_test_layout){n % 3 == 0 ? -1 : n % 3 == 1 ? 0 : 8, n % 2 ? qkv_pad : 0, n % 4 == 2 ? 24 : 0});
+        pkv_test_case_free(&tc);
+    }
+}
+
 int main(void) {
     if (!pkv_cuda_available()) PKV_TEST_SKIP("no CUDA device (or a build without CUDA): GPU tests not run");
     pkv_context_config cc;
@@ -800,25 +828,13 @@ int main(void) {
     if (getenv("PKV_TEST_SMALL")) ch.max_len = 600;
     const char *env = getenv("PKV_TEST_CASES");
     int count = env ? atoi(env) : 60;
-    for (int n = 0; n < count; n++) {
-        pkv_test_case tc;
-        CHECK(pkv_test_case_random(&rng, &ch, &tc));
-        if (!tc.ok) continue;
-        if (n % 4 == 1) { /* a quarter of the problems with a sliding window, some of them capped */
-            tc.problem.window = (int32_t)pkv_rng_uniform_int(&rng, 1, ch.max_len);
-            pkv_test_poison_before_window(&tc);
-        }
-        if (n % 6 == 1 || n % 6 == 4) pkv_test_random_cap(&rng, &tc.problem);
-        CHECK_OK(pkv_test_case_reference(&tc));
-        char what[32];
-        snprintf(what, sizeof what, "random case %d", n);
-        /* dense or interleaved K/V; every other case with q as the query part of a fused QKV output,
-         * every fourth case (one with a dense q) with o's rows further apart */
-        const int64_t qkv_pad = 2 * (int64_t)tc.problem.num_kv_heads * tc.problem.head_dim;
-        check_case(ctx, plan, &tc, what,
-                   (pkv_test_layout){n % 3 == 0 ? -1 : n % 3 == 1 ? 0 : 8, n % 2 ? qkv_pad : 0, n % 4 == 2 ? 24 : 0});
-        pkv_test_case_free(&tc);
-    }
+    random_cases(ctx, plan, &rng, &ch, count, "random case");
+    /* fp8 caches (e4m3 and e5m2 beside fp16 and bf16 q), half of them with per-KV-head scales (in device
+     * memory), through the same routes and layouts: the reference dequantizes the same codes exactly */
+    static const pkv_dtype kv8[] = {PKV_DTYPE_FP8_E4M3, PKV_DTYPE_FP8_E5M2};
+    ch.kv_dtypes = kv8, ch.num_kv_dtypes = 2;
+    ch.head_scale_prob = 0.5;
+    random_cases(ctx, plan, &rng, &ch, count / 2 > 8 ? count / 2 : 8, "fp8 random case");
     pkv_plan_free(plan);
     pkv_context_free(ctx);
     return pkv_test_finish("test_cuda");

@@ -93,12 +93,6 @@ cuda_state *state_of(pkv_context *ctx) { return static_cast<cuda_state *>(ctx->b
 pkv_status cuda_supports(pkv_context *ctx, const pkv_problem *p) {
     if (p->dtype != PKV_DTYPE_FP16 && p->dtype != PKV_DTYPE_BF16)
         return pkv_fail(ctx, PKV_ERR_UNSUPPORTED_DTYPE, "the CUDA backend runs fp16 and bf16");
-    // the decode kernels read 2-byte K and V: an fp8 cache is refused, never read as something else
-    if (pkv_dtype_is_fp8(p->kv_dtype))
-        return pkv_fail(ctx, PKV_ERR_UNSUPPORTED,
-                        "fp8 KV caches (kv_dtype %s) are not yet on the CUDA backend's decode kernels (the CPU backend "
-                        "runs them; pkv_append_kv and pkv_copy_pages take them on CUDA too)",
-                        pkv_dtype_name(p->kv_dtype));
     if (p->head_dim != 64 && p->head_dim != 128 && p->head_dim != 256)
         return pkv_fail(ctx, PKV_ERR_UNSUPPORTED_HEAD_DIM, "the CUDA backend runs head dims 64, 128, 256");
     if (p->num_qo_heads / p->num_kv_heads > PKV_MAX_GROUP)

@@ -16,18 +16,22 @@ namespace pkv {
 namespace {
 
 // ---- the register kernels ------------------------------------------------------------------------
-// Heads in N for G <= 8, heads in M (16 rows) for G 9..16.
+// Heads in N for G <= 8, heads in M (16 rows) for G 9..16 and for fp8 caches at every G (the one family
+// that reads them).
 enum kernel_kind { kHeadsInN, kHeadsInM };
-kernel_kind kernel_for(int32_t group) { return group > 8 ? kHeadsInM : kHeadsInN; }
+kv_kind kv_of(const pkv_problem &pr) {
+    return pr.kv_dtype == PKV_DTYPE_FP8_E4M3 ? kKvE4M3 : pr.kv_dtype == PKV_DTYPE_FP8_E5M2 ? kKvE5M2 : kKvSame;
+}
+kernel_kind kernel_for(int32_t group, kv_kind kv = kKvSame) { return group > 8 || kv != kKvSame ? kHeadsInM : kHeadsInN; }
 
 const pkv_dtype kDtypes[] = {PKV_DTYPE_FP16, PKV_DTYPE_BF16};
 const int kHeadDims[PKV_TMA_HEAD_DIMS] = {64, 128, 256};
 
-// The register kernel of a kind and its dynamic shared memory (bytes).
-decode_fn register_kernel(kernel_kind kind, pkv_dtype dtype, int head_dim, int *smem_bytes) {
+// The register kernel of a kind and its dynamic shared memory (bytes); heads in N reads 16-bit caches only.
+decode_fn register_kernel(kernel_kind kind, pkv_dtype dtype, int head_dim, int *smem_bytes, kv_kind kv = kKvSame) {
     if (kind == kHeadsInM) {
         *smem_bytes = heads_in_m_smem_bytes(head_dim);
-        return heads_in_m_kernel(dtype, kKvSame, head_dim);
+        return heads_in_m_kernel(dtype, kv, head_dim);
     }
     *smem_bytes = heads_in_n_smem_bytes(head_dim);
     return heads_in_n_kernel(dtype, head_dim);
@@ -37,12 +41,14 @@ decode_fn register_kernel(kernel_kind kind, pkv_dtype dtype, int head_dim, int *
 cudaError_t register_set_attrs() {
     for (pkv_dtype dt : kDtypes)
         for (int d : kHeadDims)
-            for (kernel_kind k : {kHeadsInN, kHeadsInM}) {
-                int smem = 0;
-                const decode_fn f = register_kernel(k, dt, d, &smem);
-                const cudaError_t e = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-                if (e != cudaSuccess) return e;
-            }
+            for (kernel_kind k : {kHeadsInN, kHeadsInM})
+                for (kv_kind kv : {kKvSame, kKvE4M3, kKvE5M2}) {
+                    if (k == kHeadsInN && kv != kKvSame) continue;
+                    int smem = 0;
+                    const decode_fn f = register_kernel(k, dt, d, &smem, kv);
+                    const cudaError_t e = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+                    if (e != cudaSuccess) return e;
+                }
     return cudaSuccess;
 }
 
@@ -199,8 +205,8 @@ bool tma_maps_for(const pkv_plan *plan, const pkv_tensors *t, const pkv_kv_strid
     if (chunk == kTileTokens) *mode = kCopyTile;
     else if (chunk >= kChunkTokens && pr.head_dim <= 128) *mode = kCopyChunks;
     else *mode = kCopyAsync;
-    if (!o.tma || idx < 0 || plan->group > 16 || (*mode != kCopyAsync && !g_encode_tiled) || pr.num_pages <= 0 ||
-        pr.num_pages > INT32_MAX)
+    if (!o.tma || idx < 0 || plan->group > 16 || kv_of(pr) != kKvSame || (*mode != kCopyAsync && !g_encode_tiled) ||
+        pr.num_pages <= 0 || pr.num_pages > INT32_MAX)
         return false;
     const int32_t dflt = o.tma_default_stages[idx][nt];
     const int lo = tma_min_stages(pr.head_dim);
@@ -258,7 +264,8 @@ cudaError_t launch_tasks(const pkv_plan *plan, const decode_params &p, dim3 grid
         return launch_cfg(grid, tma_smem_bytes(d, p.stages), stream, o.entry_pdl)
             .launch(tma_kernel(dt, d, p.group <= 8 ? 1 : 2, p.copy_mode), p, *maps);
     int smem = 0;
-    const decode_fn f = register_kernel(kernel_for(plan->group), dt, d, &smem);
+    const kv_kind kv = kv_of(plan->problem);
+    const decode_fn f = register_kernel(kernel_for(plan->group, kv), dt, d, &smem, kv);
     return launch_cfg(grid, smem, stream, o.entry_pdl).launch(f, p);
 }
 
@@ -400,6 +407,10 @@ cudaError_t decode_run(const pkv_plan *plan, void *workspace, const pkv_tensors 
     p.stride_page = st.page;
     p.stride_head = st.head;
     p.stride_tok = st.token;
+    p.k_scale = pkv_scale_or_one(t->k_scale);
+    p.v_scale = pkv_scale_or_one(t->v_scale);
+    p.k_scales = t->k_head_scales;
+    p.v_scales = t->v_head_scales;
     const float sm_scale = pkv_problem_scale(&pr), cap = pr.logits_soft_cap;
     p.scale_log2 = sm_scale * kLog2e;
     // a cap so large that sm_scale / c is below the normal floats (or c log2(e) overflows) is the
@@ -447,6 +458,7 @@ const char *decode_kernel_name(const pkv_plan *plan, const pkv_tensors *t, const
         if (mode == kCopyChunks) return "tensor copies in chunks of 8";
         return "tensor copies";
     }
+    if (kv_of(pr) != kKvSame) return "registers, heads in M, fp8 cache";
     return kernel_for(plan->group) == kHeadsInN ? "registers, heads in N" : "registers, heads in M";
 }
 

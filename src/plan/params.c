@@ -25,10 +25,14 @@
 
 /* Tasks per parallel unit: the wave the planner fills (the backend's default) and the tasks the device
  * holds resident (CUDA: CTAs per SM of the kernel that runs this problem, read at d = 128 for d <= 128;
- * the lighter kernel for G <= PKV_CAPS_GROUP_SPLIT may hold more than the other). */
+ * the lighter kernel for G <= PKV_CAPS_GROUP_SPLIT may hold more than the other; fp8 caches run the other
+ * family at every G). */
+static bool heavy_kernel(const pkv_problem *p) {
+    return p->num_qo_heads > PKV_CAPS_GROUP_SPLIT * p->num_kv_heads || pkv_dtype_is_fp8(p->kv_dtype);
+}
 static int32_t resident_ctas(const pkv_backend_caps *caps, const pkv_problem *p) {
     const int32_t light = caps->resident[1][0]; /* d = 128, G <= PKV_CAPS_GROUP_SPLIT */
-    if (light > 0 && p->num_qo_heads <= PKV_CAPS_GROUP_SPLIT * p->num_kv_heads && p->head_dim <= 128) return light;
+    if (light > 0 && !heavy_kernel(p) && p->head_dim <= 128) return light;
     return caps->ctas_per_unit;
 }
 
@@ -36,7 +40,7 @@ static int32_t resident_ctas(const pkv_backend_caps *caps, const pkv_problem *p)
  * else resident_ctas. */
 static int32_t resident_exact(const pkv_backend_caps *caps, const pkv_problem *p) {
     const int di = pkv_caps_dim_index(p->head_dim);
-    const int gi = p->num_qo_heads > PKV_CAPS_GROUP_SPLIT * p->num_kv_heads;
+    const int gi = heavy_kernel(p);
     if (di >= 0 && caps->resident[di][gi] > 0) return caps->resident[di][gi];
     return resident_ctas(caps, p);
 }
