@@ -3,7 +3,8 @@
  * The input's bytes (fuzz_util.h: zeros once they run out) pick, mostly within the documented ranges and
  * sometimes past them: where the plan is made (a CPU context; no context; or simulated device capabilities
  * with a cost model, so the policy's route choice runs), the problem (every head dim, G 1..16 (17),
- * pages 1..256, windows, soft caps, dtypes, layouts, up to 512 KV heads), a batch of up to 256 rows with
+ * pages 1..256, windows, soft caps, dtypes, fp8 caches (kv_dtype e4m3 / e5m2), layouts, up to 512 KV heads), a
+ * batch of up to 256 rows with
  * their lengths, a scattered page pool (or no page ids: a schedule only), every plan option, and then
  * perhaps one field broken to an edge value.  What must hold:
  *   - pkv_plan_step (and its host and capabilities variants) never crashes: a plan, or a status with a
@@ -12,7 +13,8 @@
  *     attended tokens, and its workspace fits pkv_workspace_size's bound for that batch;
  *   - for an explicit single, split, work-queue or fused route, the policy's fast cost terms
  *     (pkv_plan_route_terms, no plan built) equal pkv_cost_terms of the built plan;
- *   - a small plan on the CPU context runs and matches the float64 reference (fp16/bf16).
+ *   - a small plan on the CPU context runs and matches the float64 reference (fp16/bf16 q; caches of q's dtype, or
+ *     fp8 codes with random per-tensor or per-KV-head scales).
  * The validator is linear, so problems up to 256 rows x 512 KV heads are validated (capped at 2^19
  * attended tokens x KV heads to keep an input in milliseconds). */
 #include "persistentkv.h"
@@ -49,12 +51,15 @@ static int attended(const pkv_problem *p, int32_t n) { return p->window > 0 && n
 
 /* Runs the plan on the CPU context and compares with the float64 reference (as tests/test_fuzz.c). */
 static void run_and_compare(pkv_context *ctx, const pkv_plan *plan, const pkv_problem *p, const pkv_page_table *t,
-                            uint64_t seed) {
+                            uint64_t seed, uint8_t scale_kind) {
     const size_t d = (size_t)p->head_dim, B = (size_t)t->batch_size, rows = B * (size_t)p->num_qo_heads;
     const size_t pool = (size_t)p->num_pages * (size_t)p->page_size * (size_t)p->num_kv_heads * d;
+    const int fp8 = pkv_dtype_is_fp8(p->kv_dtype);
+    const size_t es = fp8 ? 1 : 2;
+    float heads[2][512];
     pkv_test_case tc = {.problem = *p, .table = *t, .batch_size = t->batch_size};
     tc.q_elems = (int64_t)(rows * d), tc.kv_elems = (int64_t)pool, tc.lse_elems = (int64_t)rows;
-    tc.q = malloc(rows * d * 2), tc.k_cache = malloc(pool * 2), tc.v_cache = malloc(pool * 2);
+    tc.q = malloc(rows * d * 2), tc.k_cache = malloc(pool * es + 1), tc.v_cache = malloc(pool * es + 1);
     tc.o = malloc(rows * d * 2), tc.lse = malloc(rows * sizeof(float));
     tc.o_ref = malloc(rows * d * sizeof(double)), tc.lse_ref = malloc(rows * sizeof(double));
     const size_t ws_bytes = pkv_plan_workspace_size(plan);
@@ -63,11 +68,28 @@ static void run_and_compare(pkv_context *ctx, const pkv_plan *plan, const pkv_pr
         pkv_rng rng;
         pkv_rng_seed(&rng, seed);
         for (size_t z = 0; z < rows * d; z++) tc.q[z] = pkv_test_random_value(&rng, p->dtype);
-        for (size_t z = 0; z < pool; z++)
-            tc.k_cache[z] = pkv_test_random_value(&rng, p->dtype), tc.v_cache[z] = pkv_test_random_value(&rng, p->dtype);
+        if (!fp8) {
+            for (size_t z = 0; z < pool; z++)
+                tc.k_cache[z] = pkv_test_random_value(&rng, p->dtype), tc.v_cache[z] = pkv_test_random_value(&rng, p->dtype);
+        } else { /* codes of magnitude up to 2 with random signs, and the scales: per tensor (0 = 1) or per head */
+            uint8_t *k8 = (uint8_t *)tc.k_cache, *v8 = (uint8_t *)tc.v_cache;
+            for (size_t z = 0; z < pool; z++)
+                k8[z] = (uint8_t)pkv_rng_uniform_int(&rng, 0, 0x40) | (uint8_t)(pkv_rng_next(&rng) & 0x80),
+                v8[z] = (uint8_t)pkv_rng_uniform_int(&rng, 0, 0x40) | (uint8_t)(pkv_rng_next(&rng) & 0x80);
+            if ((scale_kind & 1) && p->num_kv_heads <= 512) {
+                for (int32_t h = 0; h < p->num_kv_heads; h++)
+                    heads[0][h] = (float)(0.01 + pkv_rng_uniform01(&rng)), heads[1][h] = (float)(0.01 + pkv_rng_uniform01(&rng));
+                tc.k_head_scales = heads[0], tc.v_head_scales = heads[1];
+            } else {
+                tc.k_scale = scale_kind & 2 ? 0.0f : (float)(0.01 + pkv_rng_uniform01(&rng));
+                tc.v_scale = scale_kind & 4 ? 0.0f : (float)(0.01 + pkv_rng_uniform01(&rng));
+            }
+        }
         pkv_test_poison(&tc);
         const pkv_tensors x = {.q = tc.q, .k_cache = tc.k_cache, .v_cache = tc.v_cache,
-                               .kv_page_indices = t->kv_page_indices, .o = tc.o, .lse = tc.lse};
+                               .kv_page_indices = t->kv_page_indices, .o = tc.o, .lse = tc.lse,
+                               .k_scale = tc.k_scale, .v_scale = tc.v_scale, .k_head_scales = tc.k_head_scales,
+                               .v_head_scales = tc.v_head_scales};
         const pkv_status st = pkv_run(ctx, plan, ws, ws_bytes, &x, NULL);
         FUZZ_CHECK(st == PKV_OK, "run of a valid %s plan failed: %s", pkv_route_name(pkv_plan_route(plan)),
                    pkv_last_error());
@@ -75,8 +97,10 @@ static void run_and_compare(pkv_context *ctx, const pkv_plan *plan, const pkv_pr
         const double rel = pkv_test_rel_l2(&tc), lerr = pkv_test_lse_err(&tc);
         const double tol = p->dtype == PKV_DTYPE_BF16 ? PKV_TEST_TOL_O_BF16 : PKV_TEST_TOL_O_FP16;
         FUZZ_CHECK(pkv_test_unwritten(&tc) == 0 && rel < tol && lerr < PKV_TEST_TOL_LSE,
-                   "%s, B %d, d %d, G %d, page %d, window %d, cap %g: rel L2 %.3g, lse error %.3g, %lld unwritten",
-                   pkv_route_name(pkv_plan_route(plan)), t->batch_size, p->head_dim, p->num_qo_heads / p->num_kv_heads,
+                   "%s, kv_dtype %d, B %d, d %d, G %d, page %d, window %d, cap %g: rel L2 %.3g, lse error %.3g, "
+                   "%lld unwritten",
+                   pkv_route_name(pkv_plan_route(plan)), (int)p->kv_dtype, t->batch_size, p->head_dim,
+                   p->num_qo_heads / p->num_kv_heads,
                    p->page_size, p->window, (double)p->logits_soft_cap, rel, lerr, (long long)pkv_test_unwritten(&tc));
     }
     free(tc.q), free(tc.k_cache), free(tc.v_cache), free(tc.o), free(tc.lse), free(tc.o_ref), free(tc.lse_ref);
@@ -107,7 +131,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     p.window = shape & 4 ? (int32_t)fuzz_range(&b, 1, 4096) : 0;
     p.logits_soft_cap = shape & 8 ? (float)fuzz_range(&b, 1, 60) : 0.0f;
     p.sm_scale = shape & 16 ? (float)fuzz_range(&b, 1, 100) / 100.0f : 0.0f;
-    p.dtype = (pkv_dtype)(fuzz_u8(&b) % 3);
+    const uint8_t types = fuzz_u8(&b);
+    p.dtype = (pkv_dtype)(types % 3);
+    /* the caches: of dtype (0, or dtype itself), or fp8 */
+    p.kv_dtype = (pkv_dtype[]){(pkv_dtype)0, PKV_DTYPE_FP8_E4M3, PKV_DTYPE_FP8_E5M2, p.dtype}[(types >> 4) % 4];
     p.layout = (pkv_layout)(fuzz_u8(&b) % 2);
 
     const int32_t max_b = shape & 32 ? MAX_B : 12;
@@ -157,7 +184,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         case 4: p.window = edge(&b); break;
         case 5: p.logits_soft_cap = (float)edge(&b) * (fuzz_u8(&b) & 1 ? 1e30f : 1.0f); break;
         case 6: p.sm_scale = (float)edge(&b) * 1e29f; break;
-        case 7: p.dtype = (pkv_dtype)edge(&b); break;
+        case 7:
+            if (fuzz_u8(&b) & 1) p.kv_dtype = (pkv_dtype)edge(&b);
+            else p.dtype = (pkv_dtype)edge(&b);
+            break;
         case 8: p.layout = (pkv_layout)edge(&b); break;
         case 9: if (B > 0) lens[i] = edge(&b); break;
         case 10: if (B > 0) indptr[i + 1] = (int32_t)fuzz_range(&b, 0, MAX_IDS); break;
@@ -207,7 +237,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int64_t tokens = 0;
     for (int32_t i = 0; i < t.batch_size; i++) tokens += attended(&p, lens[i]);
     FUZZ_CHECK(cn->total_tokens == tokens && cn->tasks == pkv_plan_num_tasks(plan) &&
-                   cn->kv_bytes == tokens * p.num_kv_heads * p.head_dim * 2 * (int64_t)pkv_dtype_size(p.dtype),
+                   cn->kv_bytes == tokens * p.num_kv_heads * p.head_dim * 2 * (int64_t)pkv_kv_elem_size(&p),
                "counters: %lld tokens of %lld, kv bytes %lld", (long long)cn->total_tokens, (long long)tokens,
                (long long)cn->kv_bytes);
 
@@ -235,6 +265,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (where == 0 && t.kv_page_indices && t.batch_size > 0 && p.dtype != PKV_DTYPE_FP32 && p.sm_scale <= 1.0f &&
         pool_elems <= (1 << 20) && tokens * p.num_qo_heads * p.head_dim <= (1 << 20) &&
         pkv_plan_workspace_size(plan) <= ((size_t)64 << 20))
-        run_and_compare(ctx, plan, &p, &t, (uint64_t)size * 2654435761u + b.at);
+        run_and_compare(ctx, plan, &p, &t, (uint64_t)size * 2654435761u + b.at, types);
     return 0;
 }

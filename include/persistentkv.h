@@ -133,8 +133,8 @@ typedef struct pkv_problem {
     /* The element type of k_cache and v_cache.  PKV_DTYPE_FP8_E4M3 or PKV_DTYPE_FP8_E5M2: an fp8 cache of one
      * byte an element (q and o stay dtype, which must then be FP16 or BF16: else PKV_ERR_INVALID_ARGUMENT),
      * dequantized as stored value x scale (pkv_tensors.k_scale, v_scale) and quantized by pkv_append_kv.
-     * 0 - what zero-initialising and pkv_problem_default leave - or dtype itself: the caches hold dtype, as
-     * before (so an fp16 cache beside bf16 q cannot be asked for).  Other values: PKV_ERR_UNSUPPORTED_DTYPE.
+     * 0 - what zero-initialising and pkv_problem_default leave - or dtype itself: the caches hold dtype (an
+     * fp16 cache beside bf16 q, or the reverse, is not offered).  Other values: PKV_ERR_UNSUPPORTED_DTYPE.
      * Every stride, page size and byte count of the caches is in elements of this type (fp8: bytes); the
      * planner's counters and cost model count one byte per fp8 element.  The CUDA backend reads fp8 caches
      * with its register kernel (heads in M) on every route and G, widening each value exactly to dtype. */

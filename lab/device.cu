@@ -243,6 +243,8 @@ pkv_status pkv_dev_synchronize(pkv_context *ctx) {
 }
 
 pkv_status pkv_dev_fill_random(pkv_context *ctx, void *dst, int64_t count, pkv_dtype dtype, uint64_t seed) {
+    if (dtype != PKV_DTYPE_FP16 && dtype != PKV_DTYPE_BF16)
+        return pkv_lab_fail(PKV_ERR_UNSUPPORTED_DTYPE, "pkv_dev_fill_random writes fp16 or bf16, not dtype %d", (int)dtype);
     if (count <= 0) return PKV_OK;
     fill_random_kernel<<<1024, 256>>>(static_cast<uint16_t *>(dst), count, seed, dtype == PKV_DTYPE_BF16, 0);
     LAB_CUDA_TRY(ctx, cudaGetLastError());
@@ -254,6 +256,8 @@ pkv_status pkv_dev_fill_random_late(pkv_context *ctx, void *dst, int64_t count, 
                                     int64_t delay_ns) {
     if (!dst || count <= 0 || delay_ns <= 0)
         return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "a late fill needs a buffer, a count and a delay");
+    if (dtype != PKV_DTYPE_FP16 && dtype != PKV_DTYPE_BF16)
+        return pkv_lab_fail(PKV_ERR_UNSUPPORTED_DTYPE, "a late fill writes fp16 or bf16, not dtype %d", (int)dtype);
     fill_random_kernel<<<1, 256>>>(static_cast<uint16_t *>(dst), count, seed, dtype == PKV_DTYPE_BF16, delay_ns);
     LAB_CUDA_TRY(ctx, cudaGetLastError());
     return PKV_OK;

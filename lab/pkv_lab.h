@@ -245,7 +245,8 @@ pkv_status pkv_dev_copy_h2d(pkv_context *ctx, void *dst, const void *src, size_t
 pkv_status pkv_dev_copy_d2h(pkv_context *ctx, void *dst, const void *src, size_t bytes);
 pkv_status pkv_dev_memset(pkv_context *ctx, void *dst, int value, size_t bytes);
 pkv_status pkv_dev_synchronize(pkv_context *ctx);
-/* Fills count fp16/bf16 values with seeded pseudo-random numbers in [-1, 1] on the device. */
+/* Fills count fp16/bf16 values with seeded pseudo-random numbers in [-1, 1] on the device (other dtypes:
+ * PKV_ERR_UNSUPPORTED_DTYPE). */
 pkv_status pkv_dev_fill_random(pkv_context *ctx, void *dst, int64_t count, pkv_dtype dtype, uint64_t seed);
 /* The same values, written late by one CTA on the default stream, asynchronously: the kernel first lets a
  * programmatic dependent start (griddepcontrol.launch_dependents), spins delay_ns, then fills.  A run

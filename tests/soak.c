@@ -1,6 +1,7 @@
 /* soak.c - many random decode steps on one context, as a server runs them: random shapes (G, KV heads,
- * head dim, page size, layout, dtype, each for an epoch of steps over one page pool with holes of NaN
- * pages no row may read), and per step random lengths (empty to long rows), a random route or a
+ * head dim, page size, layout, dtype, on the CPU backend fp8 caches in a third of the epochs (e4m3 or e5m2,
+ * per-tensor or per-KV-head scales), each for an epoch of steps over one page pool with holes of NaN pages
+ * no row may read), and per step random lengths (empty to long rows), a random route or a
  * graph-stable plan, sometimes a sliding window or a soft cap, and a fresh random assignment of the pool's
  * pages to the rows (q is drawn per epoch).  Every step's o is poisoned before its run; every `sample`-th
  * step's o is read back whole (every element written, no NaN) and one random row is checked against the
@@ -110,8 +111,10 @@ static int parse_opts(int argc, char **argv, soak_opts *o) {
 typedef struct epoch {
     pkv_problem p;
     int64_t usable, pool_elems;
-    uint16_t *k, *v;   /* host pools (the reference reads them) */
+    uint16_t *k, *v;   /* host pools (the reference reads them); an fp8 cache's: pool_elems bytes */
     void *dk, *dv;     /* device pools (CUDA) */
+    float ks, vs;      /* an fp8 cache's scales: per tensor (0: 1.0), or per KV head [Hkv] (else NULL) */
+    float *kh, *vh;
 } epoch;
 
 static int32_t pick_i32(pkv_rng *rng, const int32_t *vals, int32_t n) { return vals[pkv_test_pick(rng, n)]; }
@@ -128,17 +131,40 @@ static bool epoch_begin(pkv_context *ctx, const soak_opts *o, pkv_rng *rng, epoc
     e->p.page_size = pick_i32(rng, pages, 10);
     e->p.layout = pkv_test_pick(rng, 2) ? PKV_LAYOUT_HND : PKV_LAYOUT_NHD;
     e->p.dtype = pkv_test_pick(rng, 2) ? PKV_DTYPE_BF16 : PKV_DTYPE_FP16;
+    const bool fp8 = pkv_context_backend(ctx) == PKV_BACKEND_CPU && pkv_test_pick(rng, 3) == 0;
+    if (fp8) { /* the CUDA decode kernels do not read fp8 caches yet */
+        e->p.kv_dtype = pkv_test_pick(rng, 2) ? PKV_DTYPE_FP8_E5M2 : PKV_DTYPE_FP8_E4M3;
+        if (pkv_test_pick(rng, 2)) {
+            e->kh = (float *)malloc((size_t)hkv * sizeof(float));
+            e->vh = (float *)malloc((size_t)hkv * sizeof(float));
+            if (!e->kh || !e->vh) return false;
+            for (int32_t h = 0; h < hkv; h++)
+                e->kh[h] = (float)(0.005 + 0.5 * pkv_rng_uniform01(rng)), e->vh[h] = (float)(0.005 + 0.5 * pkv_rng_uniform01(rng));
+        } else {
+            e->ks = pkv_test_pick(rng, 4) ? (float)(0.005 + 0.5 * pkv_rng_uniform01(rng)) : 0.0f;
+            e->vs = pkv_test_pick(rng, 4) ? (float)(0.005 + 0.5 * pkv_rng_uniform01(rng)) : 0.0f;
+        }
+    }
+    const size_t es = fp8 ? 1 : 2;
     const int64_t page_elems = (int64_t)e->p.page_size * hkv * e->p.head_dim;
     int64_t num_pages = o->pool_mb * 1024 * 1024 / 2 / page_elems;
     if (num_pages < 16) num_pages = 16;
     e->p.num_pages = num_pages;
     e->usable = num_pages - num_pages / 5; /* a fifth of the pool: holes */
     e->pool_elems = num_pages * page_elems;
-    e->k = (uint16_t *)malloc((size_t)e->pool_elems * 2);
-    e->v = (uint16_t *)malloc((size_t)e->pool_elems * 2);
+    e->k = (uint16_t *)malloc((size_t)e->pool_elems * es);
+    e->v = (uint16_t *)malloc((size_t)e->pool_elems * es);
     if (!e->k || !e->v) return false;
-    const uint16_t nan_bits = pkv_test_nan_bits(e->p.dtype);
     const int64_t hole_from = e->usable * page_elems;
+    if (fp8) { /* codes of magnitude up to 2, random signs; NaN codes in the holes */
+        uint8_t *k8 = (uint8_t *)e->k, *v8 = (uint8_t *)e->v;
+        for (int64_t i = 0; i < e->pool_elems; i++) {
+            k8[i] = i < hole_from ? (uint8_t)(pkv_rng_uniform_int(rng, 0, 0x40) | (pkv_rng_next(rng) & 0x80)) : PKV_TEST_NAN_FP8;
+            v8[i] = i < hole_from ? (uint8_t)(pkv_rng_uniform_int(rng, 0, 0x40) | (pkv_rng_next(rng) & 0x80)) : PKV_TEST_NAN_FP8;
+        }
+        return true;
+    }
+    const uint16_t nan_bits = pkv_test_nan_bits(e->p.dtype);
     for (int64_t i = 0; i < e->pool_elems; i++) {
         e->k[i] = i < hole_from ? pkv_test_random_value(rng, e->p.dtype) : nan_bits;
         e->v[i] = i < hole_from ? pkv_test_random_value(rng, e->p.dtype) : nan_bits;
@@ -157,6 +183,8 @@ static void epoch_end(pkv_context *ctx, epoch *e) {
     if (e->dv) pkv_dev_free(ctx, e->dv);
     free(e->k);
     free(e->v);
+    free(e->kh);
+    free(e->vh);
     memset(e, 0, sizeof *e);
 }
 
@@ -272,7 +300,7 @@ static bool attend(soak *S, const epoch *e, pkv_problem p, int32_t B, const int3
     } else {
         memset(S->h_o, 0xff, o_bytes);
         memset(S->h_lse, 0xff, lse_bytes);
-        t = (pkv_tensors){S->h_q, e->k, e->v, indices, S->h_o, S->h_lse, 0, 0, 0, 0.0f, 0.0f, NULL, NULL};
+        t = (pkv_tensors){S->h_q, e->k, e->v, indices, S->h_o, S->h_lse, 0, 0, 0, e->ks, e->vs, e->kh, e->vh};
     }
     if (st == PKV_OK) st = pkv_run(S->ctx, S->plan, S->ws, S->ws_cap, &t, NULL);
     s->steps++;
@@ -298,7 +326,8 @@ static bool attend(soak *S, const epoch *e, pkv_problem p, int32_t B, const int3
     const int32_t row = (int32_t)pkv_test_pick(&S->rng, B), hq = p.num_qo_heads, d = p.head_dim;
     const int32_t one_indptr[2] = {0, indptr[row + 1] - indptr[row]};
     pkv_page_table one = {1, one_indptr, indices + indptr[row], &lens[row]};
-    st = pkv_reference(&p, &one, S->h_q + (int64_t)row * hq * d, e->k, e->v, S->ref_o, S->ref_lse);
+    st = pkv_reference_kv(&p, &one, S->h_q + (int64_t)row * hq * d, e->k, e->v, e->ks, e->vs, e->kh, e->vh, S->ref_o,
+                          S->ref_lse);
     double num = 0, den = 0, lse_err = 0;
     for (int64_t i = 0; st == PKV_OK && i < (int64_t)hq * d; i++) {
         const double x = pkv_test_to_float(S->h_o[(int64_t)row * hq * d + i], p.dtype), dx = x - S->ref_o[i];
@@ -320,10 +349,10 @@ static bool attend(soak *S, const epoch *e, pkv_problem p, int32_t B, const int3
     if (st != PKV_OK || unwritten || !(rel < tol) || !(lse_err < 1e-2)) {
         s->failures++;
         fprintf(stderr,
-                "soak: step %lld route %d B %d row %d (len %d) G %d Hkv %d d %d page %d %s %s window %d cap %g: "
-                "unwritten %lld, relative L2 %.3g, lse error %.3g%s%s\n",
+                "soak: step %lld route %d B %d row %d (len %d) G %d Hkv %d d %d page %d %s %s kv_dtype %d window %d "
+                "cap %g: unwritten %lld, relative L2 %.3g, lse error %.3g%s%s\n",
                 (long long)step, r, B, row, lens[row], hq / p.num_kv_heads, p.num_kv_heads, d, p.page_size,
-                p.layout == PKV_LAYOUT_HND ? "HND" : "NHD", di ? "bf16" : "fp16", p.window,
+                p.layout == PKV_LAYOUT_HND ? "HND" : "NHD", di ? "bf16" : "fp16", (int)p.kv_dtype, p.window,
                 (double)p.logits_soft_cap, (long long)unwritten, rel, lse_err, st ? ": " : "", st ? pkv_last_error() : "");
     }
     return s->failures <= 20;
@@ -404,6 +433,7 @@ static bool append_rows(soak *S, const epoch *e, serving *v, int32_t B, const in
     a.k = v->rand + ok, a.v = v->rand + ov;
     a.k_cache = e->k, a.v_cache = e->v;
     a.kv_indptr = indptr, a.kv_page_indices = v->indices, a.seq_lens = lens, a.append_indptr = aptr;
+    a.k_scale = e->ks, a.v_scale = e->vs, a.k_head_scales = e->kh, a.v_head_scales = e->vh;
     if (pkv_append_kv(S->hctx, &e->p, B, aptr[B], &a, NULL) != PKV_OK) return false;
     if (!S->cuda) return true;
     int32_t *meta = (int32_t *)v->d_meta;

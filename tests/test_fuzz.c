@@ -1,7 +1,7 @@
 /* test_fuzz.c - the public API under random, often wrong, input (CPU backend, fixed seeds).
  *
- * Each case draws a problem (every head dim, G 1..16, pages 1..64, windows, soft caps, both dtypes
- * and layouts), a batch of up to 12 rows with a scattered pool, and plan options (every route, forced
+ * Each case draws a problem (every head dim, G 1..16, pages 1..64, windows, soft caps, both dtypes, fp8 caches
+ * (e4m3, e5m2: random per-tensor or per-KV-head scales when run) and both layouts), a batch of up to 12 rows with a scattered pool, and plan options (every route, forced
  * splits, chunks, waves and parallelism, graph-stable capacities, often absurd); one case in four then breaks one thing
  * (a shape field, a length, an indptr entry, a page id, the pool size, the batch size) to an edge value: -1, 0,
  * INT32_MIN, INT32_MAX or a small number.  What must hold: pkv_plan_step never crashes and either fails with a status
@@ -66,6 +66,7 @@ int main(void) {
         p.window = one_in(3) ? (int32_t)ri(1, 500) : 0;
         p.logits_soft_cap = one_in(3) ? (float)ri(1, 60) : 0.0f;
         p.dtype = one_in(2) ? PKV_DTYPE_FP16 : PKV_DTYPE_BF16;
+        p.kv_dtype = one_in(3) ? (one_in(2) ? PKV_DTYPE_FP8_E4M3 : PKV_DTYPE_FP8_E5M2) : (pkv_dtype)0;
         p.layout = one_in(2) ? PKV_LAYOUT_NHD : PKV_LAYOUT_HND;
         int64_t pool = ri(1, 300);
         const int32_t B = (int32_t)ri(0, MAX_B);
@@ -103,7 +104,10 @@ int main(void) {
             case 4: p.window = edge(); break;
             case 5: p.logits_soft_cap = (float)edge() * (one_in(2) ? 1e30f : 1.0f); break;
             case 6: p.sm_scale = (float)edge() * 1e29f; break;
-            case 7: p.dtype = (pkv_dtype)edge(); break;
+            case 7:
+                if (one_in(2)) p.kv_dtype = (pkv_dtype)edge();
+                else p.dtype = (pkv_dtype)edge();
+                break;
             case 8: p.layout = (pkv_layout)edge(); break;
             case 9: if (B > 0) lens[i] = edge(); break;
             case 10: if (B > 0) indptr[i + 1] = (int32_t)ri(0, MAX_IDS); break; /* within the array */
@@ -132,7 +136,7 @@ int main(void) {
         for (int32_t i = 0; i < t.batch_size; i++)
             attended += lens[i] - (p.window > 0 && lens[i] > p.window ? lens[i] - p.window : 0);
         CHECK_MSG(cn->total_tokens == attended && cn->tasks == pkv_plan_num_tasks(plan) && cn->launches >= 0 &&
-                      cn->kv_bytes == attended * p.num_kv_heads * p.head_dim * 2 * 2,
+                      cn->kv_bytes == attended * p.num_kv_heads * p.head_dim * 2 * (int64_t)pkv_test_kv_size(&p),
                   "case %d: counters (tokens %lld of %lld, kv bytes %lld)", c, (long long)cn->total_tokens,
                   (long long)attended, (long long)cn->kv_bytes);
         if (!one_in(4)) continue;
@@ -145,18 +149,35 @@ int main(void) {
             continue; /* a graph-stable grid for thousands of rows */
         pkv_test_case tc = {.problem = p, .table = t, .batch_size = t.batch_size};
         tc.q_elems = (int64_t)(rows * d), tc.kv_elems = (int64_t)pool_elems, tc.lse_elems = (int64_t)rows;
-        tc.q = malloc(rows * d * 2), tc.k_cache = malloc(pool_elems * 2), tc.v_cache = malloc(pool_elems * 2);
+        const size_t es = pkv_test_kv_size(&p); /* bytes of a cache element */
+        tc.q = malloc(rows * d * 2), tc.k_cache = malloc(pool_elems * es + 1), tc.v_cache = malloc(pool_elems * es + 1);
         tc.o = malloc(rows * d * 2), tc.lse = malloc(rows * sizeof(float));
         tc.o_ref = malloc(rows * d * sizeof(double)), tc.lse_ref = malloc(rows * sizeof(double));
         const size_t ws_bytes = pkv_plan_workspace_size(plan);
         void *ws = malloc(ws_bytes ? ws_bytes : 1);
         if (!tc.q || !tc.k_cache || !tc.v_cache || !tc.o || !tc.lse || !tc.o_ref || !tc.lse_ref || !ws) return 1;
         for (size_t z = 0; z < rows * d; z++) tc.q[z] = pkv_test_random_value(&rng, p.dtype);
-        for (size_t z = 0; z < pool_elems; z++)
-            tc.k_cache[z] = pkv_test_random_value(&rng, p.dtype), tc.v_cache[z] = pkv_test_random_value(&rng, p.dtype);
+        float heads[2][4];
+        if (es == 2) {
+            for (size_t z = 0; z < pool_elems; z++)
+                tc.k_cache[z] = pkv_test_random_value(&rng, p.dtype), tc.v_cache[z] = pkv_test_random_value(&rng, p.dtype);
+        } else { /* fp8 codes up to 2 in magnitude, random signs; scales per tensor (0: 1.0) or per KV head */
+            uint8_t *k8 = (uint8_t *)tc.k_cache, *v8 = (uint8_t *)tc.v_cache;
+            for (size_t z = 0; z < pool_elems; z++)
+                k8[z] = (uint8_t)(ri(0, 0x40) | (ri(0, 1) << 7)), v8[z] = (uint8_t)(ri(0, 0x40) | (ri(0, 1) << 7));
+            if (one_in(2) && p.num_kv_heads <= 4) {
+                for (int32_t h = 0; h < p.num_kv_heads; h++)
+                    heads[0][h] = (float)ri(1, 1000) / 997.0f, heads[1][h] = (float)ri(1, 1000) / 997.0f;
+                tc.k_head_scales = heads[0], tc.v_head_scales = heads[1];
+            } else {
+                tc.k_scale = one_in(3) ? 0.0f : (float)ri(1, 1000) / 997.0f;
+                tc.v_scale = one_in(3) ? 0.0f : (float)ri(1, 1000) / 997.0f;
+            }
+        }
         pkv_test_poison(&tc);
-        pkv_tensors x = {
-            .q = tc.q, .k_cache = tc.k_cache, .v_cache = tc.v_cache, .kv_page_indices = ids, .o = tc.o, .lse = tc.lse};
+        pkv_tensors x = {.q = tc.q, .k_cache = tc.k_cache, .v_cache = tc.v_cache, .kv_page_indices = ids, .o = tc.o,
+                         .lse = tc.lse, .k_scale = tc.k_scale, .v_scale = tc.v_scale, .k_head_scales = tc.k_head_scales,
+                         .v_head_scales = tc.v_head_scales};
         /* a page stride that is neither 0 nor at least one page is refused */
         const size_t dense = (size_t)p.page_size * (size_t)p.num_kv_heads * d;
         x.kv_page_stride = one_in(2) ? -1 - ri(0, 5) : (int64_t)ri(1, (int64_t)dense - 1);
@@ -170,13 +191,14 @@ int main(void) {
                   "case %d: row stride %lld ran", c, (long long)bad_row);
         x.q_row_stride = x.o_row_stride = 0;
         /* one run in three reads K and V interleaved per page in one buffer ([pages, 2, page]) */
-        uint16_t *kv = NULL;
-        if (one_in(3) && (kv = malloc(pool_elems * 4)) != NULL) {
+        char *kv = NULL;
+        if (one_in(3) && (kv = malloc(pool_elems * 2 * es)) != NULL) {
             for (int64_t pg = 0; pg < p.num_pages; pg++) {
-                memcpy(kv + (size_t)pg * 2 * dense, tc.k_cache + (size_t)pg * dense, dense * 2);
-                memcpy(kv + ((size_t)pg * 2 + 1) * dense, tc.v_cache + (size_t)pg * dense, dense * 2);
+                memcpy(kv + (size_t)pg * 2 * dense * es, (const char *)tc.k_cache + (size_t)pg * dense * es, dense * es);
+                memcpy(kv + ((size_t)pg * 2 + 1) * dense * es, (const char *)tc.v_cache + (size_t)pg * dense * es,
+                       dense * es);
             }
-            x.k_cache = kv, x.v_cache = kv + dense, x.kv_page_stride = (int64_t)(2 * dense);
+            x.k_cache = kv, x.v_cache = kv + dense * es, x.kv_page_stride = (int64_t)(2 * dense);
         }
         const pkv_status rs = pkv_run(ctx, plan, ws, ws_bytes, &x, NULL);
         CHECK_MSG(rs == PKV_OK, "case %d: run failed: %s", c, pkv_last_error());

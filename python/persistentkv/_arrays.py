@@ -66,24 +66,55 @@ def describe(x, name):
 _DTYPE_ALIASES = {"float16": "float16", "fp16": "float16", "half": "float16",
                   "bfloat16": "bfloat16", "bf16": "bfloat16",
                   "float32": "float32", "fp32": "float32", "float": "float32"}
-_DTYPE_CODES = {"float16": _lib.DTYPE_FP16, "bfloat16": _lib.DTYPE_BF16, "float32": _lib.DTYPE_FP32}
+# fp8 KV-cache types (pkv_problem.kv_dtype): torch's and ml_dtypes' names, and vLLM's kv_cache_dtype strings
+# ("fp8" is e4m3 there)
+_FP8_ALIASES = {"float8_e4m3fn": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "e4m3": "float8_e4m3fn",
+                "fp8": "float8_e4m3fn", "float8_e5m2": "float8_e5m2", "fp8_e5m2": "float8_e5m2", "e5m2": "float8_e5m2"}
+_DTYPE_CODES = {"float16": _lib.DTYPE_FP16, "bfloat16": _lib.DTYPE_BF16, "float32": _lib.DTYPE_FP32,
+                "float8_e4m3fn": _lib.DTYPE_FP8_E4M3, "float8_e5m2": _lib.DTYPE_FP8_E5M2}
+FP8_NAMES = ("float8_e4m3fn", "float8_e5m2")
 
 
-def dtype_name(dt):
-    """Normalizes a dtype given as a string, numpy dtype / scalar type or torch dtype to a name."""
+def _key(dt):
+    """A dtype given as a string, numpy dtype / scalar type or torch dtype, as a lower-case name."""
     if isinstance(dt, str):
         key = dt.lower()
     elif type(dt).__module__ == "torch":  # torch.float16 -> "torch.float16"
         key = str(dt)
     else:
         try:
-            key = numpy().dtype(dt).name  # also ml_dtypes.bfloat16 -> "bfloat16"
+            key = numpy().dtype(dt).name  # also ml_dtypes.bfloat16 -> "bfloat16", ml_dtypes.float8_e5m2
         except TypeError:
             key = None
-    key = key.replace("torch.", "") if key else key
+    return key.replace("torch.", "") if key else key
+
+
+def dtype_name(dt):
+    """Normalizes a dtype of q and o (float16, bfloat16; float32 for lse) to its name."""
+    key = _key(dt)
     if key not in _DTYPE_ALIASES:
         raise ValueError(f"unknown data type {dt!r}: expected float16 or bfloat16")
     return _DTYPE_ALIASES[key]
+
+
+def kv_dtype_name(dt):
+    """Normalizes a KV-cache dtype: float16, bfloat16, or fp8 (float8_e4m3fn, float8_e5m2; also their torch and
+    ml_dtypes types and vLLM's strings "fp8", "fp8_e4m3", "fp8_e5m2")."""
+    key = _key(dt)
+    if key in _FP8_ALIASES:
+        return _FP8_ALIASES[key]
+    if key in _DTYPE_ALIASES and _DTYPE_ALIASES[key] != "float32":
+        return _DTYPE_ALIASES[key]
+    raise ValueError(f"unknown KV-cache data type {dt!r}: expected float16, bfloat16, float8_e4m3fn or float8_e5m2")
+
+
+def is_fp8(name):
+    return name in FP8_NAMES
+
+
+def itemsize(name):
+    """Bytes of an element of a normalized dtype name."""
+    return 1 if name in FP8_NAMES else 4 if name == "float32" else 2
 
 
 def dtype_code(name):
@@ -91,10 +122,39 @@ def dtype_code(name):
 
 
 def accepts_dtype(arr, want):
-    """Whether arr holds `want` ("float16"/"bfloat16"); numpy uint16 counts as bf16 bits."""
+    """Whether arr holds `want`: numpy uint16 counts as bf16 bits, uint8 (numpy or torch) as fp8 codes."""
     if arr.dtype == want:
         return True
+    if want in FP8_NAMES:
+        return arr.dtype == "uint8"
     return want == "bfloat16" and arr.kind == "numpy" and arr.dtype == "uint16"
+
+
+def kv_scale(scale, name, hkv, device):
+    """(per-tensor scale, per-head address or None, the array to keep alive) of an fp8 cache's k_scale or
+    v_scale: None (0: 1.0), a number, a one-element array / tensor, or [hkv] per-KV-head scales - float32 in the
+    backend's memory (device "cpu": a host array; "cuda:N": a tensor on that GPU)."""
+    if scale is None:
+        return 0.0, None, None
+    if not (is_numpy(scale) or is_torch(scale)):
+        return _lib.as_float(scale, name, finite=False), None, None
+    n = int(scale.numel()) if is_torch(scale) else int(scale.size)
+    if n == 1 and len(scale.shape) <= 1:
+        return float(scale.reshape(-1)[0]), None, None
+    if len(scale.shape) != 1 or n != hkv:
+        raise ValueError(f"{name} must be a number or [num_kv_heads = {hkv}] per-head scales, got shape "
+                         f"{list(scale.shape)}")
+    if device != "cpu":
+        if not (is_torch(scale) and scale.device.type == "cuda"):
+            raise TypeError(f"per-head {name} must be a CUDA tensor for the cuda backend")
+        arr = scale.to(device=device, dtype=torch().float32).contiguous()
+        return 0.0, arr.data_ptr(), arr
+    if is_torch(scale):
+        if scale.device.type != "cpu":
+            raise ValueError(f"per-head {name} is on {scale.device}, the cpu backend needs host memory")
+        scale = scale.detach().numpy()
+    arr = numpy().ascontiguousarray(scale, dtype=numpy().float32)
+    return 0.0, int(arr.ctypes.data), arr
 
 
 # ---- host int32 vectors (page tables) -----------------------------------------------------------

@@ -11,7 +11,8 @@ PersistentKV does not is refused with PkvError(Status.UNSUPPORTED) and a message
 never run with other semantics:
   - pos_encoding_mode other than "NONE" (apply RoPE to q and k before writing the cache), ALiBi;
   - q_len_per_req > 1 (decode is one query token per request), window_right other than 0 / -1;
-  - fp8 caches (kv_data_type or o_data_type other than q's), q_scale / k_scale / v_scale != 1, sinks;
+  - o_data_type other than q's, q_scale != 1 (fp8 q), k_scale / v_scale != 1 on a cache of q's dtype
+    (FlashInfer folds them into the scores and the output; here they belong to fp8 caches), sinks;
 use_cuda_graph=True works as FlashInfer's: the batch size is fixed by paged_kv_indptr_buffer
 (len - 1), plan() copies the table into the three given buffers and uploads a graph-stable plan
 (pkv_plan_options.graph_max_batch) into the workspace, so a CUDA graph captured around run() replays
@@ -24,6 +25,9 @@ route with chunks of P pages (split bounds then depend on each row alone, as Fla
 mode); block_tables, when given, must agree with the CSR table; non_blocking, rope_scale and rope_theta
 (with pos_encoding_mode "NONE"), use_tensor_cores, backend and jit_args choose nothing here (one engine).
 The float workspace buffer is used as the workspace (grown by a new allocation if a plan needs more).
+fp8 caches: plan(..., kv_data_type=torch.float8_e4m3fn or torch.float8_e5m2) and run(..., k_scale=,
+v_scale=) with the scales FlashInfer takes (numbers; [num_kv_heads] tensors too), dequantized as stored
+value x scale (on the CPU backend; the CUDA backend refuses fp8 caches with Status.UNSUPPORTED for now).
 """
 
 import math
@@ -92,6 +96,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if float_workspace_buffer is not None:
             self._w._adopt_workspace(float_workspace_buffer)
         self._window_left = -1
+        self._fp8 = False  # plan()'s kv_data_type is an fp8 type: run() passes k_scale and v_scale on
 
     # ---- what FlashInfer's wrapper exposes ------------------------------------------------------
     @property
@@ -138,16 +143,21 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if a["data_type"] is not None:  # FlashInfer's deprecated name for both
             q_dtype = a["data_type"]
         q_name = A.dtype_name(q_dtype)
+        kv_name = q_name
         for k in ("kv_data_type", "o_data_type"):
             if a[k] is None:
                 continue
             try:
-                same = A.dtype_name(a[k]) == q_name
-            except ValueError:  # fp8, nvfp4, ...: not a dtype of this library
-                same = False
-            if not same:
+                name = A.kv_dtype_name(a[k]) if k == "kv_data_type" else A.dtype_name(a[k])
+            except ValueError:  # nvfp4, ...: not a dtype of this library
+                name = None
+            if k == "kv_data_type" and name is not None and A.is_fp8(name):
+                kv_name = name
+            elif name != q_name:
                 raise _unsupported(f"{k}={a[k]!r} with q_data_type {q_name}",
-                                   "q, the cache and the output share one dtype (float16 or bfloat16)")
+                                   "the output shares q's dtype (float16 or bfloat16), and the cache too unless "
+                                   "it is fp8 (torch.float8_e4m3fn or float8_e5m2)")
+        self._fp8 = A.is_fp8(kv_name)
 
         # host copies of the table only for the cross-checks (the native plan copies it once itself)
         if a["block_tables"] is not None:
@@ -178,7 +188,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             if "last_page_len" in lens:
                 lens["last_page_len"] = h_last
         self._w.plan(indptr, indices, num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
-                     page_size=page_size, q_data_type=q_name, sm_scale=a["sm_scale"],
+                     page_size=page_size, q_data_type=q_name, kv_data_type=kv_name, sm_scale=a["sm_scale"],
                      logits_soft_cap=soft_cap if soft_cap and soft_cap > 0 else None,
                      window_left=-1 if a["window_left"] is None else int(a["window_left"]), route=route,
                      chunk_pages=chunk_pages, **lens, **graph_kw)
@@ -251,9 +261,14 @@ class BatchDecodeWithPagedKVCacheWrapper:
         """
         if args:
             raise TypeError(f"run() takes no extra positional arguments here, got {len(args)}")
-        for name, value in (("q_scale", q_scale), ("k_scale", k_scale), ("v_scale", v_scale)):
-            if value is not None and float(value) != 1.0:
-                raise _unsupported(f"{name}={value}", "scales belong to fp8 caches; pass float16 or bfloat16 data")
+        if q_scale is not None and float(q_scale) != 1.0:
+            raise _unsupported(f"q_scale={q_scale}", "q is float16 or bfloat16 (no fp8 q)")
+        if not self._fp8:
+            for name, value in (("k_scale", k_scale), ("v_scale", v_scale)):
+                if value is not None and (A.is_numpy(value) or A.is_torch(value) or float(value) != 1.0):
+                    raise _unsupported(f"{name}={value}", "scales belong to fp8 caches (plan with kv_data_type="
+                                       "torch.float8_e4m3fn or float8_e5m2); a float16 / bfloat16 cache is read as it is")
+            k_scale = v_scale = None
         if sinks is not None:
             raise _unsupported("sinks (attention-sink logits)", "run without sinks")
         if kv_cache_sf is not None:
@@ -268,7 +283,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             raise _unsupported("enable_pdl=False on a wrapper made with pdl=True",
                                "make the wrapper with pdl=False")
         with_lse = return_lse or lse is not None
-        res = self._w.run(q, paged_kv_cache, return_lse=with_lse, out=out, lse=lse)
+        res = self._w.run(q, paged_kv_cache, return_lse=with_lse, out=out, lse=lse, k_scale=k_scale, v_scale=v_scale)
         if self._graph is not None:  # the cache's pages: what later plans' page ids are checked against
             c = paged_kv_cache[0] if isinstance(paged_kv_cache, (tuple, list)) else paged_kv_cache
             self._graph["pool"] = max(self._graph["pool"] or 0, int(c.shape[0]))

@@ -172,7 +172,7 @@ def _split_cache(paged_kv_cache, kv_layout):
             raise ValueError(f"paged_kv_cache must be a contiguous [num_pages, 2, ...] tensor, got {list(kv.shape)}")
         shape = (kv.shape[0],) + kv.shape[2:]
         half = shape[1] * shape[2] * shape[3]
-        item = 2
+        item = 1 if kv.dtype == "uint8" or A.is_fp8(kv.dtype) else 2
         k = kv._replace(shape=shape)
         v = kv._replace(shape=shape, ptr=kv.ptr + half * item)
         stride = 2 * half
@@ -211,30 +211,57 @@ def _token_stride(a, name):
     return int(st[0]) if a.shape[0] > 1 else 0
 
 
+def _cache_kv_dtype(k, kv_data_type):
+    """The cache's element type: an fp8 type (torch's or ml_dtypes', or uint8 codes with kv_data_type naming the
+    format), else fp16 / bf16 (numpy uint16: bf16 bits)."""
+    named = None if kv_data_type is None else A.kv_dtype_name(kv_data_type)
+    if k.dtype == "uint8":
+        if named is None or not A.is_fp8(named):
+            raise TypeError("a uint8 cache holds fp8 codes: pass kv_data_type (float8_e4m3fn or float8_e5m2)")
+        return named
+    have = "bfloat16" if k.dtype == "uint16" else A.kv_dtype_name(k.dtype)
+    if named is not None and named != have:
+        raise TypeError(f"the cache holds {k.dtype}, kv_data_type says {kv_data_type!r}")
+    return have
+
+
 def append_kv(append_key, append_value, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len=None,
-              seq_lens=None, batch_indices=None, positions=None, append_indptr=None, kv_layout="NHD"):
+              seq_lens=None, batch_indices=None, positions=None, append_indptr=None, kv_layout="NHD",
+              kv_data_type=None, k_scale=None, v_scale=None):
     """Writes the new tokens' K and V ([nnz, Hkv, d]) into their pages (pkv_append_kv): with batch_indices and
     positions (FlashInfer's form), with append_indptr (ragged: each row's tokens are its last ones), or one
     token per row (decode form: neither).  kv_indptr, kv_indices and the lengths (kv_last_page_len or
-    seq_lens) describe the rows' pages after the extend (PagePool.table).  In place, no copies of K/V."""
+    seq_lens) describe the rows' pages after the extend (PagePool.table).  In place, no copies of K/V.
+    An fp8 cache (torch.float8_e4m3fn / float8_e5m2, ml_dtypes' float8 types, or uint8 codes with
+    kv_data_type): append_key / append_value in float16 or bfloat16, each value stored as the fp8 code nearest
+    value / scale (saturating at the largest finite; NaN kept) with k_scale / v_scale as run() takes them."""
     k, v, page_stride, ps, hkv, d, num_pages = _split_cache(paged_kv_cache, kv_layout)
     ak, av = A.describe(append_key, "append_key"), A.describe(append_value, "append_value")
     if ak.shape != av.shape or ak.shape[1:] != (hkv, d):
         raise ValueError(f"append_key and append_value must be [nnz, {hkv}, {d}], got {list(ak.shape)} and "
                          f"{list(av.shape)}")
-    if not (ak.dtype == av.dtype == k.dtype):
+    kv_name = _cache_kv_dtype(k, kv_data_type)
+    if A.is_fp8(kv_name):
+        if ak.dtype != av.dtype or ak.dtype not in ("float16", "bfloat16", "uint16"):
+            raise TypeError(f"append_key and append_value of an fp8 cache must share float16 or bfloat16 ({ak.dtype}, "
+                            f"{av.dtype})")
+        dname = "bfloat16" if ak.dtype in ("bfloat16", "uint16") else "float16"
+    elif not (ak.dtype == av.dtype == k.dtype):
         raise TypeError(f"append_key, append_value and the cache must share a dtype ({ak.dtype}, {av.dtype}, {k.dtype})")
+    else:
+        dname = kv_name
     devices = {ak.device, av.device, k.device}
     if len(devices) != 1:
         raise ValueError(f"append_key, append_value and the cache must be on one device, got {sorted(devices)}")
     device = k.device
-    dname = "bfloat16" if k.dtype in ("bfloat16", "uint16") else A.dtype_name(k.dtype)
     prob = L.Problem()
     lib.pkv_problem_default(ctypes.byref(prob))
     prob.num_kv_heads = prob.num_qo_heads = hkv
     prob.head_dim, prob.page_size, prob.num_pages = d, ps, num_pages
     prob.layout = L.LAYOUT_NHD if kv_layout == "NHD" else L.LAYOUT_HND
     prob.dtype = A.dtype_code(dname)
+    if A.is_fp8(kv_name):
+        prob.kv_dtype = A.dtype_code(kv_name)
     keep = []
     batch = len(kv_indptr) - 1
     t = L.AppendTensors()
@@ -248,6 +275,9 @@ def append_kv(append_key, append_value, paged_kv_cache, kv_indptr, kv_indices, k
     t.batch_indices = _ptr_int32(batch_indices, "batch_indices", device, keep)
     t.positions = _ptr_int32(positions, "positions", device, keep)
     t.append_indptr = _ptr_int32(append_indptr, "append_indptr", device, keep)
+    t.k_scale, t.k_head_scales, ks = A.kv_scale(k_scale, "k_scale", hkv, device)
+    t.v_scale, t.v_head_scales, vs = A.kv_scale(v_scale, "v_scale", hkv, device)
+    keep += [ks, vs]
     stream = None
     if device != "cpu":
         stream = A.torch().cuda.current_stream(int(device.split(":")[1])).cuda_stream
@@ -256,13 +286,14 @@ def append_kv(append_key, append_value, paged_kv_cache, kv_indptr, kv_indices, k
 
 
 def append_paged_kv_cache(append_key, append_value, batch_indices, positions, paged_kv_cache, kv_indices, kv_indptr,
-                          kv_last_page_len, kv_layout="NHD"):
+                          kv_last_page_len, kv_layout="NHD", kv_data_type=None, k_scale=None, v_scale=None):
     """FlashInfer's flashinfer.page.append_paged_kv_cache on PersistentKV: append_key/value [nnz, Hkv, d],
     batch_indices and positions [nnz] (see get_batch_indices_positions), paged_kv_cache a (k_cache, v_cache)
     pair or one [num_pages, 2, ...] tensor, kv_indices, kv_indptr, kv_last_page_len of the rows after the
-    append."""
+    append.  An fp8 cache quantizes on write with k_scale / v_scale (append_kv)."""
     append_kv(append_key, append_value, paged_kv_cache, kv_indptr, kv_indices, kv_last_page_len=kv_last_page_len,
-              batch_indices=batch_indices, positions=positions, kv_layout=kv_layout)
+              batch_indices=batch_indices, positions=positions, kv_layout=kv_layout, kv_data_type=kv_data_type,
+              k_scale=k_scale, v_scale=v_scale)
 
 
 def get_batch_indices_positions(append_indptr, seq_lens, nnz):
@@ -297,7 +328,10 @@ def copy_pages(copies, paged_kv_cache, kv_layout="NHD"):
     prob.num_kv_heads = prob.num_qo_heads = hkv
     prob.head_dim, prob.page_size, prob.num_pages = d, ps, num_pages
     prob.layout = L.LAYOUT_NHD if kv_layout == "NHD" else L.LAYOUT_HND
-    prob.dtype = A.dtype_code("bfloat16" if k.dtype in ("bfloat16", "uint16") else A.dtype_name(k.dtype))
+    kv_name = "float8_e4m3fn" if k.dtype == "uint8" else _cache_kv_dtype(k, None)  # a copy moves bytes alike
+    prob.dtype = A.dtype_code("float16" if A.is_fp8(kv_name) else kv_name)
+    if A.is_fp8(kv_name):
+        prob.kv_dtype = A.dtype_code(kv_name)
     stream = None if k.device == "cpu" else A.torch().cuda.current_stream(int(k.device.split(":")[1])).cuda_stream
     check(lib.pkv_copy_pages(_context(k.device), ctypes.byref(prob), arr, len(copies), k.ptr, v.ptr, page_stride,
                              stream), call="pkv_copy_pages")

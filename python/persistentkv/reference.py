@@ -8,11 +8,14 @@ from ._lib import check, lib
 
 
 def reference(q, k_cache, v_cache, indptr, indices, seq_lens, kv_layout="NHD", sm_scale=None,
-              num_pages=None, q_data_type=None, logits_soft_cap=None, window_left=-1):
+              num_pages=None, q_data_type=None, logits_soft_cap=None, window_left=-1, kv_data_type=None,
+              k_scale=None, v_scale=None):
     """(o [B, Hq, d], lse [B, Hq]) as float64 numpy arrays, for host q/k_cache/v_cache.
 
     Shapes as in BatchDecodeWithPagedKVCacheWrapper.run; num_pages defaults to k_cache.shape[0].
-    q_data_type defaults to q's dtype; numpy uint16 arrays are taken as bfloat16 bits.
+    q_data_type defaults to q's dtype; numpy uint16 arrays are taken as bfloat16 bits.  kv_data_type (default:
+    q's) may be an fp8 type (caches of its codes, uint8 arrays accepted), each element read as the double of
+    its code times k_scale / v_scale (numbers or [num_kv_heads] arrays, as run() takes them).
     Slow (plain float64 loops): for tests and small problems.
     """
     np = A.numpy()
@@ -20,13 +23,14 @@ def reference(q, k_cache, v_cache, indptr, indices, seq_lens, kv_layout="NHD", s
     if q_data_type is None:
         q_data_type = "bfloat16" if qa.dtype == "uint16" else qa.dtype
     dt = A.dtype_name(q_data_type)
-    for a, name in ((qa, "q"), (ka, "k_cache"), (va, "v_cache")):
+    kvt = dt if kv_data_type is None else A.kv_dtype_name(kv_data_type)
+    for a, name, want in ((qa, "q", dt), (ka, "k_cache", kvt), (va, "v_cache", kvt)):
         if a.device != "cpu":
             raise ValueError(f"{name} must be in host memory, not on {a.device}")
         if not a.contiguous:
             raise ValueError(f"{name} must be C-contiguous")
-        if not A.accepts_dtype(a, dt):
-            raise TypeError(f"{name} has dtype {a.dtype}, expected {dt}")
+        if not A.accepts_dtype(a, want):
+            raise TypeError(f"{name} has dtype {a.dtype}, expected {want}")
     if len(qa.shape) != 3:
         raise ValueError(f"q must be [B, Hq, d], got shape {list(qa.shape)}")
     if len(ka.shape) != 4 or va.shape != ka.shape:
@@ -58,11 +62,16 @@ def reference(q, k_cache, v_cache, indptr, indices, seq_lens, kv_layout="NHD", s
     prob.num_pages = int(num_pages)
     prob.layout = L.LAYOUT_NHD if kv_layout == "NHD" else L.LAYOUT_HND
     prob.dtype = A.dtype_code(dt)
+    if A.is_fp8(kvt):
+        prob.kv_dtype = A.dtype_code(kvt)
     L.set_score_options(prob, sm_scale, logits_soft_cap, window_left)
+    ks, kh, k_keep = A.kv_scale(k_scale, "k_scale", hkv, "cpu")
+    vs, vh, v_keep = A.kv_scale(v_scale, "v_scale", hkv, "cpu")
     table = L.PageTable(B, h_indptr.c_ptr(), h_indices.c_ptr(), h_lens.c_ptr())
     o = np.zeros((B, hq, d), np.float64)  # o [B, Hq, d]
     lse = np.zeros((B, hq), np.float64)   # lse [B, Hq]
     f64 = ctypes.POINTER(ctypes.c_double)
-    check(lib.pkv_reference(ctypes.byref(prob), ctypes.byref(table), qa.ptr, ka.ptr, va.ptr,
-                            o.ctypes.data_as(f64), lse.ctypes.data_as(f64)), call="pkv_reference")
+    check(lib.pkv_reference_kv(ctypes.byref(prob), ctypes.byref(table), qa.ptr, ka.ptr, va.ptr, ks, vs, kh, vh,
+                               o.ctypes.data_as(f64), lse.ctypes.data_as(f64)), call="pkv_reference_kv")
+    del k_keep, v_keep
     return o, lse

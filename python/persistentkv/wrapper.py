@@ -263,6 +263,10 @@ class BatchDecodeWithPagedKVCacheWrapper:
         without it the pool is taken as max(indices) + 1, so ids past the real pool cannot be caught:
         pass num_pages for full range checking.  route: 'auto', 'single', 'split', 'bucketed',
         'workqueue'; the other keywords are pkv_plan_options (0 = the library's choice).
+        kv_data_type: the caches' dtype, as FlashInfer's: None or q_data_type (caches of q's dtype), or an
+        fp8 type - torch.float8_e4m3fn / float8_e5m2 (or their names, ml_dtypes' types, vLLM's "fp8",
+        "fp8_e4m3", "fp8_e5m2") - whose caches run() dequantizes with its k_scale and v_scale (the CPU
+        backend; the CUDA backend refuses fp8 caches with PkvError(Status.UNSUPPORTED) for now).
         logits_soft_cap: as FlashInfer's (Gemma-2: 50), each score s -> cap * tanh(s / cap).
         window_left: as FlashInfer's, a sliding window (-1: none; w >= 0: each row attends to its
         last w + 1 tokens).  Both on either backend.
@@ -285,8 +289,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
                              "(tokens in each row's last page) by keyword: exactly one of them")
         lens_name = "seq_lens" if seq_lens is not None else "last_page_len"
         q_dtype = A.dtype_name(q_data_type)
-        if kv_data_type is not None and A.dtype_name(kv_data_type) != q_dtype:
-            raise ValueError(f"kv_data_type {kv_data_type!r} must equal q_data_type {q_data_type!r}")
+        kv_dtype = q_dtype if kv_data_type is None else A.kv_dtype_name(kv_data_type)
+        if not A.is_fp8(kv_dtype) and kv_dtype != q_dtype:
+            raise ValueError(f"kv_data_type {kv_data_type!r} must equal q_data_type {q_data_type!r} or be an fp8 type")
         h_indptr, h_indices, h_lens = self._host_tables(indptr, indices,
                                                         seq_lens if seq_lens is not None else last_page_len)
         B = len(h_lens)
@@ -309,6 +314,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         prob.num_pages = L.as_int(num_pages, "num_pages", 0, 2**31 - 1)
         prob.layout = _LAYOUTS[self._kv_layout]
         prob.dtype = A.dtype_code(q_dtype)
+        if A.is_fp8(kv_dtype):
+            prob.kv_dtype = A.dtype_code(kv_dtype)
         L.set_score_options(prob, sm_scale, logits_soft_cap, window_left)
 
         opts = L.PlanOptions()
@@ -350,7 +357,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
             self._indices_ptr = h_indices.ptr
         self._seq_lens = h_lens
         self._meta = dict(B=B, Hq=prob.num_qo_heads, Hkv=prob.num_kv_heads, d=prob.head_dim,
-                          page_size=prob.page_size, num_pages=int(prob.num_pages), dtype=q_dtype)
+                          page_size=prob.page_size, num_pages=int(prob.num_pages), dtype=q_dtype, kv_dtype=kv_dtype)
         if _check_pages is not None:  # the pool is not known (persistentkv.flashinfer's graphs): ids checked
             self._meta["num_pages"] = int(_check_pages)
         if graph:
@@ -420,6 +427,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 raise TypeError(f"{name} must be float32, not {a.dtype}")
         elif not A.accepts_dtype(a, dtype):
             extra = " (or uint16 holding bf16 bits)" if dtype == "bfloat16" and a.kind == "numpy" else ""
+            extra = " (or uint8 holding its codes)" if A.is_fp8(dtype) else extra
             raise TypeError(f"{name} has dtype {a.dtype}, the plan expects {dtype}{extra}")
         if shape is not None and a.shape != shape:
             raise ValueError(f"{name} has shape {list(a.shape)}, expected {list(shape)}")
@@ -431,11 +439,21 @@ class BatchDecodeWithPagedKVCacheWrapper:
         t = A.torch()
         return t.empty(shape, dtype=t.float32 if float32 else a.obj.dtype, device=a.obj.device)
 
-    def run(self, q, k_cache, v_cache=None, return_lse=False, out=None, lse=None):
+    def _scale(self, scale, name):
+        """run()'s k_scale or v_scale as (per-tensor, per-head address or None, array kept alive)."""
+        device = f"cuda:{self._device}" if self._backend == "cuda" else "cpu"
+        return A.kv_scale(scale, name, self._meta["Hkv"], device)
+
+    def run(self, q, k_cache, v_cache=None, return_lse=False, out=None, lse=None, k_scale=None, v_scale=None):
         """o [B, Hq, d] (and lse [B, Hq] fp32 when return_lse) for the planned step.
 
         q [B, Hq, d]; k_cache, v_cache NHD [num_pages, page_size, Hkv, d] or HND
-        [num_pages, Hkv, page_size, d]; dtype as planned (numpy bf16: uint16 bits or ml_dtypes).
+        [num_pages, Hkv, page_size, d]; dtype as planned (numpy bf16: uint16 bits or ml_dtypes; fp8
+        caches: torch.float8_e4m3fn / float8_e5m2, ml_dtypes' float8 types, or uint8 arrays / tensors of
+        the codes, the type plan()'s kv_data_type).
+        k_scale, v_scale: an fp8 cache's dequantization scales, as FlashInfer's and vLLM's (stored value x
+        scale = real value): None (1.0), a positive number, or [num_kv_heads] per-head scales (float32 in
+        the backend's memory).  A cache of q's dtype takes None or 1.0 only (pkv_tensors).
         As in FlashInfer, run(q, (k_cache, v_cache)) and run(q, kv_cache) with one tensor that holds
         K and V of each page together, NHD [num_pages, 2, page_size, Hkv, d] or HND
         [num_pages, 2, Hkv, page_size, d] (vLLM's FlashInfer layout), read in place too; so are k and v
@@ -461,8 +479,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
             k_cache, v_cache = k_cache
         if v_cache is None:  # one cache with K and V interleaved per page
             kva = A.describe(k_cache, "kv_cache")
-            self._check_data(kva, "kv_cache", None, m["dtype"])
-            if kva.dtype != qa.dtype:
+            self._check_data(kva, "kv_cache", None, m["kv_dtype"])
+            if not A.is_fp8(m["kv_dtype"]) and kva.dtype != qa.dtype:
                 raise TypeError(f"q and kv_cache must share a dtype (got {qa.dtype}, {kva.dtype})")
             if len(kva.shape) != 5 or kva.shape[1] != 2 or kva.shape[2:] != tail:
                 raise ValueError(f"kv_cache has shape {list(kva.shape)}, expected {self._kv_layout} "
@@ -472,13 +490,16 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 raise ValueError(f"kv_cache holds {kva.shape[0]} pages, the plan's pool has num_pages = "
                                  f"{m['num_pages']}")
             k_ptr = kva.ptr
-            v_ptr = kva.ptr + page_elems * 2  # fp16 / bf16
+            v_ptr = kva.ptr + page_elems * A.itemsize(m["kv_dtype"])
             page_stride = 2 * page_elems
         else:
             ka, va = A.describe(k_cache, "k_cache"), A.describe(v_cache, "v_cache")
-            self._check_data(ka, "k_cache", None, m["dtype"], strided=True)
-            self._check_data(va, "v_cache", None, m["dtype"], strided=True)
-            if ka.dtype != qa.dtype or va.dtype != qa.dtype:
+            self._check_data(ka, "k_cache", None, m["kv_dtype"], strided=True)
+            self._check_data(va, "v_cache", None, m["kv_dtype"], strided=True)
+            if A.is_fp8(m["kv_dtype"]):
+                if ka.dtype != va.dtype:
+                    raise TypeError(f"k_cache and v_cache must share a dtype (got {ka.dtype}, {va.dtype})")
+            elif ka.dtype != qa.dtype or va.dtype != qa.dtype:
                 raise TypeError(f"q, k_cache and v_cache must share a dtype (got {qa.dtype}, {ka.dtype}, {va.dtype})")
             for a, name in ((ka, "k_cache"), (va, "v_cache")):
                 if len(a.shape) != 4 or a.shape[1:] != tail:
@@ -520,11 +541,14 @@ class BatchDecodeWithPagedKVCacheWrapper:
 
         t = L.Tensors(qa.ptr, k_ptr, v_ptr, self._indices_ptr, oa.ptr, lse_ptr, page_stride,
                       q_stride if q_stride != row_elems else 0, o_stride if o_stride != row_elems else 0)
+        t.k_scale, t.k_head_scales, k_keep = self._scale(k_scale, "k_scale")
+        t.v_scale, t.v_head_scales, v_keep = self._scale(v_scale, "v_scale")
         stream = None
         if self._backend == "cuda":
             stream = self._torch.cuda.current_stream(self._device).cuda_stream
         check(lib.pkv_run(self._ctx, self._plan, self._ws_ptr, self._ws_bytes, ctypes.byref(t), stream),
               self._ctx, "pkv_run")
+        del k_keep, v_keep  # alive until the run is queued (CUDA: torch's allocator keeps it for the stream)
         return (out, lse) if return_lse else out
 
     forward = run

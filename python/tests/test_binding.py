@@ -150,10 +150,11 @@ def test_build_folders_only_from_a_checkout(tmp_path):
 
 # sizeof / offsetof as a C program compiled against persistentkv.h prints them (x86-64 / aarch64 LP64)
 C_LAYOUT = {
-    _lib.Problem: (48, [0, 4, 8, 12, 16, 24, 28, 32, 36, 40]),
+    _lib.Problem: (48, [0, 4, 8, 12, 16, 24, 28, 32, 36, 40, 44]),
     _lib.PageTable: (32, [0, 8, 16, 24]),
     _lib.PlanOptions: (36, [0, 4, 8, 12, 16, 20, 24, 28, 32]),
-    _lib.Tensors: (72, [0, 8, 16, 24, 32, 40, 48, 56, 64]),
+    _lib.Tensors: (96, [0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 76, 80, 88]),
+    _lib.AppendTensors: (136, [0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 116, 120, 128]),
     _lib.Counters: (64, [0, 8, 16, 24, 32, 40, 48, 56]),
     _lib.ContextConfig: (20, [0, 4, 8, 12, 16]),
     _lib.PageFault: (16, [0, 4, 8, 12]),

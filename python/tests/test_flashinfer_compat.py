@@ -161,7 +161,7 @@ def test_what_persistentkv_lacks_is_refused():
     unsupported(lambda: w.plan(*args, q_len_per_req=2))
     unsupported(lambda: w.plan(*args, window_right=5))
     unsupported(lambda: w.plan(*args, kv_data_type="float32"))
-    unsupported(lambda: w.plan(*args, kv_data_type="float8_e4m3fn"))
+    unsupported(lambda: w.plan(*args, kv_data_type="nvfp4"))
     unsupported(lambda: w.plan(*args, o_data_type="bfloat16"))
     with pytest.raises(ValueError, match="int32 CUDA tensor in cudagraph mode"):  # FlashInfer's fixed buffers
         flashinfer.BatchDecodeWithPagedKVCacheWrapper(None, use_cuda_graph=True, backend_device="cpu")

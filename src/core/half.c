@@ -77,22 +77,29 @@ float pkv_fp8_to_float(uint8_t v, int e5m2) {
 }
 
 uint8_t pkv_float_to_fp8(float f, int e5m2) {
-    const uint32_t x = f32_bits(f);
+    const uint32_t x = f32_bits(f), ax = x & 0x7fffffffu;
     const uint8_t sign = (uint8_t)((x >> 24) & 0x80u);
     const uint8_t max_code = e5m2 ? 0x7bu : 0x7eu; /* the largest finite magnitude */
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint8_t)(sign | 0x7fu); /* NaN (e5m2: 0x7f is a NaN too) */
-    const float a = bits_f32(x & 0x7fffffffu);
-    if (!(a < pkv_fp8_to_float(max_code, e5m2))) return (uint8_t)(sign | max_code); /* saturate, inf included */
-    /* the largest code whose magnitude is <= a (magnitudes grow with the code), then round to nearest even */
-    uint32_t lo = 0, hi = max_code;
-    while (lo < hi) {
-        const uint32_t mid = (lo + hi + 1) / 2;
-        if (pkv_fp8_to_float((uint8_t)mid, e5m2) <= a) lo = mid;
-        else hi = mid - 1;
+    if (ax > 0x7f800000u) return (uint8_t)(sign | 0x7fu); /* NaN (e5m2: 0x7f is a NaN too) */
+    const uint32_t mbits = e5m2 ? 2u : 3u, bias = e5m2 ? 15u : 7u;
+    /* fp8 codes of one sign are contiguous in magnitude (subnormals, then each exponent's mantissas), so a
+     * rounding carry into the next exponent, or from the subnormals into the first normal, is right */
+    uint32_t code;
+    if (ax >= (127u + 1u - bias) << 23) { /* an fp8 normal: drop 23 - mbits mantissa bits, to nearest even */
+        const uint32_t drop = 23u - mbits;
+        const uint32_t r = ax + ((1u << (drop - 1u)) - 1u) + ((ax >> drop) & 1u);
+        code = (r >> drop) - ((127u - bias) << mbits); /* infinities land far above max_code */
+    } else if ((ax >> 23) == 0) { /* zero or a float subnormal: far below the smallest fp8 subnormal */
+        code = 0;
+    } else { /* an fp8 subnormal: |f| / 2^(1 - bias - mbits), to nearest even */
+        const uint32_t e = ax >> 23, mant = (ax & 0x7fffffu) | 0x800000u; /* |f| = mant x 2^(e - 150) */
+        const uint32_t shift = 151u - bias - mbits - e;                   /* >= 24 - mbits */
+        if (shift > 25u) {
+            code = 0; /* below a quarter of the smallest subnormal */
+        } else {
+            const uint32_t q = mant >> shift, rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+            code = q + (rem > half || (rem == half && (q & 1u)));
+        }
     }
-    const float below = pkv_fp8_to_float((uint8_t)lo, e5m2), above = pkv_fp8_to_float((uint8_t)(lo + 1), e5m2);
-    const float d_lo = a - below, d_hi = above - a; /* exact: fp8 neighbours are a float's bits apart */
-    uint32_t code = lo;
-    if (d_hi < d_lo || (d_hi == d_lo && (lo & 1u))) code = lo + 1;
-    return (uint8_t)(sign | code);
+    return (uint8_t)(sign | (code > max_code ? max_code : code)); /* saturate, infinities included */
 }
