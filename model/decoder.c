@@ -34,7 +34,6 @@ struct pkv_decoder {
     int32_t *b_indices, *b_aindices;                    /* backend memory, b_cap / ab_cap entries */
     int64_t b_cap, ab_cap;
     int32_t *h_indptr, *h_lens, *h_indices;             /* host copies of the attention table */
-    int32_t *h_positions;                               /* host [max_batch]: the decode step's positions */
     int64_t h_cap;
     int32_t *pages;                                     /* a request's pages (host) */
     int64_t pages_cap;
@@ -42,8 +41,11 @@ struct pkv_decoder {
     int32_t S;                                          /* pages per row: ceil(max_len / page_size) */
     int32_t *slot_req, *slot_np;                        /* host [max_batch]: each position's request, its ids */
     int32_t *b_slots, *b_sindptr, *h_sindptr;           /* backend [max_batch x S]; the rows' offsets i x S */
-    int32_t *h_pairs, *b_pairs;                         /* the step's (index, id) changes: host and backend */
-    int64_t pairs_cap;
+    /* a decode step's inputs, staged for one upload: [lengths B | positions B | tokens B | (index, id) pairs of the
+     * ids that changed]; host (page-locked on CUDA) and backend, stage_cap int32 each */
+    int32_t *h_stage, *b_stage;
+    int64_t stage_cap;
+    pkv_page_copy *copies;                              /* host [max_batch]: the step's copy-on-write copies */
     const int32_t *attn_indices;                        /* the page ids attention reads this forward */
     void *ws;
     size_t ws_cap;
@@ -201,19 +203,18 @@ pkv_status pkv_decoder_create(pkv_context *ctx, const pkv_decoder_config *cfg, p
     d->S = (int32_t)(((int64_t)cfg->max_len + cfg->page_size - 1) / cfg->page_size);
     if ((int64_t)d->S * B > INT32_MAX && st == PKV_OK)
         st = pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "decoder: max_batch x pages per row above 2^31");
-    d->pairs_cap = (int64_t)B * d->S;
+    d->stage_cap = 3 * B + 2 * (int64_t)B * d->S;
     if (st == PKV_OK) st = balloc(d, (size_t)B * d->S * 4, &d->b_slots);
     if (st == PKV_OK) st = balloc(d, (size_t)(B + 1) * 4, &d->b_sindptr);
-    if (st == PKV_OK) st = balloc(d, (size_t)d->pairs_cap * 8, &d->b_pairs);
+    if (st == PKV_OK) st = balloc(d, (size_t)d->stage_cap * 4, &d->b_stage);
+    if (st == PKV_OK) st = pkv_ops_host_alloc(d->ops, (size_t)d->stage_cap * 4, (void **)&d->h_stage);
     d->slot_req = (int32_t *)malloc((size_t)B * 4);
     d->slot_np = (int32_t *)malloc((size_t)B * 4);
-    d->h_pairs = (int32_t *)malloc((size_t)d->pairs_cap * 8);
+    d->copies = (pkv_page_copy *)malloc((size_t)B * sizeof(pkv_page_copy));
     d->h_indptr = (int32_t *)malloc((size_t)(B + 1) * 4);
     d->h_sindptr = (int32_t *)malloc((size_t)(B + 1) * 4);
     d->h_lens = (int32_t *)malloc((size_t)B * 4);
-    d->h_positions = (int32_t *)malloc((size_t)B * 4);
-    if (st == PKV_OK && (!d->h_indptr || !d->h_sindptr || !d->h_lens || !d->h_positions || !d->slot_req ||
-                         !d->slot_np || !d->h_pairs))
+    if (st == PKV_OK && (!d->h_indptr || !d->h_sindptr || !d->h_lens || !d->slot_req || !d->slot_np || !d->copies))
         st = pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "decoder: out of memory");
     if (st == PKV_OK) {
         for (int64_t i = 0; i <= B; i++) d->h_sindptr[i] = (int32_t)(i * d->S); /* the strided rows */
@@ -243,10 +244,11 @@ void pkv_decoder_free(pkv_decoder *d) {
     void *bufs[] = {d->embed, d->final_norm, d->lm_head, d->inv_freq, d->x, d->h, d->qkv, d->attn, d->tmp, d->gu,
                     d->act, d->logits, d->b_tokens, d->b_positions, d->b_next, d->b_indptr, d->b_lens, d->b_aptr,
                     d->b_aindptr, d->b_alens, d->b_indices, d->b_aindices, d->ws, d->b_slots, d->b_sindptr,
-                    d->b_pairs};
+                    d->b_stage};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) bfree(d, bufs[i]);
-    free(d->h_indptr), free(d->h_lens), free(d->h_positions), free(d->h_indices), free(d->pages);
-    free(d->slot_req), free(d->slot_np), free(d->h_pairs), free(d->h_sindptr);
+    free(d->h_indptr), free(d->h_lens), free(d->h_indices), free(d->pages);
+    free(d->slot_req), free(d->slot_np), free(d->copies), free(d->h_sindptr);
+    pkv_ops_host_free(d->ops, d->h_stage);
     pkv_plan_free(d->plan);
     pkv_page_pool_free(d->pool);
     pkv_ops_free(d->ops);
@@ -302,26 +304,32 @@ pkv_status pkv_decoder_load_weights(pkv_decoder *d, const char *path) {
     return st;
 }
 
-/* The model over R rows already embedded in x: every layer (the step's K and V appended by the append
- * table in the backend arrays, attention by d->plan over the attention table), then the final norm, the LM
- * head and the greedy token of the rows [out_row, out_row + out_n). */
+/* The model over R rows already embedded in x at positions (backend int32 [R]): every layer (the step's K and V
+ * appended by the append table in the backend arrays, attention by d->plan over the attention table), then
+ * the final norm, the LM head and the greedy token of the rows [out_row, out_row + out_n). */
 typedef struct append_table {
     int32_t rows;
     const int32_t *indptr, *indices, *lens, *aptr; /* backend memory; aptr NULL: the decode form */
 } append_table;
 
-static pkv_status forward(pkv_decoder *d, int32_t R, const append_table *at, int32_t out_row, int32_t out_n) {
+/* Room in the workspace for d->plan. */
+static pkv_status ensure_ws(pkv_decoder *d) {
+    const size_t need = pkv_plan_workspace_size(d->plan);
+    if (need <= d->ws_cap) return PKV_OK;
+    bfree(d, d->ws);
+    d->ws = NULL;
+    d->ws_cap = 0;
+    TRY(balloc(d, need, &d->ws));
+    d->ws_cap = need;
+    return PKV_OK;
+}
+
+static pkv_status forward(pkv_decoder *d, int32_t R, const append_table *at, const int32_t *positions, int32_t out_row,
+                          int32_t out_n) {
     const pkv_model_shape *s = &d->s;
     const int64_t H = s->hidden, qd = (int64_t)s->q_heads * s->head_dim, kvd = (int64_t)s->kv_heads * s->head_dim;
     pkv_ops *o = d->ops;
-    const size_t need = pkv_plan_workspace_size(d->plan);
-    if (need > d->ws_cap) {
-        bfree(d, d->ws);
-        d->ws = NULL;
-        d->ws_cap = 0;
-        TRY(balloc(d, need, &d->ws));
-        d->ws_cap = need;
-    }
+    TRY(ensure_ws(d));
     for (int32_t l = 0; l < s->layers; l++) {
         const layer_w *w = &d->layers[l];
         TRY(pkv_ops_mark(o, PKV_PART_OTHER));
@@ -329,7 +337,7 @@ static pkv_status forward(pkv_decoder *d, int32_t R, const append_table *at, int
         TRY(pkv_ops_mark(o, PKV_PART_GEMM));
         CALL(pkv_op_gemm(o, d->h, 0, w->wqkv, R, (int32_t)d->qkv_row, (int32_t)H, d->qkv, 0));
         TRY(pkv_ops_mark(o, PKV_PART_OTHER));
-        CALL(pkv_op_rope(o, d->qkv, d->b_positions, R, s->q_heads, s->kv_heads, s->head_dim, d->inv_freq));
+        CALL(pkv_op_rope(o, d->qkv, positions, R, s->q_heads, s->kv_heads, s->head_dim, d->inv_freq));
         TRY(pkv_ops_mark(o, PKV_PART_APPEND));
         pkv_append_tensors a;
         memset(&a, 0, sizeof a);
@@ -416,25 +424,25 @@ void pkv_decoder_last_times(const pkv_decoder *d, pkv_decoder_times *t) {
     if (d && t) *t = d->last;
 }
 
-/* The host half of a decode step (h: its host_* times): a token's room for each request, the rows' lengths and
- * the page ids that changed, the plan, and the step's inputs staged in backend memory; *npairs gets the
- * changes' count.  A failure leaves the requests grown by the token. */
-static pkv_status host_step(pkv_decoder *d, const int32_t *reqs, const int32_t *tokens, int32_t B, int32_t *npairs_out,
-                            pkv_decoder_times *h) {
-    d->busy_us = 0.0;
+/* The host half of a decode step (h: its host_* times): a token's room for each request (the copy-on-write
+ * copies it hands out in d->copies, *ncopies), the rows' lengths and the page ids that changed, the plan, and
+ * the step's inputs and plan on their way to the backend (queued; *npairs: the changed ids).  A failure leaves
+ * the requests grown by the token. */
+static pkv_status host_step(pkv_decoder *d, const int32_t *reqs, const int32_t *tokens, int32_t B, int32_t *ncopies_out,
+                            int32_t *npairs_out, pkv_decoder_times *h) {
     const double t0 = pkv_wall_us();
+    int32_t *ncopies = ncopies_out; /* kept current: the copies handed out must run even if a later row fails */
+    *ncopies = 0;
     for (int32_t i = 0; i < B; i++) {
-        pkv_page_copy c;
-        TRY(pkv_request_extend(d->pool, reqs[i], 1, &c));
-        if (c.src_page >= 0) /* a forked request's shared partial page: its own copy, in every layer */
-            for (int32_t l = 0; l < d->s.layers; l++)
-                CALL(pkv_copy_pages(d->ctx, &d->prob, &c, 1, d->layers[l].k_cache, d->layers[l].v_cache, 0, NULL));
+        TRY(pkv_request_extend(d->pool, reqs[i], 1, &d->copies[*ncopies]));
+        *ncopies += d->copies[*ncopies].src_page >= 0; /* a forked request's shared partial page: its own copy */
     }
     const double t1 = pkv_wall_us();
-    h->host_extend_us = t1 - t0 - (d->cuda ? 0.0 : d->busy_us);
-    /* the rows' lengths, and the ids that changed since the last step at each batch position: the last
-     * page known there onwards (a copy-on-write replaces it, a step adds one), or the whole row where
+    h->host_extend_us = t1 - t0;
+    /* the rows' lengths and positions, and the ids that changed since the last step at each batch position: the
+     * last page known there onwards (a copy-on-write replaces it, a step adds one), or the whole row where
      * another request took the position */
+    int32_t *lens = d->h_stage, *positions = lens + B, *pairs = positions + 2 * B;
     int32_t npairs = 0;
     for (int32_t i = 0; i < B; i++) {
         int32_t len = 0, np = 0;
@@ -448,52 +456,64 @@ static pkv_status host_step(pkv_decoder *d, const int32_t *reqs, const int32_t *
         const int32_t first = from < np ? from : (np > 0 ? np - 1 : 0);
         /* the ids into the upper half of this row's room, then spread into (index, id) pairs in place (pair j
          * is written after id j is read, and never over an id not read yet) */
-        int32_t *dst = d->h_pairs + 2 * (int64_t)npairs + (int64_t)(np - first);
+        int32_t *dst = pairs + 2 * (int64_t)npairs + (int64_t)(np - first);
         TRY(pkv_request_pages_from(d->pool, reqs[i], first, dst, np - first, &np));
         for (int32_t j = 0; j < np - first; j++) {
             const int32_t id = dst[j];
-            d->h_pairs[2 * (int64_t)(npairs + j)] = i * d->S + first + j;
-            d->h_pairs[2 * (int64_t)(npairs + j) + 1] = id;
+            pairs[2 * (int64_t)(npairs + j)] = i * d->S + first + j;
+            pairs[2 * (int64_t)(npairs + j) + 1] = id;
         }
         npairs += np - first;
         d->slot_req[i] = reqs[i];
         d->slot_np[i] = np;
-        d->h_lens[i] = len;
+        lens[i] = len;
+        positions[i] = len - 1;
     }
-    for (int32_t i = 0; i < B; i++) d->h_positions[i] = d->h_lens[i] - 1;
+    *npairs_out = npairs;
     const double t2 = pkv_wall_us();
     h->host_table_us = t2 - t1;
-    const pkv_page_table table = {B, d->h_sindptr, NULL, d->h_lens}; /* the manager's ids: valid by construction */
+    const pkv_page_table table = {B, d->h_sindptr, NULL, lens}; /* the manager's ids: valid by construction */
     pkv_plan_options opts;
     pkv_plan_options_default(&opts);
     opts.route = d->cfg.route;
     TRY(pkv_plan_step(d->ctx, &d->prob, &table, &opts, d->plan));
     const double t3 = pkv_wall_us();
     h->host_plan_us = t3 - t2;
-    /* the changes, the lengths, positions and tokens (the decode form of the append: token i the last of
-     * row i, over the same strided table) */
-    TRY(bput(d, d->b_pairs, d->h_pairs, (size_t)npairs * 8));
-    TRY(bput(d, d->b_alens, d->h_lens, (size_t)B * 4));
-    TRY(bput(d, d->b_positions, d->h_positions, (size_t)B * 4));
-    TRY(bput(d, d->b_tokens, tokens, (size_t)B * 4));
+    /* the tokens beside the lengths, positions and changes: one upload; the plan's own (pkv_run would make it
+     * at the first layer) */
+    memcpy(positions + B, tokens, (size_t)B * 4);
+    TRY(ensure_ws(d));
+    TRY(pkv_plan_upload(d->ctx, d->plan, d->ws, d->ws_cap, NULL));
+    TRY(pkv_ops_upload(d->ops, d->b_stage, d->h_stage, (size_t)(3 * (int64_t)B + 2 * (int64_t)npairs) * 4));
     h->host_stage_us = pkv_wall_us() - t3;
-    *npairs_out = npairs;
     return PKV_OK;
 }
 
-/* The decode step's first device work, queued (the CPU backend computes it here): the changed ids scattered
- * into the step's table. */
-static pkv_status launch_scatter(pkv_decoder *d, int32_t npairs) {
-    CALL(pkv_op_scatter_i32(d->ops, d->b_slots, d->b_pairs, npairs));
+/* The decode step's first device work, queued (the CPU backend computes it here): the copy-on-write copies in
+ * every layer (fresh pages, each written once; the sources are pages other requests still hold). */
+static pkv_status launch_copies(pkv_decoder *d, int32_t ncopies) {
+    for (int32_t l = 0; l < d->s.layers; l++)
+        for (int32_t k = 0; k < ncopies; k += PKV_MAX_PAGE_COPIES) {
+            const int32_t n = ncopies - k < PKV_MAX_PAGE_COPIES ? ncopies - k : PKV_MAX_PAGE_COPIES;
+            CALL(pkv_copy_pages(d->ctx, &d->prob, d->copies + k, n, d->layers[l].k_cache, d->layers[l].v_cache, 0, NULL));
+        }
     return PKV_OK;
 }
 
-/* The rest of the decode step's device work: the embedding, every layer. */
+/* The changed ids scattered into the step's table. */
+static pkv_status launch_scatter(pkv_decoder *d, int32_t B, int32_t npairs) {
+    CALL(pkv_op_scatter_i32(d->ops, d->b_slots, d->b_stage + 3 * (int64_t)B, npairs));
+    return PKV_OK;
+}
+
+/* The rest of the decode step's device work: the embedding, every layer (the decode form of the append: token
+ * i the last of row i, over the same strided table). */
 static pkv_status launch_model(pkv_decoder *d, int32_t B) {
-    const append_table at = {B, d->b_sindptr, d->b_slots, d->b_alens, NULL};
+    const int32_t *lens = d->b_stage, *positions = lens + B, *tokens = positions + B;
+    const append_table at = {B, d->b_sindptr, d->b_slots, lens, NULL};
     d->attn_indices = d->b_slots;
-    CALL(pkv_op_embed(d->ops, d->embed, d->s.vocab, d->s.hidden, d->b_tokens, B, d->x));
-    return forward(d, B, &at, 0, B);
+    CALL(pkv_op_embed(d->ops, d->embed, d->s.vocab, d->s.hidden, tokens, B, d->x));
+    return forward(d, B, &at, positions, 0, B);
 }
 
 static pkv_status check_step(const pkv_decoder *d, const int32_t *reqs, const int32_t *tokens, int32_t B) {
@@ -510,14 +530,17 @@ pkv_status pkv_decoder_step(pkv_decoder *d, const int32_t *reqs, const int32_t *
     pkv_decoder_times h;
     memset(&h, 0, sizeof h);
     const double t0 = pkv_wall_us();
-    int32_t npairs = 0;
-    pkv_status st = host_step(d, reqs, tokens, B, &npairs, &h);
+    int32_t ncopies = 0, npairs = 0;
+    pkv_status st = host_step(d, reqs, tokens, B, &ncopies, &npairs, &h);
     const double t1 = pkv_wall_us();
     d->busy_us = 0.0;
-    if (st == PKV_OK) st = launch_scatter(d, npairs);
+    const pkv_status cs = launch_copies(d, ncopies); /* those handed out, even when the step failed after them */
+    if (st == PKV_OK) st = cs;
+    if (st == PKV_OK) st = launch_scatter(d, B, npairs);
     if (st == PKV_OK) st = launch_model(d, B);
     h.host_launch_us = pkv_wall_us() - t1 - (d->cuda ? 0.0 : d->busy_us);
     if (st == PKV_OK) st = results(d, B, next, logits_out);
+    else pkv_ops_synchronize(d->ops); /* the staged inputs are rewritten by the next step */
     finish_times(d, t0, &h);
     return st;
 }
@@ -527,13 +550,14 @@ pkv_status pkv_decoder_step_host(pkv_decoder *d, const int32_t *reqs, const int3
     pkv_decoder_times h;
     memset(&h, 0, sizeof h);
     const double t0 = pkv_wall_us();
-    int32_t npairs = 0;
-    pkv_status st = host_step(d, reqs, tokens, B, &npairs, &h);
+    int32_t ncopies = 0, npairs = 0;
+    pkv_status st = host_step(d, reqs, tokens, B, &ncopies, &npairs, &h);
     const double t1 = pkv_wall_us();
     d->busy_us = 0.0;
-    if (st == PKV_OK) st = launch_scatter(d, npairs);
+    if (st == PKV_OK) st = launch_scatter(d, B, npairs);
     h.host_launch_us = pkv_wall_us() - t1 - (d->cuda ? 0.0 : d->busy_us);
-    if (st == PKV_OK) st = pkv_ops_synchronize(d->ops);
+    const pkv_status ss = pkv_ops_synchronize(d->ops);
+    if (st == PKV_OK) st = ss;
     finish_times(d, t0, &h);
     return st;
 }
@@ -607,7 +631,7 @@ pkv_status pkv_decoder_prefill(pkv_decoder *d, int32_t req, const int32_t *promp
         d->attn_indices = d->b_indices;
         const bool last = j + R == n;
         if (st == PKV_OK) st = pkv_op_embed(d->ops, d->embed, d->s.vocab, d->s.hidden, d->b_tokens, R, d->x);
-        if (st == PKV_OK) st = forward(d, R, &at, R - 1, last ? 1 : 0);
+        if (st == PKV_OK) st = forward(d, R, &at, d->b_positions, R - 1, last ? 1 : 0);
         if (st == PKV_OK) st = pkv_ops_synchronize(d->ops);
     }
     free(positions);

@@ -68,6 +68,14 @@ pkv_status pkv_op_rope(pkv_ops *ops, uint16_t *qkv, const int32_t *positions, in
 pkv_status pkv_op_silu_mul(pkv_ops *ops, const uint16_t *gu, int32_t B, int32_t mlp, uint16_t *out);
 /* Greedy sampling: tokens[b] = the first index of the largest logit of row b (int32 out). */
 pkv_status pkv_op_argmax(pkv_ops *ops, const uint16_t *logits, int32_t B, int32_t vocab, int32_t *tokens);
+/* Host memory for pkv_ops_upload's sources: page-locked on CUDA (so that the copy runs while the host goes on),
+ * plain on the CPU.  pkv_ops_host_free accepts NULL. */
+pkv_status pkv_ops_host_alloc(pkv_ops *ops, size_t bytes, void **out);
+void pkv_ops_host_free(pkv_ops *ops, void *p);
+/* Queues a copy of bytes from host memory src (pkv_ops_host_alloc's) to backend memory dst on the ops' stream,
+ * ordered before the ops queued after it; the CPU copies at once.  src must stay as it is until the copy has
+ * run (pkv_ops_synchronize, or a synchronous copy back that follows it). */
+pkv_status pkv_ops_upload(pkv_ops *ops, void *dst, const void *src, size_t bytes);
 /* dst[pairs[2k]] = pairs[2k + 1] for k < n (int32, backend memory): the step's changed page ids. */
 pkv_status pkv_op_scatter_i32(pkv_ops *ops, int32_t *dst, const int32_t *pairs, int32_t n);
 /* Fills count bf16 values with lo + (hi - lo) u, u uniform in [0, 1) from a hash of (seed, index): the same
