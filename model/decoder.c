@@ -10,6 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* What the device's table holds at a batch position: the request whose ids it has, their count, and that
+ * request's length when they were sent (cow: this step's extend copied the request's last page). */
+typedef struct table_slot {
+    int32_t req, np, len, cow;
+} table_slot;
+
 typedef struct layer_w {
     uint16_t *attn_norm, *wqkv, *wo, *mlp_norm, *wgu, *wd;
     uint16_t *k_cache, *v_cache;
@@ -39,7 +45,7 @@ struct pkv_decoder {
     int64_t pages_cap;
     /* the decode steps' page table, kept between steps: batch position i's ids at b_slots[i x S ...) */
     int32_t S;                                          /* pages per row: ceil(max_len / page_size) */
-    int32_t *slot_req, *slot_np;                        /* host [max_batch]: each position's request, its ids */
+    table_slot *slots;                                  /* host [max_batch] */
     int32_t *b_slots, *b_sindptr, *h_sindptr;           /* backend [max_batch x S]; the rows' offsets i x S */
     /* a decode step's inputs, staged for one upload: [lengths B | positions B | tokens B | (index, id) pairs of the
      * ids that changed]; host (page-locked on CUDA) and backend, stage_cap int32 each */
@@ -208,18 +214,17 @@ pkv_status pkv_decoder_create(pkv_context *ctx, const pkv_decoder_config *cfg, p
     if (st == PKV_OK) st = balloc(d, (size_t)(B + 1) * 4, &d->b_sindptr);
     if (st == PKV_OK) st = balloc(d, (size_t)d->stage_cap * 4, &d->b_stage);
     if (st == PKV_OK) st = pkv_ops_host_alloc(d->ops, (size_t)d->stage_cap * 4, (void **)&d->h_stage);
-    d->slot_req = (int32_t *)malloc((size_t)B * 4);
-    d->slot_np = (int32_t *)malloc((size_t)B * 4);
+    d->slots = (table_slot *)malloc((size_t)B * sizeof(table_slot));
     d->copies = (pkv_page_copy *)malloc((size_t)B * sizeof(pkv_page_copy));
     d->h_indptr = (int32_t *)malloc((size_t)(B + 1) * 4);
     d->h_sindptr = (int32_t *)malloc((size_t)(B + 1) * 4);
     d->h_lens = (int32_t *)malloc((size_t)B * 4);
-    if (st == PKV_OK && (!d->h_indptr || !d->h_sindptr || !d->h_lens || !d->slot_req || !d->slot_np || !d->copies))
+    if (st == PKV_OK && (!d->h_indptr || !d->h_sindptr || !d->h_lens || !d->slots || !d->copies))
         st = pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "decoder: out of memory");
     if (st == PKV_OK) {
         for (int64_t i = 0; i <= B; i++) d->h_sindptr[i] = (int32_t)(i * d->S); /* the strided rows */
         st = bput(d, d->b_sindptr, d->h_sindptr, (size_t)(B + 1) * 4);
-        for (int64_t i = 0; i < B; i++) d->slot_req[i] = -1, d->slot_np[i] = 0;
+        for (int64_t i = 0; i < B; i++) d->slots[i] = (table_slot){-1, 0, 0, 0};
         /* every id valid before any step writes it: page 0 (never read past a row's length) */
         if (st == PKV_OK) st = pkv_op_fill_uniform(d->ops, (uint16_t *)d->b_slots, (int64_t)B * d->S * 2, 0.0f, 0.0f, 0);
     }
@@ -247,7 +252,7 @@ void pkv_decoder_free(pkv_decoder *d) {
                     d->b_stage};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) bfree(d, bufs[i]);
     free(d->h_indptr), free(d->h_lens), free(d->h_indices), free(d->pages);
-    free(d->slot_req), free(d->slot_np), free(d->copies), free(d->h_sindptr);
+    free(d->slots), free(d->copies), free(d->h_sindptr);
     pkv_ops_host_free(d->ops, d->h_stage);
     pkv_plan_free(d->plan);
     pkv_page_pool_free(d->pool);
@@ -257,6 +262,10 @@ void pkv_decoder_free(pkv_decoder *d) {
 
 pkv_page_pool *pkv_decoder_pool(pkv_decoder *d) { return d ? d->pool : NULL; }
 const pkv_plan *pkv_decoder_plan(const pkv_decoder *d) { return d ? d->plan : NULL; }
+const int32_t *pkv_decoder_table(const pkv_decoder *d, int32_t *stride) {
+    if (stride) *stride = d ? d->S : 0;
+    return d ? d->b_slots : NULL;
+}
 
 pkv_status pkv_decoder_load_weights(pkv_decoder *d, const char *path) {
     if (!d || !path) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "decoder: NULL argument");
@@ -417,7 +426,7 @@ static void finish_times(pkv_decoder *d, double t0, const pkv_decoder_times *h) 
 /* A request id that starts over (created, or freed): no batch position keeps its ids. */
 static void forget(pkv_decoder *d, int32_t req) {
     for (int32_t i = 0; i < d->cfg.max_batch; i++)
-        if (d->slot_req[i] == req) d->slot_req[i] = -1, d->slot_np[i] = 0;
+        if (d->slots[i].req == req) d->slots[i] = (table_slot){-1, 0, 0, 0};
 }
 
 void pkv_decoder_last_times(const pkv_decoder *d, pkv_decoder_times *t) {
@@ -435,37 +444,47 @@ static pkv_status host_step(pkv_decoder *d, const int32_t *reqs, const int32_t *
     *ncopies = 0;
     for (int32_t i = 0; i < B; i++) {
         TRY(pkv_request_extend(d->pool, reqs[i], 1, &d->copies[*ncopies]));
-        *ncopies += d->copies[*ncopies].src_page >= 0; /* a forked request's shared partial page: its own copy */
+        d->slots[i].cow = d->copies[*ncopies].src_page >= 0; /* a forked request's shared partial page: its copy */
+        *ncopies += d->slots[i].cow;
     }
     const double t1 = pkv_wall_us();
     h->host_extend_us = t1 - t0;
-    /* the rows' lengths and positions, and the ids that changed since the last step at each batch position: the
-     * last page known there onwards (a copy-on-write replaces it, a step adds one), or the whole row where
-     * another request took the position */
+    /* the rows' lengths and positions, and the ids that changed at each batch position since the last step: a
+     * page the step added, the last page too where the step copied it, the whole row where another request
+     * took the position or where the request's length is not the last step's plus one (it was changed
+     * outside the steps) */
     int32_t *lens = d->h_stage, *positions = lens + B, *pairs = positions + 2 * B;
+    const int32_t ps = d->cfg.page_size;
+    const double inv_ps = 1.0 / ps;
     int32_t npairs = 0;
     for (int32_t i = 0; i < B; i++) {
-        int32_t len = 0, np = 0;
+        table_slot *t = &d->slots[i];
+        int32_t len = 0;
         TRY(pkv_request_length(d->pool, reqs[i], &len));
-        const bool same = d->slot_req[i] == reqs[i];
-        const int32_t from = same && d->slot_np[i] > 0 ? d->slot_np[i] - 1 : 0;
-        TRY(pkv_request_pages(d->pool, reqs[i], NULL, 0, &np)); /* the count */
+        /* a request holds ceil(len / page_size) pages (the page manager's invariant); the division exact by
+         * the reciprocal (len < 2^31) */
+        int32_t np = (int32_t)(((double)len + (ps - 0.5)) * inv_ps);
         if (np > d->S)
             return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "decoder step: request %d holds %d pages, above max_len's %d",
                                 reqs[i], np, d->S);
-        const int32_t first = from < np ? from : (np > 0 ? np - 1 : 0);
-        /* the ids into the upper half of this row's room, then spread into (index, id) pairs in place (pair j
-         * is written after id j is read, and never over an id not read yet) */
-        int32_t *dst = pairs + 2 * (int64_t)npairs + (int64_t)(np - first);
-        TRY(pkv_request_pages_from(d->pool, reqs[i], first, dst, np - first, &np));
-        for (int32_t j = 0; j < np - first; j++) {
-            const int32_t id = dst[j];
-            pairs[2 * (int64_t)(npairs + j)] = i * d->S + first + j;
-            pairs[2 * (int64_t)(npairs + j) + 1] = id;
+        int32_t first = 0; /* the first id to send */
+        if (t->req == reqs[i] && len == t->len + 1 && !t->cow) first = t->np < np ? t->np : np;
+        else if (t->req == reqs[i] && len == t->len + 1) first = t->np - 1 > 0 ? t->np - 1 : 0;
+        if (first < np) {
+            /* the ids into the upper half of this row's room, then spread into (index, id) pairs in place (pair
+             * j is written after id j is read, and never over an id not read yet) */
+            int32_t *dst = pairs + 2 * (int64_t)npairs + (int64_t)(np - first);
+            TRY(pkv_request_pages_from(d->pool, reqs[i], first, dst, np - first, &np));
+            for (int32_t j = 0; j < np - first; j++) {
+                const int32_t id = dst[j];
+                pairs[2 * (int64_t)(npairs + j)] = i * d->S + first + j;
+                pairs[2 * (int64_t)(npairs + j) + 1] = id;
+            }
+            npairs += np - first;
         }
-        npairs += np - first;
-        d->slot_req[i] = reqs[i];
-        d->slot_np[i] = np;
+        t->req = reqs[i];
+        t->np = np;
+        t->len = len;
         lens[i] = len;
         positions[i] = len - 1;
     }

@@ -103,8 +103,10 @@ pkv_status pkv_ops_synchronize(pkv_ops *ops);
  * model output: the decode steps that follow read and write real bytes, the tokens are not a model's).
  * The step's page table stays on the device between steps, a row of max_len / page_size ids per batch
  * position: a step plans from the rows' lengths alone (the manager's pages are valid by construction) and
- * uploads only what changed (a row's new or copied page, or a whole row where another request took the
- * position), so its host cost is O(B), not O(pages). */
+ * uploads only what changed (a page the step added or copied, or a whole row where another request took the
+ * position), so its host cost is O(B), not O(pages).  A request changed between steps outside the decoder
+ * (truncated, extended through pkv_decoder_pool) has its row sent whole at the next step, which sees its length
+ * move by other than the step's token; changes that leave its length as it was are not seen. */
 typedef struct pkv_decoder_config {
     pkv_model_shape shape;
     int32_t page_size;     /* tokens per page (16) */
@@ -146,6 +148,9 @@ pkv_status pkv_decoder_load_weights(pkv_decoder *d, const char *path);
 pkv_page_pool *pkv_decoder_pool(pkv_decoder *d);
 /* The plan of the last step (or prefill chunk). */
 const pkv_plan *pkv_decoder_plan(const pkv_decoder *d);
+/* The decode steps' page table (backend memory): batch position i's page ids at [i x *stride, ...), as many as
+ * its request held at the last step. */
+const int32_t *pkv_decoder_table(const pkv_decoder *d, int32_t *stride);
 /* A new request: prompt tokens host int32 [n] (n >= 1), prefilled exactly; *first_token gets the greedy
  * token after the prompt (its logits into logits_out [vocab] when not NULL, host floats). */
 pkv_status pkv_decoder_prefill(pkv_decoder *d, int32_t req, const int32_t *prompt, int32_t n, int32_t *first_token,
