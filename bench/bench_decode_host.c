@@ -4,9 +4,10 @@
  * plan (pkv_plan_step on the lengths), the inputs staged in backend memory, and the scatter of the changed
  * ids (the only device work it queues; on the CPU backend its computing is left out).
  *
- * The decoder runs on a CPU context of 132 threads (an H100's SM count: the planner fills a wave of that size;
- * none of the threads works here), with Llama-3-8B's attention (32 query heads, 8 KV heads of 128, bf16,
- * pages of 16 tokens) under a one-layer stub of a model; each request starts at a length drawn uniformly in
+ * The decoder runs on a CPU context whose planner plans for an H100's capabilities (132 SMs, 2 tasks per SM in
+ * its default wave, 3 resident CTAs per SM at d = 128 and 4 at d = 64, pages of a multiple of 8 tokens read by
+ * tensor copies: what the CUDA backend reports there), with Llama-3-8B's attention (32 query heads, 8 KV heads
+ * of 128, bf16, pages of 16 tokens) under a one-layer stub of a model; each request starts at a length drawn uniformly in
  * [256, 1280] tokens, grows a token per step and is rolled back by 16 tokens every 16 steps, so the context
  * stays put.  With a policy file (`pkv calibrate`'s, e.g. bench/results/h100.policy) the planner's route
  * comes from that cost model, as on a CUDA context with PKV_POLICY set; without one, from the auto rule.
@@ -60,9 +61,11 @@ int main(int argc, char **argv) {
     pkv_context_config cc;
     pkv_context_config_default(&cc);
     cc.backend = PKV_BACKEND_CPU;
-    cc.num_threads = PARALLELISM;
+    cc.num_threads = 1;
     pkv_context *ctx = NULL;
     if (pkv_context_create(&cc, &ctx) != PKV_OK) return fail("context");
+    pkv_lab_caps h100 = {PARALLELISM, 2, {{4, 0}, {3, 0}, {0, 0}}, 8}; /* 0: not needed here */
+    if (pkv_lab_context_set_caps(ctx, &h100) != PKV_OK) return fail("capabilities");
     if (policy) {
         pkv_cost_model m;
         if (pkv_cost_model_load(policy, &m) != PKV_OK || pkv_context_set_cost_model(ctx, &m) != PKV_OK)
@@ -99,10 +102,13 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (jf)
-        fprintf(jf, "{\"tool\": \"bench_decode_host\", \"planner\": \"%s\", \"parallelism\": %d, \"reps\": %d, \"rows\": [",
-                policy ? policy : "auto rule", PARALLELISM, reps);
-    printf("## bench_decode_host: the decode step's host part, us (median of %d steps), planner %s, parallelism %d\n\n",
-           reps, policy ? policy : "auto rule", PARALLELISM);
+        fprintf(jf,
+                "{\"tool\": \"bench_decode_host\", \"planner\": \"%s\", \"caps\": \"H100 (132 SMs)\", \"reps\": %d, "
+                "\"rows\": [",
+                policy ? policy : "auto rule", reps);
+    printf("## bench_decode_host: the decode step's host part, us (median of %d steps), planner %s, H100's "
+           "capabilities\n\n",
+           reps, policy ? policy : "auto rule");
     printf("| B | route | tasks | extend | table | plan | stage | launch | host | call |\n");
     printf("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     int rows = 0;
@@ -135,8 +141,8 @@ int main(int argc, char **argv) {
         }
         const pkv_plan *plan = pkv_decoder_plan(d);
         const char *route = pkv_route_name(pkv_plan_route(plan));
-        printf("| %d | %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", B, route, pkv_plan_num_tasks(plan),
-               med[0], med[1], med[2], med[3], med[4], med[5], med[6]);
+        printf("| %d | %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", B, route,
+               pkv_plan_num_tasks(plan), med[0], med[1], med[2], med[3], med[4], med[5], med[6]);
         if (jf) {
             fprintf(jf, "%s{\"B\": %d, \"route\": \"%s\", \"tasks\": %d", rows++ ? ", " : "", B, route,
                     pkv_plan_num_tasks(plan));

@@ -16,8 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The work queue's tail groups sorted by insertion up to this many, else by radix. */
+/* The work queue's tail groups sorted by insertion up to this many, else by radix, digits of PKV_RADIX_BITS. */
 #define PKV_INSERTION_SORT_MAX 64
+#define PKV_RADIX_BITS 6
 
 /* The tasks of one split of a row for KV heads 0..hkv-1 into out[0, hkv): head h's state slot slot + h x
  * slot_step, merge merge + h x merge_step.  Two heads' tasks (56 bytes) at a time from four 16-byte vectors
@@ -46,6 +47,13 @@ static inline void emit_heads(pkv_task *out, int32_t hkv, int32_t row, int32_t t
         out[h] = t;
     }
 }
+/* The merges of a split row for KV heads 0..hkv-1 into out[0, hkv): head h's states at slots
+ * [slot_base + h x nsplit, + nsplit).  One 16-byte vector per merge, moved on by one add. */
+static inline void emit_merges(pkv_merge *out, int32_t hkv, int32_t row, int32_t slot_base, int32_t nsplit) {
+    pkv_v4i m = {row, 0, slot_base, nsplit};
+    const pkv_v4i dm = {0, 1, nsplit, 0};
+    for (int32_t h = 0; h < hkv; h++, m += dm) memcpy(out + h, &m, 16);
+}
 #else
 static inline void emit_heads(pkv_task *out, int32_t hkv, int32_t row, int32_t tb, int32_t te, int32_t pb, int32_t slot,
                               int32_t slot_step, int32_t merge, int32_t merge_step) {
@@ -53,6 +61,9 @@ static inline void emit_heads(pkv_task *out, int32_t hkv, int32_t row, int32_t t
         const pkv_task t = {row, h, tb, te, pb, slot + h * slot_step, merge + h * merge_step};
         out[h] = t;
     }
+}
+static inline void emit_merges(pkv_merge *out, int32_t hkv, int32_t row, int32_t slot_base, int32_t nsplit) {
+    for (int32_t h = 0; h < hkv; h++) out[h] = (pkv_merge){row, h, slot_base + h * nsplit, nsplit};
 }
 #endif
 
@@ -63,8 +74,9 @@ static inline void emit_heads(pkv_task *out, int32_t hkv, int32_t row, int32_t t
  * from it, load_task).  The tasks of the row's whole chunks go to full[0 ..), those of a last, partial chunk
  * to tail[0, Hkv): NULL, right after the whole chunks' (the rectangular routes); the work queue puts the
  * tails after every row's whole chunks.  Returns the slots it used. */
-static int32_t emit_row(pkv_plan *plan, int32_t row, int32_t n, int32_t start, int32_t page_base, int32_t chunk_tokens,
-                        int32_t nsplit, int32_t slot_base, pkv_task *full, pkv_task *tail) {
+static inline int32_t emit_row(pkv_plan *plan, int32_t row, int32_t n, int32_t start, int32_t page_base,
+                               int32_t chunk_tokens, int32_t nsplit, int32_t slot_base, pkv_task *full,
+                               pkv_task *tail) {
     const int32_t hkv = plan->problem.num_kv_heads;
     const int32_t first = pkv_row_start(&plan->problem, start + n); /* start <= first < start + page_size */
     pkv_row_sched *rs = &plan->rows[plan->num_rows++];
@@ -90,13 +102,8 @@ static int32_t emit_row(pkv_plan *plan, int32_t row, int32_t n, int32_t start, i
         emit_heads(out, hkv, row, tb, te, page_base, slot, slot_step, merge, merge_step);
     }
     if (split) {
-        for (int32_t h = 0; h < hkv; h++) {
-            pkv_merge *m = &plan->merges[plan->num_merges++];
-            m->row = row;
-            m->kv_head = h;
-            m->first_slot = slot_base + h * nsplit;
-            m->count = nsplit;
-        }
+        emit_merges(plan->merges + plan->num_merges, hkv, row, slot_base, nsplit);
+        plan->num_merges += hkv;
         if (nsplit > plan->max_merge_count) plan->max_merge_count = nsplit;
     }
     plan->num_tasks += nsplit * hkv;
@@ -108,13 +115,10 @@ static void emit_empty_merges(pkv_plan *plan, const int32_t *lens, const int32_t
     for (int32_t k = 0; k < nrows; k++) {
         int32_t i = rows ? rows[k] : k;
         if (lens[i] != 0) continue;
-        for (int32_t h = 0; h < plan->problem.num_kv_heads; h++) {
-            pkv_merge *m = &plan->merges[plan->num_merges++];
-            m->row = i;
-            m->kv_head = h;
-            m->first_slot = 0;
-            m->count = 0;
-        }
+        const int32_t hkv = plan->problem.num_kv_heads;
+        pkv_merge *m = plan->merges + plan->num_merges;
+        for (int32_t h = 0; h < hkv; h++) m[h] = (pkv_merge){i, h, 0, 0};
+        plan->num_merges += hkv;
     }
 }
 
@@ -245,9 +249,9 @@ pkv_status plan_emit_bucketed(const plan_step *s, const plan_params *pp_step, pk
 }
 
 /* Sorts the work queue's tail keys, (INT32_MAX - length) << 32 | row, built in row order: ascending keys are
- * longest first, then row order.  Insertion sort for a few; else a stable radix sort (least significant byte
- * first) on the length part's bytes that differ among the keys, which the row order of the input leaves
- * ordered by row within a length.  tmp: room for n keys. */
+ * longest first, then row order.  Insertion sort for a few; else a stable radix sort (least significant digit
+ * first, digits of PKV_RADIX_BITS) over the bits of the length part that differ among the keys, which the
+ * row order of the input leaves ordered by row within a length.  tmp: room for n keys. */
 static void sort_tail_keys(uint64_t *v, uint64_t *tmp, int32_t n) {
     if (n <= PKV_INSERTION_SORT_MAX) {
         for (int32_t i = 1; i < n; i++) {
@@ -266,14 +270,16 @@ static void sort_tail_keys(uint64_t *v, uint64_t *tmp, int32_t n) {
         any |= (uint32_t)(v[i] >> 32);
         all &= (uint32_t)(v[i] >> 32);
     }
-    const uint32_t differ = any ^ all;
+    uint32_t differ = any ^ all;
+    int lo = 0;
+    while (differ && !(differ & 1u)) differ >>= 1, lo++;
     uint64_t *src = v, *dst = tmp;
-    for (int shift = 32; shift < 64; shift += 8) {
-        if (((differ >> (shift - 32)) & 0xffu) == 0) continue;
-        int32_t at[257] = {0};
-        for (int32_t i = 0; i < n; i++) at[((src[i] >> shift) & 0xffu) + 1]++;
-        for (int d = 0; d < 256; d++) at[d + 1] += at[d];
-        for (int32_t i = 0; i < n; i++) dst[at[(src[i] >> shift) & 0xffu]++] = src[i];
+    enum { DIGITS = 1 << PKV_RADIX_BITS };
+    for (int shift = 32 + lo; differ; shift += PKV_RADIX_BITS, differ >>= PKV_RADIX_BITS) {
+        int32_t at[DIGITS + 1] = {0};
+        for (int32_t i = 0; i < n; i++) at[((src[i] >> shift) & (DIGITS - 1)) + 1]++;
+        for (int d = 0; d < DIGITS; d++) at[d + 1] += at[d];
+        for (int32_t i = 0; i < n; i++) dst[at[(src[i] >> shift) & (DIGITS - 1)]++] = src[i];
         uint64_t *t = src;
         src = dst;
         dst = t;
@@ -350,11 +356,12 @@ void plan_compute_counters(pkv_plan *plan) {
     pkv_counters *c = &plan->counters;
     memset(c, 0, sizeof *c);
     const int64_t es = (int64_t)pkv_dtype_size(p->dtype), d = p->head_dim, hkv = p->num_kv_heads;
-    int64_t tokens = 0, split_rows_tasks = 0;
+    int64_t tokens = 0, split_rows_tasks = 0, split_rows = 0;
     for (int32_t k = 0; k < plan->num_rows; k++) {
         const pkv_row_sched *rs = &plan->rows[k];
         tokens += rs->seq_len - rs->tok_begin;
         split_rows_tasks += rs->num_splits > 1 ? rs->num_splits : 0;
+        split_rows += rs->num_splits > 1;
     }
     const int64_t split_tasks = split_rows_tasks * hkv;
     c->total_tokens = tokens;
@@ -367,9 +374,9 @@ void plan_compute_counters(pkv_plan *plan) {
     for (int32_t k = 0; k < plan->num_phases; k++) {
         const pkv_phase *ph = &plan->phases[k];
         if (plan->route == PKV_ROUTE_FUSED) { /* tasks and merges in one launch */
-            int64_t empties = 0; /* an empty row's merges: one per KV head */
-            for (int32_t r = ph->row_begin; r < ph->row_end; r++) empties += plan->rows[r].num_splits == 0;
-            empties *= hkv;
+            /* the empty rows' merges: a fused plan has one phase, and its merges are the split rows' and the
+             * empty rows', one per KV head each */
+            const int64_t empties = (int64_t)(ph->merge_end - ph->merge_begin) - split_rows * hkv;
             c->grid_ctas += (ph->task_end - ph->task_begin) + empties;
             c->launches += (ph->task_end > ph->task_begin || empties > 0) ? 1 : 0;
             continue;
