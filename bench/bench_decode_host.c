@@ -11,10 +11,12 @@
  * [256, 1280] tokens, grows a token per step and is rolled back by 16 tokens every 16 steps, so the context
  * stays put.  With a policy file (`pkv calibrate`'s, e.g. bench/results/h100.policy) the planner's route
  * comes from that cost model, as on a CUDA context with PKV_POLICY set; without one, from the auto rule.
- * Medians of reps steps per B (after 64 untimed), microseconds.
+ * Medians of reps steps per B (after 64 untimed), microseconds.  --flush-mb M writes M MiB between steps, as a
+ * model's layers computed on the host (the CPU backend in `pkv decode`) would, so that each step starts with
+ * the host's caches cold; by default they stay warm, as on a GPU machine's host.
  *
- *   build/bench_decode_host [--reps N] [--batch B] [--policy FILE] [--json FILE]   (Markdown table on stdout;
- *                                                                                 --batch: that B alone) */
+ *   build/bench_decode_host [--reps N] [--batch B] [--flush-mb M] [--policy FILE] [--json FILE]
+ *   (Markdown table on stdout; --batch: that B alone) */
 #define _POSIX_C_SOURCE 200809L
 #include "pkv_lab.h"
 #include "pkv_model.h"
@@ -44,19 +46,23 @@ static int fail(const char *what) {
 }
 
 int main(int argc, char **argv) {
-    int reps = 2000, only_b = 0;
+    int reps = 2000, only_b = 0, flush_mb = 0;
     const char *policy = NULL, *json = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
         else if (strcmp(argv[i], "--policy") == 0 && i + 1 < argc) policy = argv[++i];
         else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc) json = argv[++i];
         else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) only_b = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--flush-mb") == 0 && i + 1 < argc) flush_mb = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: bench_decode_host [--reps N] [--batch B] [--policy FILE] [--json FILE]\n");
+            fprintf(stderr, "usage: bench_decode_host [--reps N] [--batch B] [--flush-mb M] [--policy FILE] [--json FILE]\n");
             return 2;
         }
     }
     if (reps < 1) reps = 1;
+    const size_t flush_bytes = (size_t)(flush_mb > 0 ? flush_mb : 0) << 20;
+    unsigned char *flush = flush_bytes ? (unsigned char *)malloc(flush_bytes) : NULL;
+    if (flush_bytes && !flush) return fail("flush buffer");
     enum { MAX_B = 128, MIN_LEN = 256, MAX_LEN = 1280, ROLLBACK = 16, WARMUP = 64, PARALLELISM = 132 };
     pkv_context_config cc;
     pkv_context_config_default(&cc);
@@ -103,18 +109,19 @@ int main(int argc, char **argv) {
     }
     if (jf)
         fprintf(jf,
-                "{\"tool\": \"bench_decode_host\", \"planner\": \"%s\", \"caps\": \"H100 (132 SMs)\", \"reps\": %d, "
+                "{\"tool\": \"bench_decode_host\", \"planner\": \"%s\", \"caps\": \"H100 (132 SMs)\", \"flush_mb\": %d, \"reps\": %d, "
                 "\"rows\": [",
-                policy ? policy : "auto rule", reps);
+                policy ? policy : "auto rule", flush_mb, reps);
     printf("## bench_decode_host: the decode step's host part, us (median of %d steps), planner %s, H100's "
-           "capabilities\n\n",
-           reps, policy ? policy : "auto rule");
+           "capabilities, caches %s\n\n",
+           reps, policy ? policy : "auto rule", flush ? "cold" : "warm");
     printf("| B | route | tasks | extend | table | plan | stage | launch | host | call |\n");
     printf("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     int rows = 0;
     const int nsteps = (WARMUP + reps + ROLLBACK - 1) / ROLLBACK * ROLLBACK;
     for (int32_t B = only_b > 0 ? only_b : 1; B <= MAX_B; B = only_b > 0 ? MAX_B + 1 : 2 * B) {
         for (int k = 0; k < nsteps; k++) {
+            if (flush) memset(flush, k & 0xff, flush_bytes);
             const double c0 = now_us();
             if (pkv_decoder_step_host(d, reqs, tokens, B) != PKV_OK) return fail("step");
             const double call = now_us() - c0;
@@ -155,6 +162,7 @@ int main(int argc, char **argv) {
         fclose(jf);
     }
     for (int k = 0; k < PARTS; k++) free(t[k]);
+    free(flush);
     pkv_decoder_free(d);
     pkv_context_free(ctx);
     return 0;
