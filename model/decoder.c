@@ -514,7 +514,8 @@ static pkv_status launch_copies(pkv_decoder *d, int32_t ncopies) {
     for (int32_t l = 0; l < d->s.layers; l++)
         for (int32_t k = 0; k < ncopies; k += PKV_MAX_PAGE_COPIES) {
             const int32_t n = ncopies - k < PKV_MAX_PAGE_COPIES ? ncopies - k : PKV_MAX_PAGE_COPIES;
-            CALL(pkv_copy_pages(d->ctx, &d->prob, d->copies + k, n, d->layers[l].k_cache, d->layers[l].v_cache, 0, NULL));
+            CALL(pkv_copy_pages(d->ctx, &d->prob, d->copies + k, n, d->layers[l].k_cache, d->layers[l].v_cache, 0,
+                                NULL));
         }
     return PKV_OK;
 }

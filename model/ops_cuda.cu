@@ -151,7 +151,8 @@ extern "C" void pkv_cuda_ops_host_free(pkv_ops *ops, void *p) {
 
 extern "C" pkv_status pkv_cuda_ops_upload(pkv_ops *ops, void *dst, const void *src, size_t bytes) {
     const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_of(ops));
-    if (e != cudaSuccess) return pkv_lab_fail(PKV_ERR_CUDA, "ops: upload of %zu bytes: %s", bytes, cudaGetErrorString(e));
+    if (e != cudaSuccess)
+        return pkv_lab_fail(PKV_ERR_CUDA, "ops: upload of %zu bytes: %s", bytes, cudaGetErrorString(e));
     return PKV_OK;
 }
 

@@ -145,7 +145,8 @@ static void table_churn(pkv_context *ctx, const char *what) {
             used[live[at]] = false;
             live[at] = live[--n];
         } else if (ev == 4 && n > 1) { /* two requests change places */
-            const int32_t a = (int32_t)pkv_rng_uniform_int(&rng, 0, n - 1), b = (int32_t)pkv_rng_uniform_int(&rng, 0, n - 1);
+            const int32_t a = (int32_t)pkv_rng_uniform_int(&rng, 0, n - 1);
+            const int32_t b = (int32_t)pkv_rng_uniform_int(&rng, 0, n - 1);
             const int32_t t = live[a];
             live[a] = live[b], live[b] = t;
         } else if (ev == 5 && n > 0) { /* outside the steps: a rollback, or tokens added */

@@ -222,8 +222,8 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
     }
     printf("\nhost per step, us (%d steps; the CPU backend's computing left out):\n\n", steps);
     printf("| | extend | table | plan | stage | launch | host |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
-    printf("| mean | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", h_mean[0], h_mean[1], h_mean[2], h_mean[3], h_mean[4],
-           h_mean[5]);
+    printf("| mean | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", h_mean[0], h_mean[1], h_mean[2], h_mean[3],
+           h_mean[4], h_mean[5]);
     printf("| median | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", h_median[0], h_median[1], h_median[2], h_median[3],
            h_median[4], h_median[5]);
     if (o->json) {
