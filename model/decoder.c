@@ -536,6 +536,12 @@ static pkv_status launch_model(pkv_decoder *d, int32_t B) {
     return forward(d, B, &at, positions, 0, B);
 }
 
+/* After a step that failed: the device's table may lack ids the positions' records count as sent, so the next
+ * step sends these rows whole. */
+static void forget_rows(pkv_decoder *d, int32_t B) {
+    for (int32_t i = 0; i < B; i++) d->slots[i] = (table_slot){-1, 0, 0, 0};
+}
+
 static pkv_status check_step(const pkv_decoder *d, const int32_t *reqs, const int32_t *tokens, int32_t B) {
     if (!d || !reqs || !tokens) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "decoder step: NULL argument");
     if (B < 1 || B > d->cfg.max_batch)
@@ -560,7 +566,10 @@ pkv_status pkv_decoder_step(pkv_decoder *d, const int32_t *reqs, const int32_t *
     if (st == PKV_OK) st = launch_model(d, B);
     h.host_launch_us = pkv_wall_us() - t1 - (d->cuda ? 0.0 : d->busy_us);
     if (st == PKV_OK) st = results(d, B, next, logits_out);
-    else pkv_ops_synchronize(d->ops); /* the staged inputs are rewritten by the next step */
+    if (st != PKV_OK) {
+        pkv_ops_synchronize(d->ops); /* the staged inputs are rewritten by the next step */
+        forget_rows(d, B);
+    }
     finish_times(d, t0, &h);
     return st;
 }
@@ -578,6 +587,7 @@ pkv_status pkv_decoder_step_host(pkv_decoder *d, const int32_t *reqs, const int3
     h.host_launch_us = pkv_wall_us() - t1 - (d->cuda ? 0.0 : d->busy_us);
     const pkv_status ss = pkv_ops_synchronize(d->ops);
     if (st == PKV_OK) st = ss;
+    if (st != PKV_OK) forget_rows(d, B);
     finish_times(d, t0, &h);
     return st;
 }

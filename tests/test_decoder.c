@@ -102,7 +102,8 @@ static void run(pkv_context *ctx, const char *what) {
 
 /* The decode steps' page table on the device against the page manager, step after step, while requests come,
  * go, fork, change places in the batch and are truncated or extended outside the steps: every position's row
- * holds its request's pages (the host half of the step, pkv_decoder_step_host). */
+ * holds its request's pages (the host half of the step, pkv_decoder_step_host), also after a step that failed
+ * part way. */
 static void table_churn(pkv_context *ctx, const char *what) {
     pkv_model_shape s;
     CHECK_OK(pkv_model_shape_named("tiny", &s));
@@ -157,6 +158,15 @@ static void table_churn(pkv_context *ctx, const char *what) {
                 CHECK_OK(pkv_request_truncate(pool, r, (int32_t)pkv_rng_uniform_int(&rng, 1, len - 1)));
             else if (len < 300)
                 CHECK_OK(pkv_request_extend(pool, r, (int32_t)pkv_rng_uniform_int(&rng, 1, 12), &c));
+        } else if (ev == 6 && n > 0) { /* a step that fails at its last row's pages (longer than max_len) */
+            const int32_t r = live[n - 1];
+            pkv_page_copy c;
+            CHECK_OK(pkv_request_length(pool, r, &len));
+            CHECK_OK(pkv_request_extend(pool, r, cfg.max_len + 1 - len, &c));
+            CHECK_STATUS(pkv_decoder_step_host(d, live, tokens, n), PKV_ERR_INVALID_ARGUMENT);
+            CHECK_OK(pkv_decoder_release(d, r));
+            used[r] = false;
+            n--;
         }
         for (int32_t i = 0; i < n; i++) { /* long requests leave */
             CHECK_OK(pkv_request_length(pool, live[i], &len));
