@@ -55,6 +55,9 @@ typedef struct pkv_lab_caps {
 } pkv_lab_caps;
 /* The capabilities a context's backend reported at creation. */
 pkv_status pkv_lab_context_caps(const pkv_context *ctx, pkv_lab_caps *caps);
+/* Replaces the capabilities a context's planner plans for (benchmarks of the host path that plan for another
+ * device: a CPU context with a GPU's); its backend still runs every plan on its own device. */
+pkv_status pkv_lab_context_set_caps(pkv_context *ctx, const pkv_lab_caps *caps);
 /* pkv_plan_step as for a device with these capabilities (opts->parallelism may override caps's), without
  * a context; AUTO uses model when not NULL, else the rule. */
 pkv_status pkv_lab_plan_step_caps(const pkv_lab_caps *caps, const pkv_cost_model *model, const pkv_problem *problem,

@@ -10,6 +10,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* What the device's table holds at a batch position: the request whose ids it has, their count, and that
+ * request's length when they were sent (cow: this step's extend copied the request's last page). */
+typedef struct table_slot {
+    int32_t req, np, len, cow;
+} table_slot;
+
 typedef struct layer_w {
     uint16_t *attn_norm, *wqkv, *wo, *mlp_norm, *wgu, *wd;
     uint16_t *k_cache, *v_cache;
@@ -39,13 +45,17 @@ struct pkv_decoder {
     int64_t pages_cap;
     /* the decode steps' page table, kept between steps: batch position i's ids at b_slots[i x S ...) */
     int32_t S;                                          /* pages per row: ceil(max_len / page_size) */
-    int32_t *slot_req, *slot_np;                        /* host [max_batch]: each position's request, its ids */
+    table_slot *slots;                                  /* host [max_batch] */
     int32_t *b_slots, *b_sindptr, *h_sindptr;           /* backend [max_batch x S]; the rows' offsets i x S */
-    int32_t *h_pairs, *b_pairs;                         /* the step's (index, id) changes: host and backend */
-    int64_t pairs_cap;
+    /* a decode step's inputs, staged for one upload: [lengths B | positions B | tokens B | (index, id) pairs of the
+     * ids that changed]; host (page-locked on CUDA) and backend, stage_cap int32 each */
+    int32_t *h_stage, *b_stage;
+    int64_t stage_cap;
+    pkv_page_copy *copies;                              /* host [max_batch]: the step's copy-on-write copies */
     const int32_t *attn_indices;                        /* the page ids attention reads this forward */
     void *ws;
     size_t ws_cap;
+    double busy_us;                                     /* time inside backend calls (CALL) since cleared */
     pkv_decoder_times last;
 };
 
@@ -89,6 +99,17 @@ static pkv_status bgrow(pkv_decoder *d, int32_t **p, int64_t *cap, int64_t n) {
     do {                                  \
         const pkv_status st_ = (expr);    \
         if (st_ != PKV_OK) return st_;    \
+    } while (0)
+
+/* A call into the backend (an op, an append, a run, a copy), its time added to d->busy_us: on the CPU backend
+ * the call computes before it returns, so that time is the backend's and the step's host time leaves it
+ * out; on CUDA the call only queues work, and its time is host time. */
+#define CALL(expr)                                   \
+    do {                                             \
+        const double c0_ = pkv_wall_us();            \
+        const pkv_status st_ = (expr);               \
+        d->busy_us += pkv_wall_us() - c0_;           \
+        if (st_ != PKV_OK) return st_;               \
     } while (0)
 
 void pkv_decoder_config_default(pkv_decoder_config *c, const pkv_model_shape *shape) {
@@ -188,22 +209,22 @@ pkv_status pkv_decoder_create(pkv_context *ctx, const pkv_decoder_config *cfg, p
     d->S = (int32_t)(((int64_t)cfg->max_len + cfg->page_size - 1) / cfg->page_size);
     if ((int64_t)d->S * B > INT32_MAX && st == PKV_OK)
         st = pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "decoder: max_batch x pages per row above 2^31");
-    d->pairs_cap = (int64_t)B * d->S;
+    d->stage_cap = 3 * B + 2 * (int64_t)B * d->S;
     if (st == PKV_OK) st = balloc(d, (size_t)B * d->S * 4, &d->b_slots);
     if (st == PKV_OK) st = balloc(d, (size_t)(B + 1) * 4, &d->b_sindptr);
-    if (st == PKV_OK) st = balloc(d, (size_t)d->pairs_cap * 8, &d->b_pairs);
-    d->slot_req = (int32_t *)malloc((size_t)B * 4);
-    d->slot_np = (int32_t *)malloc((size_t)B * 4);
-    d->h_pairs = (int32_t *)malloc((size_t)d->pairs_cap * 8);
+    if (st == PKV_OK) st = balloc(d, (size_t)d->stage_cap * 4, &d->b_stage);
+    if (st == PKV_OK) st = pkv_ops_host_alloc(d->ops, (size_t)d->stage_cap * 4, (void **)&d->h_stage);
+    d->slots = (table_slot *)malloc((size_t)B * sizeof(table_slot));
+    d->copies = (pkv_page_copy *)malloc((size_t)B * sizeof(pkv_page_copy));
     d->h_indptr = (int32_t *)malloc((size_t)(B + 1) * 4);
     d->h_sindptr = (int32_t *)malloc((size_t)(B + 1) * 4);
     d->h_lens = (int32_t *)malloc((size_t)B * 4);
-    if (st == PKV_OK && (!d->h_indptr || !d->h_sindptr || !d->h_lens || !d->slot_req || !d->slot_np || !d->h_pairs))
+    if (st == PKV_OK && (!d->h_indptr || !d->h_sindptr || !d->h_lens || !d->slots || !d->copies))
         st = pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "decoder: out of memory");
     if (st == PKV_OK) {
         for (int64_t i = 0; i <= B; i++) d->h_sindptr[i] = (int32_t)(i * d->S); /* the strided rows */
         st = bput(d, d->b_sindptr, d->h_sindptr, (size_t)(B + 1) * 4);
-        for (int64_t i = 0; i < B; i++) d->slot_req[i] = -1, d->slot_np[i] = 0;
+        for (int64_t i = 0; i < B; i++) d->slots[i] = (table_slot){-1, 0, 0, 0};
         /* every id valid before any step writes it: page 0 (never read past a row's length) */
         if (st == PKV_OK) st = pkv_op_fill_uniform(d->ops, (uint16_t *)d->b_slots, (int64_t)B * d->S * 2, 0.0f, 0.0f, 0);
     }
@@ -228,10 +249,11 @@ void pkv_decoder_free(pkv_decoder *d) {
     void *bufs[] = {d->embed, d->final_norm, d->lm_head, d->inv_freq, d->x, d->h, d->qkv, d->attn, d->tmp, d->gu,
                     d->act, d->logits, d->b_tokens, d->b_positions, d->b_next, d->b_indptr, d->b_lens, d->b_aptr,
                     d->b_aindptr, d->b_alens, d->b_indices, d->b_aindices, d->ws, d->b_slots, d->b_sindptr,
-                    d->b_pairs};
+                    d->b_stage};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) bfree(d, bufs[i]);
     free(d->h_indptr), free(d->h_lens), free(d->h_indices), free(d->pages);
-    free(d->slot_req), free(d->slot_np), free(d->h_pairs), free(d->h_sindptr);
+    free(d->slots), free(d->copies), free(d->h_sindptr);
+    pkv_ops_host_free(d->ops, d->h_stage);
     pkv_plan_free(d->plan);
     pkv_page_pool_free(d->pool);
     pkv_ops_free(d->ops);
@@ -239,6 +261,11 @@ void pkv_decoder_free(pkv_decoder *d) {
 }
 
 pkv_page_pool *pkv_decoder_pool(pkv_decoder *d) { return d ? d->pool : NULL; }
+const pkv_plan *pkv_decoder_plan(const pkv_decoder *d) { return d ? d->plan : NULL; }
+const int32_t *pkv_decoder_table(const pkv_decoder *d, int32_t *stride) {
+    if (stride) *stride = d ? d->S : 0;
+    return d ? d->b_slots : NULL;
+}
 
 pkv_status pkv_decoder_load_weights(pkv_decoder *d, const char *path) {
     if (!d || !path) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "decoder: NULL argument");
@@ -286,34 +313,40 @@ pkv_status pkv_decoder_load_weights(pkv_decoder *d, const char *path) {
     return st;
 }
 
-/* The model over R rows already embedded in x: every layer (the step's K and V appended by the append
- * table in the backend arrays, attention by d->plan over the attention table), then the final norm, the LM
- * head and the greedy token of the rows [out_row, out_row + out_n). */
+/* The model over R rows already embedded in x at positions (backend int32 [R]): every layer (the step's K and V
+ * appended by the append table in the backend arrays, attention by d->plan over the attention table), then
+ * the final norm, the LM head and the greedy token of the rows [out_row, out_row + out_n). */
 typedef struct append_table {
     int32_t rows;
     const int32_t *indptr, *indices, *lens, *aptr; /* backend memory; aptr NULL: the decode form */
 } append_table;
 
-static pkv_status forward(pkv_decoder *d, int32_t R, const append_table *at, int32_t out_row, int32_t out_n) {
+/* Room in the workspace for d->plan. */
+static pkv_status ensure_ws(pkv_decoder *d) {
+    const size_t need = pkv_plan_workspace_size(d->plan);
+    if (need <= d->ws_cap) return PKV_OK;
+    bfree(d, d->ws);
+    d->ws = NULL;
+    d->ws_cap = 0;
+    TRY(balloc(d, need, &d->ws));
+    d->ws_cap = need;
+    return PKV_OK;
+}
+
+static pkv_status forward(pkv_decoder *d, int32_t R, const append_table *at, const int32_t *positions, int32_t out_row,
+                          int32_t out_n) {
     const pkv_model_shape *s = &d->s;
     const int64_t H = s->hidden, qd = (int64_t)s->q_heads * s->head_dim, kvd = (int64_t)s->kv_heads * s->head_dim;
     pkv_ops *o = d->ops;
-    const size_t need = pkv_plan_workspace_size(d->plan);
-    if (need > d->ws_cap) {
-        bfree(d, d->ws);
-        d->ws = NULL;
-        d->ws_cap = 0;
-        TRY(balloc(d, need, &d->ws));
-        d->ws_cap = need;
-    }
+    TRY(ensure_ws(d));
     for (int32_t l = 0; l < s->layers; l++) {
         const layer_w *w = &d->layers[l];
         TRY(pkv_ops_mark(o, PKV_PART_OTHER));
-        TRY(pkv_op_rmsnorm(o, d->x, w->attn_norm, R, (int32_t)H, s->rms_eps, d->h));
+        CALL(pkv_op_rmsnorm(o, d->x, w->attn_norm, R, (int32_t)H, s->rms_eps, d->h));
         TRY(pkv_ops_mark(o, PKV_PART_GEMM));
-        TRY(pkv_op_gemm(o, d->h, 0, w->wqkv, R, (int32_t)d->qkv_row, (int32_t)H, d->qkv, 0));
+        CALL(pkv_op_gemm(o, d->h, 0, w->wqkv, R, (int32_t)d->qkv_row, (int32_t)H, d->qkv, 0));
         TRY(pkv_ops_mark(o, PKV_PART_OTHER));
-        TRY(pkv_op_rope(o, d->qkv, d->b_positions, R, s->q_heads, s->kv_heads, s->head_dim, d->inv_freq));
+        CALL(pkv_op_rope(o, d->qkv, positions, R, s->q_heads, s->kv_heads, s->head_dim, d->inv_freq));
         TRY(pkv_ops_mark(o, PKV_PART_APPEND));
         pkv_append_tensors a;
         memset(&a, 0, sizeof a);
@@ -326,7 +359,7 @@ static pkv_status forward(pkv_decoder *d, int32_t R, const append_table *at, int
         a.kv_page_indices = at->indices;
         a.seq_lens = at->lens;
         a.append_indptr = at->aptr;
-        TRY(pkv_append_kv(d->ctx, &d->prob, at->rows, R, &a, NULL));
+        CALL(pkv_append_kv(d->ctx, &d->prob, at->rows, R, &a, NULL));
         TRY(pkv_ops_mark(o, PKV_PART_ATTENTION));
         pkv_tensors t;
         memset(&t, 0, sizeof t);
@@ -336,28 +369,28 @@ static pkv_status forward(pkv_decoder *d, int32_t R, const append_table *at, int
         t.v_cache = w->v_cache;
         t.kv_page_indices = d->attn_indices;
         t.o = d->attn;
-        TRY(pkv_run(d->ctx, d->plan, d->ws, d->ws_cap, &t, NULL));
+        CALL(pkv_run(d->ctx, d->plan, d->ws, d->ws_cap, &t, NULL));
         TRY(pkv_ops_mark(o, PKV_PART_GEMM));
-        TRY(pkv_op_gemm(o, d->attn, 0, w->wo, R, (int32_t)H, (int32_t)qd, d->tmp, 0));
+        CALL(pkv_op_gemm(o, d->attn, 0, w->wo, R, (int32_t)H, (int32_t)qd, d->tmp, 0));
         TRY(pkv_ops_mark(o, PKV_PART_OTHER));
-        TRY(pkv_op_add(o, d->x, d->tmp, (int64_t)R * H));
-        TRY(pkv_op_rmsnorm(o, d->x, w->mlp_norm, R, (int32_t)H, s->rms_eps, d->h));
+        CALL(pkv_op_add(o, d->x, d->tmp, (int64_t)R * H));
+        CALL(pkv_op_rmsnorm(o, d->x, w->mlp_norm, R, (int32_t)H, s->rms_eps, d->h));
         TRY(pkv_ops_mark(o, PKV_PART_GEMM));
-        TRY(pkv_op_gemm(o, d->h, 0, w->wgu, R, 2 * s->mlp, (int32_t)H, d->gu, 0));
+        CALL(pkv_op_gemm(o, d->h, 0, w->wgu, R, 2 * s->mlp, (int32_t)H, d->gu, 0));
         TRY(pkv_ops_mark(o, PKV_PART_OTHER));
-        TRY(pkv_op_silu_mul(o, d->gu, R, s->mlp, d->act));
+        CALL(pkv_op_silu_mul(o, d->gu, R, s->mlp, d->act));
         TRY(pkv_ops_mark(o, PKV_PART_GEMM));
-        TRY(pkv_op_gemm(o, d->act, 0, w->wd, R, (int32_t)H, s->mlp, d->tmp, 0));
+        CALL(pkv_op_gemm(o, d->act, 0, w->wd, R, (int32_t)H, s->mlp, d->tmp, 0));
         TRY(pkv_ops_mark(o, PKV_PART_OTHER));
-        TRY(pkv_op_add(o, d->x, d->tmp, (int64_t)R * H));
+        CALL(pkv_op_add(o, d->x, d->tmp, (int64_t)R * H));
     }
     if (out_n == 0) return pkv_ops_mark(o, -1);
     TRY(pkv_ops_mark(o, PKV_PART_OTHER));
-    TRY(pkv_op_rmsnorm(o, d->x + (int64_t)out_row * H, d->final_norm, out_n, (int32_t)H, s->rms_eps, d->h));
+    CALL(pkv_op_rmsnorm(o, d->x + (int64_t)out_row * H, d->final_norm, out_n, (int32_t)H, s->rms_eps, d->h));
     TRY(pkv_ops_mark(o, PKV_PART_GEMM));
-    TRY(pkv_op_gemm(o, d->h, 0, d->lm_head, out_n, s->vocab, (int32_t)H, d->logits, 0));
+    CALL(pkv_op_gemm(o, d->h, 0, d->lm_head, out_n, s->vocab, (int32_t)H, d->logits, 0));
     TRY(pkv_ops_mark(o, PKV_PART_OTHER));
-    TRY(pkv_op_argmax(o, d->logits, out_n, s->vocab, d->b_next));
+    CALL(pkv_op_argmax(o, d->logits, out_n, s->vocab, d->b_next));
     TRY(pkv_ops_mark(o, -1));
     return PKV_OK;
 }
@@ -375,98 +408,187 @@ static pkv_status results(pkv_decoder *d, int32_t out_n, int32_t *next, float *l
     return st;
 }
 
-static void finish_times(pkv_decoder *d, double t0, double host_us) {
+/* The last step's times: the device parts from the ops' marks, the host parts as given (h: its host_*
+ * fields), host_us their sum. */
+static void finish_times(pkv_decoder *d, double t0, const pkv_decoder_times *h) {
     double parts[PKV_PARTS];
     if (pkv_ops_take_times(d->ops, parts) != PKV_OK) memset(parts, 0, sizeof parts);
-    d->last.attention_us = parts[PKV_PART_ATTENTION];
-    d->last.append_us = parts[PKV_PART_APPEND];
-    d->last.gemm_us = parts[PKV_PART_GEMM];
-    d->last.other_us = parts[PKV_PART_OTHER];
-    d->last.host_us = host_us;
-    d->last.step_us = pkv_wall_us() - t0;
+    pkv_decoder_times *t = &d->last;
+    *t = *h;
+    t->attention_us = parts[PKV_PART_ATTENTION];
+    t->append_us = parts[PKV_PART_APPEND];
+    t->gemm_us = parts[PKV_PART_GEMM];
+    t->other_us = parts[PKV_PART_OTHER];
+    t->host_us = h->host_extend_us + h->host_table_us + h->host_plan_us + h->host_stage_us + h->host_launch_us;
+    t->step_us = pkv_wall_us() - t0;
 }
 
 /* A request id that starts over (created, or freed): no batch position keeps its ids. */
 static void forget(pkv_decoder *d, int32_t req) {
     for (int32_t i = 0; i < d->cfg.max_batch; i++)
-        if (d->slot_req[i] == req) d->slot_req[i] = -1, d->slot_np[i] = 0;
+        if (d->slots[i].req == req) d->slots[i] = (table_slot){-1, 0, 0, 0};
 }
 
 void pkv_decoder_last_times(const pkv_decoder *d, pkv_decoder_times *t) {
     if (d && t) *t = d->last;
 }
 
-pkv_status pkv_decoder_step(pkv_decoder *d, const int32_t *reqs, const int32_t *tokens, int32_t B, int32_t *next,
-                            float *logits_out) {
-    if (!d || !reqs || !tokens || !next) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "decoder step: NULL argument");
-    if (B < 1 || B > d->cfg.max_batch)
-        return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "decoder step: %d requests, not in [1, %d]", B, d->cfg.max_batch);
+/* The host half of a decode step (h: its host_* times): a token's room for each request (the copy-on-write
+ * copies it hands out in d->copies, *ncopies), the rows' lengths and the page ids that changed, the plan, and
+ * the step's inputs and plan on their way to the backend (queued; *npairs: the changed ids).  A failure leaves
+ * the requests grown by the token. */
+static pkv_status host_step(pkv_decoder *d, const int32_t *reqs, const int32_t *tokens, int32_t B, int32_t *ncopies_out,
+                            int32_t *npairs_out, pkv_decoder_times *h) {
     const double t0 = pkv_wall_us();
-    /* host: a token's room for each request, the step's table, the plan */
+    int32_t *ncopies = ncopies_out; /* kept current: the copies handed out must run even if a later row fails */
+    *ncopies = 0;
     for (int32_t i = 0; i < B; i++) {
-        pkv_page_copy c;
-        TRY(pkv_request_extend(d->pool, reqs[i], 1, &c));
-        if (c.src_page >= 0) /* a forked request's shared partial page: its own copy, in every layer */
-            for (int32_t l = 0; l < d->s.layers; l++)
-                TRY(pkv_copy_pages(d->ctx, &d->prob, &c, 1, d->layers[l].k_cache, d->layers[l].v_cache, 0, NULL));
+        TRY(pkv_request_extend(d->pool, reqs[i], 1, &d->copies[*ncopies]));
+        d->slots[i].cow = d->copies[*ncopies].src_page >= 0; /* a forked request's shared partial page: its copy */
+        *ncopies += d->slots[i].cow;
     }
-    /* the rows' lengths, and the ids that changed since the last step at each batch position: the last
-     * page known there onwards (a copy-on-write replaces it, a step adds one), or the whole row where
-     * another request took the position */
+    const double t1 = pkv_wall_us();
+    h->host_extend_us = t1 - t0;
+    /* the rows' lengths and positions, and the ids that changed at each batch position since the last step: a
+     * page the step added, the last page too where the step copied it, the whole row where another request
+     * took the position or where the request's length is not the last step's plus one (it was changed
+     * outside the steps) */
+    int32_t *lens = d->h_stage, *positions = lens + B, *pairs = positions + 2 * B;
+    const int32_t ps = d->cfg.page_size;
+    const double inv_ps = 1.0 / ps;
     int32_t npairs = 0;
-    pkv_status st = PKV_OK;
-    for (int32_t i = 0; i < B && st == PKV_OK; i++) {
-        int32_t len = 0, np = 0;
-        st = pkv_request_length(d->pool, reqs[i], &len);
-        if (st != PKV_OK) break;
-        const bool same = d->slot_req[i] == reqs[i];
-        const int32_t from = same && d->slot_np[i] > 0 ? d->slot_np[i] - 1 : 0;
-        st = pkv_request_pages(d->pool, reqs[i], NULL, 0, &np); /* the count */
-        if (st != PKV_OK) break;
-        if (np > d->S) {
-            st = pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "decoder step: request %d holds %d pages, above max_len's %d",
-                              reqs[i], np, d->S);
-            break;
+    for (int32_t i = 0; i < B; i++) {
+        table_slot *t = &d->slots[i];
+        int32_t len = 0;
+        TRY(pkv_request_length(d->pool, reqs[i], &len));
+        /* a request holds ceil(len / page_size) pages (the page manager's invariant); the division exact by
+         * the reciprocal (len < 2^31) */
+        int32_t np = (int32_t)(((double)len + (ps - 0.5)) * inv_ps);
+        if (np > d->S)
+            return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "decoder step: request %d holds %d pages, above max_len's %d",
+                                reqs[i], np, d->S);
+        int32_t first = 0; /* the first id to send */
+        if (t->req == reqs[i] && len == t->len + 1 && !t->cow) first = t->np < np ? t->np : np;
+        else if (t->req == reqs[i] && len == t->len + 1) first = t->np - 1 > 0 ? t->np - 1 : 0;
+        if (first < np) {
+            /* the ids into the upper half of this row's room, then spread into (index, id) pairs in place (pair
+             * j is written after id j is read, and never over an id not read yet) */
+            int32_t *dst = pairs + 2 * (int64_t)npairs + (int64_t)(np - first);
+            TRY(pkv_request_pages_from(d->pool, reqs[i], first, dst, np - first, &np));
+            for (int32_t j = 0; j < np - first; j++) {
+                const int32_t id = dst[j];
+                pairs[2 * (int64_t)(npairs + j)] = i * d->S + first + j;
+                pairs[2 * (int64_t)(npairs + j) + 1] = id;
+            }
+            npairs += np - first;
         }
-        const int32_t first = from < np ? from : (np > 0 ? np - 1 : 0);
-        /* the ids into the upper half of this row's room, then spread into (index, id) pairs in place (pair j
-         * is written after id j is read, and never over an id not read yet) */
-        int32_t *dst = d->h_pairs + 2 * (int64_t)npairs + (int64_t)(np - first);
-        st = pkv_request_pages_from(d->pool, reqs[i], first, dst, np - first, &np);
-        for (int32_t j = 0; st == PKV_OK && j < np - first; j++) {
-            const int32_t id = dst[j];
-            d->h_pairs[2 * (int64_t)(npairs + j)] = i * d->S + first + j;
-            d->h_pairs[2 * (int64_t)(npairs + j) + 1] = id;
-        }
-        npairs += np - first;
-        d->slot_req[i] = reqs[i];
-        d->slot_np[i] = np;
-        d->h_lens[i] = len;
+        t->req = reqs[i];
+        t->np = np;
+        t->len = len;
+        lens[i] = len;
+        positions[i] = len - 1;
     }
-    if (st != PKV_OK) return st;
-    const pkv_page_table table = {B, d->h_sindptr, NULL, d->h_lens}; /* the manager's ids: valid by construction */
+    *npairs_out = npairs;
+    const double t2 = pkv_wall_us();
+    h->host_table_us = t2 - t1;
+    const pkv_page_table table = {B, d->h_sindptr, NULL, lens}; /* the manager's ids: valid by construction */
     pkv_plan_options opts;
     pkv_plan_options_default(&opts);
     opts.route = d->cfg.route;
     TRY(pkv_plan_step(d->ctx, &d->prob, &table, &opts, d->plan));
-    int32_t pos[1024], *positions = B <= 1024 ? pos : (int32_t *)malloc((size_t)B * 4);
-    if (!positions) return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "decoder: out of memory");
-    for (int32_t i = 0; i < B; i++) positions[i] = d->h_lens[i] - 1;
-    const double host_us = pkv_wall_us() - t0;
-    /* the changes, the lengths, positions and tokens (the decode form of the append: token i the last of
-     * row i, over the same strided table) */
-    st = bput(d, d->b_pairs, d->h_pairs, (size_t)npairs * 8);
-    if (st == PKV_OK) st = pkv_op_scatter_i32(d->ops, d->b_slots, d->b_pairs, npairs);
-    if (st == PKV_OK) st = bput(d, d->b_alens, d->h_lens, (size_t)B * 4);
-    if (st == PKV_OK) st = bput(d, d->b_positions, positions, (size_t)B * 4);
-    if (st == PKV_OK) st = bput(d, d->b_tokens, tokens, (size_t)B * 4);
-    if (positions != pos) free(positions);
-    const append_table at = {B, d->b_sindptr, d->b_slots, d->b_alens, NULL};
+    const double t3 = pkv_wall_us();
+    h->host_plan_us = t3 - t2;
+    /* the tokens beside the lengths, positions and changes: one upload; the plan's own (pkv_run would make it
+     * at the first layer) */
+    memcpy(positions + B, tokens, (size_t)B * 4);
+    TRY(ensure_ws(d));
+    TRY(pkv_plan_upload(d->ctx, d->plan, d->ws, d->ws_cap, NULL));
+    TRY(pkv_ops_upload(d->ops, d->b_stage, d->h_stage, (size_t)(3 * (int64_t)B + 2 * (int64_t)npairs) * 4));
+    h->host_stage_us = pkv_wall_us() - t3;
+    return PKV_OK;
+}
+
+/* The decode step's first device work, queued (the CPU backend computes it here): the copy-on-write copies in
+ * every layer (fresh pages, each written once; the sources are pages other requests still hold). */
+static pkv_status launch_copies(pkv_decoder *d, int32_t ncopies) {
+    for (int32_t l = 0; l < d->s.layers; l++)
+        for (int32_t k = 0; k < ncopies; k += PKV_MAX_PAGE_COPIES) {
+            const int32_t n = ncopies - k < PKV_MAX_PAGE_COPIES ? ncopies - k : PKV_MAX_PAGE_COPIES;
+            CALL(pkv_copy_pages(d->ctx, &d->prob, d->copies + k, n, d->layers[l].k_cache, d->layers[l].v_cache, 0,
+                                NULL));
+        }
+    return PKV_OK;
+}
+
+/* The changed ids scattered into the step's table. */
+static pkv_status launch_scatter(pkv_decoder *d, int32_t B, int32_t npairs) {
+    CALL(pkv_op_scatter_i32(d->ops, d->b_slots, d->b_stage + 3 * (int64_t)B, npairs));
+    return PKV_OK;
+}
+
+/* The rest of the decode step's device work: the embedding, every layer (the decode form of the append: token
+ * i the last of row i, over the same strided table). */
+static pkv_status launch_model(pkv_decoder *d, int32_t B) {
+    const int32_t *lens = d->b_stage, *positions = lens + B, *tokens = positions + B;
+    const append_table at = {B, d->b_sindptr, d->b_slots, lens, NULL};
     d->attn_indices = d->b_slots;
-    if (st == PKV_OK) st = pkv_op_embed(d->ops, d->embed, d->s.vocab, d->s.hidden, d->b_tokens, B, d->x);
-    if (st == PKV_OK) st = forward(d, B, &at, 0, B);
+    CALL(pkv_op_embed(d->ops, d->embed, d->s.vocab, d->s.hidden, tokens, B, d->x));
+    return forward(d, B, &at, positions, 0, B);
+}
+
+/* After a step that failed: the device's table may lack ids the positions' records count as sent, so the next
+ * step sends these rows whole. */
+static void forget_rows(pkv_decoder *d, int32_t B) {
+    for (int32_t i = 0; i < B; i++) d->slots[i] = (table_slot){-1, 0, 0, 0};
+}
+
+static pkv_status check_step(const pkv_decoder *d, const int32_t *reqs, const int32_t *tokens, int32_t B) {
+    if (!d || !reqs || !tokens) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "decoder step: NULL argument");
+    if (B < 1 || B > d->cfg.max_batch)
+        return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "decoder step: %d requests, not in [1, %d]", B, d->cfg.max_batch);
+    return PKV_OK;
+}
+
+pkv_status pkv_decoder_step(pkv_decoder *d, const int32_t *reqs, const int32_t *tokens, int32_t B, int32_t *next,
+                            float *logits_out) {
+    TRY(check_step(d, reqs, tokens, B));
+    if (!next) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "decoder step: NULL argument");
+    pkv_decoder_times h;
+    memset(&h, 0, sizeof h);
+    const double t0 = pkv_wall_us();
+    int32_t ncopies = 0, npairs = 0;
+    pkv_status st = host_step(d, reqs, tokens, B, &ncopies, &npairs, &h);
+    const double t1 = pkv_wall_us();
+    d->busy_us = 0.0;
+    const pkv_status cs = launch_copies(d, ncopies); /* those handed out, even when the step failed after them */
+    if (st == PKV_OK) st = cs;
+    if (st == PKV_OK) st = launch_scatter(d, B, npairs);
+    if (st == PKV_OK) st = launch_model(d, B);
+    h.host_launch_us = pkv_wall_us() - t1 - (d->cuda ? 0.0 : d->busy_us);
     if (st == PKV_OK) st = results(d, B, next, logits_out);
-    finish_times(d, t0, host_us);
+    if (st != PKV_OK) {
+        pkv_ops_synchronize(d->ops); /* the staged inputs are rewritten by the next step */
+        forget_rows(d, B);
+    }
+    finish_times(d, t0, &h);
+    return st;
+}
+
+pkv_status pkv_decoder_step_host(pkv_decoder *d, const int32_t *reqs, const int32_t *tokens, int32_t B) {
+    TRY(check_step(d, reqs, tokens, B));
+    pkv_decoder_times h;
+    memset(&h, 0, sizeof h);
+    const double t0 = pkv_wall_us();
+    int32_t ncopies = 0, npairs = 0;
+    pkv_status st = host_step(d, reqs, tokens, B, &ncopies, &npairs, &h);
+    const double t1 = pkv_wall_us();
+    d->busy_us = 0.0;
+    if (st == PKV_OK) st = launch_scatter(d, B, npairs);
+    h.host_launch_us = pkv_wall_us() - t1 - (d->cuda ? 0.0 : d->busy_us);
+    const pkv_status ss = pkv_ops_synchronize(d->ops);
+    if (st == PKV_OK) st = ss;
+    if (st != PKV_OK) forget_rows(d, B);
+    finish_times(d, t0, &h);
     return st;
 }
 
@@ -539,12 +661,15 @@ pkv_status pkv_decoder_prefill(pkv_decoder *d, int32_t req, const int32_t *promp
         d->attn_indices = d->b_indices;
         const bool last = j + R == n;
         if (st == PKV_OK) st = pkv_op_embed(d->ops, d->embed, d->s.vocab, d->s.hidden, d->b_tokens, R, d->x);
-        if (st == PKV_OK) st = forward(d, R, &at, R - 1, last ? 1 : 0);
+        if (st == PKV_OK) st = forward(d, R, &at, d->b_positions, R - 1, last ? 1 : 0);
         if (st == PKV_OK) st = pkv_ops_synchronize(d->ops);
     }
     free(positions);
     if (st == PKV_OK) st = results(d, 1, first_token, logits_out);
-    finish_times(d, t0, host_us);
+    pkv_decoder_times h;
+    memset(&h, 0, sizeof h);
+    h.host_plan_us = host_us; /* the chunks' tables and plans */
+    finish_times(d, t0, &h);
     if (st != PKV_OK) pkv_request_free(d->pool, req);
     return st;
 }

@@ -231,6 +231,28 @@ pkv_status pkv_op_fill_uniform(pkv_ops *ops, uint16_t *p, int64_t count, float l
     return PKV_OK;
 }
 
+pkv_status pkv_ops_host_alloc(pkv_ops *ops, size_t bytes, void **out) {
+    OPS_CHECK(ops && out, "host_alloc: bad argument");
+    *out = NULL;
+    if (ops->cuda) return pkv_cuda_ops_host_alloc(ops, bytes ? bytes : 16, out);
+    *out = malloc(bytes ? bytes : 16);
+    return *out ? PKV_OK : pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "ops: cannot allocate %zu bytes", bytes);
+}
+
+void pkv_ops_host_free(pkv_ops *ops, void *p) {
+    if (!ops || !p) return;
+    if (ops->cuda) pkv_cuda_ops_host_free(ops, p);
+    else free(p);
+}
+
+pkv_status pkv_ops_upload(pkv_ops *ops, void *dst, const void *src, size_t bytes) {
+    OPS_CHECK(ops && ((dst && src) || bytes == 0), "upload: bad argument");
+    if (bytes == 0) return PKV_OK;
+    if (ops->cuda) return pkv_cuda_ops_upload(ops, dst, src, bytes);
+    memcpy(dst, src, bytes);
+    return PKV_OK;
+}
+
 pkv_status pkv_op_scatter_i32(pkv_ops *ops, int32_t *dst, const int32_t *pairs, int32_t n) {
     OPS_CHECK(ops && dst && (pairs || n == 0) && n >= 0, "scatter_i32: bad argument");
     if (ops->cuda) return pkv_cuda_op_scatter_i32(ops, dst, pairs, n);

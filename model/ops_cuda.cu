@@ -133,6 +133,29 @@ extern "C" pkv_status pkv_cuda_op_scatter_i32(pkv_ops *ops, int32_t *dst, const 
     return launched("scatter_i32");
 }
 
+extern "C" pkv_status pkv_cuda_ops_host_alloc(pkv_ops *ops, size_t bytes, void **out) {
+    (void)ops;
+    const cudaError_t e = cudaHostAlloc(out, bytes, cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+        *out = nullptr;
+        return pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "ops: cannot allocate %zu bytes of page-locked memory: %s", bytes,
+                            cudaGetErrorString(e));
+    }
+    return PKV_OK;
+}
+
+extern "C" void pkv_cuda_ops_host_free(pkv_ops *ops, void *p) {
+    (void)ops;
+    cudaFreeHost(p);
+}
+
+extern "C" pkv_status pkv_cuda_ops_upload(pkv_ops *ops, void *dst, const void *src, size_t bytes) {
+    const cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_of(ops));
+    if (e != cudaSuccess)
+        return pkv_lab_fail(PKV_ERR_CUDA, "ops: upload of %zu bytes: %s", bytes, cudaGetErrorString(e));
+    return PKV_OK;
+}
+
 extern "C" pkv_status pkv_cuda_op_fill_uniform(pkv_ops *ops, uint16_t *p, int64_t count, float lo, float hi,
                                                uint64_t seed) {
     if (count == 0) return PKV_OK;

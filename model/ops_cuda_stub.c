@@ -56,3 +56,13 @@ pkv_status pkv_cuda_op_argmax(pkv_ops *ops, const uint16_t *logits, int32_t B, i
     (void)ops, (void)logits, (void)B, (void)vocab, (void)tokens;
     return NO_CUDA;
 }
+pkv_status pkv_cuda_ops_host_alloc(pkv_ops *ops, size_t bytes, void **out) {
+    (void)ops, (void)bytes;
+    *out = NULL;
+    return NO_CUDA;
+}
+void pkv_cuda_ops_host_free(pkv_ops *ops, void *p) { (void)ops, (void)p; }
+pkv_status pkv_cuda_ops_upload(pkv_ops *ops, void *dst, const void *src, size_t bytes) {
+    (void)ops, (void)dst, (void)src, (void)bytes;
+    return NO_CUDA;
+}

@@ -59,6 +59,9 @@ static inline PKV_HOST_DEVICE float pkv_fill_u(uint64_t seed, uint64_t i) {
 }
 pkv_status pkv_cuda_op_fill_uniform(pkv_ops *ops, uint16_t *p, int64_t count, float lo, float hi, uint64_t seed);
 pkv_status pkv_cuda_op_scatter_i32(pkv_ops *ops, int32_t *dst, const int32_t *pairs, int32_t n);
+pkv_status pkv_cuda_ops_host_alloc(pkv_ops *ops, size_t bytes, void **out);
+void pkv_cuda_ops_host_free(pkv_ops *ops, void *p);
+pkv_status pkv_cuda_ops_upload(pkv_ops *ops, void *dst, const void *src, size_t bytes);
 pkv_status pkv_cuda_op_argmax(pkv_ops *ops, const uint16_t *logits, int32_t B, int32_t vocab, int32_t *tokens);
 
 #ifdef __cplusplus

@@ -68,6 +68,14 @@ pkv_status pkv_op_rope(pkv_ops *ops, uint16_t *qkv, const int32_t *positions, in
 pkv_status pkv_op_silu_mul(pkv_ops *ops, const uint16_t *gu, int32_t B, int32_t mlp, uint16_t *out);
 /* Greedy sampling: tokens[b] = the first index of the largest logit of row b (int32 out). */
 pkv_status pkv_op_argmax(pkv_ops *ops, const uint16_t *logits, int32_t B, int32_t vocab, int32_t *tokens);
+/* Host memory for pkv_ops_upload's sources: page-locked on CUDA (so that the copy runs while the host goes on),
+ * plain on the CPU.  pkv_ops_host_free accepts NULL. */
+pkv_status pkv_ops_host_alloc(pkv_ops *ops, size_t bytes, void **out);
+void pkv_ops_host_free(pkv_ops *ops, void *p);
+/* Queues a copy of bytes from host memory src (pkv_ops_host_alloc's) to backend memory dst on the ops' stream,
+ * ordered before the ops queued after it; the CPU copies at once.  src must stay as it is until the copy has
+ * run (pkv_ops_synchronize, or a synchronous copy back that follows it). */
+pkv_status pkv_ops_upload(pkv_ops *ops, void *dst, const void *src, size_t bytes);
 /* dst[pairs[2k]] = pairs[2k + 1] for k < n (int32, backend memory): the step's changed page ids. */
 pkv_status pkv_op_scatter_i32(pkv_ops *ops, int32_t *dst, const int32_t *pairs, int32_t n);
 /* Fills count bf16 values with lo + (hi - lo) u, u uniform in [0, 1) from a hash of (seed, index): the same
@@ -95,8 +103,10 @@ pkv_status pkv_ops_synchronize(pkv_ops *ops);
  * model output: the decode steps that follow read and write real bytes, the tokens are not a model's).
  * The step's page table stays on the device between steps, a row of max_len / page_size ids per batch
  * position: a step plans from the rows' lengths alone (the manager's pages are valid by construction) and
- * uploads only what changed (a row's new or copied page, or a whole row where another request took the
- * position), so its host cost is O(B), not O(pages). */
+ * uploads only what changed (a page the step added or copied, or a whole row where another request took the
+ * position), so its host cost is O(B), not O(pages).  A request changed between steps outside the decoder
+ * (truncated, extended through pkv_decoder_pool) has its row sent whole at the next step, which sees its length
+ * move by other than the step's token; changes that leave its length as it was are not seen. */
 typedef struct pkv_decoder_config {
     pkv_model_shape shape;
     int32_t page_size;     /* tokens per page (16) */
@@ -110,9 +120,20 @@ typedef struct pkv_decoder_config {
 
 typedef struct pkv_decoder pkv_decoder;
 
-/* Time of the last step by part (CUDA events on the CUDA backend, wall time on the CPU), microseconds. */
+/* Time of the last step by part, microseconds: the device parts by CUDA events on the CUDA backend, by wall
+ * time on the CPU; step_us the step's wall time.  host_us is the host's work of the step (monotonic clock),
+ * the sum of its parts:
+ *   host_extend_us  each request's token (pkv_request_extend)
+ *   host_table_us   the rows' lengths and positions, and the page ids that changed (the step's table)
+ *   host_plan_us    pkv_plan_step
+ *   host_stage_us   the step's inputs, changed ids and plan handed to the backend (copies queued)
+ *   host_launch_us  the step's device work queued: copy-on-write copies, the scatter, every layer's ops,
+ *                   append and pkv_run (on CUDA the calls' own time; on the CPU backend, whose calls compute
+ *                   before they return, only the decoder's work between them)
+ * The CPU backend's computing (attention, GEMMs, append, copies) is never in host_us. */
 typedef struct pkv_decoder_times {
     double attention_us, append_us, gemm_us, other_us, host_us, step_us;
+    double host_extend_us, host_table_us, host_plan_us, host_stage_us, host_launch_us;
 } pkv_decoder_times;
 
 void pkv_decoder_config_default(pkv_decoder_config *c, const pkv_model_shape *shape);
@@ -125,6 +146,11 @@ void pkv_decoder_free(pkv_decoder *d); /* accepts NULL */
  * post_attention_layernorm [H], gate_proj, up_proj [M, H], down_proj [H, M]; norm [H]; lm_head [V, H]. */
 pkv_status pkv_decoder_load_weights(pkv_decoder *d, const char *path);
 pkv_page_pool *pkv_decoder_pool(pkv_decoder *d);
+/* The plan of the last step (or prefill chunk). */
+const pkv_plan *pkv_decoder_plan(const pkv_decoder *d);
+/* The decode steps' page table (backend memory): batch position i's page ids at [i x *stride, ...), as many as
+ * its request held at the last step. */
+const int32_t *pkv_decoder_table(const pkv_decoder *d, int32_t *stride);
 /* A new request: prompt tokens host int32 [n] (n >= 1), prefilled exactly; *first_token gets the greedy
  * token after the prompt (its logits into logits_out [vocab] when not NULL, host floats). */
 pkv_status pkv_decoder_prefill(pkv_decoder *d, int32_t req, const int32_t *prompt, int32_t n, int32_t *first_token,
@@ -137,6 +163,12 @@ pkv_status pkv_decoder_prefill_synthetic(pkv_decoder *d, int32_t req, int32_t n)
  * that fails has grown its requests by the token it did not decode (truncate or release them). */
 pkv_status pkv_decoder_step(pkv_decoder *d, const int32_t *reqs, const int32_t *tokens, int32_t B, int32_t *next,
                             float *logits_out);
+/* The host half of a decode step alone, for benchmarks of the host path (bench/bench_decode_host.c): the
+ * requests grow by a token and the step's table, plan and inputs are made and staged as pkv_decoder_step
+ * makes them, and the changed ids scattered into the device table (which keeps it right for later steps),
+ * but no other device work runs: no copy-on-write copy, no model op, append or attention (the new tokens
+ * have no K and V).  Its times (host parts) in pkv_decoder_last_times. */
+pkv_status pkv_decoder_step_host(pkv_decoder *d, const int32_t *reqs, const int32_t *tokens, int32_t B);
 void pkv_decoder_last_times(const pkv_decoder *d, pkv_decoder_times *t);
 /* Frees a request's pages. */
 pkv_status pkv_decoder_release(pkv_decoder *d, int32_t req);

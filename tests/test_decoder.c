@@ -1,12 +1,15 @@
 /* test_decoder.c - the end-to-end decoder (model/pkv_model.h) on the tiny model, CPU backend (and CUDA where
  * a GPU is visible): greedy decoding agrees with a prefill of the whole sequence at every position (teacher
  * forcing: the decode path's K/V and attention against the prefill's causal rows), requests decoded together
- * give the tokens they give alone, forks decode as their source, and bad calls are refused. */
+ * give the tokens they give alone, forks decode as their source, the step's page table on the device follows
+ * the page manager through requests that come, go, fork, move in the batch and change outside the steps, and
+ * bad calls are refused. */
 #include "pkv_lab.h"
 #include "pkv_model.h"
 #include "pkv_test.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -97,6 +100,101 @@ static void run(pkv_context *ctx, const char *what) {
     pkv_decoder_free(d);
 }
 
+/* The decode steps' page table on the device against the page manager, step after step, while requests come,
+ * go, fork, change places in the batch and are truncated or extended outside the steps: every position's row
+ * holds its request's pages (the host half of the step, pkv_decoder_step_host), also after a step that failed
+ * part way. */
+static void table_churn(pkv_context *ctx, const char *what) {
+    pkv_model_shape s;
+    CHECK_OK(pkv_model_shape_named("tiny", &s));
+    pkv_decoder_config cfg;
+    pkv_decoder_config_default(&cfg, &s);
+    cfg.page_size = 5;
+    cfg.num_pages = 3000;
+    cfg.max_batch = 8;
+    cfg.max_requests = 64;
+    cfg.max_len = 400;
+    pkv_decoder *d = NULL;
+    CHECK_OK(pkv_decoder_create(ctx, &cfg, &d));
+    if (!d) return;
+    pkv_page_pool *pool = pkv_decoder_pool(d);
+    const bool cuda = pkv_context_backend(ctx) == PKV_BACKEND_CUDA;
+    int32_t stride = 0;
+    const int32_t *table = pkv_decoder_table(d, &stride);
+    int32_t *host = (int32_t *)malloc((size_t)cfg.max_batch * stride * sizeof(int32_t));
+    int32_t *pages = (int32_t *)malloc((size_t)stride * sizeof(int32_t));
+    int32_t live[8], tokens[8] = {0}, n = 0, next_id = 0, bad = 0, steps = 0;
+    bool used[64] = {false};
+    pkv_rng rng;
+    pkv_rng_seed(&rng, 36);
+    for (int it = 0; it < 600 && !bad; it++) {
+        const int ev = (int)pkv_rng_uniform_int(&rng, 0, 9);
+        int32_t len = 0;
+        if (ev <= 2 && n < 8) { /* an arrival, or a fork of a live request, at a random place in the batch */
+            int32_t id = next_id;
+            while (used[id]) id = (id + 1) % 64;
+            next_id = (id + 1) % 64;
+            if (ev == 2 && n > 0) CHECK_OK(pkv_request_fork(pool, live[pkv_rng_uniform_int(&rng, 0, n - 1)], id));
+            else CHECK_OK(pkv_decoder_prefill_synthetic(d, id, (int32_t)pkv_rng_uniform_int(&rng, 1, 60)));
+            used[id] = true;
+            const int32_t at = (int32_t)pkv_rng_uniform_int(&rng, 0, n);
+            live[n++] = live[at];
+            live[at] = id;
+        } else if (ev == 3 && n > 1) { /* a departure */
+            const int32_t at = (int32_t)pkv_rng_uniform_int(&rng, 0, n - 1);
+            CHECK_OK(pkv_decoder_release(d, live[at]));
+            used[live[at]] = false;
+            live[at] = live[--n];
+        } else if (ev == 4 && n > 1) { /* two requests change places */
+            const int32_t a = (int32_t)pkv_rng_uniform_int(&rng, 0, n - 1);
+            const int32_t b = (int32_t)pkv_rng_uniform_int(&rng, 0, n - 1);
+            const int32_t t = live[a];
+            live[a] = live[b], live[b] = t;
+        } else if (ev == 5 && n > 0) { /* outside the steps: a rollback, or tokens added */
+            const int32_t r = live[pkv_rng_uniform_int(&rng, 0, n - 1)];
+            CHECK_OK(pkv_request_length(pool, r, &len));
+            pkv_page_copy c;
+            if (pkv_rng_uniform_int(&rng, 0, 1) && len > 1)
+                CHECK_OK(pkv_request_truncate(pool, r, (int32_t)pkv_rng_uniform_int(&rng, 1, len - 1)));
+            else if (len < 300)
+                CHECK_OK(pkv_request_extend(pool, r, (int32_t)pkv_rng_uniform_int(&rng, 1, 12), &c));
+        } else if (ev == 6 && n > 0) { /* a step that fails at its last row's pages (longer than max_len) */
+            const int32_t r = live[n - 1];
+            pkv_page_copy c;
+            CHECK_OK(pkv_request_length(pool, r, &len));
+            CHECK_OK(pkv_request_extend(pool, r, cfg.max_len + 1 - len, &c));
+            CHECK_STATUS(pkv_decoder_step_host(d, live, tokens, n), PKV_ERR_INVALID_ARGUMENT);
+            CHECK_OK(pkv_decoder_release(d, r));
+            used[r] = false;
+            n--;
+        }
+        for (int32_t i = 0; i < n; i++) { /* long requests leave */
+            CHECK_OK(pkv_request_length(pool, live[i], &len));
+            if (len >= 350) {
+                CHECK_OK(pkv_decoder_release(d, live[i]));
+                used[live[i]] = false;
+                live[i--] = live[--n];
+            }
+        }
+        if (n == 0) continue;
+        CHECK_OK(pkv_decoder_step_host(d, live, tokens, n));
+        steps++;
+        const size_t bytes = (size_t)n * stride * sizeof(int32_t);
+        if (cuda) CHECK_OK(pkv_dev_copy_d2h(ctx, host, table, bytes));
+        else memcpy(host, table, bytes);
+        for (int32_t i = 0; i < n && !bad; i++) {
+            int32_t np = 0;
+            CHECK_OK(pkv_request_pages(pool, live[i], pages, stride, &np));
+            if (memcmp(host + (size_t)i * stride, pages, (size_t)np * sizeof(int32_t)) != 0) bad = 1;
+            CHECK_MSG(!bad, "%s: step %d: position %d's ids on the device are not request %d's %d pages", what, steps,
+                      i, live[i], np);
+        }
+    }
+    CHECK(steps > 300);
+    free(host), free(pages);
+    pkv_decoder_free(d);
+}
+
 int main(void) {
     pkv_context_config cc;
     pkv_context_config_default(&cc);
@@ -104,12 +202,14 @@ int main(void) {
     pkv_context *ctx = NULL;
     CHECK_OK(pkv_context_create(&cc, &ctx));
     if (ctx) run(ctx, "cpu");
+    if (ctx) table_churn(ctx, "cpu");
     pkv_context_free(ctx);
     if (pkv_cuda_available()) {
         cc.backend = PKV_BACKEND_CUDA;
         ctx = NULL;
         CHECK_OK(pkv_context_create(&cc, &ctx));
         if (ctx) run(ctx, "cuda");
+        if (ctx) table_churn(ctx, "cuda");
         pkv_context_free(ctx);
     } else {
         printf("SKIP (part): no CUDA device: the decoder on CUDA not run\n");

@@ -126,7 +126,13 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
     int32_t nlive = 0, arrived = 0, steps = 0;
     int64_t tokens = 0;
     double wall = 0, attn = 0, gemm = 0, append = 0, other = 0, host = 0, prefill_s = 0;
-    double *step_ms = malloc(sizeof(double) * (size_t)(o->steps > 0 ? o->steps : 1 << 20));
+    const size_t max_steps = (size_t)(o->steps > 0 ? o->steps : 1 << 20);
+    double *step_ms = malloc(sizeof(double) * max_steps);
+    /* the host part of each step by part (pkv_decoder_times' host_*), then host_us */
+    enum { H_EXTEND, H_TABLE, H_PLAN, H_STAGE, H_LAUNCH, H_HOST, H_PARTS };
+    static const char *const h_names[H_PARTS] = {"extend", "table", "plan", "stage", "launch", "host"};
+    double *h_us[H_PARTS];
+    for (int k = 0; k < H_PARTS; k++) h_us[k] = malloc(sizeof(double) * max_steps);
     pkv_rng rng;
     pkv_rng_seed(&rng, o->seed);
     /* attention's share of the step by mean context (buckets of powers of two, 1K .. 128K+) */
@@ -173,6 +179,9 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
         share_sum[bucket] += tm.attention_us / tm.step_us;
         share_n[bucket]++;
         step_ms[steps] = tm.step_us / 1e3;
+        h_us[H_EXTEND][steps] = tm.host_extend_us, h_us[H_TABLE][steps] = tm.host_table_us;
+        h_us[H_PLAN][steps] = tm.host_plan_us, h_us[H_STAGE][steps] = tm.host_stage_us;
+        h_us[H_LAUNCH][steps] = tm.host_launch_us, h_us[H_HOST][steps] = tm.host_us;
         wall += tm.step_us, attn += tm.attention_us, gemm += tm.gemm_us, append += tm.append_us;
         other += tm.other_us, host += tm.host_us;
         tokens += nlive;
@@ -202,6 +211,21 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
     for (int b = 0; b < 9; b++)
         if (share_n[b] > 0) printf(" %s%dK: %.1f%%", b == 8 ? ">=" : "<", 2 << b, 100 * share_sum[b] / share_n[b]);
     printf("\nprefill (%s, counted apart): %.2f s\n", prefill, prefill_s);
+    /* the host's work per step by part: the mean, and the median (the steady step: the mean also carries the
+     * arrivals' whole rows) */
+    double h_mean[H_PARTS], h_median[H_PARTS];
+    for (int k = 0; k < H_PARTS; k++) {
+        h_mean[k] = 0;
+        for (int32_t i = 0; i < steps; i++) h_mean[k] += h_us[k][i];
+        h_mean[k] /= steps > 0 ? steps : 1;
+        h_median[k] = cli_median(h_us[k], steps);
+    }
+    printf("\nhost per step, us (%d steps; the CPU backend's computing left out):\n\n", steps);
+    printf("| | extend | table | plan | stage | launch | host |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    printf("| mean | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", h_mean[0], h_mean[1], h_mean[2], h_mean[3],
+           h_mean[4], h_mean[5]);
+    printf("| median | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", h_median[0], h_median[1], h_median[2], h_median[3],
+           h_median[4], h_median[5]);
     if (o->json) {
         FILE *f = fopen(o->json, "w");
         if (!f) {
@@ -213,10 +237,17 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
                    "\"trace\": \"%s\", \"batch\": %d, \"requests\": %d, \"prefill\": \"%s\", \"steps\": %d, "
                    "\"tokens\": %lld, \"tokens_per_s\": %.2f, \"median_step_ms\": %.4f, \"split_us\": {\"attention\": %.1f, "
                    "\"gemm\": %.1f, \"append\": %.1f, \"other\": %.1f, \"host\": %.1f, \"wall\": %.1f}, "
-                   "\"peak_kv_pages\": %lld, \"prefill_s\": %.3f, \"attention_share_by_context\": {",
+                   "\"peak_kv_pages\": %lld, \"prefill_s\": %.3f, ",
                 commit ? commit : "unknown", device, s->name, s->layers, pkv_trace_family_name(o->family), B, nreq,
                 prefill, steps, (long long)tokens, tps, median, attn, gemm, append, other, host, wall,
                 (long long)ps.peak_used, prefill_s);
+        for (int m = 0; m < 2; m++) {
+            fprintf(f, "\"host_us_per_step_%s\": {", m ? "median" : "mean");
+            for (int k = 0; k < H_PARTS; k++)
+                fprintf(f, "%s\"%s\": %.3f", k ? ", " : "", h_names[k], m ? h_median[k] : h_mean[k]);
+            fprintf(f, "}, ");
+        }
+        fprintf(f, "\"attention_share_by_context\": {");
         int first = 1;
         for (int b = 0; b < 9; b++)
             if (share_n[b] > 0) {
@@ -227,6 +258,7 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
         fclose(f);
     }
     free(live), free(left), free(tok), free(next), free(ctx_len), free(step_ms);
+    for (int k = 0; k < H_PARTS; k++) free(h_us[k]);
     return 0;
 }
 

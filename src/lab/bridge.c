@@ -64,6 +64,17 @@ pkv_status pkv_lab_context_caps(const pkv_context *ctx, pkv_lab_caps *caps) {
     return PKV_OK;
 }
 
+pkv_status pkv_lab_context_set_caps(pkv_context *ctx, const pkv_lab_caps *caps) {
+    if (!ctx || !caps) return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "context and caps must not be NULL");
+    bool ok = caps->parallelism >= 1 && caps->parallelism <= PKV_MAX_PARALLELISM && caps->ctas_per_unit >= 1 &&
+              caps->ctas_per_unit <= PKV_MAX_PER_UNIT && caps->row_gather_below >= 0;
+    for (int d = 0; d < 3; d++)
+        for (int g = 0; g < 2; g++) ok &= caps->resident[d][g] >= 0 && caps->resident[d][g] <= PKV_MAX_PER_UNIT;
+    if (!ok) return pkv_fail(ctx, PKV_ERR_INVALID_ARGUMENT, "capabilities out of range");
+    ctx->caps = caps_of(caps);
+    return PKV_OK;
+}
+
 pkv_status pkv_lab_plan_step_caps(const pkv_lab_caps *caps, const pkv_cost_model *model, const pkv_problem *problem,
                                   const pkv_page_table *table, const pkv_plan_options *opts, pkv_plan *plan) {
     if (!caps) return pkv_fail(NULL, PKV_ERR_NULL_POINTER, "caps is NULL");

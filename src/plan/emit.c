@@ -16,20 +16,68 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* Slack after the row order in the planner's int32 scratch (also where the work queue's tails start). */
-#define PKV_ORDER_SLACK 64
-/* Tail groups sorted by insertion up to this many, else by qsort. */
+/* The work queue's tail groups sorted by insertion up to this many, else by radix, digits of PKV_RADIX_BITS. */
 #define PKV_INSERTION_SORT_MAX 64
+#define PKV_RADIX_BITS 6
 
-/* Emits the schedule of one row split in chunks of chunk_tokens: its row record, its tasks (split
- * outer, KV head inner), and merges for split rows.  The row's n tokens are planned from token `start`
- * (under a sliding window the start of the page that holds the window's first token, else 0); its first
- * task starts at the window (row record: tok_begin; the CUDA rect kernels cut the same splits from it,
- * load_task).  Returns the slots it used. */
-static int32_t emit_row(pkv_plan *plan, int32_t row, int32_t n, int32_t start, int32_t page_base, int32_t chunk_tokens,
-                        int32_t slot_base) {
+/* The tasks of one split of a row for KV heads 0..hkv-1 into out[0, hkv): head h's state slot slot + h x
+ * slot_step, merge merge + h x merge_step.  Two heads' tasks (56 bytes) at a time from four 16-byte vectors
+ * that one add each moves on by two heads: four wide stores instead of a store per field. */
+#if defined(__GNUC__)
+typedef int32_t pkv_v4i __attribute__((vector_size(16)));
+static inline void emit_heads(pkv_task *out, int32_t hkv, int32_t row, int32_t tb, int32_t te, int32_t pb, int32_t slot,
+                              int32_t slot_step, int32_t merge, int32_t merge_step) {
+    int32_t h = 0;
+    if (hkv >= 2) {
+        pkv_v4i a = {row, 0, tb, te}, b = {pb, slot, merge, row}, c = {1, tb, te, pb};
+        pkv_v4i d = {slot + slot_step, merge + merge_step, 0, 0};
+        const pkv_v4i da = {0, 2, 0, 0}, db = {0, 2 * slot_step, 2 * merge_step, 0}, dc = {2, 0, 0, 0};
+        const pkv_v4i dd = {2 * slot_step, 2 * merge_step, 0, 0};
+        char *o = (char *)out;
+        for (; h + 2 <= hkv; h += 2, o += 2 * sizeof(pkv_task)) {
+            memcpy(o, &a, 16);
+            memcpy(o + 16, &b, 16);
+            memcpy(o + 32, &c, 16);
+            memcpy(o + 48, &d, 8);
+            a += da, b += db, c += dc, d += dd;
+        }
+    }
+    for (; h < hkv; h++) {
+        const pkv_task t = {row, h, tb, te, pb, slot + h * slot_step, merge + h * merge_step};
+        out[h] = t;
+    }
+}
+/* The merges of a split row for KV heads 0..hkv-1 into out[0, hkv): head h's states at slots
+ * [slot_base + h x nsplit, + nsplit).  One 16-byte vector per merge, moved on by one add. */
+static inline void emit_merges(pkv_merge *out, int32_t hkv, int32_t row, int32_t slot_base, int32_t nsplit) {
+    pkv_v4i m = {row, 0, slot_base, nsplit};
+    const pkv_v4i dm = {0, 1, nsplit, 0};
+    for (int32_t h = 0; h < hkv; h++, m += dm) memcpy(out + h, &m, 16);
+}
+#else
+static inline void emit_heads(pkv_task *out, int32_t hkv, int32_t row, int32_t tb, int32_t te, int32_t pb, int32_t slot,
+                              int32_t slot_step, int32_t merge, int32_t merge_step) {
+    for (int32_t h = 0; h < hkv; h++) {
+        const pkv_task t = {row, h, tb, te, pb, slot + h * slot_step, merge + h * merge_step};
+        out[h] = t;
+    }
+}
+static inline void emit_merges(pkv_merge *out, int32_t hkv, int32_t row, int32_t slot_base, int32_t nsplit) {
+    for (int32_t h = 0; h < hkv; h++) out[h] = (pkv_merge){row, h, slot_base + h * nsplit, nsplit};
+}
+#endif
+
+/* Emits the schedule of one row split in nsplit = ceil(n / chunk_tokens) chunks of chunk_tokens: its row
+ * record, its tasks (split outer, KV head inner), and merges for split rows.  The row's n tokens are planned
+ * from token `start` (under a sliding window the start of the page that holds the window's first token, else
+ * 0); its first task starts at the window (row record: tok_begin; the CUDA rect kernels cut the same splits
+ * from it, load_task).  The tasks of the row's whole chunks go to full[0 ..), those of a last, partial chunk
+ * to tail[0, Hkv): NULL, right after the whole chunks' (the rectangular routes); the work queue puts the
+ * tails after every row's whole chunks.  Returns the slots it used. */
+static inline int32_t emit_row(pkv_plan *plan, int32_t row, int32_t n, int32_t start, int32_t page_base,
+                               int32_t chunk_tokens, int32_t nsplit, int32_t slot_base, pkv_task *full,
+                               pkv_task *tail) {
     const int32_t hkv = plan->problem.num_kv_heads;
-    int32_t nsplit = n > 0 ? (int32_t)pkv_ceil_div(n, chunk_tokens) : 0;
     const int32_t first = pkv_row_start(&plan->problem, start + n); /* start <= first < start + page_size */
     pkv_row_sched *rs = &plan->rows[plan->num_rows++];
     rs->row = row;
@@ -38,30 +86,28 @@ static int32_t emit_row(pkv_plan *plan, int32_t row, int32_t n, int32_t start, i
     rs->page_base = page_base;
     rs->chunk_tokens = chunk_tokens;
     rs->num_splits = nsplit;
-    rs->slot_base = nsplit > 1 ? slot_base : -1;
+    const bool split = nsplit > 1;
+    rs->slot_base = split ? slot_base : -1;
     const int32_t merge_base = plan->num_merges;
-    for (int32_t s = 0; s < nsplit; s++)
-        for (int32_t h = 0; h < hkv; h++) {
-            pkv_task *t = &plan->tasks[plan->num_tasks++];
-            t->row = row;
-            t->kv_head = h;
-            const int64_t end = (int64_t)(s + 1) * chunk_tokens; /* s * chunk_tokens < n */
-            t->tok_begin = s > 0 ? start + s * chunk_tokens : first;
-            t->tok_end = start + (int32_t)(end < n ? end : n);
-            t->page_base = page_base;
-            t->state_slot = nsplit > 1 ? slot_base + h * nsplit + s : -1;
-            t->merge = nsplit > 1 ? merge_base + h : -1;
-        }
-    if (nsplit > 1)
-        for (int32_t h = 0; h < hkv; h++) {
-            pkv_merge *m = &plan->merges[plan->num_merges++];
-            m->row = row;
-            m->kv_head = h;
-            m->first_slot = slot_base + h * nsplit;
-            m->count = nsplit;
-        }
-    if (nsplit > plan->max_merge_count && nsplit > 1) plan->max_merge_count = nsplit;
-    return nsplit > 1 ? nsplit * hkv : 0;
+    /* whole chunks: all but a last one that the row's end cuts short */
+    const int32_t nfull = (int64_t)nsplit * chunk_tokens > n ? nsplit - 1 : nsplit;
+    const int32_t slot_step = split ? nsplit : 0, merge_step = split ? 1 : 0;
+    if (!tail) tail = full + (int64_t)nfull * hkv;
+    for (int32_t s = 0; s < nsplit; s++) {
+        pkv_task *out = s < nfull ? full + (int64_t)s * hkv : tail;
+        /* a split before the last ends at a chunk's end ((s + 1) x chunk_tokens < n), the last at the row's */
+        const int32_t tb = s > 0 ? start + s * chunk_tokens : first;
+        const int32_t te = s + 1 < nsplit ? start + (s + 1) * chunk_tokens : start + n;
+        const int32_t slot = split ? slot_base + s : -1, merge = split ? merge_base : -1;
+        emit_heads(out, hkv, row, tb, te, page_base, slot, slot_step, merge, merge_step);
+    }
+    if (split) {
+        emit_merges(plan->merges + plan->num_merges, hkv, row, slot_base, nsplit);
+        plan->num_merges += hkv;
+        if (nsplit > plan->max_merge_count) plan->max_merge_count = nsplit;
+    }
+    plan->num_tasks += nsplit * hkv;
+    return split ? nsplit * hkv : 0;
 }
 
 /* Merges of the empty rows among rows[0..nrows) (o = 0, lse = -inf), after the split merges. */
@@ -69,13 +115,10 @@ static void emit_empty_merges(pkv_plan *plan, const int32_t *lens, const int32_t
     for (int32_t k = 0; k < nrows; k++) {
         int32_t i = rows ? rows[k] : k;
         if (lens[i] != 0) continue;
-        for (int32_t h = 0; h < plan->problem.num_kv_heads; h++) {
-            pkv_merge *m = &plan->merges[plan->num_merges++];
-            m->row = i;
-            m->kv_head = h;
-            m->first_slot = 0;
-            m->count = 0;
-        }
+        const int32_t hkv = plan->problem.num_kv_heads;
+        pkv_merge *m = plan->merges + plan->num_merges;
+        for (int32_t h = 0; h < hkv; h++) m[h] = (pkv_merge){i, h, 0, 0};
+        plan->num_merges += hkv;
     }
 }
 
@@ -94,49 +137,68 @@ static void end_phase(pkv_plan *plan) {
     ph->row_end = plan->num_rows;
 }
 
-/* One rectangular phase (single / split / a bucket) over the given rows; returns the slots it used. */
-static int32_t emit_rect_phase(pkv_plan *plan, const plan_params *pp, const pkv_page_table *t, const int32_t *starts,
-                               const int32_t *rows, int32_t nrows, int32_t S) {
-    const pkv_problem *p = &plan->problem;
+/* Each row's chunk (tokens) and splits under S splits of the rectangular routes (chunk_i =
+ * plan_row_chunk_pages pages), into the per-row arrays chunk[] and nsplit[] (indexed by row), and the tasks
+ * and merges of rows[0..nrows) (merges: split rows and empty rows) added to *ntasks and *nmerges.  The
+ * divisions by per-step constants go through reciprocals (pkv_ceil_div_r). */
+static void count_rect(const plan_params *pp, const pkv_problem *p, const int32_t *lens, const int32_t *rows,
+                       int32_t nrows, int32_t S, int32_t *chunk, int32_t *nsplit, int64_t *ntasks, int64_t *nmerges) {
+    const int32_t hkv = p->num_kv_heads, ps = p->page_size;
+    const double inv_ps = 1.0 / ps, inv_S = 1.0 / S;
+    int64_t tasks = 0, merges = 0;
+    for (int32_t k = 0; k < nrows; k++) {
+        const int32_t i = rows[k], n = lens[i], pages = pkv_ceil_div_r(n, ps, inv_ps);
+        int32_t cp, ns;
+        if (pages == 0) {
+            cp = 1, ns = 0; /* plan_row_chunk_pages' chunk of an empty row */
+        } else if (S == 1) {
+            cp = pages, ns = 1;
+        } else {
+            cp = pkv_ceil_div_r(pages, S, inv_S);
+            if (cp < pp->min_chunk_pages) cp = pp->min_chunk_pages;
+            if (cp > pages) cp = pages;
+            ns = (int32_t)(((uint32_t)pages + (uint32_t)cp - 1u) / (uint32_t)cp);
+        }
+        chunk[i] = cp * ps;
+        nsplit[i] = ns;
+        tasks += ns;
+        merges += ns != 1;
+    }
+    *ntasks += tasks * hkv;
+    *nmerges += merges * hkv;
+}
+
+/* One rectangular phase (single / split / a bucket) over the given rows, their chunks and splits from
+ * count_rect; returns the slots it used. */
+static int32_t emit_rect_phase(pkv_plan *plan, const pkv_page_table *t, const int32_t *starts, const int32_t *rows,
+                               int32_t nrows, int32_t S, const int32_t *chunk, const int32_t *nsplit) {
     begin_phase(plan, S);
     int32_t slots = 0;
     for (int32_t k = 0; k < nrows; k++) {
-        int32_t i = rows[k], n = t->seq_lens[i];
-        int32_t pages = pkv_row_pages(p, n);
-        int32_t chunk = plan_row_chunk_pages(pp, pages, S) * p->page_size;
-        slots += emit_row(plan, i, n, starts ? starts[i] : 0, t->kv_indptr[i], chunk, slots);
+        const int32_t i = rows[k];
+        slots += emit_row(plan, i, t->seq_lens[i], starts ? starts[i] : 0, t->kv_indptr[i], chunk[i], nsplit[i], slots,
+                          plan->tasks + plan->num_tasks, NULL);
     }
     emit_empty_merges(plan, t->seq_lens, rows, nrows);
     end_phase(plan);
     return slots;
 }
 
-/* Tasks and merges of rows[0..nrows) under S splits (merges: split rows and empty rows), added to
- * *ntasks and *nmerges. */
-static void count_rect(const plan_params *pp, const pkv_problem *p, const int32_t *lens, const int32_t *rows,
-                       int32_t nrows, int32_t S, int64_t *ntasks, int64_t *nmerges) {
-    const int32_t hkv = p->num_kv_heads;
-    for (int32_t k = 0; k < nrows; k++) {
-        const int32_t n = lens[rows[k]], pages = pkv_row_pages(p, n);
-        const int64_t ns = n > 0 ? pkv_ceil_div(pages, plan_row_chunk_pages(pp, pages, S)) : 0;
-        *ntasks += ns * hkv;
-        if (ns != 1) *nmerges += hkv;
-    }
-}
-
 pkv_status plan_emit_rect(const plan_step *s, const plan_params *pp, pkv_plan *plan) {
     const int32_t B = s->table->batch_size;
     const int32_t *lens = s->table->seq_lens;
-    pkv_status st = plan_scratch_reserve(s->ctx, plan, (size_t)B + PKV_ORDER_SLACK);
+    /* scratch: [row order: B | chunk: B | splits: B] */
+    pkv_status st = plan_scratch_reserve(s->ctx, plan, 3 * (size_t)B);
     if (st != PKV_OK) return st;
-    int32_t *order = plan->scratch;
+    int32_t *order = plan->scratch, *chunk = order + B, *nsplit = chunk + B;
     for (int32_t i = 0; i < B; i++) order[i] = i;
-    const int32_t S = plan->route == PKV_ROUTE_SINGLE ? 1 : plan_choose_splits(pp, s->problem, lens, order, B);
+    /* the step's tallies (pp) are those of all its rows */
+    const int32_t S = plan->route == PKV_ROUTE_SINGLE ? 1 : plan_choose_splits(pp, s->problem, lens, NULL, B);
     int64_t ntasks = 0, nmerges = 0;
-    count_rect(pp, s->problem, lens, order, B, S, &ntasks, &nmerges);
+    count_rect(pp, s->problem, lens, order, B, S, chunk, nsplit, &ntasks, &nmerges);
     st = plan_reserve(s->ctx, plan, ntasks, B, nmerges, 1, false);
     if (st != PKV_OK) return st;
-    plan->num_state_slots = emit_rect_phase(plan, pp, s->table, s->row_starts, order, B, S);
+    plan->num_state_slots = emit_rect_phase(plan, s->table, s->row_starts, order, B, S, chunk, nsplit);
     return PKV_OK;
 }
 
@@ -152,9 +214,10 @@ pkv_status plan_emit_bucketed(const plan_step *s, const plan_params *pp_step, pk
     const int32_t *lens = s->table->seq_lens;
     plan_params pp = *pp_step;
     if (pp.P_bucketed > 0) pp.P = pp.P_bucketed;
-    pkv_status st = plan_scratch_reserve(s->ctx, plan, (size_t)B + PKV_ORDER_SLACK);
+    /* scratch: [row order: B | chunk: B | splits: B] */
+    pkv_status st = plan_scratch_reserve(s->ctx, plan, 3 * (size_t)B);
     if (st != PKV_OK) return st;
-    int32_t *order = plan->scratch;
+    int32_t *order = plan->scratch, *chunk = order + B, *nsplit = chunk + B;
     /* counting sort of the rows by bucket */
     int32_t counts[PKV_LENGTH_BUCKETS] = {0}, starts[PKV_LENGTH_BUCKETS], fill[PKV_LENGTH_BUCKETS], at = 0, nb = 0;
     for (int32_t i = 0; i < B; i++) counts[length_bucket(lens[i])]++;
@@ -170,91 +233,91 @@ pkv_status plan_emit_bucketed(const plan_step *s, const plan_params *pp_step, pk
     for (int b = 0; b < PKV_LENGTH_BUCKETS; b++) {
         if (!counts[b]) continue;
         Sb[b] = plan_choose_splits(&pp, s->problem, lens, order + starts[b], counts[b]);
-        count_rect(&pp, s->problem, lens, order + starts[b], counts[b], Sb[b], &ntasks, &nmerges);
+        count_rect(&pp, s->problem, lens, order + starts[b], counts[b], Sb[b], chunk, nsplit, &ntasks, &nmerges);
     }
     st = plan_reserve(s->ctx, plan, ntasks, B, nmerges, nb, false);
     if (st != PKV_OK) return st;
     int32_t slots = 0;
     for (int b = 0; b < PKV_LENGTH_BUCKETS; b++) {
         if (!counts[b]) continue;
-        int32_t used = emit_rect_phase(plan, &pp, s->table, s->row_starts, order + starts[b], counts[b], Sb[b]);
+        const int32_t used =
+            emit_rect_phase(plan, s->table, s->row_starts, order + starts[b], counts[b], Sb[b], chunk, nsplit);
         if (used > slots) slots = used; /* buckets run in sequence: slots are reused */
     }
     plan->num_state_slots = slots;
     return PKV_OK;
 }
 
-/* Sort keys of the tail groups: (INT32_MAX - length) << 32 | group ordinal, so ascending keys are
- * longest first, then row order. */
-static int cmp_u64(const void *a, const void *b) {
-    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? -1 : (x > y);
-}
-
-static void sort_u64(uint64_t *v, int32_t n) {
-    if (n > PKV_INSERTION_SORT_MAX) {
-        qsort(v, (size_t)n, sizeof *v, cmp_u64);
+/* Sorts the work queue's tail keys, (INT32_MAX - length) << 32 | row, built in row order: ascending keys are
+ * longest first, then row order.  Insertion sort for a few; else a stable radix sort (least significant digit
+ * first, digits of PKV_RADIX_BITS) over the bits of the length part that differ among the keys, which the
+ * row order of the input leaves ordered by row within a length.  tmp: room for n keys. */
+static void sort_tail_keys(uint64_t *v, uint64_t *tmp, int32_t n) {
+    if (n <= PKV_INSERTION_SORT_MAX) {
+        for (int32_t i = 1; i < n; i++) {
+            const uint64_t x = v[i];
+            int32_t j = i - 1;
+            while (j >= 0 && v[j] > x) {
+                v[j + 1] = v[j];
+                j--;
+            }
+            v[j + 1] = x;
+        }
         return;
     }
-    for (int32_t i = 1; i < n; i++) { /* insertion sort: B is small */
-        uint64_t x = v[i];
-        int32_t j = i - 1;
-        while (j >= 0 && v[j] > x) {
-            v[j + 1] = v[j];
-            j--;
-        }
-        v[j + 1] = x;
+    uint32_t any = 0, all = ~0u;
+    for (int32_t i = 0; i < n; i++) {
+        any |= (uint32_t)(v[i] >> 32);
+        all &= (uint32_t)(v[i] >> 32);
     }
+    uint32_t differ = any ^ all;
+    int lo = 0;
+    while (differ && !(differ & 1u)) differ >>= 1, lo++;
+    uint64_t *src = v, *dst = tmp;
+    enum { DIGITS = 1 << PKV_RADIX_BITS };
+    for (int shift = 32 + lo; differ; shift += PKV_RADIX_BITS, differ >>= PKV_RADIX_BITS) {
+        int32_t at[DIGITS + 1] = {0};
+        for (int32_t i = 0; i < n; i++) at[((src[i] >> shift) & (DIGITS - 1)) + 1]++;
+        for (int d = 0; d < DIGITS; d++) at[d + 1] += at[d];
+        for (int32_t i = 0; i < n; i++) dst[at[(src[i] >> shift) & (DIGITS - 1)]++] = src[i];
+        uint64_t *t = src;
+        src = dst;
+        dst = t;
+    }
+    if (src != v) memcpy(v, src, (size_t)n * sizeof *v);
 }
 
-/* The work queue's task order: full chunks first (already in row order), then the tails longest first.
- * A row's tail tasks (one per KV head, same length) are the row's last Hkv tasks: sort the rows, not the
- * tasks (ties keep row order, so the order is that of sorting tasks by length, row, head). */
-static pkv_status order_tails(pkv_context *ctx, pkv_plan *plan, int32_t B, int32_t chunk_tokens) {
-    const pkv_problem *problem = &plan->problem;
-    const int32_t hkv = problem->num_kv_heads;
-    pkv_task *tasks = plan->tasks;
-    const int32_t nt = plan->num_tasks;
-    /* scratch (int32 units): [B + slack | tails: nt tasks | pad to 8 bytes | keys: B uint64] */
-    const size_t key_at =
-        ((size_t)(B + PKV_ORDER_SLACK) + (size_t)nt * (sizeof(pkv_task) / sizeof(int32_t)) + 1) & ~(size_t)1;
-    pkv_status st = plan_scratch_reserve(ctx, plan, key_at + 2 * (size_t)B + 2);
-    if (st != PKV_OK) return st;
-    pkv_task *tails = (pkv_task *)(plan->scratch + B + PKV_ORDER_SLACK);
-    uint64_t *keys = (uint64_t *)(void *)(plan->scratch + key_at); /* one per tail group (row) */
-    int32_t w = 0, ntail = 0, ngroups = 0;
-    for (int32_t k = 0; k < nt; k++) {
-        /* a chunk's planned length: a windowed row's first chunk counts from its page's start */
-        const int32_t tb = plan->rows[tasks[k].row].tok_begin;
-        const int32_t begin = tasks[k].tok_begin == tb ? pkv_page_floor(problem, tb) : tasks[k].tok_begin;
-        const int32_t len = tasks[k].tok_end - begin;
-        if (len == chunk_tokens) {
-            tasks[w++] = tasks[k];
-        } else {
-            if (tasks[k].kv_head == 0)
-                keys[ngroups++] = ((uint64_t)(uint32_t)(INT32_MAX - len) << 32) | (uint32_t)ntail;
-            tails[ntail++] = tasks[k];
-        }
-    }
-    sort_u64(keys, ngroups);
-    for (int32_t gi = 0; gi < ngroups; gi++)
-        for (int32_t h = 0; h < hkv; h++) tasks[w++] = tails[(uint32_t)keys[gi] + h];
-    return PKV_OK;
-}
-
+/* The work queue: one chunk size for the whole step, its tasks ordered whole chunks first (in row order),
+ * then the rows' last, partial chunks longest first (ties in row order; a row's Hkv tail tasks together, in
+ * head order: the order of sorting the tail tasks by length, row, head).  Each row's tasks are written where
+ * that order puts them, so no pass moves them afterwards. */
 pkv_status plan_emit_workqueue(const plan_step *s, const plan_params *pp, int32_t wq_chunk, pkv_plan *plan) {
     const pkv_problem *problem = s->problem;
     const int32_t B = s->table->batch_size, hkv = problem->num_kv_heads;
     const int32_t *lens = s->table->seq_lens;
     const int32_t c = wq_chunk > 0 ? wq_chunk : plan_workqueue_chunk(pp, problem, lens, B);
     const int32_t chunk_tokens = c * problem->page_size;
-    int64_t ntasks = 0, nmerges = (B - pp->nonempty) * hkv;
+    /* scratch (int32 units): [tail keys: B uint64 | the sort's room: B uint64 | tail ranks: B | splits: B] */
+    pkv_status st = plan_scratch_reserve(s->ctx, plan, 6 * (size_t)B + 2);
+    if (st != PKV_OK) return st;
+    uint64_t *keys = (uint64_t *)(void *)plan->scratch, *tmp = keys + B;
+    int32_t *rank = (int32_t *)(void *)(tmp + B), *nsplit = rank + B;
+    /* each row's chunks (divisions by the step's chunk through its reciprocal), the tasks and merges, and a
+     * key for each row whose last chunk is partial */
+    const double inv_ct = 1.0 / chunk_tokens;
+    int64_t nsum = 0, nfull = 0, nsplit_rows = 0;
+    int32_t ngroups = 0;
     for (int32_t i = 0; i < B; i++) {
-        const int64_t ns = lens[i] > 0 ? pkv_ceil_div(lens[i], chunk_tokens) : 0;
-        ntasks += ns * hkv;
-        if (ns > 1) nmerges += hkv;
+        const int32_t n = lens[i], ns = pkv_ceil_div_r(n, chunk_tokens, inv_ct);
+        const int32_t tail = n - (int32_t)((int64_t)pkv_floor_div_r(n, inv_ct) * chunk_tokens);
+        nsplit[i] = ns;
+        rank[i] = -1; /* no partial chunk */
+        nsum += ns;
+        nfull += ns - (tail != 0);
+        nsplit_rows += ns > 1;
+        if (tail) keys[ngroups++] = ((uint64_t)(uint32_t)(INT32_MAX - tail) << 32) | (uint32_t)i;
     }
-    pkv_status st;
+    const int64_t ntasks = nsum * hkv, nmerges = (B - pp->nonempty + nsplit_rows) * hkv;
     if (s->graph_cap > 0) {
         if (ntasks > s->graph_cap)
             return pkv_fail(s->ctx, PKV_ERR_INVALID_ARGUMENT,
@@ -268,19 +331,26 @@ pkv_status plan_emit_workqueue(const plan_step *s, const plan_params *pp, int32_
         st = plan_reserve(s->ctx, plan, ntasks, B, nmerges, 1, false);
     }
     if (st != PKV_OK) return st;
+    sort_tail_keys(keys, tmp, ngroups);
+    for (int32_t g = 0; g < ngroups; g++) rank[(uint32_t)keys[g]] = g;
     begin_phase(plan, 0);
+    pkv_task *full = plan->tasks, *tails = plan->tasks + nfull * hkv;
     int32_t slots = 0;
-    for (int32_t i = 0; i < B; i++)
+    for (int32_t i = 0; i < B; i++) {
+        const int32_t ns = nsplit[i], r = rank[i];
         slots += emit_row(plan, i, lens[i], s->row_starts ? s->row_starts[i] : 0, s->table->kv_indptr[i], chunk_tokens,
-                          slots);
+                          ns, slots, full, r >= 0 ? tails + (int64_t)r * hkv : NULL);
+        full += (int64_t)(ns - (r >= 0)) * hkv;
+    }
     emit_empty_merges(plan, lens, NULL, B);
-    st = order_tails(s->ctx, plan, B, chunk_tokens);
-    if (st != PKV_OK) return st;
     end_phase(plan);
     plan->num_state_slots = slots;
     return PKV_OK;
 }
 
+/* The counters from the row records and phases: a row's tasks cover its attended tokens [tok_begin, seq_len)
+ * once per KV head, and those of a row split in more than one part each write a partial state (emit_row), so
+ * nothing here walks the task list. */
 void plan_compute_counters(pkv_plan *plan) {
     const pkv_problem *p = &plan->problem;
     pkv_counters *c = &plan->counters;
@@ -288,13 +358,16 @@ void plan_compute_counters(pkv_plan *plan) {
     /* q and o in dtype, K and V in the cache's element type (fp8: one byte) */
     const int64_t es = (int64_t)pkv_dtype_size(p->dtype), kv_es = (int64_t)pkv_kv_elem_size(p);
     const int64_t d = p->head_dim, hkv = p->num_kv_heads;
-    int64_t split_tasks = 0;
-    for (int32_t k = 0; k < plan->num_tasks; k++) {
-        const pkv_task *t = &plan->tasks[k];
-        c->kv_bytes += (int64_t)(t->tok_end - t->tok_begin) * d * kv_es * 2; /* K and V */
-        if (t->state_slot >= 0) split_tasks++;
+    int64_t tokens = 0, split_rows_tasks = 0, split_rows = 0;
+    for (int32_t k = 0; k < plan->num_rows; k++) {
+        const pkv_row_sched *rs = &plan->rows[k];
+        tokens += rs->seq_len - rs->tok_begin;
+        split_rows_tasks += rs->num_splits > 1 ? rs->num_splits : 0;
+        split_rows += rs->num_splits > 1;
     }
-    for (int32_t k = 0; k < plan->num_rows; k++) c->total_tokens += plan->rows[k].seq_len - plan->rows[k].tok_begin;
+    const int64_t split_tasks = split_rows_tasks * hkv;
+    c->total_tokens = tokens;
+    c->kv_bytes = tokens * hkv * d * kv_es * 2; /* K and V */
     c->tasks = plan->num_tasks;
     c->merges = plan->num_merges;
     c->qo_bytes = (int64_t)plan->batch_size * p->num_qo_heads * (d * es * 2 + 4); /* q, o and the fp32 lse */
@@ -303,8 +376,9 @@ void plan_compute_counters(pkv_plan *plan) {
     for (int32_t k = 0; k < plan->num_phases; k++) {
         const pkv_phase *ph = &plan->phases[k];
         if (plan->route == PKV_ROUTE_FUSED) { /* tasks and merges in one launch */
-            int32_t empties = 0;
-            for (int32_t m = ph->merge_begin; m < ph->merge_end; m++) empties += plan->merges[m].count == 0;
+            /* the empty rows' merges: a fused plan has one phase, and its merges are the split rows' and the
+             * empty rows', one per KV head each */
+            const int64_t empties = (int64_t)(ph->merge_end - ph->merge_begin) - split_rows * hkv;
             c->grid_ctas += (ph->task_end - ph->task_begin) + empties;
             c->launches += (ph->task_end > ph->task_begin || empties > 0) ? 1 : 0;
             continue;

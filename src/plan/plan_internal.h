@@ -60,6 +60,13 @@ static inline int64_t pkv_ceil_div(int64_t a, int64_t b) { return (a + b - 1) / 
 static inline int32_t pkv_row_pages(const pkv_problem *p, int32_t n) {
     return (int32_t)(((uint32_t)n + (uint32_t)p->page_size - 1u) / (uint32_t)p->page_size);
 }
+/* ceil(n / c) and floor(n / c) for 0 <= n < 2^31 and 1 <= c < 2^31 through inv_c = 1.0 / c, for the per-row
+ * passes that divide by one per-step constant: exact, since the quotient's distance from an integer (at least
+ * 0.5 / c) is far above the double product's rounding error (below n / c x 2^-51). */
+static inline int32_t pkv_ceil_div_r(int32_t n, int32_t c, double inv_c) {
+    return (int32_t)(((double)n + ((double)c - 0.5)) * inv_c);
+}
+static inline int32_t pkv_floor_div_r(int32_t n, double inv_c) { return (int32_t)(((double)n + 0.5) * inv_c); }
 /* The first token of the page that holds token tok. */
 static inline int32_t pkv_page_floor(const pkv_problem *p, int32_t tok) { return tok - tok % p->page_size; }
 
