@@ -602,7 +602,9 @@ void check_usage(FILE *f) {
     fprintf(f, "usage: pkv check [options]\n"
                "  --backend best|cpu|cuda   (default best)\n"
                "  --count N                 random problems (default 50; every third with K and V interleaved per page,\n"
-               "                            every fourth with a sliding window, every fifth with a logits soft cap)\n"
+               "                            every fourth with a sliding window, every fifth with a logits soft cap;\n"
+               "                            about half with an fp8 cache, e4m3 or e5m2, half of those with per-KV-head\n"
+               "                            scales); a run the backend refuses as unsupported is named and fails the check\n"
                "  --seed S                  (default 1)\n"
                "  --max-len N               typical row length bound, 1..4194304 (default 3000)\n"
                "  --threads N               CPU backend threads, 1..1024 (default: every core)\n");
