@@ -331,7 +331,7 @@ static cli_parse_status bench_dtypes(const opt_set *s, bench_opts *o, char *err,
     if (kt && (kv == PKV_DTYPE_FP8_E4M3 || kv == PKV_DTYPE_FP8_E5M2)) {
         o->prob.kv_dtype = kv;
     } else if (kt && fp8_short) {
-        return bad(err, cap, "--dtype fp8 asks for an fp8 cache, --kv-dtype %s for one of %s: give one", kt, kt);
+        return bad(err, cap, "--dtype fp8 asks for an fp8 cache and --kv-dtype %s for an %s one: give one", kt, kt);
     } else if (kt && kv != o->prob.dtype) { /* the library reads a cache of q's type or an fp8 one */
         return bad(err, cap, "--kv-dtype %s with %s q and o: a cache of fp16 or bf16 holds q's type (--dtype %s)",
                    kt, cli_dtype_name(o->prob.dtype), kt);
