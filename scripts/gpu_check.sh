@@ -3,7 +3,7 @@
 # CUDA toolkit: build, GPU tests (every route against the float64 CPU reference, outputs poisoned),
 # compute-sanitizer (memcheck, racecheck, initcheck, synccheck: scripts/gpu_sanitize.sh) on a reduced
 # set, then the benchmark (anchor steps, trace families, Gemma-2's local layers, d = 64 on pages of 1 token, the
-# anchors as graph-stable plans).  Full logs
+# anchors with an fp8 e4m3 cache and a trace with an e5m2 one, the anchors as graph-stable plans).  Full logs
 # and JSON go to OUT_DIR; a short table is printed last.
 #   --quick   fewer random cases, fewer timing repetitions, anchors only (a smoke run)
 #   --tests-only / --bench-only   one half: build, tests, portability and sanitizers; or build and the
