@@ -3,9 +3,12 @@
  * message buffer (1..256: a message is cut to any size without writing past it), the rest is argv split at
  * NUL bytes.  What must hold: the answer is one of the three codes, with a message exactly when refused;
  * argv is not written; a second parse gives the same answer and message; what a bench parse lets through is
- * what pkv bench relies on (a problem the library accepts, lengths in range, a page count that fits int32). */
+ * what pkv bench relies on (a problem the library accepts, lengths in range, a page count that fits int32, an
+ * fp8 cache's scale positive and finite). */
 #include "options.h"
 #include "fuzz_util.h"
+
+#include <float.h>
 
 #define MAX_ARGS 64
 
@@ -64,6 +67,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                    "routes %d, lengths %d", b->nroutes, b->nlens);
         FUZZ_CHECK(b->cc.num_threads >= 0 && (b->reps == BENCH_DEFAULT || b->reps >= 1), "threads %d, reps %d",
                    b->cc.num_threads, b->reps);
+        /* an fp8 cache's scale as pkv_tensors takes it (positive, finite); 1 for a cache of q's type */
+        FUZZ_CHECK(b->kv_scale > 0.0f && b->kv_scale <= FLT_MAX && (cli_kv_is_fp8(&b->prob) || b->kv_scale == 1.0f),
+                   "kv_scale %g with kv_dtype %d", (double)b->kv_scale, (int)b->prob.kv_dtype);
         int64_t pages = 0;
         for (int i = 0; i < b->nlens; i++) {
             FUZZ_CHECK(b->lens[i] >= 0 && b->lens[i] <= BENCH_MAX_LEN, "length %d", b->lens[i]);

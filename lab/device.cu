@@ -5,9 +5,11 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,6 +72,20 @@ __global__ void fill_random_kernel(uint16_t *dst, int64_t n, uint64_t seed, int 
             __half h = __float2half_rn(f);
             dst[i] = *reinterpret_cast<uint16_t *>(&h);
         }
+    }
+}
+
+// fp8 codes of uniform values in [-1, 1) times inv_scale (nearest even, saturating, as pkv_float_to_fp8); a value
+// that rounds to zero takes the smallest code of its sign, so no code is zero.
+__global__ void fill_random_fp8_kernel(uint8_t *dst, int64_t n, uint64_t seed, int e5m2, float inv_scale) {
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        uint64_t z = seed + (uint64_t)i * 0x9E3779B97F4A7C15ull;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        z ^= z >> 31;
+        const float f = (float)(z >> 40) * (2.0f / 16777216.0f) - 1.0f;
+        const uint8_t c = __nv_cvt_float_to_fp8(f * inv_scale, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
+        dst[i] = (c & 0x7fu) ? c : (uint8_t)(c | 1u);
     }
 }
 
@@ -247,6 +263,20 @@ pkv_status pkv_dev_fill_random(pkv_context *ctx, void *dst, int64_t count, pkv_d
         return pkv_lab_fail(PKV_ERR_UNSUPPORTED_DTYPE, "pkv_dev_fill_random writes fp16 or bf16, not dtype %d", (int)dtype);
     if (count <= 0) return PKV_OK;
     fill_random_kernel<<<1024, 256>>>(static_cast<uint16_t *>(dst), count, seed, dtype == PKV_DTYPE_BF16, 0);
+    LAB_CUDA_TRY(ctx, cudaGetLastError());
+    LAB_CUDA_TRY(ctx, cudaDeviceSynchronize());
+    return PKV_OK;
+}
+
+pkv_status pkv_dev_fill_random_fp8(pkv_context *ctx, void *dst, int64_t count, pkv_dtype dtype, float scale,
+                                   uint64_t seed) {
+    if (dtype != PKV_DTYPE_FP8_E4M3 && dtype != PKV_DTYPE_FP8_E5M2)
+        return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "an fp8 fill takes PKV_DTYPE_FP8_E4M3 or _E5M2, not %d", (int)dtype);
+    if (!(scale > 0.0f && scale <= FLT_MAX))
+        return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "an fp8 fill's scale is positive and finite, not %g", (double)scale);
+    if (count <= 0) return PKV_OK;
+    fill_random_fp8_kernel<<<1024, 256>>>(static_cast<uint8_t *>(dst), count, seed, dtype == PKV_DTYPE_FP8_E5M2,
+                                          1.0f / scale);
     LAB_CUDA_TRY(ctx, cudaGetLastError());
     LAB_CUDA_TRY(ctx, cudaDeviceSynchronize());
     return PKV_OK;

@@ -33,6 +33,11 @@ pkv_status pkv_dev_fill_random(pkv_context *ctx, void *dst, int64_t count, pkv_d
     (void)dst, (void)count, (void)dtype, (void)seed;
     return PKV_NO_CUDA(ctx);
 }
+pkv_status pkv_dev_fill_random_fp8(pkv_context *ctx, void *dst, int64_t count, pkv_dtype dtype, float scale,
+                                   uint64_t seed) {
+    (void)dst, (void)count, (void)dtype, (void)scale, (void)seed;
+    return PKV_NO_CUDA(ctx);
+}
 pkv_status pkv_dev_get_info(pkv_context *ctx, pkv_dev_info *info) {
     (void)info;
     return PKV_NO_CUDA(ctx);

@@ -251,6 +251,12 @@ pkv_status pkv_dev_synchronize(pkv_context *ctx);
 /* Fills count fp16/bf16 values with seeded pseudo-random numbers in [-1, 1] on the device (other dtypes:
  * PKV_ERR_UNSUPPORTED_DTYPE). */
 pkv_status pkv_dev_fill_random(pkv_context *ctx, void *dst, int64_t count, pkv_dtype dtype, uint64_t seed);
+/* Fills count one-byte codes of an fp8 cache (dtype PKV_DTYPE_FP8_E4M3 or _E5M2) on the device: each the code of
+ * a seeded pseudo-random value in [-1, 1] divided by scale (positive, finite; nearest even, saturating, as
+ * pkv_float_to_fp8), so that code x scale lies in about [-1, 1]; a value that rounds to zero takes the smallest
+ * code of its sign: no code is zero (nor NaN). */
+pkv_status pkv_dev_fill_random_fp8(pkv_context *ctx, void *dst, int64_t count, pkv_dtype dtype, float scale,
+                                   uint64_t seed);
 /* The same values, written late by one CTA on the default stream, asynchronously: the kernel first lets a
  * programmatic dependent start (griddepcontrol.launch_dependents), spins delay_ns, then fills.  A run
  * queued right behind it that touched dst before its dependency wait would see the old values (tests). */

@@ -131,6 +131,23 @@ def graph_stable_line(plain_path, graph_path):
     return ["", line]
 
 
+def fp8_line(fp16_path, fp8_path):
+    """The anchors with an fp8 cache against the same anchors with fp16 (best route's kernel time each)."""
+    def best(path):
+        b = {}
+        for r in json.load(open(path))["rows"]:
+            if r.get("kernel_us") and (r["step"] not in b or r["kernel_us"] < b[r["step"]]):
+                b[r["step"]] = r["kernel_us"]
+        return b
+    f16, f8 = best(fp16_path), best(fp8_path)
+    ratios = sorted(f8[s] / f16[s] for s in f8 if s in f16)
+    if not ratios:
+        return []
+    gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+    return [f"fp8 (e4m3) cache against fp16, {len(ratios)} anchors: best route's kernel time geomean {gm:.3f}, "
+            f"min {ratios[0]:.3f}, max {ratios[-1]:.3f} (half the bytes: 0.5 at best)"]
+
+
 def main():
     out_dir = sys.argv[1]
     lines = []
@@ -143,6 +160,11 @@ def main():
     d64 = os.path.join(out_dir, "anchors_d64_page1.json")
     if os.path.exists(d64):
         lines += best_route_line(d64, "d = 64 (32:8:64) on pages of 1 token")
+    f8 = os.path.join(out_dir, "anchors_fp8.json")
+    if os.path.exists(f8):
+        lines += best_route_line(f8, "fp8 KV cache (e4m3, scale 0.05)")
+        if os.path.exists(a):
+            lines += fp8_line(a, f8)
     gs = os.path.join(out_dir, "anchors_graph_stable.json")
     if os.path.exists(a) and os.path.exists(gs):
         lines += graph_stable_line(a, gs)

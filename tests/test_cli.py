@@ -43,7 +43,7 @@ run("bench", "--backend", "cpu", "--lens", "5", "--pdl", "2", rc=2)
 # numbers out of range, empty, or past int32 (not wrapped: 4294967297 reps is not 1), unknown names (not the
 # default), a JSON file that cannot be written (before measuring, and a failed write), a directory as input
 for args in (("--page-size", "0"), ("--page-size", "-16"), ("--reps", "4294967297"), ("--pdl", ""),
-             ("--rotate-gib", "nan"), ("--rotate-gib", "-5"), ("--dtype", "fp8"), ("--layout", "xyz"),
+             ("--rotate-gib", "nan"), ("--rotate-gib", "-5"), ("--dtype", "fp4"), ("--layout", "xyz"),
              ("--parallelism", "100000"), ("--lens", ",".join(["5"] * 4097))):
     p = run("bench", "--backend", "cpu", "--lens", "5", *args, rc=2) if args[0] != "--lens" else \
         run("bench", "--backend", "cpu", *args, rc=2)
@@ -88,7 +88,8 @@ with tempfile.TemporaryDirectory() as tmp:
     check(a == b, f"trace file round trip {a} != {b}")
 
     out = run("check", "--backend", "cpu", "--count", "4").stdout
-    check("0 failed" in out, "pkv check: " + out[-300:])
+    m = re.search(r"(\d+) passed, 0 failed, 0 unsupported .*fp8 caches: (\d+) runs", out)
+    check(m is not None and int(m.group(1)) >= int(m.group(2)) > 0, "pkv check (fp8 caches among the cases): " + out[-300:])
 
     js = os.path.join(tmp, "b.json")
     out = run("bench", "--backend", "cpu", "--lens", "300,0,1,2000", "--reps", "1", "--wall-reps", "1",
@@ -206,6 +207,45 @@ with tempfile.TemporaryDirectory() as tmp:
         check(r["kv_bytes"] == 801 * 8 * 128 * 2 * 2, f"windowed kv bytes {r['kv_bytes']}")
         check("--window 500 --soft-cap 30" in r["repro"], "repro carries the window and the cap")
     run("bench", "--backend", "cpu", "--window", "-3", "--lens", "5", rc=2)
+
+    # fp8 KV caches: e4m3 at a scale, against the float64 reference (which reads the same codes at the same
+    # scale); one byte an element in the KV bytes; the type and the scale in the JSON, the footer and each
+    # row's repro command, which runs as it is
+    js5 = os.path.join(tmp, "f8.json")
+    out = run("bench", "--backend", "cpu", "--kv-dtype", "fp8_e4m3", "--kv-scale", "0.05", "--lens", "300,0,1,2000",
+              "--reps", "1", "--wall-reps", "1", "--json", js5).stdout
+    check("fp16 q and o, fp8_e4m3 KV cache (scale 0.05)" in out, "bench names the fp8 cache: " + out[-400:])
+    doc = json.load(open(js5))
+    sh = doc["meta"]["shape"]
+    check((sh.get("dtype"), sh.get("kv_dtype"), sh.get("kv_scale")) == ("fp16", "fp8_e4m3", 0.05),
+          f"JSON records the fp8 cache: {sh}")
+    check(len(doc["rows"]) == 6, f"fp8: 6 routes, got {len(doc['rows'])}")
+    for r in doc["rows"]:
+        check(r["rel_err"] is not None and r["rel_err"] < 2e-3, f"fp8 {r['route']} rel_err {r['rel_err']}")
+        check(r["unwritten_outputs"] == 0, "fp8 outputs written")
+        check(r["kv_bytes"] == 2301 * 8 * 128 * 2 * 1, f"fp8 kv bytes {r['kv_bytes']}")
+        check("--kv-dtype fp8_e4m3 --kv-scale 0.05" in r["repro"], "repro carries the fp8 cache: " + r["repro"])
+    repro = doc["rows"][1]["repro"].split()
+    check(repro[:2] == ["pkv", "bench"], "repro starts with pkv bench")
+    js6 = os.path.join(tmp, "f8r.json")
+    run(*repro[1:], "--reps", "1", "--wall-reps", "1", "--json", js6)
+    r6 = json.load(open(js6))["rows"][0]
+    check(r6["repro"] == doc["rows"][1]["repro"] and r6["rel_err"] < 2e-3, f"the repro line reruns: {r6['repro']}")
+    # e5m2 beside bf16 q in an interleaved HND pool (an anchor step), and --dtype fp8 on a trace step
+    js7 = os.path.join(tmp, "f8a.json")
+    run("bench", "--backend", "cpu", "--dtype", "bf16", "--kv-dtype", "fp8_e5m2", "--kv-scale", "4", "--layout", "hnd",
+        "--kv-interleaved", "--anchor", "B1_N2048", "--route", "split", "--reps", "1", "--wall-reps", "1", "--json", js7)
+    doc = json.load(open(js7))
+    r = doc["rows"][0]
+    check((doc["meta"]["shape"]["kv_dtype"], doc["meta"]["shape"]["dtype"]) == ("fp8_e5m2", "bf16")
+          and r["rel_err"] < 1e-2 and r["kv_bytes"] == 2048 * 8 * 128 * 2 and r["flashinfer_best_us"] is None,
+          f"e5m2 anchor row: {r['rel_err']} {r['kv_bytes']}")
+    out = run("bench", "--backend", "cpu", "--dtype", "fp8", "--trace", "bimodal", "--batch", "1", "--requests", "1", "--steps", "1",
+              "--route", "fused", "--reps", "1", "--wall-reps", "1").stdout
+    check("fp8_e4m3 KV cache (scale 1)" in out and "| fused | 1 |" in out, "--dtype fp8 on a trace: " + out[-400:])
+    # a cache of q's type is recorded as such, at scale 1
+    check((json.load(open(js4))["meta"]["shape"].get("kv_dtype"), json.load(open(js4))["meta"]["shape"].get("kv_scale"))
+          == ("fp16", 1), "JSON records an fp16 cache")
     run("bench", "--backend", "cpu", "--soft-cap", "-1", "--lens", "5", rc=2)
     run("bench", "--backend", "cpu", "--soft-cap", "nan", "--lens", "5", rc=2)
 
@@ -222,8 +262,15 @@ def refused(args, *words, rc=2, stdout_empty=True):
 refused(("bench", "--backend", "cpu", "--shape", "30:8:128"), "--shape 30:8:128", "not a multiple")
 refused(("bench", "--backend", "cpu", "--shape", "30:10:96"), "head_dim 96")
 # one message per option, about that option
-p = refused(("bench", "--backend", "cpu", "--dtype", "fp8"), "--dtype", "fp8")
-check("--layout" not in p.stderr, "--dtype fp8 names --dtype only: " + p.stderr)
+p = refused(("bench", "--backend", "cpu", "--dtype", "fp4"), "--dtype", "fp4")
+check("--layout" not in p.stderr, "--dtype fp4 names --dtype only: " + p.stderr)
+# the KV cache's type and an fp8 cache's scale
+refused(("bench", "--backend", "cpu", "--lens", "5", "--kv-dtype", "fp4"), "--kv-dtype", "fp8_e4m3", "'fp4'")
+refused(("bench", "--backend", "cpu", "--lens", "5", "--kv-dtype", "fp8_e4m3", "--kv-scale", "-1"), "--kv-scale",
+        "positive")
+refused(("bench", "--backend", "cpu", "--lens", "5", "--dtype", "fp8", "--kv-scale", "nan"), "--kv-scale", "finite")
+refused(("bench", "--backend", "cpu", "--lens", "5", "--kv-scale", "2"), "--kv-scale applies to an fp8 cache")
+refused(("bench", "--backend", "cpu", "--lens", "5", "--kv-dtype", "bf16"), "--kv-dtype bf16", "q's type")
 p = refused(("bench", "--backend", "cpu", "--layout", "foo"), "--layout", "foo")
 check("--dtype" not in p.stderr, "--layout foo names --layout only: " + p.stderr)
 # --lens: which length is wrong and why

@@ -7,6 +7,7 @@
 #include "options.h"
 #include "pkv_test.h"
 
+#include <float.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <string.h>
@@ -100,6 +101,30 @@ static void chosen(void) {
     EXPECT(0, CLI_PARSE_BAD, "unknown anchor", "--anchor", "B3_nope");
     EXPECT(0, CLI_PARSE_GO_ON, "", "--graph-max-batch", "pow2", "--route", "workqueue");
     EXPECT(0, CLI_PARSE_BAD, "unknown route", "--route", "sideways");
+    /* bench: the cache's type and an fp8 cache's scale */
+    EXPECT(0, CLI_PARSE_GO_ON, "", "--kv-dtype", "fp8_e4m3", "--kv-scale", "0.05");
+    EXPECT(0, CLI_PARSE_GO_ON, "", "--dtype", "bf16", "--kv-dtype", "fp8_e5m2");
+    EXPECT(0, CLI_PARSE_GO_ON, "", "--dtype", "fp8", "--kv-dtype", "fp8_e5m2", "--kv-scale", "3e38");
+    EXPECT(0, CLI_PARSE_GO_ON, "", "--dtype", "bf16", "--kv-dtype", "bf16");
+    EXPECT(0, CLI_PARSE_BAD, "fp8_e4m3 or fp8_e5m2, got 'fp4'", "--kv-dtype", "fp4");
+    EXPECT(0, CLI_PARSE_BAD, "--dtype takes fp16, bf16 or fp8", "--dtype", "fp8_e5m2");
+    EXPECT(0, CLI_PARSE_BAD, "holds q's type", "--kv-dtype", "bf16");
+    EXPECT(0, CLI_PARSE_BAD, "holds q's type", "--shape", "d256", "--kv-dtype", "fp16");
+    EXPECT(0, CLI_PARSE_BAD, "give one", "--dtype", "fp8", "--kv-dtype", "fp16");
+    EXPECT(0, CLI_PARSE_BAD, "positive scale", "--dtype", "fp8", "--kv-scale", "-1");
+    EXPECT(0, CLI_PARSE_BAD, "positive scale", "--dtype", "fp8", "--kv-scale", "0");
+    EXPECT(0, CLI_PARSE_BAD, "positive scale", "--dtype", "fp8", "--kv-scale", "1e-50"); /* 0 as a float */
+    EXPECT(0, CLI_PARSE_BAD, "positive scale", "--dtype", "fp8", "--kv-scale", "1e39");  /* past float */
+    EXPECT(0, CLI_PARSE_BAD, "finite", "--dtype", "fp8", "--kv-scale", "nan");
+    EXPECT(0, CLI_PARSE_BAD, "applies to an fp8 cache", "--kv-scale", "2");
+    {
+        const char *const fp8[] = {"--dtype", "fp8", "--kv-scale", "0.25", NULL};
+        CHECK(parse_args(0, fp8, err, sizeof err) == CLI_PARSE_GO_ON && bench_o[0].prob.dtype == PKV_DTYPE_FP16 &&
+              bench_o[0].prob.kv_dtype == PKV_DTYPE_FP8_E4M3 && bench_o[0].kv_scale == 0.25f);
+        const char *const same[] = {"--shape", "d64", "--kv-dtype", "bf16", NULL}; /* q's type: kv_dtype 0 */
+        CHECK(parse_args(0, same, err, sizeof err) == CLI_PARSE_GO_ON && bench_o[0].prob.dtype == PKV_DTYPE_BF16 &&
+              bench_o[0].prob.kv_dtype == 0 && bench_o[0].kv_scale == 1.0f);
+    }
     /* the last value of a repeated option */
     {
         const char *const args[] = {"--reps", "3", "--reps", "5", NULL};
@@ -151,13 +176,14 @@ static const char *const options[] = {
     "--set-batches", "--set-seeds", "--parallelism", "--kv-interleaved", "--window", "--soft-cap",
     "--behind-producer", "--pdl", "--graph-max-batch", "--graph-tasks", "--family", "--holes", "--in", "--out",
     "--show", "--count", "--max-len", "--from-json", "--evaluate", "--replay-auto", "--help", "--",
-    "--model", "--layers", "--prefill", "--prompts", "--weights", "--max-new", "--pages", "--out-tokens"};
+    "--model", "--layers", "--prefill", "--prompts", "--weights", "--max-new", "--pages", "--out-tokens",
+    "--kv-dtype", "--kv-scale"};
 static const char *const values[] = {
     "", "0", "1", "-1", "2", "16", "256", "257", "1024", "1025", "65536", "1048576", "2147483647", "2147483648",
     "-2147483649", "4294967297", "9223372036854775807", "9223372036854775808", "18446744073709551616",
     "99999999999999999999999999999", "1e39", "-0", "0.5", "0.9", "nan", "inf", "-inf", "0x10", " 7", "7 ",
     "all", "pow2", "cpu", "cuda", "best", "auto", "single", "workqueue", "fused", "paper", "d64", "g16",
-    "32:8:128", "48:4:64", "30:8:128", "32:8:96", "99999:1:64", "1:1:1", "fp16", "bf16", "fp8", "nhd", "hnd",
+    "32:8:128", "48:4:64", "30:8:128", "32:8:96", "99999:1:64", "1:1:1", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp4", "1e-50", "nhd", "hnd",
     "zipf", "bimodal", "uniform", "B8_bimodal", "B64_homo32K", "300,0,1,2000", "10,-5", "5,,6", ",", "5,",
     "1073741824,1073741824,1073741824", "1,4,16", "a.json", "a.json,b.json", "x", "--reps"};
 
@@ -192,7 +218,8 @@ static bool bench_sane(const bench_opts *o) {
     const pkv_page_table empty = {0, indptr, NULL, NULL};
     bool ok = o->nroutes >= 1 && o->nroutes <= BENCH_MAX_ROUTES && o->nlens >= 0 && o->nlens <= BENCH_MAX_LENS &&
               pkv_check_page_table(&o->prob, &empty) == PKV_OK && (o->reps == BENCH_DEFAULT || o->reps >= 1) &&
-              o->set_seeds >= 1 && o->set_seeds <= BENCH_HELDOUT_SEEDS && o->cc.num_threads >= 0;
+              o->set_seeds >= 1 && o->set_seeds <= BENCH_HELDOUT_SEEDS && o->cc.num_threads >= 0 &&
+              o->kv_scale > 0.0f && o->kv_scale <= FLT_MAX && (cli_kv_is_fp8(&o->prob) || o->kv_scale == 1.0f);
     int64_t pages = 0;
     for (int i = 0; i < o->nlens; i++) {
         ok &= o->lens[i] >= 0 && o->lens[i] <= BENCH_MAX_LEN;

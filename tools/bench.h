@@ -127,8 +127,9 @@ static inline void die_status(pkv_context *ctx, pkv_status st, const char *what)
 
 static inline int32_t pages_of(int32_t len, int32_t ps) { return (len + ps - 1) / ps; }
 
+/* K and V bytes of one token: elements of the cache's type (2 bytes, or 1 for an fp8 cache). */
 static inline int64_t kv_bytes_per_token(const pkv_problem *p) {
-    return (int64_t)p->num_kv_heads * p->head_dim * 2 * 2; /* K and V, 2-byte elements */
+    return (int64_t)p->num_kv_heads * p->head_dim * 2 * (int64_t)cli_kv_elem_bytes(p);
 }
 
 /* The tokens a row of len attends to: its last `window` under a sliding window.  Rotations, the

@@ -52,11 +52,20 @@ static void buf_free(const bench_opts *o, void *p) {
         free(p);
 }
 
-static void fill_random(const bench_opts *o, void *p, int64_t n, uint64_t seed) {
-    if (o->cuda)
-        TRY(o->ctx, pkv_dev_fill_random(o->ctx, p, n, o->prob.dtype, seed), "random fill");
-    else
-        cli_fill_random((uint16_t *)p, n, o->prob.dtype, seed);
+/* n random elements of q's type (dtype), or of the KV cache's (kv: an fp8 cache holds codes of values in
+ * [-1, 1] divided by its scale). */
+static void fill_random(const bench_opts *o, void *p, int64_t n, bool kv, uint64_t seed) {
+    const pkv_problem *pr = &o->prob;
+    if (kv && cli_kv_is_fp8(pr)) {
+        if (o->cuda)
+            TRY(o->ctx, pkv_dev_fill_random_fp8(o->ctx, p, n, pr->kv_dtype, o->kv_scale, seed), "random fill");
+        else
+            cli_fill_random_fp8((uint8_t *)p, n, pr->kv_dtype, o->kv_scale, seed);
+    } else if (o->cuda) {
+        TRY(o->ctx, pkv_dev_fill_random(o->ctx, p, n, pr->dtype, seed), "random fill");
+    } else {
+        cli_fill_random((uint16_t *)p, n, pr->dtype, seed);
+    }
 }
 
 static void to_backend(const bench_opts *o, void *dst, const void *src, size_t n) {
@@ -85,31 +94,33 @@ void buffers_free(const bench_opts *o, buffers *b) {
     memset(b, 0, sizeof *b);
 }
 
-/* The K and V pools of a step's pool_pages (kv bytes each), filled at random: seed * 3 + 1 and + 2 are
- * K's and V's streams (q's is + 3). */
+/* The K and V pools of a step's pool_pages (kv bytes each, elements of the cache's type), filled at random:
+ * seed * 3 + 1 and + 2 are K's and V's streams (q's is + 3). */
 static void kv_pools_for_step(const bench_opts *o, buffers *b, size_t kv, uint64_t seed) {
     const pkv_problem *p = &o->prob;
+    const size_t es = cli_kv_elem_bytes(p);
     buf_free(o, b->k);
     if (!b->kv_page_stride) buf_free(o, b->v);
     if (o->kv_interleaved) { /* one pool, [pages][K page, V page] */
         const int64_t page_elems = (int64_t)p->page_size * p->num_kv_heads * p->head_dim;
         b->k = buf_alloc(o, 2 * kv);
-        b->v = (char *)b->k + page_elems * 2;
+        b->v = (char *)b->k + (size_t)page_elems * es;
         b->kv_page_stride = 2 * page_elems;
-        fill_random(o, b->k, (int64_t)kv, seed * 3 + 1);
+        fill_random(o, b->k, (int64_t)(2 * kv / es), true, seed * 3 + 1);
     } else {
         b->k = buf_alloc(o, kv);
         b->v = buf_alloc(o, kv);
         b->kv_page_stride = 0;
-        fill_random(o, b->k, (int64_t)(kv / 2), seed * 3 + 1);
-        fill_random(o, b->v, (int64_t)(kv / 2), seed * 3 + 2);
+        fill_random(o, b->k, (int64_t)(kv / es), true, seed * 3 + 1);
+        fill_random(o, b->v, (int64_t)(kv / es), true, seed * 3 + 2);
     }
     b->kv_bytes = kv;
 }
 
 void buffers_for_step(const bench_opts *o, buffers *b, const step_input *s, uint64_t seed) {
     const pkv_problem *p = &o->prob;
-    size_t kv = (size_t)s->pool_pages * (size_t)p->page_size * (size_t)p->num_kv_heads * (size_t)p->head_dim * 2;
+    size_t kv = (size_t)s->pool_pages * (size_t)p->page_size * (size_t)p->num_kv_heads * (size_t)p->head_dim *
+                cli_kv_elem_bytes(p);
     if (kv > b->kv_bytes) kv_pools_for_step(o, b, kv, seed);
     size_t qb = (size_t)(s->batch ? s->batch : 1) * (size_t)p->num_qo_heads * (size_t)p->head_dim * 2;
     if (qb > b->q_bytes) {
@@ -121,7 +132,7 @@ void buffers_for_step(const bench_opts *o, buffers *b, const step_input *s, uint
         b->lse = (float *)buf_alloc(o, qb); /* >= B x Hq floats */
         b->q_bytes = qb;
     }
-    fill_random(o, b->q, (int64_t)(qb / 2), seed * 3 + 3);
+    fill_random(o, b->q, (int64_t)(qb / 2), false, seed * 3 + 3);
     for (int32_t r = 0; r < b->nsets; r++) buf_free(o, b->page_sets[r]);
     free(b->page_sets);
     int32_t np = s->indptr[s->batch];
@@ -165,22 +176,23 @@ static void reference_pick_rows(const step_input *s, reference *ref) {
     }
 }
 
-/* Copies the picked rows' pages (rotation 0) to the host and computes the float64 reference. */
+/* Copies the picked rows' pages (rotation 0) to the host and computes the float64 reference (an fp8 cache's
+ * codes read at its scale, as the run reads them). */
 void reference_compute(const bench_opts *o, const buffers *b, const step_input *s, reference *ref) {
     memset(ref, 0, sizeof *ref);
     if (s->batch == 0) return;
     const pkv_problem *p = &o->prob;
     reference_pick_rows(s, ref);
     const int32_t R = ref->nrows, ps = p->page_size;
-    const size_t page_elems = (size_t)ps * p->num_kv_heads * p->head_dim;
+    const size_t page_elems = (size_t)ps * p->num_kv_heads * p->head_dim, es = cli_kv_elem_bytes(p);
     int32_t indptr[BENCH_REF_MAX_ROWS + 1] = {0}, lens[BENCH_REF_MAX_ROWS];
     for (int32_t j = 0; j < R; j++) {
         lens[j] = s->lens[ref->rows[j]];
         indptr[j + 1] = indptr[j] + pages_of(lens[j], ps);
     }
     int32_t np = indptr[R];
-    uint16_t *hk = (uint16_t *)xmalloc((size_t)(np ? np : 1) * page_elems * 2);
-    uint16_t *hv = (uint16_t *)xmalloc((size_t)(np ? np : 1) * page_elems * 2);
+    char *hk = (char *)xmalloc((size_t)(np ? np : 1) * page_elems * es);
+    char *hv = (char *)xmalloc((size_t)(np ? np : 1) * page_elems * es);
     int32_t *hidx = (int32_t *)xmalloc((size_t)(np ? np : 1) * sizeof(int32_t));
     uint16_t *hq = (uint16_t *)xmalloc((size_t)R * p->num_qo_heads * p->head_dim * 2);
     for (int32_t j = 0; j < R; j++) {
@@ -189,8 +201,8 @@ void reference_compute(const bench_opts *o, const buffers *b, const step_input *
             int32_t phys = s->pages[s->indptr[row] + k]; /* rotation 0 */
             size_t at = (size_t)(indptr[j] + k);
             const size_t pstride = b->kv_page_stride ? (size_t)b->kv_page_stride : page_elems; /* elements */
-            from_backend(o, hk + at * page_elems, (const char *)b->k + (size_t)phys * pstride * 2, page_elems * 2);
-            from_backend(o, hv + at * page_elems, (const char *)b->v + (size_t)phys * pstride * 2, page_elems * 2);
+            from_backend(o, hk + at * page_elems * es, (const char *)b->k + (size_t)phys * pstride * es, page_elems * es);
+            from_backend(o, hv + at * page_elems * es, (const char *)b->v + (size_t)phys * pstride * es, page_elems * es);
             hidx[at] = (int32_t)at;
         }
         size_t qrow = (size_t)p->num_qo_heads * p->head_dim;
@@ -201,7 +213,8 @@ void reference_compute(const bench_opts *o, const buffers *b, const step_input *
     pkv_page_table t = {R, indptr, hidx, lens};
     ref->o = (double *)xmalloc((size_t)R * p->num_qo_heads * p->head_dim * sizeof(double));
     ref->lse = (double *)xmalloc((size_t)R * p->num_qo_heads * sizeof(double));
-    TRY(NULL, pkv_reference(&sub, &t, hq, hk, hv, ref->o, ref->lse), "reference");
+    const float scale = cli_kv_is_fp8(p) ? o->kv_scale : 0.0f;
+    TRY(NULL, pkv_reference_kv(&sub, &t, hq, hk, hv, scale, scale, NULL, NULL, ref->o, ref->lse), "reference");
     free(hk);
     free(hv);
     free(hidx);
@@ -341,7 +354,9 @@ static void plan_route(route_run *x, pkv_route route, row_result *r) {
                          .kv_page_indices = x->b->page_sets[0],
                          .o = x->b->o,
                          .lse = x->b->lse,
-                         .kv_page_stride = x->b->kv_page_stride};
+                         .kv_page_stride = x->b->kv_page_stride,
+                         .k_scale = cli_kv_is_fp8(&o->prob) ? o->kv_scale : 0.0f,
+                         .v_scale = cli_kv_is_fp8(&o->prob) ? o->kv_scale : 0.0f};
     r->decode_kernel = NULL;
     if (o->cuda) TRY(o->ctx, pkv_dev_decode_kernel(o->ctx, x->plan, &x->t, &r->decode_kernel), "decode kernel");
 }
@@ -464,14 +479,19 @@ static void derive_row(const bench_opts *o, const step_input *s, pkv_route route
     r->gather_us = gather_us;
     r->step_eff = floor_us > 0 && r->kernel_us > 0 ? floor_us / r->kernel_us : NAN;
     r->tokens_per_s = r->wall_us > 0 ? s->batch / (r->wall_us * 1e-6) : 0;
-    char score[64] = "";
-    if (o->prob.window > 0) snprintf(score, sizeof score, " --window %d", o->prob.window);
+    char score[128] = "";
+    if (cli_kv_is_fp8(&o->prob)) {
+        char scale[32];
+        cli_format_float(scale, sizeof scale, o->kv_scale);
+        snprintf(score, sizeof score, " --kv-dtype %s --kv-scale %s", cli_dtype_name(o->prob.kv_dtype), scale);
+    }
+    if (o->prob.window > 0) snprintf(score + strlen(score), sizeof score - strlen(score), " --window %d", o->prob.window);
     if (o->prob.logits_soft_cap > 0.0f)
         snprintf(score + strlen(score), sizeof score - strlen(score), " --soft-cap %g",
                  (double)o->prob.logits_soft_cap);
     snprintf(r->repro, sizeof r->repro,
              "pkv bench --backend %s --shape %s --dtype %s --layout %s --page-size %d%s %s --route %s",
-             o->cuda ? "cuda" : "cpu", o->shape_name, o->prob.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16",
+             o->cuda ? "cuda" : "cpu", o->shape_name, cli_dtype_name(o->prob.dtype),
              o->prob.layout == PKV_LAYOUT_HND ? "hnd" : "nhd", o->prob.page_size, score, s->workload_arg,
              pkv_route_name(route));
     snprintf(r->trace, sizeof r->trace, "%s", s->workload_arg);

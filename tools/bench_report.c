@@ -13,7 +13,8 @@
 
 extern char **environ;
 
-/* A row agrees with the reference when its relative error is at most this (the dtype's rounding). */
+/* A row agrees with the reference when its relative error is at most this (the rounding of q's and o's dtype:
+ * an fp8 cache's values widen exactly, and the reference reads the same codes at the same scale). */
 #define REL_TOL_BF16 2e-2
 #define REL_TOL_FP16 4e-3
 /* The tasks per unit the backends plan for by default (src/cuda/cuda_backend.cu, src/cpu/cpu_backend.c). */
@@ -89,10 +90,14 @@ void print_summary(const bench_opts *o, const results *res) {
 }
 
 void print_run_footer(const bench_opts *o, const ceilings *ce, const char *workload) {
-    printf("\nbackend: %s; shape %s (Hq %d, Hkv %d, d %d, %s, %s, page %d%s", pkv_context_device_name(o->ctx),
-           o->shape_name, o->prob.num_qo_heads, o->prob.num_kv_heads, o->prob.head_dim,
-           o->prob.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", o->prob.layout == PKV_LAYOUT_HND ? "HND" : "NHD",
-           o->prob.page_size, o->kv_interleaved ? ", K/V interleaved per page" : "");
+    char kv[80] = "", scale[32];
+    cli_format_float(scale, sizeof scale, o->kv_scale);
+    if (cli_kv_is_fp8(&o->prob))
+        snprintf(kv, sizeof kv, " q and o, %s KV cache (scale %s)", cli_dtype_name(o->prob.kv_dtype), scale);
+    printf("\nbackend: %s; shape %s (Hq %d, Hkv %d, d %d, %s%s, %s, page %d%s", pkv_context_device_name(o->ctx),
+           o->shape_name, o->prob.num_qo_heads, o->prob.num_kv_heads, o->prob.head_dim, cli_dtype_name(o->prob.dtype),
+           kv, o->prob.layout == PKV_LAYOUT_HND ? "HND" : "NHD", o->prob.page_size,
+           o->kv_interleaved ? ", K/V interleaved per page" : "");
     if (o->prob.window > 0) printf(", window %d", o->prob.window);
     if (o->prob.logits_soft_cap > 0.0f) printf(", soft cap %g", (double)o->prob.logits_soft_cap);
     printf("); workload: %s\n", workload);
@@ -264,7 +269,8 @@ static void json_env(FILE *f) {
 /* "meta": the tool, commit, date, backend and device, the command and its environment, the workload,
  * what the plans were made for and the shape; then "ceilings". */
 static void json_meta(FILE *f, const bench_opts *o, const ceilings *ce, const char *workload) {
-    char commit[64], date[64] = "";
+    char commit[64], date[64] = "", kv_scale[32];
+    cli_format_float(kv_scale, sizeof kv_scale, cli_kv_is_fp8(&o->prob) ? o->kv_scale : 1.0f);
     json_commit(commit, sizeof commit);
     time_t now = time(NULL);
     strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", gmtime(&now));
@@ -290,10 +296,12 @@ static void json_meta(FILE *f, const bench_opts *o, const ceilings *ce, const ch
     fprintf(f,
             ",\n    \"shape\": {\"name\": \"%s\", \"num_qo_heads\": %d, \"num_kv_heads\": %d, \"head_dim\": %d, "
             "\"page_size\": %d, "
-            "\"layout\": \"%s\", \"dtype\": \"%s\", \"kv_interleaved\": %s, \"window\": %d, \"logits_soft_cap\": %g}, "
+            "\"layout\": \"%s\", \"dtype\": \"%s\", \"kv_dtype\": \"%s\", \"kv_scale\": %s, \"kv_interleaved\": %s, "
+            "\"window\": %d, \"logits_soft_cap\": %g}, "
             "\"reps\": %d, \"wall_reps\": %d, \"terms_version\": 2},\n",
             o->shape_name, o->prob.num_qo_heads, o->prob.num_kv_heads, o->prob.head_dim, o->prob.page_size,
-            o->prob.layout == PKV_LAYOUT_HND ? "HND" : "NHD", o->prob.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16",
+            o->prob.layout == PKV_LAYOUT_HND ? "HND" : "NHD", cli_dtype_name(o->prob.dtype),
+            cli_dtype_name(cli_kv_dtype(&o->prob)), kv_scale,
             o->kv_interleaved ? "true" : "false", o->prob.window, (double)o->prob.logits_soft_cap, o->reps,
             o->wall_reps);
     fprintf(f, "  \"ceilings\": {\"read_gbps\": ");

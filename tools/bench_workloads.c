@@ -140,12 +140,12 @@ static int add_trace_set(const bench_opts *o, const uint64_t *seeds, int nseeds,
 }
 
 /* --anchor NAME|all: the anchor steps, with FlashInfer's time where anchors.md has it (CUDA, the paper
- * shape, page 16, every token, no cap). */
+ * shape, page 16, every token, no cap, an fp16 cache). */
 static int anchor_steps(const bench_opts *o, bench_workload *w) {
     int first = 0, last = cli_anchor_count();
     if (o->anchor >= 0) first = o->anchor, last = first + 1;
     bool paper = strcmp(o->shape_name, "paper") == 0 && o->prob.page_size == ANCHORS_PAGE_SIZE &&
-                 o->prob.window == 0 && o->prob.logits_soft_cap == 0.0f;
+                 o->prob.window == 0 && o->prob.logits_soft_cap == 0.0f && !cli_kv_is_fp8(&o->prob);
     w->steps = (step_input *)xmalloc((size_t)(last - first) * sizeof *w->steps);
     for (int i = first; i < last; i++) {
         pkv_anchor a;

@@ -186,6 +186,11 @@ static void json_shape(const char *s, json_file *jf) {
             prob->page_size = (int32_t)ps;
             const char *dt = strstr(shape, "\"dtype\": \"bf16\"");
             prob->dtype = dt && dt < end ? PKV_DTYPE_BF16 : PKV_DTYPE_FP16;
+            char kv[16] = "";
+            const char *kt = strstr(shape, "\"kv_dtype\": ");
+            pkv_dtype kd = PKV_DTYPE_FP16;
+            if (kt && kt < end) json_str_after(kt, "kv_dtype", kv, sizeof kv);
+            if (cli_dtype_parse(kv, &kd) && (kd == PKV_DTYPE_FP8_E4M3 || kd == PKV_DTYPE_FP8_E5M2)) prob->kv_dtype = kd;
         }
     }
     prob->num_pages = INT32_MAX;
@@ -215,7 +220,7 @@ static void json_run(const char *s, meas_set *set, int32_t parallelism_opt, json
     const int32_t G = prob->num_qo_heads / prob->num_kv_heads;
     const bool light = G <= V1_LIGHT_MAX_GROUP && prob->head_dim <= V1_LIGHT_MAX_HEAD_DIM;
     jf->v1_slots = (int64_t)par * (light ? V1_LIGHT_CTAS_PER_SM : V1_CTAS_PER_SM);
-    jf->token_mb = (double)prob->head_dim * (prob->dtype == PKV_DTYPE_FP32 ? 4.0 : 2.0) * 2.0 / 1e6;
+    jf->token_mb = (double)prob->head_dim * (double)cli_kv_elem_bytes(prob) * 2.0 / 1e6;
 }
 
 /* The row's lengths into lens: its "lens", else the anchor or the trace step it names; the batch, or -1. */

@@ -125,6 +125,80 @@ void cli_fill_random(uint16_t *buf, int64_t n, pkv_dtype dtype, uint64_t seed) {
     }
 }
 
+/* pkv_float_to_fp8 by the top 16 bits of a float, where every float of those bits has the same code (rounding
+ * is monotonic in the magnitude, so the codes of the least and the greatest such float agree), else FP8_MIXED:
+ * the same codes several times faster than a conversion per value. */
+#define FP8_MIXED 0xffffu
+static uint16_t *fp8_table(int e5m2) {
+    uint16_t *t = (uint16_t *)malloc(65536 * sizeof *t);
+    if (!t) return NULL;
+    for (uint32_t i = 0; i < 65536; i++) {
+        const uint32_t lo_bits = i << 16, hi_bits = lo_bits | 0xffffu;
+        float lo, hi;
+        memcpy(&lo, &lo_bits, sizeof lo);
+        memcpy(&hi, &hi_bits, sizeof hi);
+        const uint8_t a = pkv_float_to_fp8(lo, e5m2), b = pkv_float_to_fp8(hi, e5m2);
+        t[i] = a == b ? a : FP8_MIXED;
+    }
+    return t;
+}
+
+void cli_fill_random_fp8(uint8_t *buf, int64_t n, pkv_dtype dtype, float scale, uint64_t seed) {
+    pkv_rng r;
+    pkv_rng_seed(&r, seed);
+    const int e5m2 = dtype == PKV_DTYPE_FP8_E5M2;
+    uint16_t *table = fp8_table(e5m2); /* NULL: a conversion per value */
+    for (int64_t i = 0; i < n; i++) {
+        const float f = (float)(pkv_rng_uniform01(&r) * 2.0 - 1.0) / scale;
+        uint32_t bits;
+        memcpy(&bits, &f, sizeof bits);
+        const uint16_t known = table ? table[bits >> 16] : FP8_MIXED;
+        const uint8_t c = known != FP8_MIXED ? (uint8_t)known : pkv_float_to_fp8(f, e5m2);
+        buf[i] = (c & 0x7fu) ? c : (uint8_t)(c | 1u); /* +-0: the smallest code of its sign */
+    }
+    free(table);
+}
+
+void cli_format_float(char *buf, size_t cap, float x) {
+    for (int digits = 6; digits <= 9; digits++) {
+        snprintf(buf, cap, "%.*g", digits, (double)x);
+        if ((float)strtod(buf, NULL) == x) return;
+    }
+}
+
+static const struct {
+    pkv_dtype dtype;
+    const char *name;
+} dtype_names[] = {{PKV_DTYPE_FP16, "fp16"},
+                   {PKV_DTYPE_BF16, "bf16"},
+                   {PKV_DTYPE_FP8_E4M3, "fp8_e4m3"},
+                   {PKV_DTYPE_FP8_E5M2, "fp8_e5m2"},
+                   {PKV_DTYPE_FP32, "fp32"}};
+#define PARSED_DTYPES 4 /* the first four: fp32 is named, never parsed */
+
+const char *cli_dtype_name(pkv_dtype d) {
+    for (size_t k = 0; k < sizeof dtype_names / sizeof dtype_names[0]; k++)
+        if (dtype_names[k].dtype == d) return dtype_names[k].name;
+    return "unknown";
+}
+
+bool cli_dtype_parse(const char *name, pkv_dtype *d) {
+    for (int k = 0; name && k < PARSED_DTYPES; k++)
+        if (strcmp(dtype_names[k].name, name) == 0) {
+            *d = dtype_names[k].dtype;
+            return true;
+        }
+    return false;
+}
+
+bool cli_kv_is_fp8(const pkv_problem *p) {
+    return p->kv_dtype == PKV_DTYPE_FP8_E4M3 || p->kv_dtype == PKV_DTYPE_FP8_E5M2;
+}
+
+pkv_dtype cli_kv_dtype(const pkv_problem *p) { return cli_kv_is_fp8(p) ? p->kv_dtype : p->dtype; }
+
+size_t cli_kv_elem_bytes(const pkv_problem *p) { return cli_kv_is_fp8(p) ? 1 : 2; }
+
 int32_t cli_step_id(const char **keys, int32_t *n, const char *a, const char *b) {
     int32_t s = 0;
     while (s < *n && (strcmp(keys[2 * s], a) || strcmp(keys[2 * s + 1], b))) s++;

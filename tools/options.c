@@ -216,11 +216,19 @@ void bench_usage(FILE *f) {
         "  --shape NAME|HQ:HKV:D     paper (default), g8, g7, mha, d256, d64, g16, or any model's query heads,\n"
         "                            KV heads and head dim (e.g. 48:4:64; fp16 unless --dtype; head dim 64, 128\n"
         "                            or 256, HQ a multiple of HKV, G = HQ / HKV at most 16)\n"
-        "  --dtype fp16|bf16         (default: the shape's)\n"
+        "  --dtype fp16|bf16|fp8     q and o (default: the shape's); fp8: fp16 q and o with an fp8_e4m3 cache\n"
+        "                            (--dtype fp16 --kv-dtype fp8_e4m3; add --kv-dtype fp8_e5m2 for e5m2)\n"
+        "  --kv-dtype T              the KV cache's type: q's (fp16 or bf16, the default), fp8_e4m3 or fp8_e5m2\n"
+        "                            (one byte an element: half the bytes of fp16, as KV MB, GB/s and the floors\n"
+        "                            count them)\n"
+        "  --kv-scale S              an fp8 cache's scale, K and V alike (k_scale = v_scale): real value = stored\n"
+        "                            x S (default 1); the cache holds random values in [-1, 1] as codes of value / S\n"
         "  --layout nhd|hnd          (default nhd)\n"
         "  --page-size N             1..256 (default 16)\n"
         "  --window W                sliding window: each row attends to its last W tokens (default 0: all)\n"
-        "  --soft-cap C              logits soft cap (Gemma-2: 50; default 0: none)\n"
+        "  --soft-cap C              logits soft cap (Gemma-2: 50; default 0: none)\n");
+    fprintf(
+        f,
         "workload (one of; default: --trace bimodal):\n"
         "  --trace FAMILY            uniform, bimodal, zipf, bucketed, homogeneous\n"
         "      --seed S --batch B --requests N\n"
@@ -268,7 +276,7 @@ static const char *const bench_known[] = {
     "--ctas-per-unit", "--min-chunk",     "--explain!",         "--policy",      "--calibrate-out",
     "--calibration-set!", "--heldout-set!", "--set-batches",    "--set-seeds",   "--parallelism",
     "--kv-interleaved!", "--window",      "--soft-cap",         "--behind-producer!", "--pdl",
-    "--graph-max-batch", "--graph-tasks", NULL};
+    "--graph-max-batch", "--graph-tasks", "--kv-dtype",      "--kv-scale",    NULL};
 
 static void record_cmdline(int argc, char **argv, bench_opts *o) {
     size_t at = (size_t)snprintf(o->cmdline, sizeof o->cmdline, "pkv bench");
@@ -305,7 +313,42 @@ static bool parse_shape(const char *name, pkv_problem *p, char *shape_name, size
     return true;
 }
 
-/* The problem: --shape, --dtype, --layout, --page-size, --window, --soft-cap; checked by the library. */
+/* --dtype, --kv-dtype and --kv-scale: q's and o's type, the cache's (kv_dtype 0 for a cache of q's type)
+ * and an fp8 cache's scale. */
+static cli_parse_status bench_dtypes(const opt_set *s, bench_opts *o, char *err, size_t cap) {
+    const char *dt = get(s, "--dtype"), *kt = get(s, "--kv-dtype");
+    const bool fp8_short = dt && strcmp(dt, "fp8") == 0; /* fp16 q and o, an e4m3 cache */
+    if (dt && !fp8_short && strcmp(dt, "bf16") != 0 && strcmp(dt, "fp16") != 0)
+        return bad(err, cap,
+                   "--dtype takes fp16, bf16 or fp8 (fp16 q and o with an fp8_e4m3 cache; the cache alone: "
+                   "--kv-dtype), got '%.*s'",
+                   SHOWN, dt);
+    pkv_dtype kv = PKV_DTYPE_FP16;
+    if (kt && !cli_dtype_parse(kt, &kv))
+        return bad(err, cap, "--kv-dtype takes fp16, bf16, fp8_e4m3 or fp8_e5m2, got '%.*s'", SHOWN, kt);
+    if (dt) o->prob.dtype = strcmp(dt, "bf16") == 0 ? PKV_DTYPE_BF16 : PKV_DTYPE_FP16;
+    o->prob.kv_dtype = fp8_short ? PKV_DTYPE_FP8_E4M3 : (pkv_dtype)0;
+    if (kt && (kv == PKV_DTYPE_FP8_E4M3 || kv == PKV_DTYPE_FP8_E5M2)) {
+        o->prob.kv_dtype = kv;
+    } else if (kt && fp8_short) {
+        return bad(err, cap, "--dtype fp8 asks for an fp8 cache and --kv-dtype %s for an %s one: give one", kt, kt);
+    } else if (kt && kv != o->prob.dtype) { /* the library reads a cache of q's type or an fp8 one */
+        return bad(err, cap, "--kv-dtype %s with %s q and o: a cache of fp16 or bf16 holds q's type (--dtype %s)",
+                   kt, cli_dtype_name(o->prob.dtype), kt);
+    }
+    double scale = 1.0;
+    const cli_parse_status st = double_opt(s, "--kv-scale", 1.0, -DBL_MAX, DBL_MAX, &scale, err, cap);
+    if (st != CLI_PARSE_GO_ON) return st;
+    if (!(scale > 0.0 && scale <= FLT_MAX && (float)scale > 0.0f))
+        return bad(err, cap, "option --kv-scale takes a positive scale (real value = stored x scale) that a float "
+                   "holds, got %.*s", SHOWN, get(s, "--kv-scale"));
+    if (get(s, "--kv-scale") && !cli_kv_is_fp8(&o->prob))
+        return bad(err, cap, "--kv-scale applies to an fp8 cache (--kv-dtype fp8_e4m3 or fp8_e5m2, or --dtype fp8)");
+    o->kv_scale = (float)scale;
+    return CLI_PARSE_GO_ON;
+}
+
+/* The problem: --shape, the types, --layout, --page-size, --window, --soft-cap; checked by the library. */
 static cli_parse_status bench_problem(const opt_set *s, bench_opts *o, char *err, size_t cap) {
     const char *shape = get(s, "--shape");
     pkv_problem_default(&o->prob);
@@ -313,14 +356,13 @@ static cli_parse_status bench_problem(const opt_set *s, bench_opts *o, char *err
         return bad(err, cap,
                    "unknown shape '%.*s' (paper, g8, g7, mha, d256, d64, g16, or HQ:HKV:D such as 48:4:64)", SHOWN,
                    shape);
-    const char *dt = get(s, "--dtype"), *lay = get(s, "--layout");
-    if (dt && strcmp(dt, "bf16") != 0 && strcmp(dt, "fp16") != 0)
-        return bad(err, cap, "--dtype takes fp16 or bf16, got '%.*s'", SHOWN, dt);
+    const char *lay = get(s, "--layout");
+    cli_parse_status st = bench_dtypes(s, o, err, cap);
+    if (st != CLI_PARSE_GO_ON) return st;
     if (lay && strcmp(lay, "hnd") != 0 && strcmp(lay, "nhd") != 0)
         return bad(err, cap, "--layout takes nhd or hnd, got '%.*s'", SHOWN, lay);
-    if (dt) o->prob.dtype = strcmp(dt, "bf16") == 0 ? PKV_DTYPE_BF16 : PKV_DTYPE_FP16;
     if (lay) o->prob.layout = strcmp(lay, "hnd") == 0 ? PKV_LAYOUT_HND : PKV_LAYOUT_NHD;
-    cli_parse_status st = i32_opt(s, "--page-size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE, &o->prob.page_size, err, cap);
+    st = i32_opt(s, "--page-size", DEFAULT_PAGE_SIZE, 1, MAX_PAGE_SIZE, &o->prob.page_size, err, cap);
     if (st == CLI_PARSE_GO_ON) st = i32_opt(s, "--window", 0, 0, MAX_TOKENS_OPT, &o->prob.window, err, cap);
     double soft_cap = 0;
     if (st == CLI_PARSE_GO_ON) st = double_opt(s, "--soft-cap", 0.0, 0.0, FLT_MAX, &soft_cap, err, cap);
@@ -330,7 +372,8 @@ static cli_parse_status bench_problem(const opt_set *s, bench_opts *o, char *err
     const int32_t indptr[1] = {0};
     const pkv_page_table empty = {0, indptr, NULL, NULL};
     if (pkv_check_page_table(&o->prob, &empty) != PKV_OK)
-        return bad(err, cap, "--shape %s (%s): %s", o->shape_name, o->prob.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16",
+        return bad(err, cap, "--shape %s (%s%s%s): %s", o->shape_name, cli_dtype_name(o->prob.dtype),
+                   cli_kv_is_fp8(&o->prob) ? ", KV " : "", cli_kv_is_fp8(&o->prob) ? cli_dtype_name(o->prob.kv_dtype) : "",
                    pkv_last_error());
     return CLI_PARSE_GO_ON;
 }
@@ -559,7 +602,9 @@ void check_usage(FILE *f) {
     fprintf(f, "usage: pkv check [options]\n"
                "  --backend best|cpu|cuda   (default best)\n"
                "  --count N                 random problems (default 50; every third with K and V interleaved per page,\n"
-               "                            every fourth with a sliding window, every fifth with a logits soft cap)\n"
+               "                            every fourth with a sliding window, every fifth with a logits soft cap;\n"
+               "                            about half with an fp8 cache, e4m3 or e5m2, half of those with per-KV-head\n"
+               "                            scales); a run the backend refuses as unsupported is named and fails the check\n"
                "  --seed S                  (default 1)\n"
                "  --max-len N               typical row length bound, 1..4194304 (default 3000)\n"
                "  --threads N               CPU backend threads, 1..1024 (default: every core)\n");

@@ -51,7 +51,8 @@ typedef struct bench_opts {
     /* ---- parsed by bench_options_parse ---- */
     pkv_context_config cc; /* --backend, --threads, --pdl */
     char shape_name[40];   /* a named shape or HQ:HKV:D */
-    pkv_problem prob;      /* checked by the library; num_pages set per step */
+    pkv_problem prob;      /* checked by the library; num_pages set per step; kv_dtype 0 or fp8 */
+    float kv_scale;        /* an fp8 cache's per-tensor k_scale = v_scale (--kv-scale; 1 otherwise) */
     pkv_route routes[BENCH_MAX_ROUTES];
     int nroutes;
     int reps, warmup, wall_reps; /* BENCH_DEFAULT until bench_options_setup */
