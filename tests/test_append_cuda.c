@@ -11,8 +11,8 @@
  * new K/V and a new table in the same buffers; and the CUDA backend's own errors (misalignment).
  * fp8 caches (e4m3, e5m2; fp16 and bf16 sources; per-tensor scales; values beyond the range, infinities and
  * NaNs mixed in): the GPU's quantizing append and page copies against the CPU backend's, code for code (NaN
- * codes compared as NaN), per-head scales refused with PKV_ERR_UNSUPPORTED, and fp8 decode refused with
- * PKV_ERR_UNSUPPORTED (not yet on the CUDA decode kernels).
+ * codes compared as NaN), then the appended caches decoded on both backends and compared output for output;
+ * per-head scales on the append refused with PKV_ERR_UNSUPPORTED.
  * PKV_TEST_CASES=N sets the number of random cases (default 24). */
 #include "persistentkv.h"
 #include "pkv_lab.h"
@@ -296,7 +296,7 @@ static void test_fp8(pkv_rng *rng) {
             float kf = (float)(2.0 * pkv_rng_uniform01(rng) - 1.0), vf = (float)(2.0 * pkv_rng_uniform01(rng) - 1.0);
             if (u < 0.05) kf *= big * ks, vf *= big * (vs > 0.0f ? vs : 1.0f);
             k[e] = pkv_test_from_float(kf, p.dtype), v[e] = pkv_test_from_float(vf, p.dtype);
-            if (u > 0.995) k[e] = pkv_test_nan_bits(p.dtype);
+            if (c % 2 && u > 0.995) k[e] = pkv_test_nan_bits(p.dtype); /* odd cases: NaN codes too */
         }
         uint8_t *hk = (uint8_t *)malloc((size_t)cache), *hv = (uint8_t *)malloc((size_t)cache);
         memset(hk, PKV_TEST_NAN_FP8, (size_t)cache), memset(hv, PKV_TEST_NAN_FP8, (size_t)cache);
@@ -329,21 +329,55 @@ static void test_fp8(pkv_rng *rng) {
         }
         CHECK_MSG(bad == 0, "fp8 case %d (%s, %s source, page %d): %lld codes differ between the GPU and the CPU", c,
                   e5m2 ? "e5m2" : "e4m3", p.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", p.page_size, (long long)bad);
-        /* per-head scales are not on the CUDA append yet; fp8 decode is not on the CUDA kernels yet */
+        /* the appended caches decoded on both backends with the same scales: the GPU's fp8 kernel against the
+         * CPU's, output for output (a NaN code in K makes its KV head's query heads NaN on both) */
+        const int64_t qn = (int64_t)B * p.num_qo_heads * p.head_dim;
+        uint16_t *q = (uint16_t *)malloc((size_t)qn * 2), *o_cpu = (uint16_t *)malloc((size_t)qn * 2),
+                 *o_gpu = (uint16_t *)malloc((size_t)qn * 2);
+        for (int64_t e = 0; e < qn; e++) q[e] = pkv_test_from_float((float)(2.0 * pkv_rng_uniform01(rng) - 1.0), p.dtype);
+        void *dq = dev_copy(q, (size_t)qn * 2), *dout = dev_copy(NULL, (size_t)qn * 2);
+        pkv_plan *pc = NULL, *pg = NULL;
+        CHECK_OK(pkv_plan_create(&pc));
+        CHECK_OK(pkv_plan_create(&pg));
+        const pkv_page_table t = {B, indptr, indices, lens};
+        CHECK_OK(pkv_plan_step(g_cpu, &p, &t, NULL, pc));
+        st = pkv_plan_step(g_gpu, &p, &t, NULL, pg);
+        CHECK_MSG(st == PKV_OK, "fp8 decode plan on the GPU: %s", pkv_last_error());
+        const size_t wsc_bytes = pkv_plan_workspace_size(pc) + 64, wsg_bytes = pkv_plan_workspace_size(pg) + 256;
+        void *wsc = malloc(wsc_bytes), *wsg = dev_copy(NULL, wsg_bytes);
+        pkv_tensors xc = {.q = q, .k_cache = hk, .v_cache = hv, .kv_page_indices = indices, .o = o_cpu,
+                          .k_scale = ks, .v_scale = vs};
+        pkv_tensors xg = {.q = dq, .k_cache = dk, .v_cache = dv, .kv_page_indices = (const int32_t *)dind,
+                          .o = dout, .k_scale = ks, .v_scale = vs};
+        CHECK_OK(pkv_run(g_cpu, pc, wsc, wsc_bytes, &xc, NULL));
+        st = st == PKV_OK ? pkv_run(g_gpu, pg, wsg, wsg_bytes, &xg, NULL) : st;
+        CHECK_MSG(st == PKV_OK, "fp8 decode on the GPU: %s", pkv_last_error());
+        if (st == PKV_OK) {
+            CHECK_OK(pkv_dev_copy_d2h(g_gpu, o_gpu, dout, (size_t)qn * 2));
+            int64_t nan_diff = 0, nans = 0;
+            double num = 0, den = 0;
+            for (int64_t e = 0; e < qn; e++) {
+                const double a = pkv_test_to_float(o_gpu[e], p.dtype), b = pkv_test_to_float(o_cpu[e], p.dtype);
+                if (isnan(a) || isnan(b)) {
+                    nan_diff += isnan(a) != isnan(b), nans++;
+                    continue;
+                }
+                num += (a - b) * (a - b), den += b * b;
+            }
+            const double rel = den > 0 ? sqrt(num / den) : sqrt(num), tol = p.dtype == PKV_DTYPE_BF16 ? 1.5e-2 : 2e-3;
+            CHECK_MSG(nan_diff == 0 && rel < tol && (c % 2 || nans == 0),
+                      "fp8 case %d (%s, %s q, page %d, d %d, G 4): decode GPU vs CPU rel L2 %.2e, NaN in one only %lld, "
+                      "NaN %lld", c, e5m2 ? "e5m2" : "e4m3", p.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", p.page_size,
+                      p.head_dim, rel, (long long)nan_diff, (long long)nans);
+        }
+        pkv_plan_free(pc), pkv_plan_free(pg);
+        free(q), free(o_cpu), free(o_gpu), free(wsc);
+        /* per-head scales are not on the CUDA append yet */
         float heads[8] = {1, 1, 1, 1, 1, 1, 1, 1};
         void *dheads = dev_copy(heads, sizeof heads);
         g.k_scale = 0.0f, g.k_head_scales = (const float *)dheads;
         CHECK_FAILS(pkv_append_kv(g_gpu, &p, B, n, &g, NULL), PKV_ERR_UNSUPPORTED);
-        pkv_plan *plan = NULL;
-        CHECK_OK(pkv_plan_create(&plan));
-        const pkv_page_table t = {B, indptr, indices, lens};
-        CHECK_FAILS(pkv_plan_step(g_gpu, &p, &t, NULL, plan), PKV_ERR_UNSUPPORTED);
-        CHECK_OK(pkv_plan_step(g_cpu, &p, &t, NULL, plan)); /* a CPU plan of it, run on the GPU context */
-        pkv_tensors x = {.q = dkk, .k_cache = dk, .v_cache = dv, .kv_page_indices = (const int32_t *)dind, .o = dvv};
-        void *ws = dev_copy(NULL, pkv_plan_workspace_size(plan) + 256);
-        CHECK_FAILS(pkv_run(g_gpu, plan, ws, pkv_plan_workspace_size(plan) + 256, &x, NULL), PKV_ERR_UNSUPPORTED);
-        pkv_plan_free(plan);
-        void *all[] = {dk, dv, dkk, dvv, dindptr, dind, dbidx, dpos, dlens, dheads, ws};
+        void *all[] = {dk, dv, dkk, dvv, dindptr, dind, dbidx, dpos, dlens, dheads, wsg, dq, dout};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pkv_dev_free(g_gpu, all[i]);
         free(k), free(v), free(hk), free(hv), free(back);
     }

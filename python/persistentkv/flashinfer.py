@@ -27,7 +27,7 @@ mode); block_tables, when given, must agree with the CSR table; non_blocking, ro
 The float workspace buffer is used as the workspace (grown by a new allocation if a plan needs more).
 fp8 caches: plan(..., kv_data_type=torch.float8_e4m3fn or torch.float8_e5m2) and run(..., k_scale=,
 v_scale=) with the scales FlashInfer takes (numbers; [num_kv_heads] tensors too), dequantized as stored
-value x scale (on the CPU backend; the CUDA backend refuses fp8 caches with Status.UNSUPPORTED for now).
+value x scale, on either backend.
 """
 
 import math

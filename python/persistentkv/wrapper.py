@@ -265,8 +265,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         'workqueue'; the other keywords are pkv_plan_options (0 = the library's choice).
         kv_data_type: the caches' dtype, as FlashInfer's: None or q_data_type (caches of q's dtype), or an
         fp8 type - torch.float8_e4m3fn / float8_e5m2 (or their names, ml_dtypes' types, vLLM's "fp8",
-        "fp8_e4m3", "fp8_e5m2") - whose caches run() dequantizes with its k_scale and v_scale (the CPU
-        backend; the CUDA backend refuses fp8 caches with PkvError(Status.UNSUPPORTED) for now).
+        "fp8_e4m3", "fp8_e5m2") - whose caches run() dequantizes with its k_scale and v_scale (both
+        backends; on CUDA per-head scales are device tensors).
         logits_soft_cap: as FlashInfer's (Gemma-2: 50), each score s -> cap * tanh(s / cap).
         window_left: as FlashInfer's, a sliding window (-1: none; w >= 0: each row attends to its
         last w + 1 tokens).  Both on either backend.

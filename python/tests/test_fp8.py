@@ -1,7 +1,7 @@
 """fp8 KV caches through the binding: plan(kv_data_type=...) and run(k_scale=, v_scale=) on the CPU backend
 against the float64 reference (numpy uint8 codes, ml_dtypes' and torch's float8 types when installed), the
 FlashInfer-style wrapper, the append's quantization (every code against a brute-force nearest-code search,
-saturation), page copies, and the errors.  The CUDA backend refuses fp8 caches for now (checked on a GPU).
+saturation), page copies, and the errors; on a GPU the CUDA backend's fp8 kernel on torch tensors too.
 
 Run: PKV_LIBRARY=build/libpersistentkv.so python3 -m pytest -q python/tests/test_fp8.py
 """
@@ -299,12 +299,28 @@ def test_errors(cpus):
     assert e.value.status == Status.INVALID_ARGUMENT and "fp8" in e.value.message
 
 
-def test_cuda_backend_refuses_fp8():
+@pytest.mark.parametrize("route", pkv.ROUTES)
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_cuda_backend_matches_reference(route, fmt):
+    """The CUDA backend's fp8 kernel on torch tensors (codes viewed as torch's float8 types; per-head scales as
+    device tensors), against the float64 reference."""
     if not pkv.cuda_available():
         pytest.skip("no CUDA device (or a build without CUDA)")
     torch = pytest.importorskip("torch")
-    w = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cuda")
-    with pytest.raises(PkvError) as e:
-        w.plan(np.array([0, 1], np.int32), np.array([0], np.int32), np.array([5], np.int32), 8, 2, 64, 16,
-               num_pages=1, kv_data_type=torch.float8_e4m3fn)
-    assert e.value.status == Status.UNSUPPORTED and "fp8" in e.value.message
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    for heads, layout, dtype in ((False, "NHD", "float16"), (True, "HND", "bfloat16")):
+        p = make_problem(zlib.crc32(repr(("cuda", route, fmt, heads)).encode()), LENS, 8, 2, fmt, d=128,
+                         layout=layout, dtype=dtype, heads=heads)
+        w = pkv.BatchDecodeWithPagedKVCacheWrapper(backend="cuda", kv_layout=layout)
+        plan(w, p, route=route)
+        tdt = getattr(torch, fmt)
+        dev = lambda a: torch.from_numpy(np.ascontiguousarray(a)).cuda()
+        k, v = dev(p["k"]).view(tdt), dev(p["v"]).view(tdt)
+        q = dev(p["q"]) if dtype == "float16" else dev(p["q"].view(np.int16)).view(torch.bfloat16)
+        ks = dev(p["ks"]) if heads else p["ks"]
+        vs = dev(p["vs"]) if heads else p["vs"]
+        o, lse = w.run(q, k, v, return_lse=True, k_scale=ks, v_scale=vs)
+        torch.cuda.synchronize()
+        o_np = o.cpu().numpy() if dtype == "float16" else o.view(torch.int16).cpu().numpy().view(np.uint16)
+        assert_close(o_np, lse.cpu().numpy(), ref_of(p), dtype, p["lens"])
