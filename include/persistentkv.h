@@ -460,7 +460,7 @@ typedef struct pkv_tensors {
      * v_scale 0 or 1, else PKV_ERR_INVALID_ARGUMENT); NULL: per tensor.  A cache of dtype (fp16, bf16) is read
      * as it is: its scales must be 0 or 1 and the per-head pointers NULL (PKV_ERR_INVALID_ARGUMENT).
      * A NaN stored in a token a row attends to (an fp8 NaN code) makes that row's o NaN for every query head
-     * of the token's KV head, and its lse too when the NaN is in K (CPU backend, every route); slots no row
+     * of the token's KV head, and its lse too when the NaN is in K (both backends, every route); slots no row
      * attends to are never read, whatever they hold.  e5m2 infinities go through the float arithmetic as
      * they are. */
     float k_scale;

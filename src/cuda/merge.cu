@@ -72,7 +72,8 @@ __global__ void __launch_bounds__(kThreads) merge_kernel_head(const merge_params
         r = {make_float4(0.f, 0.f, 0.f, 0.f), M, 0.f};
 #pragma unroll
         for (int g2 = 0; g2 < NG; g2++) {
-            const float f = l_sm[g2] > 0.f ? exp2f(m_sm[g2] - M) : 0.f; // a subset without states adds nothing
+            // a subset without states adds nothing; one with a NaN sum makes the head NaN
+            const float f = l_sm[g2] != 0.f ? exp2f(m_sm[g2] - M) : 0.f;
             const float4 b = part_sm[g2][col];
             r.L += f * l_sm[g2];
             r.a.x += f * b.x;

@@ -63,13 +63,13 @@ template <typename T, int D>
 __device__ __forceinline__ void merge_write(const merge_acc &r, int32_t row, int32_t h, int col, void *o_out,
                                             int64_t o_stride, float *lse_out, int32_t num_qo_heads) {
     using tr = dtype_traits<T>;
-    const float inv = r.L > 0.f ? 1.f / r.L : 0.f;
+    const float inv = r.L != 0.f ? 1.f / r.L : 0.f; // a NaN sum (a NaN state) makes o and lse NaN
     uint2 pk;
     pk.x = tr::pack(r.a.x * inv, r.a.y * inv);
     pk.y = tr::pack(r.a.z * inv, r.a.w * inv);
     *reinterpret_cast<uint2 *>(static_cast<T *>(o_out) + row * o_stride + (int64_t)h * D + col * 4) = pk;
     if (lse_out && col == 0)
-        lse_out[(int64_t)row * num_qo_heads + h] = r.L > 0.f ? (r.M + log2f(r.L)) * kLn2 : -INFINITY;
+        lse_out[(int64_t)row * num_qo_heads + h] = r.L != 0.f ? (r.M + log2f(r.L)) * kLn2 : -INFINITY;
 }
 
 // Combines the states of one merge in slot order with the whole CTA, a thread per (head, float4

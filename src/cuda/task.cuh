@@ -105,7 +105,8 @@ __device__ __forceinline__ void finish_task(const decode_params &p, const float 
         float wgt[kWarps], L = 0.f;
 #pragma unroll
         for (int w = 0; w < kWarps; w++) {
-            wgt[w] = sm_l[w * GP + j] > 0.f ? exp2f(sm_m[w * GP + j] - M) : 0.f;
+            // l = 0: a warp with no tokens; a NaN l (a NaN score) is kept, so the head's output is NaN
+            wgt[w] = sm_l[w * GP + j] != 0.f ? exp2f(sm_m[w * GP + j] - M) : 0.f;
             L += wgt[w] * sm_l[w * GP + j];
         }
         const float inv = 1.f / L;
