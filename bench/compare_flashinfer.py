@@ -1835,8 +1835,7 @@ def check_flashinfer_api():
         assert p in pp, f"FlashInfer plan lacks {p}"
     rp = inspect.signature(W.run).parameters
     assert "out" in rp, "FlashInfer run lacks out="
-    pp = inspect.signature(W.plan).parameters
-    for p in ("fixed_split_size", "disable_split_kv"):
+    for p in ("fixed_split_size", "disable_split_kv"):  # plan(*args, **kwargs) forwards to _plan_impl
         assert p in pp, f"FlashInfer plan lacks {p}"
     tp = inspect.signature(flashinfer.decode.trtllm_batch_decode_with_kv_cache).parameters
     for p in ("query", "kv_cache", "workspace_buffer", "block_tables", "seq_lens", "max_seq_len", "bmm1_scale",
