@@ -971,7 +971,8 @@ def fi_variants(gpu, st, path, q, Ks, Vs, tabs, args, notes=None):
         for name, extra, same in settings:
             def plan(_=None, w=w, extra=extra):
                 w.plan(indptr_h, indices_d, last_h, st.Hq, st.Hkv, st.d, st.page_size, **plan_kw, **extra)
-                if notes is not None:  # fp8 with tensor cores: "auto" asks determine_attention_backend
+                if notes is not None and path != "cudacore":  # tensor cores: fp8 makes "auto" ask
+                    # determine_attention_backend
                     notes["backend"] = getattr(w, "_backend", None)
 
             def run(r, out, w=w):
