@@ -5,7 +5,8 @@ One panel per workload: anchor steps, other model shapes, and traces (one bar pe
 the mean over held-out seeds and sampled steps, with the range as an error bar).  Bars: the ratio
 FlashInfer best kernel time / PersistentKV best kernel time (> 1: PersistentKV is faster; green
 above 1, red below), a black tick for PersistentKV auto.  Markers on the right axis: the fraction of
-the measured read ceiling that each library reaches (KV bytes / kernel time / ceiling).
+the measured read ceiling that each library reaches (KV bytes / kernel time / ceiling).  Rows of an fp8
+cache (compare_flashinfer.py --kv-dtype) carry its type in their label (e4m3, e5m2).
 
 Usage: python3 bench/plot_compare.py compare.json [--out compare.png]
 """
@@ -22,10 +23,16 @@ def _num(x):
     return float("nan") if x is None else float(x)
 
 
+def _kv(r):
+    """ " e4m3" / " e5m2" for a row of an fp8 cache (compare_flashinfer.py --kv-dtype), else ""."""
+    kv = r.get("kv_dtype")
+    return f" {kv.replace('fp8_', '')}" if kv and kv != r.get("dtype") else ""
+
+
 def _label(r):
     if r["group"] == "shape":
-        return f"{r['shape']}:{r['dtype']} {r['name']}"
-    return r["name"]
+        return f"{r['shape']}:{r['dtype']} {r['name']}" + _kv(r)
+    return r["name"] + _kv(r)
 
 
 def panels(rows):
@@ -40,10 +47,10 @@ def panels(rows):
     agg = {}
     for r in rows:
         if r.get("group") == "trace":
-            agg.setdefault((r.get("family", "?"), r.get("batch", r.get("B"))), []).append(r)
+            agg.setdefault((r.get("family", "?"), r.get("batch", r.get("B")), _kv(r)), []).append(r)
     if agg:
         order = {"uniform": 0, "bimodal": 1, "zipf": 2, "bucketed": 3}
-        keys = sorted(agg, key=lambda k: (order.get(k[0], 9), k[1]))
+        keys = sorted(agg, key=lambda k: (order.get(k[0], 9), k[1], k[2]))
 
         def mean_of(rs, key):
             v = [r[key] for r in rs if r.get(key) is not None]
@@ -51,7 +58,7 @@ def panels(rows):
         ratio = [mean_of(agg[k], "ratio") for k in keys]
         nseeds = max(len({r.get("seed") for r in v}) for v in agg.values())
         out.append((f"traces: mean over {nseeds} seed(s) and the sampled steps, range as error bar",
-                    [f"{f} B{b}" for f, b in keys], [x[0] for x in ratio], [x[1] for x in ratio],
+                    [f"{f} B{b}{kv}" for f, b, kv in keys], [x[0] for x in ratio], [x[1] for x in ratio],
                     [x[2] for x in ratio], [mean_of(agg[k], "ratio_auto")[0] for k in keys],
                     [mean_of(agg[k], "fi_frac_ceiling")[0] for k in keys],
                     [mean_of(agg[k], "pkv_frac_ceiling")[0] for k in keys]))
