@@ -18,7 +18,7 @@ typedef struct table_slot {
 
 typedef struct layer_w {
     uint16_t *attn_norm, *wqkv, *wo, *mlp_norm, *wgu, *wd;
-    uint16_t *k_cache, *v_cache;
+    void *k_cache, *v_cache; /* [num_pages, page_size, Hkv, d] of the pools' type (bf16, or fp8 codes) */
 } layer_w;
 
 struct pkv_decoder {
@@ -28,7 +28,9 @@ struct pkv_decoder {
     pkv_decoder_config cfg;
     pkv_model_shape s;
     pkv_page_pool *pool;
-    pkv_problem prob;
+    pkv_problem prob;  /* kv_dtype 0 (bf16 pools) or fp8 */
+    size_t kv_elem;    /* the pools' element bytes */
+    float kv_scale;    /* an fp8 pool's k_scale = v_scale (1 otherwise) */
     pkv_plan *plan;
     uint16_t *embed, *final_norm, *lm_head;
     layer_w *layers;
@@ -139,6 +141,13 @@ pkv_status pkv_decoder_create(pkv_context *ctx, const pkv_decoder_config *cfg, p
     if (!ctx || !cfg || !out) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "decoder: NULL argument");
     *out = NULL;
     TRY(pkv_model_shape_check(&cfg->shape));
+    const bool fp8 = cfg->kv_dtype == PKV_DTYPE_FP8_E4M3 || cfg->kv_dtype == PKV_DTYPE_FP8_E5M2;
+    if (!fp8 && cfg->kv_dtype != 0 && cfg->kv_dtype != PKV_DTYPE_BF16)
+        return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT,
+                            "decoder: KV pools of dtype %d: bf16 (the model's), fp8_e4m3 or fp8_e5m2", (int)cfg->kv_dtype);
+    if (!(cfg->kv_scale >= 0.0f && cfg->kv_scale <= 3.4e38f) || (!fp8 && cfg->kv_scale != 0.0f && cfg->kv_scale != 1.0f))
+        return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT,
+                            "decoder: KV scale %g (positive and finite, and for an fp8 pool only)", (double)cfg->kv_scale);
     if (cfg->page_size < 1 || cfg->page_size > 256 || cfg->num_pages < 1 || cfg->num_pages > INT32_MAX ||
         cfg->max_batch < 1 || cfg->max_requests < 1 || cfg->max_len < 1 || cfg->max_len > (1 << 30))
         return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "decoder: page size, pages, batch or requests out of range");
@@ -160,6 +169,9 @@ pkv_status pkv_decoder_create(pkv_context *ctx, const pkv_decoder_config *cfg, p
     d->prob.num_pages = cfg->num_pages;
     d->prob.layout = PKV_LAYOUT_NHD;
     d->prob.dtype = PKV_DTYPE_BF16;
+    d->prob.kv_dtype = fp8 ? cfg->kv_dtype : (pkv_dtype)0;
+    d->kv_elem = fp8 ? 1 : 2;
+    d->kv_scale = cfg->kv_scale > 0.0f ? cfg->kv_scale : 1.0f;
     d->qkv_row = (int64_t)(s->q_heads + 2 * s->kv_heads) * s->head_dim;
     const int64_t B = cfg->max_batch, H = s->hidden, V = s->vocab;
     const int64_t pool_elems = cfg->num_pages * cfg->page_size * s->kv_heads * s->head_dim;
@@ -179,8 +191,18 @@ pkv_status pkv_decoder_create(pkv_context *ctx, const pkv_decoder_config *cfg, p
         ALLOC_FILL(w->mlp_norm, H, 1.0f, 1.0f);
         ALLOC_FILL(w->wgu, w_gu(s), -a, a);
         ALLOC_FILL(w->wd, w_d(s), -a, a);
-        ALLOC_FILL(w->k_cache, pool_elems, -KV_HALF_RANGE, KV_HALF_RANGE);
-        ALLOC_FILL(w->v_cache, pool_elems, -KV_HALF_RANGE, KV_HALF_RANGE);
+        if (fp8) {
+            void **pools[2] = {&w->k_cache, &w->v_cache};
+            for (int k = 0; k < 2; k++) {
+                if (st == PKV_OK) st = balloc(d, (size_t)pool_elems, pools[k]);
+                if (st == PKV_OK)
+                    st = pkv_op_fill_uniform_fp8(d->ops, (uint8_t *)*pools[k], pool_elems, -KV_HALF_RANGE, KV_HALF_RANGE,
+                                                 seed++, cfg->kv_dtype, d->kv_scale);
+            }
+        } else {
+            ALLOC_FILL(w->k_cache, pool_elems, -KV_HALF_RANGE, KV_HALF_RANGE);
+            ALLOC_FILL(w->v_cache, pool_elems, -KV_HALF_RANGE, KV_HALF_RANGE);
+        }
     }
     ALLOC_FILL(d->final_norm, H, 1.0f, 1.0f);
     ALLOC_FILL(d->lm_head, V * H, -a, a);
@@ -261,6 +283,11 @@ void pkv_decoder_free(pkv_decoder *d) {
 }
 
 pkv_page_pool *pkv_decoder_pool(pkv_decoder *d) { return d ? d->pool : NULL; }
+int64_t pkv_decoder_kv_bytes(const pkv_decoder *d) {
+    if (!d) return 0;
+    return (int64_t)d->s.layers * 2 * d->cfg.num_pages * d->cfg.page_size * d->s.kv_heads * d->s.head_dim *
+           (int64_t)d->kv_elem;
+}
 const pkv_plan *pkv_decoder_plan(const pkv_decoder *d) { return d ? d->plan : NULL; }
 const int32_t *pkv_decoder_table(const pkv_decoder *d, int32_t *stride) {
     if (stride) *stride = d ? d->S : 0;
@@ -359,6 +386,7 @@ static pkv_status forward(pkv_decoder *d, int32_t R, const append_table *at, con
         a.kv_page_indices = at->indices;
         a.seq_lens = at->lens;
         a.append_indptr = at->aptr;
+        a.k_scale = a.v_scale = d->kv_scale; /* an fp8 pool's (a bf16 one takes 1) */
         CALL(pkv_append_kv(d->ctx, &d->prob, at->rows, R, &a, NULL));
         TRY(pkv_ops_mark(o, PKV_PART_ATTENTION));
         pkv_tensors t;
@@ -369,6 +397,7 @@ static pkv_status forward(pkv_decoder *d, int32_t R, const append_table *at, con
         t.v_cache = w->v_cache;
         t.kv_page_indices = d->attn_indices;
         t.o = d->attn;
+        t.k_scale = t.v_scale = d->kv_scale;
         CALL(pkv_run(d->ctx, d->plan, d->ws, d->ws_cap, &t, NULL));
         TRY(pkv_ops_mark(o, PKV_PART_GEMM));
         CALL(pkv_op_gemm(o, d->attn, 0, w->wo, R, (int32_t)H, (int32_t)qd, d->tmp, 0));

@@ -231,6 +231,19 @@ pkv_status pkv_op_fill_uniform(pkv_ops *ops, uint16_t *p, int64_t count, float l
     return PKV_OK;
 }
 
+pkv_status pkv_op_fill_uniform_fp8(pkv_ops *ops, uint8_t *p, int64_t count, float lo, float hi, uint64_t seed,
+                                   pkv_dtype dtype, float scale) {
+    OPS_CHECK(ops && p && count >= 0 && lo <= hi && (dtype == PKV_DTYPE_FP8_E4M3 || dtype == PKV_DTYPE_FP8_E5M2) &&
+                  scale > 0.0f && isfinite(scale),
+              "fill_uniform_fp8: bad argument");
+    const int e5m2 = dtype == PKV_DTYPE_FP8_E5M2;
+    const float inv = 1.0f / scale;
+    if (ops->cuda) return pkv_cuda_op_fill_uniform_fp8(ops, p, count, lo, hi, seed, e5m2, inv);
+    for (int64_t i = 0; i < count; i++)
+        p[i] = pkv_float_to_fp8(bf(to_bf(fmaf(hi - lo, pkv_fill_u(seed, (uint64_t)i), lo))) * inv, e5m2);
+    return PKV_OK;
+}
+
 pkv_status pkv_ops_host_alloc(pkv_ops *ops, size_t bytes, void **out) {
     OPS_CHECK(ops && out, "host_alloc: bad argument");
     *out = NULL;

@@ -6,6 +6,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <math.h>
@@ -120,6 +121,14 @@ __global__ void fill_kernel(uint16_t *p, int64_t count, float lo, float hi, uint
         p[i] = to_bf(__fmaf_rn(hi - lo, pkv_fill_u(seed, (uint64_t)i), lo));
 }
 
+__global__ void fill_fp8_kernel(uint8_t *p, int64_t count, float lo, float hi, uint64_t seed, int e5m2,
+                                float inv_scale) {
+    for (int64_t i = blockIdx.x * (int64_t)kThreads + threadIdx.x; i < count; i += (int64_t)gridDim.x * kThreads) {
+        const float v = bf(to_bf(__fmaf_rn(hi - lo, pkv_fill_u(seed, (uint64_t)i), lo)));
+        p[i] = __nv_cvt_float_to_fp8(v * inv_scale, __NV_SATFINITE, e5m2 ? __NV_E5M2 : __NV_E4M3);
+    }
+}
+
 __global__ void scatter_kernel(int32_t *dst, const int32_t *pairs, int32_t n) {
     for (int32_t k = blockIdx.x * kThreads + threadIdx.x; k < n; k += gridDim.x * kThreads) dst[pairs[2 * k]] = pairs[2 * k + 1];
 }
@@ -162,6 +171,15 @@ extern "C" pkv_status pkv_cuda_op_fill_uniform(pkv_ops *ops, uint16_t *p, int64_
     const int64_t blocks = (count + kThreads - 1) / kThreads;
     fill_kernel<<<(unsigned)(blocks < 8192 ? blocks : 8192), kThreads, 0, stream_of(ops)>>>(p, count, lo, hi, seed);
     return launched("fill_uniform");
+}
+
+extern "C" pkv_status pkv_cuda_op_fill_uniform_fp8(pkv_ops *ops, uint8_t *p, int64_t count, float lo, float hi,
+                                                   uint64_t seed, int e5m2, float inv_scale) {
+    if (count == 0) return PKV_OK;
+    const int64_t blocks = (count + kThreads - 1) / kThreads;
+    fill_fp8_kernel<<<(unsigned)(blocks < 8192 ? blocks : 8192), kThreads, 0, stream_of(ops)>>>(p, count, lo, hi, seed,
+                                                                                               e5m2, inv_scale);
+    return launched("fill_uniform_fp8");
 }
 
 extern "C" pkv_status pkv_cuda_ops_init(pkv_ops *ops) {

@@ -66,3 +66,8 @@ pkv_status pkv_cuda_ops_upload(pkv_ops *ops, void *dst, const void *src, size_t 
     (void)ops, (void)dst, (void)src, (void)bytes;
     return NO_CUDA;
 }
+pkv_status pkv_cuda_op_fill_uniform_fp8(pkv_ops *ops, uint8_t *p, int64_t count, float lo, float hi, uint64_t seed,
+                                        int e5m2, float inv_scale) {
+    (void)ops, (void)p, (void)count, (void)lo, (void)hi, (void)seed, (void)e5m2, (void)inv_scale;
+    return NO_CUDA;
+}

@@ -58,6 +58,8 @@ static inline PKV_HOST_DEVICE float pkv_fill_u(uint64_t seed, uint64_t i) {
     return (float)(z >> 40) * (1.0f / 16777216.0f);
 }
 pkv_status pkv_cuda_op_fill_uniform(pkv_ops *ops, uint16_t *p, int64_t count, float lo, float hi, uint64_t seed);
+pkv_status pkv_cuda_op_fill_uniform_fp8(pkv_ops *ops, uint8_t *p, int64_t count, float lo, float hi, uint64_t seed,
+                                        int e5m2, float inv_scale);
 pkv_status pkv_cuda_op_scatter_i32(pkv_ops *ops, int32_t *dst, const int32_t *pairs, int32_t n);
 pkv_status pkv_cuda_ops_host_alloc(pkv_ops *ops, size_t bytes, void **out);
 void pkv_cuda_ops_host_free(pkv_ops *ops, void *p);

@@ -81,6 +81,11 @@ pkv_status pkv_op_scatter_i32(pkv_ops *ops, int32_t *dst, const int32_t *pairs, 
 /* Fills count bf16 values with lo + (hi - lo) u, u uniform in [0, 1) from a hash of (seed, index): the same
  * values on both backends (lo == hi: a constant). */
 pkv_status pkv_op_fill_uniform(pkv_ops *ops, uint16_t *p, int64_t count, float lo, float hi, uint64_t seed);
+/* The same values (each rounded to bf16 first) as count one-byte codes of an fp8 cache: the code of value / scale
+ * (dtype PKV_DTYPE_FP8_E4M3 or _E5M2; nearest even, saturating, as pkv_append_kv quantizes), so that code x scale
+ * is about the value.  The same codes on both backends. */
+pkv_status pkv_op_fill_uniform_fp8(pkv_ops *ops, uint8_t *p, int64_t count, float lo, float hi, uint64_t seed,
+                                   pkv_dtype dtype, float scale);
 /* Timing by part: pkv_ops_mark(ops, part) says that the work queued from now on is of that part (a CUDA
  * event on the ops' stream, or the wall clock on the CPU); pkv_ops_take_times waits for the work, adds
  * each interval's time to its part (microseconds, out[PKV_PARTS]) and starts over.  Part -1 closes the
@@ -116,6 +121,11 @@ typedef struct pkv_decoder_config {
     int32_t max_len;       /* a request's most tokens (its row of the step's page table holds that many pages) */
     uint64_t seed;         /* the random weights' */
     pkv_route route;       /* attention's route (AUTO: the library's policy) */
+    /* The KV pools' element type: 0 or PKV_DTYPE_BF16 (the model's), or PKV_DTYPE_FP8_E4M3 / _E5M2: one byte an
+     * element, each K and V value quantized as the append writes it (nearest even, saturating) and dequantized as
+     * attention reads it, real value = stored x kv_scale (the per-tensor k_scale = v_scale of every layer). */
+    pkv_dtype kv_dtype;
+    float kv_scale;        /* 0: 1.0; an fp8 pool's only */
 } pkv_decoder_config;
 
 typedef struct pkv_decoder pkv_decoder;
@@ -146,6 +156,9 @@ void pkv_decoder_free(pkv_decoder *d); /* accepts NULL */
  * post_attention_layernorm [H], gate_proj, up_proj [M, H], down_proj [H, M]; norm [H]; lm_head [V, H]. */
 pkv_status pkv_decoder_load_weights(pkv_decoder *d, const char *path);
 pkv_page_pool *pkv_decoder_pool(pkv_decoder *d);
+/* The KV pools' bytes, every layer's K and V together: layers x 2 x num_pages x page_size x kv_heads x head_dim x
+ * the element's size (2, or 1 for an fp8 pool). */
+int64_t pkv_decoder_kv_bytes(const pkv_decoder *d);
 /* The plan of the last step (or prefill chunk). */
 const pkv_plan *pkv_decoder_plan(const pkv_decoder *d);
 /* The decode steps' page table (backend memory): batch position i's page ids at [i x *stride, ...), as many as
@@ -156,7 +169,7 @@ const int32_t *pkv_decoder_table(const pkv_decoder *d, int32_t *stride);
 pkv_status pkv_decoder_prefill(pkv_decoder *d, int32_t req, const int32_t *prompt, int32_t n, int32_t *first_token,
                                float *logits_out);
 /* A new request of n tokens whose K and V are whatever its pages hold in every layer: random values from
- * the decoder's creation, or an earlier request's (decode benchmarks of long contexts, no model compute). */
+ * the decoder's creation (uniform in [-2, 2), an fp8 pool's quantized by its scale), or an earlier request's (decode benchmarks of long contexts, no model compute). */
 pkv_status pkv_decoder_prefill_synthetic(pkv_decoder *d, int32_t req, int32_t n);
 /* One decode step of requests reqs [B] (live, distinct): tokens host int32 [B] are their inputs; next
  * (host int32 [B]) gets the greedy tokens, logits_out (host floats [B, vocab], or NULL) the logits.  A step

@@ -125,6 +125,39 @@ static void chosen(void) {
         CHECK(parse_args(0, same, err, sizeof err) == CLI_PARSE_GO_ON && bench_o[0].prob.dtype == PKV_DTYPE_BF16 &&
               bench_o[0].prob.kv_dtype == 0 && bench_o[0].kv_scale == 1.0f);
     }
+    /* decode: the KV pools' type, an fp8 pool's scale, the fp8 comparison */
+    EXPECT(4, CLI_PARSE_GO_ON, "", "--kv-dtype", "fp8_e4m3", "--kv-scale", "0.05");
+    EXPECT(4, CLI_PARSE_GO_ON, "", "--kv-dtype", "bf16");
+    EXPECT(4, CLI_PARSE_GO_ON, "", "--kv-compare", "fp8_e5m2", "--kv-scale", "2", "--max-new", "4");
+    EXPECT(4, CLI_PARSE_BAD, "bf16, fp8_e4m3 (or fp8) or fp8_e5m2, got 'fp4'", "--kv-dtype", "fp4");
+    EXPECT(4, CLI_PARSE_BAD, "the model is bf16", "--kv-dtype", "fp16");
+    EXPECT(4, CLI_PARSE_BAD, "positive scale", "--kv-dtype", "fp8", "--kv-scale", "0");
+    EXPECT(4, CLI_PARSE_BAD, "positive scale", "--kv-dtype", "fp8", "--kv-scale", "-2");
+    EXPECT(4, CLI_PARSE_BAD, "positive scale", "--kv-dtype", "fp8", "--kv-scale", "1e39");
+    EXPECT(4, CLI_PARSE_BAD, "finite", "--kv-dtype", "fp8", "--kv-scale", "inf");
+    EXPECT(4, CLI_PARSE_BAD, "applies to an fp8 KV cache", "--kv-scale", "2");
+    EXPECT(4, CLI_PARSE_BAD, "applies to an fp8 KV cache", "--kv-dtype", "bf16", "--kv-scale", "2");
+    EXPECT(4, CLI_PARSE_BAD, "--kv-compare takes", "--kv-compare", "bf16");
+    EXPECT(4, CLI_PARSE_BAD, "--kv-dtype does not apply", "--kv-compare", "fp8", "--kv-dtype", "fp8_e5m2");
+    EXPECT(4, CLI_PARSE_BAD, "--trace does not apply to --kv-compare", "--kv-compare", "fp8", "--trace", "zipf");
+    EXPECT(4, CLI_PARSE_BAD, "--prefill does not apply", "--kv-compare", "fp8", "--prefill", "exact");
+    {
+        const char *const args[] = {"--kv-dtype", "fp8", "--kv-scale", "0.25", NULL};
+        decode_opts de;
+        CHECK(parse_args(4, args, err, sizeof err) == CLI_PARSE_GO_ON);
+        cmdline c;
+        set_args(&c, args);
+        CHECK(decode_options_parse(c.argc, c.argv, &de, err, sizeof err) == CLI_PARSE_GO_ON &&
+              de.kv_dtype == PKV_DTYPE_FP8_E4M3 && de.kv_scale == 0.25f && de.kv_compare == 0);
+        const char *const cmp[] = {"--kv-compare", "fp8_e5m2", NULL};
+        set_args(&c, cmp);
+        CHECK(decode_options_parse(c.argc, c.argv, &de, err, sizeof err) == CLI_PARSE_GO_ON && de.kv_dtype == 0 &&
+              de.kv_compare == PKV_DTYPE_FP8_E5M2 && de.kv_scale == 1.0f && de.exact_prefill);
+        const char *const none[] = {NULL};
+        set_args(&c, none);
+        CHECK(decode_options_parse(c.argc, c.argv, &de, err, sizeof err) == CLI_PARSE_GO_ON && de.kv_dtype == 0 &&
+              de.kv_compare == 0 && de.kv_scale == 1.0f);
+    }
     /* the last value of a repeated option */
     {
         const char *const args[] = {"--reps", "3", "--reps", "5", NULL};
@@ -177,7 +210,7 @@ static const char *const options[] = {
     "--behind-producer", "--pdl", "--graph-max-batch", "--graph-tasks", "--family", "--holes", "--in", "--out",
     "--show", "--count", "--max-len", "--from-json", "--evaluate", "--replay-auto", "--help", "--",
     "--model", "--layers", "--prefill", "--prompts", "--weights", "--max-new", "--pages", "--out-tokens",
-    "--kv-dtype", "--kv-scale"};
+    "--kv-dtype", "--kv-scale", "--kv-compare"};
 static const char *const values[] = {
     "", "0", "1", "-1", "2", "16", "256", "257", "1024", "1025", "65536", "1048576", "2147483647", "2147483648",
     "-2147483649", "4294967297", "9223372036854775807", "9223372036854775808", "18446744073709551616",

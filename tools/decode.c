@@ -9,6 +9,7 @@
 #include "pkv_model.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,8 +113,8 @@ static int generate(pkv_decoder *d, const decode_opts *o, const pkv_model_shape 
         fclose(lf);
         free(logits);
     }
-    fprintf(stderr, "pkv decode: %d prompts, %d new tokens each, %.1f decode tokens/s\n", n, o->max_new,
-            wall > 0 ? n * (o->max_new - 1) / wall : 0.0);
+    fprintf(stderr, "pkv decode: %d prompts, %d new tokens each, %s KV, %.1f decode tokens/s\n", n, o->max_new,
+            o->kv_dtype ? cli_dtype_name(o->kv_dtype) : "bf16", wall > 0 ? n * (o->max_new - 1) / wall : 0.0);
     return 0;
 }
 
@@ -200,8 +201,11 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
     pkv_page_pool_get_stats(pkv_decoder_pool(d), &ps);
     const double tps = tokens / (wall / 1e6), median = cli_median(step_ms, steps);
     const char *prefill = o->exact_prefill ? "exact" : "synthetic";
-    printf("## pkv decode: %s (%d layers), %s, B %d, %s prefill, on %s\n\n", s->name, s->layers,
-           pkv_trace_family_name(o->family), B, prefill, device);
+    const char *kvt = o->kv_dtype ? cli_dtype_name(o->kv_dtype) : "bf16";
+    const double kv_scale = o->kv_dtype ? o->kv_scale : 1.0;
+    const int64_t kv_bytes = pkv_decoder_kv_bytes(d);
+    printf("## pkv decode: %s (%d layers), %s, B %d, %s prefill, %s KV, on %s\n\n", s->name, s->layers,
+           pkv_trace_family_name(o->family), B, prefill, kvt, device);
     printf("| steps | tokens | tokens/s | median step ms | attention | GEMMs | append | other | host | peak KV pages |\n");
     printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     printf("| %d | %lld | %.1f | %.3f | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %lld |\n\n", steps, (long long)tokens,
@@ -211,6 +215,8 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
     for (int b = 0; b < 9; b++)
         if (share_n[b] > 0) printf(" %s%dK: %.1f%%", b == 8 ? ">=" : "<", 2 << b, 100 * share_sum[b] / share_n[b]);
     printf("\nprefill (%s, counted apart): %.2f s\n", prefill, prefill_s);
+    printf("KV pools: %s, scale %g (real value = stored x scale), %.1f MiB in all layers (%lld bytes)\n", kvt, kv_scale,
+           (double)kv_bytes / (1 << 20), (long long)kv_bytes);
     /* the host's work per step by part: the mean, and the median (the steady step: the mean also carries the
      * arrivals' whole rows) */
     double h_mean[H_PARTS], h_median[H_PARTS];
@@ -237,10 +243,11 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
                    "\"trace\": \"%s\", \"batch\": %d, \"requests\": %d, \"prefill\": \"%s\", \"steps\": %d, "
                    "\"tokens\": %lld, \"tokens_per_s\": %.2f, \"median_step_ms\": %.4f, \"split_us\": {\"attention\": %.1f, "
                    "\"gemm\": %.1f, \"append\": %.1f, \"other\": %.1f, \"host\": %.1f, \"wall\": %.1f}, "
-                   "\"peak_kv_pages\": %lld, \"prefill_s\": %.3f, ",
+                   "\"peak_kv_pages\": %lld, \"prefill_s\": %.3f, \"kv_dtype\": \"%s\", \"kv_scale\": %.9g, "
+                   "\"kv_bytes\": %lld, ",
                 commit ? commit : "unknown", device, s->name, s->layers, pkv_trace_family_name(o->family), B, nreq,
                 prefill, steps, (long long)tokens, tps, median, attn, gemm, append, other, host, wall,
-                (long long)ps.peak_used, prefill_s);
+                (long long)ps.peak_used, prefill_s, kvt, kv_scale, (long long)kv_bytes);
         for (int m = 0; m < 2; m++) {
             fprintf(f, "\"host_us_per_step_%s\": {", m ? "median" : "mean");
             for (int k = 0; k < H_PARTS; k++)
@@ -260,6 +267,153 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
     free(live), free(left), free(tok), free(next), free(ctx_len), free(step_ms);
     for (int k = 0; k < H_PARTS; k++) free(h_us[k]);
     return 0;
+}
+
+/* ---- --kv-compare: an fp8 KV cache against bf16 ----------------------------------------------------- */
+
+/* The differences of one step's logits (rows x vocab, ref the bf16 run's): the largest absolute difference, the
+ * sums of squares behind the relative L2 (diff^2, ref^2), and the rows whose greedy tokens agree. */
+typedef struct cmp_acc {
+    double max_abs, diff2, ref2;
+    int64_t agree, rows;
+} cmp_acc;
+
+static void cmp_add(cmp_acc *a, const float *ref, const float *got, const int32_t *ref_tok, const int32_t *got_tok,
+                    int32_t rows, int32_t vocab) {
+    for (int64_t i = 0; i < (int64_t)rows * vocab; i++) {
+        const double dv = (double)got[i] - (double)ref[i];
+        if (fabs(dv) > a->max_abs || dv != dv) a->max_abs = dv != dv ? INFINITY : fabs(dv);
+        a->diff2 += dv * dv;
+        a->ref2 += (double)ref[i] * ref[i];
+    }
+    for (int32_t r = 0; r < rows; r++) a->agree += ref_tok[r] == got_tok[r];
+    a->rows += rows;
+}
+static double cmp_rel_l2(const cmp_acc *a) { return a->ref2 > 0 ? sqrt(a->diff2 / a->ref2) : 0.0; }
+static double cmp_agreement(const cmp_acc *a) { return a->rows ? (double)a->agree / a->rows : 0.0; }
+
+/* --batch random prompts of 16..64 tokens from --seed (when no --prompts file is given). */
+static int random_prompts(const decode_opts *o, int32_t vocab, int32_t ***out, int32_t **lens) {
+    pkv_rng rng;
+    pkv_rng_seed(&rng, o->seed);
+    const int n = o->batch;
+    int32_t **p = (int32_t **)malloc((size_t)n * sizeof *p), *l = (int32_t *)malloc((size_t)n * sizeof *l);
+    for (int r = 0; r < n; r++) {
+        l[r] = (int32_t)pkv_rng_uniform_int(&rng, 16, 64);
+        p[r] = (int32_t *)malloc((size_t)l[r] * sizeof(int32_t));
+        for (int32_t i = 0; i < l[r]; i++) p[r][i] = (int32_t)pkv_rng_uniform_int(&rng, 0, vocab - 1);
+    }
+    *out = p;
+    *lens = l;
+    return n;
+}
+
+/* The same prompts, weights and seed through a bf16 KV decoder and an fp8 one (dc: the bf16 one's configuration),
+ * both fed the bf16 run's greedy tokens (teacher forcing: the two runs see the same inputs at every step); step 0
+ * is the prefill's logits (the first generated token), steps 1 .. max_new - 1 the decode steps'. */
+static int kv_compare(pkv_context *ctx, pkv_decoder_config *dc, const decode_opts *o, const pkv_model_shape *s) {
+    int32_t **prompts = NULL, *plen = NULL;
+    const int n = o->prompts ? read_prompts(o->prompts, &prompts, &plen, s->vocab) : random_prompts(o, s->vocab, &prompts, &plen);
+    if (n <= 0) {
+        if (n == 0) fprintf(stderr, "pkv decode: %s has no prompt\n", o->prompts);
+        return 1;
+    }
+    if (n > o->batch) {
+        fprintf(stderr, "pkv decode: %d prompts, more than --batch %d\n", n, o->batch);
+        return 2;
+    }
+    if (o->pages == 0) { /* what the prompts and their new tokens hold, a page each to spare */
+        int64_t pages = 0;
+        for (int r = 0; r < n; r++) pages += (plen[r] + o->max_new + o->page_size - 1) / o->page_size + 1;
+        dc->num_pages = pages;
+    }
+    const char *kvt = cli_dtype_name(o->kv_compare), *device = pkv_context_device_name(ctx);
+    pkv_decoder_config dc8 = *dc;
+    dc->kv_dtype = (pkv_dtype)0;
+    dc->kv_scale = 0.0f;
+    dc8.kv_dtype = o->kv_compare;
+    dc8.kv_scale = o->kv_scale;
+    fprintf(stderr, "pkv decode: %s, %d layers, %d prompts, bf16 KV against %s KV (scale %g), on %s: setting up\n",
+            s->name, s->layers, n, kvt, (double)o->kv_scale, device);
+    pkv_decoder *dref = NULL, *dq = NULL;
+    if (pkv_decoder_create(ctx, dc, &dref) != PKV_OK || pkv_decoder_create(ctx, &dc8, &dq) != PKV_OK ||
+        (o->weights && (pkv_decoder_load_weights(dref, o->weights) != PKV_OK ||
+                        pkv_decoder_load_weights(dq, o->weights) != PKV_OK))) {
+        fprintf(stderr, "pkv decode: %s\n", pkv_last_error());
+        pkv_decoder_free(dref);
+        pkv_decoder_free(dq);
+        return 1;
+    }
+    const int steps = o->max_new;
+    const size_t V = (size_t)s->vocab;
+    float *lref = malloc((size_t)n * V * sizeof(float)), *lq = malloc((size_t)n * V * sizeof(float));
+    int32_t *reqs = malloc((size_t)n * 4), *tok = malloc((size_t)n * 4), *tq = malloc((size_t)n * 4);
+    cmp_acc *per = calloc((size_t)steps, sizeof(cmp_acc)), all = {0};
+    int rc = 0;
+    for (int r = 0; r < n && rc == 0; r++) {
+        reqs[r] = r;
+        if (pkv_decoder_prefill(dref, r, prompts[r], plen[r], &tok[r], lref + (size_t)r * V) != PKV_OK ||
+            pkv_decoder_prefill(dq, r, prompts[r], plen[r], &tq[r], lq + (size_t)r * V) != PKV_OK) {
+            fprintf(stderr, "pkv decode: prefill of prompt %d: %s\n", r + 1, pkv_last_error());
+            rc = 1;
+        }
+    }
+    if (rc == 0) cmp_add(&per[0], lref, lq, tok, tq, n, s->vocab);
+    int32_t *next = malloc((size_t)n * 4);
+    for (int k = 1; k < steps && rc == 0; k++) {
+        if (pkv_decoder_step(dref, reqs, tok, n, next, lref) != PKV_OK ||
+            pkv_decoder_step(dq, reqs, tok, n, tq, lq) != PKV_OK) { /* both fed the bf16 run's tokens */
+            fprintf(stderr, "pkv decode: step %d: %s\n", k, pkv_last_error());
+            rc = 1;
+            break;
+        }
+        cmp_add(&per[k], lref, lq, next, tq, n, s->vocab);
+        memcpy(tok, next, (size_t)n * 4);
+    }
+    if (rc == 0) {
+        for (int k = 0; k < steps; k++) {
+            if (per[k].max_abs > all.max_abs) all.max_abs = per[k].max_abs;
+            all.diff2 += per[k].diff2, all.ref2 += per[k].ref2, all.agree += per[k].agree, all.rows += per[k].rows;
+        }
+        const int64_t b16 = pkv_decoder_kv_bytes(dref), b8 = pkv_decoder_kv_bytes(dq);
+        printf("## pkv decode --kv-compare: %s (%d layers), %s KV (scale %g) against bf16 KV, %d prompts, %d steps "
+               "teacher-forced, on %s\n\n",
+               s->name, s->layers, kvt, (double)o->kv_scale, n, steps, device);
+        printf("| step | max abs logit diff | rel L2 of logits | greedy agreement |\n| ---: | ---: | ---: | ---: |\n");
+        for (int k = 0; k < steps; k++)
+            printf("| %d%s | %.4g | %.4g | %.3f |\n", k, k ? "" : " (prefill)", per[k].max_abs, cmp_rel_l2(&per[k]),
+                   cmp_agreement(&per[k]));
+        printf("| all | %.4g | %.4g | %.3f |\n\n", all.max_abs, cmp_rel_l2(&all), cmp_agreement(&all));
+        printf("greedy agreement: %lld of %lld tokens; KV pools: bf16 %lld bytes, %s %lld bytes\n", (long long)all.agree,
+               (long long)all.rows, (long long)b16, kvt, (long long)b8);
+        if (o->json) {
+            FILE *f = fopen(o->json, "w");
+            if (!f) {
+                fprintf(stderr, "pkv decode: cannot write %s\n", o->json);
+                rc = 1;
+            } else {
+                const char *commit = getenv("PKV_COMMIT");
+                fprintf(f, "{\"tool\": \"pkv decode --kv-compare\", \"commit\": \"%s\", \"device\": \"%s\", \"model\": "
+                           "\"%s\", \"layers\": %d, \"kv_dtype\": \"%s\", \"kv_scale\": %.9g, \"reference_kv_dtype\": "
+                           "\"bf16\", \"prompts\": %d, \"steps\": %d, \"teacher_forced\": true, \"kv_bytes\": %lld, "
+                           "\"reference_kv_bytes\": %lld, \"per_step\": [",
+                        commit ? commit : "unknown", device, s->name, s->layers, kvt, (double)o->kv_scale, n, steps,
+                        (long long)b8, (long long)b16);
+                for (int k = 0; k < steps; k++)
+                    fprintf(f, "%s{\"step\": %d, \"max_abs_logit_diff\": %.6g, \"rel_l2\": %.6g, \"agreement\": %.6g}",
+                            k ? ", " : "", k, per[k].max_abs, cmp_rel_l2(&per[k]), cmp_agreement(&per[k]));
+                fprintf(f, "], \"overall\": {\"max_abs_logit_diff\": %.6g, \"rel_l2\": %.6g, \"agreement\": %.6g, "
+                           "\"agreeing_tokens\": %lld, \"tokens\": %lld}}\n",
+                        all.max_abs, cmp_rel_l2(&all), cmp_agreement(&all), (long long)all.agree, (long long)all.rows);
+                fclose(f);
+            }
+        }
+    }
+    for (int r = 0; r < n; r++) free(prompts[r]);
+    free(prompts), free(plen), free(lref), free(lq), free(reqs), free(tok), free(tq), free(next), free(per);
+    pkv_decoder_free(dref);
+    pkv_decoder_free(dq);
+    return rc;
 }
 
 int cmd_decode(int argc, char **argv) {
@@ -330,8 +484,16 @@ int cmd_decode(int argc, char **argv) {
     dc.max_requests = t ? pkv_trace_num_requests(t) : o.batch;
     dc.seed = o.seed;
     dc.max_len = max_len;
-    fprintf(stderr, "pkv decode: %s, %d layers, %lld pages of %d tokens per layer, on %s: setting up\n", s.name,
-            s.layers, (long long)pages, o.page_size, pkv_context_device_name(ctx));
+    if (o.kv_compare) {
+        const int crc = kv_compare(ctx, &dc, &o, &s);
+        pkv_context_free(ctx);
+        return crc;
+    }
+    dc.kv_dtype = o.kv_dtype;
+    dc.kv_scale = o.kv_dtype ? o.kv_scale : 0.0f;
+    fprintf(stderr, "pkv decode: %s, %d layers, %lld pages of %d tokens per layer, %s KV, on %s: setting up\n", s.name,
+            s.layers, (long long)pages, o.page_size, o.kv_dtype ? cli_dtype_name(o.kv_dtype) : "bf16",
+            pkv_context_device_name(ctx));
     pkv_decoder *d = NULL;
     if (pkv_decoder_create(ctx, &dc, &d) != PKV_OK || (o.weights && pkv_decoder_load_weights(d, o.weights) != PKV_OK)) {
         fprintf(stderr, "pkv decode: %s\n", pkv_last_error());

@@ -706,14 +706,55 @@ void decode_usage(FILE *f) {
             "  --out-logits FILE     the logits of each prompt's first generated token (float32 [prompts, vocab])\n"
             "  --page-size N         tokens per page (default 16)\n"
             "  --pages N             pages per layer's pool (default: what the trace needs)\n"
-            "  --json FILE           the report as JSON\n");
+            "  --json FILE           the report as JSON\n"
+            "  --kv-dtype T          the KV pools' type: bf16 (the model's, the default), fp8_e4m3 (or fp8) or\n"
+            "                        fp8_e5m2: one byte an element, quantized as appended (nearest even, saturating)\n"
+            "  --kv-scale S          an fp8 pool's scale, K and V alike: real value = stored x S (default 1)\n"
+            "  --kv-compare T        accuracy of an fp8 KV cache (fp8_e4m3, fp8 or fp8_e5m2, with --kv-scale): the\n"
+            "                        prompts (--prompts, or --batch random prompts of 16..64 tokens from --seed)\n"
+            "                        run twice, bf16 KV and T KV, the same weights, both fed the bf16 run's greedy\n"
+            "                        tokens for --max-new steps; per step and overall the max absolute logit\n"
+            "                        difference, the logits' relative L2 difference and greedy agreement\n");
+}
+
+/* --kv-dtype, --kv-compare and --kv-scale (the decoder's model is bf16: a 16-bit pool is bf16). */
+static cli_parse_status decode_kv(const opt_set *s, decode_opts *o, char *err, size_t cap) {
+    const char *kt = get(s, "--kv-dtype"), *kc = get(s, "--kv-compare");
+    pkv_dtype kv = (pkv_dtype)0;
+    if (kt && strcmp(kt, "fp8") == 0) kv = PKV_DTYPE_FP8_E4M3;
+    else if (kt && !cli_dtype_parse(kt, &kv))
+        return bad(err, cap, "--kv-dtype takes bf16, fp8_e4m3 (or fp8) or fp8_e5m2, got '%.*s'", SHOWN, kt);
+    if (kt && kv == PKV_DTYPE_FP16)
+        return bad(err, cap, "--kv-dtype fp16: the model is bf16, so a 16-bit KV cache holds bf16 (--kv-dtype bf16, "
+                   "or fp8_e4m3 / fp8_e5m2)");
+    o->kv_dtype = kv == PKV_DTYPE_BF16 ? (pkv_dtype)0 : kv;
+    if (kc) {
+        pkv_dtype c = (pkv_dtype)0;
+        if (strcmp(kc, "fp8") == 0) c = PKV_DTYPE_FP8_E4M3;
+        else if (!cli_dtype_parse(kc, &c) || (c != PKV_DTYPE_FP8_E4M3 && c != PKV_DTYPE_FP8_E5M2))
+            return bad(err, cap, "--kv-compare takes fp8_e4m3 (or fp8) or fp8_e5m2 (run beside bf16 KV), got '%.*s'",
+                       SHOWN, kc);
+        if (kt) return bad(err, cap, "--kv-compare runs bf16 KV and %s KV: --kv-dtype does not apply", kc);
+        o->kv_compare = c;
+    }
+    double scale = 1.0;
+    const cli_parse_status st = double_opt(s, "--kv-scale", 1.0, -DBL_MAX, DBL_MAX, &scale, err, cap);
+    if (st != CLI_PARSE_GO_ON) return st;
+    if (!(scale > 0.0 && scale <= FLT_MAX && (float)scale > 0.0f))
+        return bad(err, cap, "option --kv-scale takes a positive scale (real value = stored x scale) that a float "
+                   "holds, got %.*s", SHOWN, get(s, "--kv-scale"));
+    if (get(s, "--kv-scale") && !o->kv_dtype && !o->kv_compare)
+        return bad(err, cap, "--kv-scale applies to an fp8 KV cache (--kv-dtype fp8_e4m3 or fp8_e5m2, or --kv-compare)");
+    o->kv_scale = (float)scale;
+    return CLI_PARSE_GO_ON;
 }
 
 cli_parse_status decode_options_parse(int argc, char **argv, decode_opts *o, char *err, size_t cap) {
     static const char *const known[] = {"--model",   "--layers",     "--backend",    "--trace",     "--batch",
                                         "--requests", "--seed",      "--steps",      "--prefill",   "--prompts",
                                         "--weights", "--out-tokens", "--out-logits", "--page-size", "--pages",
-                                        "--max-new", "--json",       "--help!",      NULL};
+                                        "--max-new", "--json",       "--kv-dtype",   "--kv-scale",  "--kv-compare",
+                                        "--help!",   NULL};
     memset(o, 0, sizeof *o);
     if (err && cap) err[0] = '\0';
     if (wants_help(argc, argv)) return CLI_PARSE_HELP;
@@ -750,5 +791,14 @@ cli_parse_status decode_options_parse(int argc, char **argv, decode_opts *o, cha
     if ((st = i32_opt(&s, "--page-size", 16, 1, MAX_PAGE_SIZE, &o->page_size, err, cap)) != CLI_PARSE_GO_ON) return st;
     if ((st = i32_opt(&s, "--max-new", 32, 1, 1 << 20, &o->max_new, err, cap)) != CLI_PARSE_GO_ON) return st;
     if ((st = int_opt(&s, "--pages", 0, 1, INT32_MAX, &o->pages, err, cap)) != CLI_PARSE_GO_ON) return st;
+    if ((st = decode_kv(&s, o, err, cap)) != CLI_PARSE_GO_ON) return st;
+    /* the comparison decodes prompts: the trace's options and the generation's outputs do not apply */
+    static const char *const not_compare[] = {"--trace", "--requests", "--steps", "--prefill", "--out-tokens",
+                                              "--out-logits"};
+    for (size_t k = 0; o->kv_compare && k < sizeof not_compare / sizeof not_compare[0]; k++)
+        if (get(&s, not_compare[k]))
+            return bad(err, cap, "%s does not apply to --kv-compare (prompts prefilled exactly, then --max-new "
+                       "teacher-forced steps)", not_compare[k]);
+    if (o->kv_compare) o->exact_prefill = true;
     return seed_opt(&s, "--seed", 20260623, &o->seed, err, cap);
 }

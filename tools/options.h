@@ -132,6 +132,9 @@ typedef struct decode_opts {
     int32_t layers, batch, requests, steps, page_size, max_new; /* layers, requests, steps 0: the default */
     int64_t pages;                                             /* 0: what the trace needs */
     uint64_t seed;
+    pkv_dtype kv_dtype;  /* --kv-dtype: the KV pools' type, 0 for the model's (bf16), or fp8 (E4M3 / E5M2) */
+    pkv_dtype kv_compare; /* --kv-compare: the fp8 type run beside a bf16 KV run (0: no comparison) */
+    float kv_scale;      /* --kv-scale: an fp8 pool's k_scale = v_scale, real value = stored x scale (default 1) */
 } decode_opts;
 
 cli_parse_status decode_options_parse(int argc, char **argv, decode_opts *o, char *err, size_t cap);
