@@ -474,6 +474,7 @@ int cmd_decode(int argc, char **argv) {
     pkv_context *ctx = NULL;
     if (pkv_context_create(&cc, &ctx) != PKV_OK) {
         fprintf(stderr, "pkv decode: %s\n", pkv_last_error());
+        pkv_trace_free(t);
         return 1;
     }
     pkv_decoder_config dc;
@@ -486,6 +487,7 @@ int cmd_decode(int argc, char **argv) {
     dc.max_len = max_len;
     if (o.kv_compare) {
         const int crc = kv_compare(ctx, &dc, &o, &s);
+        pkv_trace_free(t);
         pkv_context_free(ctx);
         return crc;
     }
@@ -498,6 +500,7 @@ int cmd_decode(int argc, char **argv) {
     if (pkv_decoder_create(ctx, &dc, &d) != PKV_OK || (o.weights && pkv_decoder_load_weights(d, o.weights) != PKV_OK)) {
         fprintf(stderr, "pkv decode: %s\n", pkv_last_error());
         pkv_decoder_free(d);
+        pkv_trace_free(t);
         pkv_context_free(ctx);
         return 1;
     }

@@ -51,8 +51,10 @@ plan_caps plan_caps_for(const pkv_backend_caps *caps, const pkv_problem *p) {
     pc.per_unit = caps->ctas_per_unit;
     pc.resident = resident_ctas(caps, p);
     pc.resident_x = resident_exact(caps, p);
-    /* the largest power of two that divides the page size, against the backend's threshold */
-    pc.row_gathered = caps->row_gather_below > 0 && (p->page_size & -p->page_size) < caps->row_gather_below;
+    /* the largest power of two that divides the page size, against the backend's threshold (a rule of the
+     * ring kernel's cp.async fill, which fp8 caches never run) */
+    pc.row_gathered = caps->row_gather_below > 0 && (p->page_size & -p->page_size) < caps->row_gather_below &&
+                      !pkv_dtype_is_fp8(p->kv_dtype);
     return pc;
 }
 
