@@ -60,18 +60,42 @@ static int read_prompts(const char *path, int32_t ***out, int32_t **lens, int32_
     return n;
 }
 
-/* Greedy generation of the prompts (all decoded together), tokens to --out-tokens. */
-static int generate(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s) {
-    int32_t **prompts = NULL, *plen = NULL;
-    const int n = read_prompts(o->prompts, &prompts, &plen, s->vocab);
+/* --batch random prompts of 16..64 tokens from --seed (when no --prompts file is given). */
+static int random_prompts(const decode_opts *o, int32_t vocab, int32_t ***out, int32_t **lens) {
+    pkv_rng rng;
+    pkv_rng_seed(&rng, o->seed);
+    const int n = o->batch;
+    int32_t **p = (int32_t **)malloc((size_t)n * sizeof *p), *l = (int32_t *)malloc((size_t)n * sizeof *l);
+    for (int r = 0; r < n; r++) {
+        l[r] = (int32_t)pkv_rng_uniform_int(&rng, 16, 64);
+        p[r] = (int32_t *)malloc((size_t)l[r] * sizeof(int32_t));
+        for (int32_t i = 0; i < l[r]; i++) p[r][i] = (int32_t)pkv_rng_uniform_int(&rng, 0, vocab - 1);
+    }
+    *out = p;
+    *lens = l;
+    return n;
+}
+
+/* The run's prompts (--prompts, else --batch random ones): their count, at most --batch, or minus the exit
+ * status after saying why (1: no prompt or an unreadable file, 2: more prompts than --batch). */
+static int load_prompts(const decode_opts *o, const pkv_model_shape *s, int32_t ***prompts, int32_t **plen) {
+    const int n = o->prompts ? read_prompts(o->prompts, prompts, plen, s->vocab) : random_prompts(o, s->vocab, prompts, plen);
     if (n <= 0) {
         if (n == 0) fprintf(stderr, "pkv decode: %s has no prompt\n", o->prompts);
-        return 1;
+        return -1;
     }
     if (n > o->batch) {
         fprintf(stderr, "pkv decode: %d prompts, more than --batch %d\n", n, o->batch);
-        return 2;
+        return -2;
     }
+    return n;
+}
+
+/* Greedy generation of the prompts (all decoded together), tokens to --out-tokens. */
+static int generate(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s) {
+    int32_t **prompts = NULL, *plen = NULL;
+    const int n = load_prompts(o, s, &prompts, &plen);
+    if (n < 0) return -n;
     int32_t *reqs = malloc((size_t)n * 4), *tok = malloc((size_t)n * 4), *next = malloc((size_t)n * 4);
     int32_t *gen = malloc((size_t)n * (size_t)o->max_new * 4);
     float *logits = o->out_logits ? malloc((size_t)n * (size_t)s->vocab * sizeof(float)) : NULL;
@@ -292,36 +316,13 @@ static void cmp_add(cmp_acc *a, const float *ref, const float *got, const int32_
 static double cmp_rel_l2(const cmp_acc *a) { return a->ref2 > 0 ? sqrt(a->diff2 / a->ref2) : 0.0; }
 static double cmp_agreement(const cmp_acc *a) { return a->rows ? (double)a->agree / a->rows : 0.0; }
 
-/* --batch random prompts of 16..64 tokens from --seed (when no --prompts file is given). */
-static int random_prompts(const decode_opts *o, int32_t vocab, int32_t ***out, int32_t **lens) {
-    pkv_rng rng;
-    pkv_rng_seed(&rng, o->seed);
-    const int n = o->batch;
-    int32_t **p = (int32_t **)malloc((size_t)n * sizeof *p), *l = (int32_t *)malloc((size_t)n * sizeof *l);
-    for (int r = 0; r < n; r++) {
-        l[r] = (int32_t)pkv_rng_uniform_int(&rng, 16, 64);
-        p[r] = (int32_t *)malloc((size_t)l[r] * sizeof(int32_t));
-        for (int32_t i = 0; i < l[r]; i++) p[r][i] = (int32_t)pkv_rng_uniform_int(&rng, 0, vocab - 1);
-    }
-    *out = p;
-    *lens = l;
-    return n;
-}
-
 /* The same prompts, weights and seed through a bf16 KV decoder and an fp8 one (dc: the bf16 one's configuration),
  * both fed the bf16 run's greedy tokens (teacher forcing: the two runs see the same inputs at every step); step 0
  * is the prefill's logits (the first generated token), steps 1 .. max_new - 1 the decode steps'. */
 static int kv_compare(pkv_context *ctx, pkv_decoder_config *dc, const decode_opts *o, const pkv_model_shape *s) {
     int32_t **prompts = NULL, *plen = NULL;
-    const int n = o->prompts ? read_prompts(o->prompts, &prompts, &plen, s->vocab) : random_prompts(o, s->vocab, &prompts, &plen);
-    if (n <= 0) {
-        if (n == 0) fprintf(stderr, "pkv decode: %s has no prompt\n", o->prompts);
-        return 1;
-    }
-    if (n > o->batch) {
-        fprintf(stderr, "pkv decode: %d prompts, more than --batch %d\n", n, o->batch);
-        return 2;
-    }
+    const int n = load_prompts(o, s, &prompts, &plen);
+    if (n < 0) return -n;
     if (o->pages == 0) { /* what the prompts and their new tokens hold, a page each to spare */
         int64_t pages = 0;
         for (int r = 0; r < n; r++) pages += (plen[r] + o->max_new + o->page_size - 1) / o->page_size + 1;

@@ -152,6 +152,18 @@ static cli_parse_status double_opt(const opt_set *s, const char *name, double de
     return CLI_PARSE_GO_ON;
 }
 
+/* --kv-scale: an fp8 cache's per-tensor scale (real value = stored x scale), positive and a float; 1 when absent. */
+static cli_parse_status kv_scale_opt(const opt_set *s, float *out, char *err, size_t cap) {
+    double scale = 1.0;
+    const cli_parse_status st = double_opt(s, "--kv-scale", 1.0, -DBL_MAX, DBL_MAX, &scale, err, cap);
+    if (st != CLI_PARSE_GO_ON) return st;
+    if (!(scale > 0.0 && scale <= FLT_MAX && (float)scale > 0.0f))
+        return bad(err, cap, "option --kv-scale takes a positive scale (real value = stored x scale) that a float "
+                   "holds, got %.*s", SHOWN, get(s, "--kv-scale"));
+    *out = (float)scale;
+    return CLI_PARSE_GO_ON;
+}
+
 /* A path: not empty. */
 static cli_parse_status path_opt(const opt_set *s, const char *name, const char **out, char *err, size_t cap) {
     *out = get(s, name);
@@ -336,15 +348,12 @@ static cli_parse_status bench_dtypes(const opt_set *s, bench_opts *o, char *err,
         return bad(err, cap, "--kv-dtype %s with %s q and o: a cache of fp16 or bf16 holds q's type (--dtype %s)",
                    kt, cli_dtype_name(o->prob.dtype), kt);
     }
-    double scale = 1.0;
-    const cli_parse_status st = double_opt(s, "--kv-scale", 1.0, -DBL_MAX, DBL_MAX, &scale, err, cap);
+    float scale = 1.0f;
+    const cli_parse_status st = kv_scale_opt(s, &scale, err, cap);
     if (st != CLI_PARSE_GO_ON) return st;
-    if (!(scale > 0.0 && scale <= FLT_MAX && (float)scale > 0.0f))
-        return bad(err, cap, "option --kv-scale takes a positive scale (real value = stored x scale) that a float "
-                   "holds, got %.*s", SHOWN, get(s, "--kv-scale"));
     if (get(s, "--kv-scale") && !cli_kv_is_fp8(&o->prob))
         return bad(err, cap, "--kv-scale applies to an fp8 cache (--kv-dtype fp8_e4m3 or fp8_e5m2, or --dtype fp8)");
-    o->kv_scale = (float)scale;
+    o->kv_scale = scale;
     return CLI_PARSE_GO_ON;
 }
 
@@ -737,15 +746,12 @@ static cli_parse_status decode_kv(const opt_set *s, decode_opts *o, char *err, s
         if (kt) return bad(err, cap, "--kv-compare runs bf16 KV and %s KV: --kv-dtype does not apply", kc);
         o->kv_compare = c;
     }
-    double scale = 1.0;
-    const cli_parse_status st = double_opt(s, "--kv-scale", 1.0, -DBL_MAX, DBL_MAX, &scale, err, cap);
+    float scale = 1.0f;
+    const cli_parse_status st = kv_scale_opt(s, &scale, err, cap);
     if (st != CLI_PARSE_GO_ON) return st;
-    if (!(scale > 0.0 && scale <= FLT_MAX && (float)scale > 0.0f))
-        return bad(err, cap, "option --kv-scale takes a positive scale (real value = stored x scale) that a float "
-                   "holds, got %.*s", SHOWN, get(s, "--kv-scale"));
     if (get(s, "--kv-scale") && !o->kv_dtype && !o->kv_compare)
         return bad(err, cap, "--kv-scale applies to an fp8 KV cache (--kv-dtype fp8_e4m3 or fp8_e5m2, or --kv-compare)");
-    o->kv_scale = (float)scale;
+    o->kv_scale = scale;
     return CLI_PARSE_GO_ON;
 }
 
