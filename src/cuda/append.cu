@@ -102,18 +102,6 @@ __device__ __forceinline__ uint4 item_values(const append_params &a, int32_t tok
     return ldg_nc_v4(src + h * d + (int64_t)vec * 8);
 }
 
-__global__ void __launch_bounds__(kAppendThreads) append_kernel(const append_params a) {
-    const int64_t total = (int64_t)a.num_tokens * 2 * a.hkv * a.vecs;
-    for (int64_t i = (int64_t)blockIdx.x * kAppendThreads + threadIdx.x; i < total;
-         i += (int64_t)gridDim.x * kAppendThreads) {
-        int32_t tok, is_v, h, vec;
-        const int64_t dst = item_slot(a, i, &tok, &is_v, &h, &vec);
-        if (dst < 0) continue;
-        const uint4 val = item_values(a, tok, is_v, h, vec);
-        *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(is_v ? a.v_cache : a.k_cache) + dst) = val;
-    }
-}
-
 // Two values of a 32-bit word of fp16 or bf16 as floats.
 __device__ __forceinline__ float2 pair_to_float2(uint32_t w, int32_t bf16) {
     if (bf16) return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162 *>(&w));
@@ -129,20 +117,31 @@ __device__ __forceinline__ uint32_t quantize_pair(uint32_t w, int32_t bf16, floa
     return (uint32_t)__nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, kFormat);
 }
 
-template <__nv_fp8_interpretation_t kFormat>
-__global__ void __launch_bounds__(kAppendThreads) append_fp8_kernel(const append_params a) {
+// How an item's 8 values land in the cache at element offset dst: as they are (a cache of their type), or
+// divided by the tensor's scale as 8 fp8 codes.
+struct store_same {
+    __device__ __forceinline__ void operator()(const append_params &a, int64_t dst, int32_t is_v, uint4 val) const {
+        *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(is_v ? a.v_cache : a.k_cache) + dst) = val;
+    }
+};
+template <__nv_fp8_interpretation_t kFormat> struct store_fp8 {
+    __device__ __forceinline__ void operator()(const append_params &a, int64_t dst, int32_t is_v, uint4 val) const {
+        const float scale = is_v ? a.v_scale : a.k_scale;
+        uint2 out;
+        out.x = quantize_pair<kFormat>(val.x, a.bf16, scale) | (quantize_pair<kFormat>(val.y, a.bf16, scale) << 16);
+        out.y = quantize_pair<kFormat>(val.z, a.bf16, scale) | (quantize_pair<kFormat>(val.w, a.bf16, scale) << 16);
+        *reinterpret_cast<uint2 *>(static_cast<uint8_t *>(is_v ? a.v_cache : a.k_cache) + dst) = out;
+    }
+};
+
+template <typename Store> __global__ void __launch_bounds__(kAppendThreads) append_kernel(const append_params a) {
     const int64_t total = (int64_t)a.num_tokens * 2 * a.hkv * a.vecs;
     for (int64_t i = (int64_t)blockIdx.x * kAppendThreads + threadIdx.x; i < total;
          i += (int64_t)gridDim.x * kAppendThreads) {
         int32_t tok, is_v, h, vec;
         const int64_t dst = item_slot(a, i, &tok, &is_v, &h, &vec);
         if (dst < 0) continue;
-        const uint4 val = item_values(a, tok, is_v, h, vec);
-        const float scale = is_v ? a.v_scale : a.k_scale;
-        uint2 out;
-        out.x = quantize_pair<kFormat>(val.x, a.bf16, scale) | (quantize_pair<kFormat>(val.y, a.bf16, scale) << 16);
-        out.y = quantize_pair<kFormat>(val.z, a.bf16, scale) | (quantize_pair<kFormat>(val.w, a.bf16, scale) << 16);
-        *reinterpret_cast<uint2 *>(static_cast<uint8_t *>(is_v ? a.v_cache : a.k_cache) + dst) = out;
+        Store()(a, dst, is_v, item_values(a, tok, is_v, h, vec));
     }
 }
 
@@ -219,11 +218,11 @@ extern "C" pkv_status pkv_cuda_append(pkv_context *ctx, const pkv_problem *p, in
     const int ctas = (int)(want < kAppendMaxCtas ? want : kAppendMaxCtas);
     const cudaStream_t s = static_cast<cudaStream_t>(stream);
     if (kv_dtype == PKV_DTYPE_FP8_E4M3)
-        append_fp8_kernel<__NV_E4M3><<<ctas, kAppendThreads, 0, s>>>(a);
+        append_kernel<store_fp8<__NV_E4M3>><<<ctas, kAppendThreads, 0, s>>>(a);
     else if (kv_dtype == PKV_DTYPE_FP8_E5M2)
-        append_fp8_kernel<__NV_E5M2><<<ctas, kAppendThreads, 0, s>>>(a);
+        append_kernel<store_fp8<__NV_E5M2>><<<ctas, kAppendThreads, 0, s>>>(a);
     else
-        append_kernel<<<ctas, kAppendThreads, 0, s>>>(a);
+        append_kernel<store_same><<<ctas, kAppendThreads, 0, s>>>(a);
     const cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return pkv_fail(ctx, PKV_ERR_CUDA, "append launch failed: %s", cudaGetErrorString(e));
     return PKV_OK;
