@@ -80,7 +80,7 @@ __device__ __forceinline__ void decode_m_body(const decode_params &p, const task
     tile_pages(p, ti, ntiles, warp, g, c, kpage, vpage);
     for (int tile = warp; tile < ntiles; tile += kWarps) {
         const int base = tb + tile * 16;
-        uint4 kr[2][KC], vr[4][VC];
+        kv_chunk<T, KV> kr[2][KC], vr[4][VC];
         load_k<T, D, KV>(p, p.k, base, head, g, c, kpage, kr);
         load_v<T, D, KV>(p, p.v, base, head, g, c, vpage, vr);
         tile_pages(p, ti, ntiles, tile + kWarps, g, c, kpage, vpage); // in flight with this tile
@@ -101,8 +101,9 @@ __device__ __forceinline__ void decode_m_body(const decode_params &p, const task
             const uint32_t a0[4] = {qa.x, qb.x, qa.y, qb.y}, a1[4] = {qa.z, qb.z, qa.w, qb.w};
 #pragma unroll
             for (int j = 0; j < 2; j++) {
-                mma_16816<T>(s[j], a0, kr[j][i].x, kr[j][i].y);
-                mma_16816<T>(s[j], a1, kr[j][i].z, kr[j][i].w);
+                const uint4 k = widen<T, KV>(kr[j][i]);
+                mma_16816<T>(s[j], a0, k.x, k.y);
+                mma_16816<T>(s[j], a1, k.z, k.w);
             }
         }
         // ---- online softmax (log2 domain); rows g (s[.][0..1]) and g+8 (s[.][2..3])
@@ -144,10 +145,12 @@ __device__ __forceinline__ void decode_m_body(const decode_params &p, const task
                                tr::pack(pr[1][2], pr[1][3])};
 #pragma unroll
         for (int u = 0; u < VC; u++) {
-            const uint32_t *v0 = reinterpret_cast<const uint32_t *>(&vr[0][u]);
-            const uint32_t *v1 = reinterpret_cast<const uint32_t *>(&vr[1][u]);
-            const uint32_t *v2 = reinterpret_cast<const uint32_t *>(&vr[2][u]);
-            const uint32_t *v3 = reinterpret_cast<const uint32_t *>(&vr[3][u]);
+            const uint4 w0 = widen<T, KV>(vr[0][u]), w1 = widen<T, KV>(vr[1][u]), w2 = widen<T, KV>(vr[2][u]),
+                        w3 = widen<T, KV>(vr[3][u]);
+            const uint32_t *v0 = reinterpret_cast<const uint32_t *>(&w0);
+            const uint32_t *v1 = reinterpret_cast<const uint32_t *>(&w1);
+            const uint32_t *v2 = reinterpret_cast<const uint32_t *>(&w2);
+            const uint32_t *v3 = reinterpret_cast<const uint32_t *>(&w3);
 #pragma unroll
             for (int e = 0; e < 8; e++) {
                 const int nb = u * 8 + e;

@@ -25,11 +25,12 @@ namespace pkv {
 
 // One 16-token tile of the heads-in-N kernel: S^T from kr, the online softmax, O^T from vr.  The
 // buffers are refilled with the tile at next_base (pages kpage/vpage; -1 pages load zeros, no
-// memory): K right after S, V right after O, so a tile is in flight while the warp computes.
-template <typename T, int D, bool CAP>
-__device__ __forceinline__ void n8_tile(const decode_params &p, const T *kbase, const T *vbase, int head, int g, int c,
-                                        int base, int te, int next_base, const uint4 (&qr)[D / 32],
-                                        uint4 (&kr)[2][D / 32], uint4 (&vr)[4][D / 64], const int32_t (&kpage)[2],
+// memory): K right after S, V right after O, so a tile is in flight while the warp computes.  An fp8
+// cache's chunks are widened here, where the mma takes them, and its K scale multiplies the scores.
+template <typename T, int D, bool CAP, typename KV>
+__device__ __forceinline__ void n8_tile(const decode_params &p, int head, int g, int c, int base, int te, int next_base,
+                                        float kscale, const uint4 (&qr)[D / 32], kv_chunk<T, KV> (&kr)[2][D / 32],
+                                        kv_chunk<T, KV> (&vr)[4][D / 64], const int32_t (&kpage)[2],
                                         const int32_t (&vpage)[4], float (&acc)[D / 16][4], float &ma, float &mb,
                                         float &la, float &lb) {
     constexpr int KC = D / 32;
@@ -38,22 +39,32 @@ __device__ __forceinline__ void n8_tile(const decode_params &p, const T *kbase, 
     float s[4] = {0.f, 0.f, 0.f, 0.f}, s2[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < KC; i++) {
-        const uint32_t a0[4] = {kr[0][i].x, kr[1][i].x, kr[0][i].y, kr[1][i].y};
-        const uint32_t a1[4] = {kr[0][i].z, kr[1][i].z, kr[0][i].w, kr[1][i].w};
+        const uint4 k0 = widen<T, KV>(kr[0][i]), k1 = widen<T, KV>(kr[1][i]);
+        const uint32_t a0[4] = {k0.x, k1.x, k0.y, k1.y};
+        const uint32_t a1[4] = {k0.z, k1.z, k0.w, k1.w};
         mma_16816<T>(s, a0, qr[i].x, qr[i].y);
         mma_16816<T>(s2, a1, qr[i].z, qr[i].w);
     }
-    load_k<T, D>(p, kbase, next_base, head, g, c, kpage, kr);
+    load_k<T, D, KV>(p, p.k, next_base, head, g, c, kpage, kr);
+    if constexpr (kv_traits<T, KV>::fp8) {
+#pragma unroll
+        for (int x = 0; x < 4; x++) {
+            s[x] *= kscale;
+            s2[x] *= kscale;
+        }
+    }
     float ala, alb;
     uint32_t b0, b1;
     n8_softmax<T, CAP>(s, s2, base + g < te, base + 8 + g < te, p, ma, mb, la, lb, ala, alb, b0, b1);
     // ---- O^T = O^T * alpha + V^T P^T
 #pragma unroll
     for (int u = 0; u < VC; u++) {
-        const uint32_t *w0 = reinterpret_cast<const uint32_t *>(&vr[0][u]);
-        const uint32_t *w1 = reinterpret_cast<const uint32_t *>(&vr[1][u]);
-        const uint32_t *w2 = reinterpret_cast<const uint32_t *>(&vr[2][u]);
-        const uint32_t *w3 = reinterpret_cast<const uint32_t *>(&vr[3][u]);
+        const uint4 x0 = widen<T, KV>(vr[0][u]), x1 = widen<T, KV>(vr[1][u]), x2 = widen<T, KV>(vr[2][u]),
+                    x3 = widen<T, KV>(vr[3][u]);
+        const uint32_t *w0 = reinterpret_cast<const uint32_t *>(&x0);
+        const uint32_t *w1 = reinterpret_cast<const uint32_t *>(&x1);
+        const uint32_t *w2 = reinterpret_cast<const uint32_t *>(&x2);
+        const uint32_t *w3 = reinterpret_cast<const uint32_t *>(&x3);
 #pragma unroll
         for (int mp = 0; mp < 4; mp++) {
             const int mt = u * 4 + mp;
@@ -66,16 +77,22 @@ __device__ __forceinline__ void n8_tile(const decode_params &p, const T *kbase, 
             mma_16816<T>(acc[mt], a, b0, b1);
         }
     }
-    load_v<T, D>(p, vbase, next_base, head, g, c, vpage, vr);
+    load_v<T, D, KV>(p, p.v, next_base, head, g, c, vpage, vr);
 }
 
-// One task's tiles, one tile in flight per warp (3 CTAs per SM at d <= 128), softmax and output.
-template <typename T, int D, bool CAP>
+// One task's tiles, softmax and output.  Each warp keeps DEPTH tiles in flight while it computes: one for
+// a 16-bit cache (3 CTAs per SM at d <= 128), two for an fp8 cache at d <= 128, whose tile is half the
+// bytes and, in its stored form, half the registers - the same bytes in flight per warp as a 16-bit
+// cache (at d = 256 one fp8 tile is already as many bytes as a 16-bit tile at d = 128, and two spill).
+template <typename T, int D, bool CAP, typename KV>
 __device__ __forceinline__ void decode_n8_body(const decode_params &p, const task_info &ti, float *smem) {
     constexpr int KC = D / 32;
     constexpr int VC = D / 64;
     constexpr int MT = VC * 4; // m-tiles of O^T
     constexpr int GP = 8;
+    constexpr bool kFp8 = kv_traits<T, KV>::fp8;
+    constexpr int DEPTH = kFp8 && D <= 128 ? 2 : 1;
+    constexpr int STEP = DEPTH * kWarps; // tiles between a buffer's tile and the one it loads next
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3;
@@ -86,26 +103,40 @@ __device__ __forceinline__ void decode_n8_body(const decode_params &p, const tas
 #pragma unroll
     for (int i = 0; i < KC; i++)
         qr[i] = g < G ? *reinterpret_cast<const uint4 *>(qbase + g * D + (i * 4 + c) * 8) : make_uint4(0, 0, 0, 0);
+    const float kscale = !kFp8 ? 1.f : p.k_scales ? p.k_scales[head] : p.k_scale;
 
-    const T *kbase = static_cast<const T *>(p.k);
-    const T *vbase = static_cast<const T *>(p.v);
     float acc[MT][4];
 #pragma unroll
     for (int mt = 0; mt < MT; mt++) acc[mt][0] = acc[mt][1] = acc[mt][2] = acc[mt][3] = 0.f;
     float ma = -INFINITY, mb = -INFINITY, la = 0.f, lb = 0.f; // heads 2c and 2c + 1
 
     const int ntiles = (te - tb + 15) >> 4;
-    int32_t kpa[2], vpa[4];
-    uint4 kra[2][KC], vra[4][VC];
-    tile_pages(p, ti, ntiles, warp, g, c, kpa, vpa);
-    load_k<T, D>(p, kbase, tb + warp * 16, head, g, c, kpa, kra);
-    load_v<T, D>(p, vbase, tb + warp * 16, head, g, c, vpa, vra);
-    tile_pages(p, ti, ntiles, warp + kWarps, g, c, kpa, vpa);
-    for (int tile = warp; tile < ntiles; tile += kWarps) {
-        const int base = tb + tile * 16;
-        n8_tile<T, D, CAP>(p, kbase, vbase, head, g, c, base, te, base + kWarps * 16, qr, kra, vra, kpa, vpa, acc, ma,
-                           mb, la, lb);
-        tile_pages(p, ti, ntiles, tile + 2 * kWarps, g, c, kpa, vpa);
+    // buffer b holds tile t = warp + b * kWarps (+ STEP per round); its pages are those of t + STEP
+    int32_t kpa[DEPTH][2], vpa[DEPTH][4];
+    kv_chunk<T, KV> kra[DEPTH][2][KC], vra[DEPTH][4][VC];
+#pragma unroll
+    for (int b = 0; b < DEPTH; b++) {
+        const int t = warp + b * kWarps;
+        tile_pages(p, ti, ntiles, t, g, c, kpa[b], vpa[b]);
+        load_k<T, D, KV>(p, p.k, tb + t * 16, head, g, c, kpa[b], kra[b]);
+        load_v<T, D, KV>(p, p.v, tb + t * 16, head, g, c, vpa[b], vra[b]);
+        tile_pages(p, ti, ntiles, t + STEP, g, c, kpa[b], vpa[b]);
+    }
+    for (int tile = warp; tile < ntiles; tile += STEP) {
+#pragma unroll
+        for (int b = 0; b < DEPTH; b++) {
+            const int t = tile + b * kWarps;
+            if (b > 0 && t >= ntiles) break; // warp-uniform: this round's last tiles are past the range
+            const int base = tb + t * 16;
+            n8_tile<T, D, CAP, KV>(p, head, g, c, base, te, base + STEP * 16, kscale, qr, kra[b], vra[b], kpa[b],
+                                   vpa[b], acc, ma, mb, la, lb);
+            tile_pages(p, ti, ntiles, t + 2 * STEP, g, c, kpa[b], vpa[b]);
+        }
+    }
+    if constexpr (kFp8) { // the V scale on the unnormalised output, before the warps' combine
+        const float vscale = p.v_scales ? p.v_scales[head] : p.v_scale;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) acc[mt][0] *= vscale, acc[mt][1] *= vscale, acc[mt][2] *= vscale, acc[mt][3] *= vscale;
     }
     // ---- this warp's output: O[head][dim] = acc (see the m-tile layout above)
     n8_warp_out<D, GP, MT, 1>(smem, warp, 0, g, c, acc, ma, mb, la, lb,
@@ -113,27 +144,36 @@ __device__ __forceinline__ void decode_n8_body(const decode_params &p, const tas
     finish_task<T, D, GP, 16>(p, smem, ti, G); // batches of 16: the 3-CTA register cap, no spills at d = 256
 }
 
-template <typename T, int D>
+template <typename T, int D, typename KV>
 __global__ void __launch_bounds__(kThreads, D <= 128 ? 3 : 2) decode_kernel_n(const decode_params p) {
     extern __shared__ float smem[];
     PKV_TL_SCOPE(0, p.timeline);
     task_info ti;
     if (!load_task<T, D>(p, ti)) return;
-    if (p.cap_log2 > 0.f) decode_n8_body<T, D, true>(p, ti, smem);
-    else decode_n8_body<T, D, false>(p, ti, smem);
+    if (p.cap_log2 > 0.f) decode_n8_body<T, D, true, KV>(p, ti, smem);
+    else decode_n8_body<T, D, false, KV>(p, ti, smem);
 }
 
-template <typename T> static decode_fn heads_in_n_of(int head_dim) {
+template <typename T, typename KV> static decode_fn heads_in_n_of(int head_dim) {
     switch (head_dim) {
-    case 64: return decode_kernel_n<T, 64>;
-    case 128: return decode_kernel_n<T, 128>;
-    case 256: return decode_kernel_n<T, 256>;
+    case 64: return decode_kernel_n<T, 64, KV>;
+    case 128: return decode_kernel_n<T, 128, KV>;
+    case 256: return decode_kernel_n<T, 256, KV>;
     }
     return nullptr;
 }
 
-decode_fn heads_in_n_kernel(pkv_dtype dtype, int head_dim) {
-    return dtype == PKV_DTYPE_FP16 ? heads_in_n_of<__half>(head_dim) : heads_in_n_of<__nv_bfloat16>(head_dim);
+template <typename T> static decode_fn heads_in_n_kv(kv_kind kv, int head_dim) {
+    switch (kv) {
+    case kKvSame: return heads_in_n_of<T, T>(head_dim);
+    case kKvE4M3: return heads_in_n_of<T, kv_e4m3>(head_dim);
+    case kKvE5M2: return heads_in_n_of<T, kv_e5m2>(head_dim);
+    }
+    return nullptr;
+}
+
+decode_fn heads_in_n_kernel(pkv_dtype dtype, kv_kind kv, int head_dim) {
+    return dtype == PKV_DTYPE_FP16 ? heads_in_n_kv<__half>(kv, head_dim) : heads_in_n_kv<__nv_bfloat16>(kv, head_dim);
 }
 
 int heads_in_n_smem_bytes(int head_dim) {

@@ -49,11 +49,11 @@ constexpr int tma_min_stages(int d) {
 // ---- each family's instances (nullptr: none for that head dim, copy mode or head count) ----
 // the cache's element type apart from q and o: the same 16-bit type, or fp8 in either encoding
 enum kv_kind : int { kKvSame = 0, kKvE4M3 = 1, kKvE5M2 = 2 };
-// heads in M, G <= 16, and every fp8 cache (decode_heads_in_m.cu), and its dynamic shared memory in bytes
+// heads in M, G <= 16 (decode_heads_in_m.cu), and its dynamic shared memory in bytes
 decode_fn heads_in_m_kernel(pkv_dtype dtype, kv_kind kv, int head_dim);
 int heads_in_m_smem_bytes(int head_dim);
 // heads in N, G <= 8 (decode_heads_in_n.cu)
-decode_fn heads_in_n_kernel(pkv_dtype dtype, int head_dim);
+decode_fn heads_in_n_kernel(pkv_dtype dtype, kv_kind kv, int head_dim);
 int heads_in_n_smem_bytes(int head_dim);
 // the sm_90 ring kernel (decode_tma.cu): n_tiles 1 (G <= 8) or 2 (G 9..16, d <= 128), mode a copy_mode
 // (kCopyChunks at d <= 128 only); its dynamic shared memory is tma_smem_bytes(head_dim, stages)

@@ -16,25 +16,24 @@ namespace pkv {
 namespace {
 
 // ---- the register kernels ------------------------------------------------------------------------
-// Heads in N for G <= 8, heads in M (16 rows) for G 9..16 and for fp8 caches at every G (the one family
-// that reads them).
+// Heads in N for G <= 8, heads in M (16 rows) for G 9..16; both read 16-bit and fp8 caches.
 enum kernel_kind { kHeadsInN, kHeadsInM };
 kv_kind kv_of(const pkv_problem &pr) {
     return pr.kv_dtype == PKV_DTYPE_FP8_E4M3 ? kKvE4M3 : pr.kv_dtype == PKV_DTYPE_FP8_E5M2 ? kKvE5M2 : kKvSame;
 }
-kernel_kind kernel_for(int32_t group, kv_kind kv = kKvSame) { return group > 8 || kv != kKvSame ? kHeadsInM : kHeadsInN; }
+kernel_kind kernel_for(int32_t group) { return group > 8 ? kHeadsInM : kHeadsInN; }
 
 const pkv_dtype kDtypes[] = {PKV_DTYPE_FP16, PKV_DTYPE_BF16};
 const int kHeadDims[PKV_TMA_HEAD_DIMS] = {64, 128, 256};
 
-// The register kernel of a kind and its dynamic shared memory (bytes); heads in N reads 16-bit caches only.
+// The register kernel of a kind and its dynamic shared memory (bytes).
 decode_fn register_kernel(kernel_kind kind, pkv_dtype dtype, int head_dim, int *smem_bytes, kv_kind kv = kKvSame) {
     if (kind == kHeadsInM) {
         *smem_bytes = heads_in_m_smem_bytes(head_dim);
         return heads_in_m_kernel(dtype, kv, head_dim);
     }
     *smem_bytes = heads_in_n_smem_bytes(head_dim);
-    return heads_in_n_kernel(dtype, head_dim);
+    return heads_in_n_kernel(dtype, kv, head_dim);
 }
 
 // Every register kernel instance's dynamic shared-memory limit raised to what it takes.
@@ -43,7 +42,6 @@ cudaError_t register_set_attrs() {
         for (int d : kHeadDims)
             for (kernel_kind k : {kHeadsInN, kHeadsInM})
                 for (kv_kind kv : {kKvSame, kKvE4M3, kKvE5M2}) {
-                    if (k == kHeadsInN && kv != kKvSame) continue;
                     int smem = 0;
                     const decode_fn f = register_kernel(k, dt, d, &smem, kv);
                     const cudaError_t e = cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -265,7 +263,7 @@ cudaError_t launch_tasks(const pkv_plan *plan, const decode_params &p, dim3 grid
             .launch(tma_kernel(dt, d, p.group <= 8 ? 1 : 2, p.copy_mode), p, *maps);
     int smem = 0;
     const kv_kind kv = kv_of(plan->problem);
-    const decode_fn f = register_kernel(kernel_for(plan->group, kv), dt, d, &smem, kv);
+    const decode_fn f = register_kernel(kernel_for(plan->group), dt, d, &smem, kv);
     return launch_cfg(grid, smem, stream, o.entry_pdl).launch(f, p);
 }
 
@@ -458,8 +456,9 @@ const char *decode_kernel_name(const pkv_plan *plan, const pkv_tensors *t, const
         if (mode == kCopyChunks) return "tensor copies in chunks of 8";
         return "tensor copies";
     }
-    if (kv_of(pr) != kKvSame) return "registers, heads in M, fp8 cache";
-    return kernel_for(plan->group) == kHeadsInN ? "registers, heads in N" : "registers, heads in M";
+    const bool n = kernel_for(plan->group) == kHeadsInN;
+    if (kv_of(pr) != kKvSame) return n ? "registers, heads in N, fp8 cache" : "registers, heads in M, fp8 cache";
+    return n ? "registers, heads in N" : "registers, heads in M";
 }
 
 } // namespace pkv

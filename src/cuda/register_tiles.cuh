@@ -2,7 +2,8 @@
 // tile straight from the pages into registers with 16-byte loads, no shared memory, each thread loading
 // the chunks its own mma fragments need (the permutation is described in decode_heads_in_m.cu), and the
 // tile's page ids, which the kernels look up a tile ahead.  fp8 caches (e4m3, e5m2) are read in the same
-// pattern with 8-byte loads, 8 elements each, widened in registers to the mma's 16-bit type.
+// pattern with 8-byte loads, 8 elements each, held as loaded and widened in registers to the mma's 16-bit
+// type where the mma takes them.
 #pragma once
 
 #include "decode_common.cuh"
@@ -56,12 +57,30 @@ template <typename T, typename KV> __device__ __forceinline__ uint4 widen_fp8x8(
     return make_uint4(fp8x2_to<T, KV>(x.x), fp8x2_to<T, KV>(x.x >> 16), fp8x2_to<T, KV>(x.y),
                       fp8x2_to<T, KV>(x.y >> 16));
 }
-// One 8-element chunk of a cache at element offset off from base, as 8 T values.
-template <typename T, typename KV> __device__ __forceinline__ uint4 load_chunk8(const void *base, int64_t off) {
+// One 8-element chunk of a cache as it is stored: 16 bytes of a 16-bit cache, 8 bytes of an fp8 one.  The
+// kernels keep the tiles in flight in this form and widen a chunk where an mma takes it, so a load never
+// waits on the conversion and an fp8 tile in flight holds half the registers of a 16-bit one.
+template <typename T, typename KV> using kv_chunk = std::conditional_t<kv_traits<T, KV>::fp8, uint2, uint4>;
+template <typename T, typename KV> __device__ __forceinline__ kv_chunk<T, KV> load_chunk8(const void *base, int64_t off) {
     if constexpr (kv_traits<T, KV>::fp8) {
-        return widen_fp8x8<T, KV>(ldg_nc_v2(static_cast<const uint8_t *>(base) + off));
+        return ldg_nc_v2(static_cast<const uint8_t *>(base) + off);
     } else {
         return ldg_nc_v4(static_cast<const T *>(base) + off);
+    }
+}
+// A stored chunk as the 8 T values of the mma's fragments.
+template <typename T, typename KV> __device__ __forceinline__ uint4 widen(const kv_chunk<T, KV> &x) {
+    if constexpr (kv_traits<T, KV>::fp8) {
+        return widen_fp8x8<T, KV>(x);
+    } else {
+        return x;
+    }
+}
+template <typename T, typename KV> __device__ __forceinline__ kv_chunk<T, KV> zero_chunk() {
+    if constexpr (kv_traits<T, KV>::fp8) {
+        return make_uint2(0, 0);
+    } else {
+        return make_uint4(0, 0, 0, 0);
     }
 }
 
@@ -82,11 +101,11 @@ __device__ __forceinline__ void tile_pages(const decode_params &p, const task_in
     }
 }
 
-// K of tokens base + 8j + g: the 16-byte chunks i*4 + c.  V of tokens base + {2c, 2c+1, 8+2c, 9+2c}:
-// the chunks g + 8u.  Zeros where the page id is -1.
+// K of tokens base + 8j + g: the 8-element chunks i*4 + c.  V of tokens base + {2c, 2c+1, 8+2c, 9+2c}:
+// the chunks g + 8u.  Zeros where the page id is -1.  Stored form (kv_chunk): widen() before the mma.
 template <typename T, int D, typename KV = T>
 __device__ __forceinline__ void load_k(const decode_params &p, const void *kbase, int base, int head, int g, int c,
-                                       const int32_t (&kp)[2], uint4 (&kr)[2][D / 32]) {
+                                       const int32_t (&kp)[2], kv_chunk<T, KV> (&kr)[2][D / 32]) {
 #pragma unroll
     for (int j = 0; j < 2; j++) {
         if (kp[j] >= 0) {
@@ -95,13 +114,13 @@ __device__ __forceinline__ void load_k(const decode_params &p, const void *kbase
             for (int i = 0; i < D / 32; i++) kr[j][i] = load_chunk8<T, KV>(kbase, off + (i * 4 + c) * 8);
         } else {
 #pragma unroll
-            for (int i = 0; i < D / 32; i++) kr[j][i] = make_uint4(0, 0, 0, 0);
+            for (int i = 0; i < D / 32; i++) kr[j][i] = zero_chunk<T, KV>();
         }
     }
 }
 template <typename T, int D, typename KV = T>
 __device__ __forceinline__ void load_v(const decode_params &p, const void *vbase, int base, int head, int g, int c,
-                                       const int32_t (&vp)[4], uint4 (&vr)[4][D / 64]) {
+                                       const int32_t (&vp)[4], kv_chunk<T, KV> (&vr)[4][D / 64]) {
 #pragma unroll
     for (int qv = 0; qv < 4; qv++) {
         if (vp[qv] >= 0) {
@@ -110,7 +129,7 @@ __device__ __forceinline__ void load_v(const decode_params &p, const void *vbase
             for (int u = 0; u < D / 64; u++) vr[qv][u] = load_chunk8<T, KV>(vbase, off + (g + 8 * u) * 8);
         } else {
 #pragma unroll
-            for (int u = 0; u < D / 64; u++) vr[qv][u] = make_uint4(0, 0, 0, 0);
+            for (int u = 0; u < D / 64; u++) vr[qv][u] = zero_chunk<T, KV>();
         }
     }
 }

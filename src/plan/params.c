@@ -25,10 +25,10 @@
 
 /* Tasks per parallel unit: the wave the planner fills (the backend's default) and the tasks the device
  * holds resident (CUDA: CTAs per SM of the kernel that runs this problem, read at d = 128 for d <= 128;
- * the lighter kernel for G <= PKV_CAPS_GROUP_SPLIT may hold more than the other; fp8 caches run the other
- * family at every G). */
+ * the lighter kernel for G <= PKV_CAPS_GROUP_SPLIT may hold more than the other, for 16-bit and fp8
+ * caches alike). */
 static bool heavy_kernel(const pkv_problem *p) {
-    return p->num_qo_heads > PKV_CAPS_GROUP_SPLIT * p->num_kv_heads || pkv_dtype_is_fp8(p->kv_dtype);
+    return p->num_qo_heads > PKV_CAPS_GROUP_SPLIT * p->num_kv_heads;
 }
 static int32_t resident_ctas(const pkv_backend_caps *caps, const pkv_problem *p) {
     const int32_t light = caps->resident[1][0]; /* d = 128, G <= PKV_CAPS_GROUP_SPLIT */
