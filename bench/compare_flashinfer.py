@@ -601,8 +601,8 @@ class DevHelpers:
         self.dll.pkv_dev_launch_latency.restype = ctypes.c_int
         self.dll.pkv_dev_get_info.argtypes = [vp, P(self.Info)]
         self.dll.pkv_dev_get_info.restype = ctypes.c_int
-        self.dll.pkv_context_last_error.argtypes = [vp]
-        self.dll.pkv_context_last_error.restype = ctypes.c_char_p
+        self.dll.pkv_last_error.argtypes = []
+        self.dll.pkv_last_error.restype = ctypes.c_char_p
         self.dll.pkv_context_config_default.argtypes = [P(L.ContextConfig)]
         self.dll.pkv_context_config_default.restype = None
         self.dll.pkv_context_create.argtypes = [P(L.ContextConfig), P(vp)]
@@ -620,7 +620,7 @@ class DevHelpers:
 
     def _check(self, st, what):
         if st != 0:
-            raise RuntimeError(f"{what}: {self.dll.pkv_context_last_error(self.ctx).decode(errors='replace')}")
+            raise RuntimeError(f"{what}: {(self.dll.pkv_last_error() or b'').decode(errors='replace')}")
 
     def time_read(self, ptr, buf_bytes, nbytes, reps):
         us = ctypes.c_double()
