@@ -16,9 +16,9 @@
 //              output column n of n-block (u, e) is head-dim (n + 8u) * 8 + e.
 // Online softmax in the log2 domain per warp; warps combine through shared memory at the end; the CTA
 // writes o/lse directly (unsplit row) or a partial state (o_s normalised, lse_s natural log): task.cuh.
-// It is also the kernel of fp8 caches for every G (KV = kv_e4m3 or kv_e5m2): the same chunks read with
-// 8-byte loads and widened to T in registers (register_tiles.cuh); the K scale multiplies the scores and
-// the V scale the output, so the products run on the stored values.
+// It is also the kernel of fp8 caches at G 9..16 (KV = kv_e4m3 or kv_e5m2): the same chunks read with
+// 8-byte loads and widened to T in registers where the mma takes them (register_tiles.cuh); the K scale
+// multiplies the scores and the V scale the output, so the products run on the stored values.
 #include "kernels.cuh"
 #include "register_tiles.cuh"
 #include "task.cuh"

@@ -1,6 +1,8 @@
 // decode_heads_in_n.cu - the heads-in-N register kernel: GQA decode attention over the page tables for
 // G <= 8, every head dim (64, 128, 256).  It is the G <= 8 kernel of sm_80-89 GPUs (and of sm_90 where the
-// ring kernel does not run: tma=0, a build without sm_90 code).  Its last measurements, and those of every
+// ring kernel does not run: tma=0, a build without sm_90 code), and of fp8 caches (e4m3, e5m2) at G <= 8 on
+// every GPU: 8-byte loads, widened in registers where the mma takes them (register_tiles.cuh), the K scale
+// on the scores and the V scale on the output.  Its last measurements, and those of every
 // other variant tried: docs/kernel-notes.md.
 //
 // The heads-in-M kernel's loads (register_tiles.cuh) with the operands swapped: S^T = K Q^T and
