@@ -627,7 +627,7 @@ typedef struct pkv_append_tensors {
  * when one is bad (PKV_ERR_BEYOND_LENGTH, PKV_ERR_PAGE_OUT_OF_RANGE, PKV_ERR_BAD_INDPTR); the CUDA backend
  * cannot read the indices without a sync, so its kernel skips a token whose slot is out of range instead of
  * writing it.  CUDA: k, v, the caches 16-byte aligned and the strides multiples of 8 (of 16 for an fp8
- * cache's kv_page_stride); fp8 caches with per-tensor scales only (per-head: PKV_ERR_UNSUPPORTED). */
+ * cache's kv_page_stride); per-head scales are read from device memory, unchecked (as the page ids). */
 PKV_API pkv_status pkv_append_kv(pkv_context *ctx, const pkv_problem *problem, int32_t batch_size,
                                  int32_t num_tokens, const pkv_append_tensors *tensors, void *stream);
 

@@ -9,10 +9,10 @@
  * the grown cache.  Shapes: Hkv 1/2/8, d 64/128/256, pages of 1, 3, 8, 16, 64 and 256 tokens, NHD and HND,
  * fp16 and bf16.  Then a CUDA graph that captured one decode-form append is replayed for later steps with
  * new K/V and a new table in the same buffers; and the CUDA backend's own errors (misalignment).
- * fp8 caches (e4m3, e5m2; fp16 and bf16 sources; per-tensor scales; values beyond the range, infinities and
- * NaNs mixed in): the GPU's quantizing append and page copies against the CPU backend's, code for code (NaN
- * codes compared as NaN), then the appended caches decoded on both backends and compared output for output;
- * per-head scales on the append refused with PKV_ERR_UNSUPPORTED.
+ * fp8 caches (e4m3, e5m2; fp16 and bf16 sources; per-tensor scales, and per-KV-head scales in two cases;
+ * values beyond the range, infinities and NaNs mixed in): the GPU's quantizing append and page copies against
+ * the CPU backend's, code for code (NaN codes compared as NaN), then the appended caches decoded on both
+ * backends with the same scales and compared output for output.
  * PKV_TEST_CASES=N sets the number of random cases (default 24). */
 #include "persistentkv.h"
 #include "pkv_lab.h"
@@ -290,6 +290,11 @@ static void test_fp8(pkv_rng *rng) {
         for (int32_t t = 0; t < n; t++) bidx[t] = t % B, pos[t] = t / B;
         uint16_t *k = (uint16_t *)malloc((size_t)(n * te) * 2), *v = (uint16_t *)malloc((size_t)(n * te) * 2);
         const float ks = (float)(0.01 + pkv_rng_uniform01(rng)), vs = c % 3 ? 0.0f : 0.5f;
+        /* cases 3 and 7: per-KV-head scales for K and V (host arrays for the CPU, device copies for the GPU) */
+        const int per_head = c % 4 == 3;
+        float khs[8], vhs[8];
+        for (int hh = 0; hh < 8; hh++) khs[hh] = ks * (0.5f + 0.25f * (float)hh), vhs[hh] = 0.3f + 0.1f * (float)hh;
+        void *dkhs = dev_copy(khs, sizeof khs), *dvhs = dev_copy(vhs, sizeof vhs);
         const float big = e5m2 ? 80000.0f : 600.0f;
         for (int64_t e = 0; e < n * te; e++) {
             const double u = pkv_rng_uniform01(rng);
@@ -308,7 +313,9 @@ static void test_fp8(pkv_rng *rng) {
         pkv_append_tensors h = {0}, g = {0};
         h.k = k, h.v = v, h.k_cache = hk, h.v_cache = hv, h.kv_indptr = indptr, h.kv_page_indices = indices;
         h.seq_lens = lens, h.batch_indices = bidx, h.positions = pos, h.k_scale = ks, h.v_scale = vs;
+        if (per_head) h.k_scale = h.v_scale = 0.0f, h.k_head_scales = khs, h.v_head_scales = vhs;
         g = h;
+        if (per_head) g.k_head_scales = (const float *)dkhs, g.v_head_scales = (const float *)dvhs;
         g.k = dkk, g.v = dvv, g.k_cache = dk, g.v_cache = dv, g.kv_indptr = (const int32_t *)dindptr;
         g.kv_page_indices = (const int32_t *)dind, g.seq_lens = (const int32_t *)dlens;
         g.batch_indices = (const int32_t *)dbidx, g.positions = (const int32_t *)dpos;
@@ -328,8 +335,9 @@ static void test_fp8(pkv_rng *rng) {
                 if (back[e] != hh[e])
                     bad += !(isnan(pkv_fp8_to_float(back[e], e5m2)) && isnan(pkv_fp8_to_float(hh[e], e5m2)));
         }
-        CHECK_MSG(bad == 0, "fp8 case %d (%s, %s source, page %d): %lld codes differ between the GPU and the CPU", c,
-                  e5m2 ? "e5m2" : "e4m3", p.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", p.page_size, (long long)bad);
+        CHECK_MSG(bad == 0, "fp8 case %d (%s, %s source, page %d, %s scales): %lld codes differ between the GPU and "
+                  "the CPU", c, e5m2 ? "e5m2" : "e4m3", p.dtype == PKV_DTYPE_BF16 ? "bf16" : "fp16", p.page_size,
+                  per_head ? "per-head" : "per-tensor", (long long)bad);
         /* the appended caches decoded on both backends with the same scales: the GPU's fp8 kernel against the
          * CPU's, output for output (a NaN code in K makes its KV head's query heads NaN on both) */
         const int64_t qn = (int64_t)B * p.num_qo_heads * p.head_dim;
@@ -350,6 +358,11 @@ static void test_fp8(pkv_rng *rng) {
                           .k_scale = ks, .v_scale = vs};
         pkv_tensors xg = {.q = dq, .k_cache = dk, .v_cache = dv, .kv_page_indices = (const int32_t *)dind,
                           .o = dout, .k_scale = ks, .v_scale = vs};
+        if (per_head) {
+            xc.k_scale = xc.v_scale = xg.k_scale = xg.v_scale = 0.0f;
+            xc.k_head_scales = khs, xc.v_head_scales = vhs;
+            xg.k_head_scales = (const float *)dkhs, xg.v_head_scales = (const float *)dvhs;
+        }
         CHECK_OK(pkv_run(g_cpu, pc, wsc, wsc_bytes, &xc, NULL));
         st = st == PKV_OK ? pkv_run(g_gpu, pg, wsg, wsg_bytes, &xg, NULL) : st;
         CHECK_MSG(st == PKV_OK, "fp8 decode on the GPU: %s", pkv_last_error());
@@ -375,12 +388,7 @@ static void test_fp8(pkv_rng *rng) {
         }
         pkv_plan_free(pc), pkv_plan_free(pg);
         free(q), free(o_cpu), free(o_gpu), free(wsc);
-        /* per-head scales are not on the CUDA append yet */
-        float heads[8] = {1, 1, 1, 1, 1, 1, 1, 1};
-        void *dheads = dev_copy(heads, sizeof heads);
-        g.k_scale = 0.0f, g.k_head_scales = (const float *)dheads;
-        CHECK_FAILS(pkv_append_kv(g_gpu, &p, B, n, &g, NULL), PKV_ERR_UNSUPPORTED);
-        void *all[] = {dk, dv, dkk, dvv, dindptr, dind, dbidx, dpos, dlens, dheads, wsg, dq, dout};
+        void *all[] = {dk, dv, dkk, dvv, dindptr, dind, dbidx, dpos, dlens, dkhs, dvhs, wsg, dq, dout};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) pkv_dev_free(g_gpu, all[i]);
         free(k), free(v), free(hk), free(hv), free(back);
     }

@@ -13,9 +13,9 @@
 // CUDA graph can capture it (a replay appends the same number of tokens).
 //
 // An fp8 cache (pkv_problem.kv_dtype): the same items, each 8 values converted to fp32, divided by the
-// tensor's scale and stored as 8 fp8 codes (one 8-byte store) by cvt.rn.satfinite - round to nearest even,
-// a quotient beyond the largest finite stored as the largest finite of its sign, NaN as NaN: the CPU
-// backend's pkv_float_to_fp8.  Per-head scales are not taken here yet (PKV_ERR_UNSUPPORTED).
+// tensor's scale (or its KV head's, from the per-head arrays in device memory) and stored as 8 fp8 codes
+// (one 8-byte store) by cvt.rn.satfinite - round to nearest even, a quotient beyond the largest finite
+// stored as the largest finite of its sign, NaN as NaN: the CPU backend's pkv_float_to_fp8.
 //
 // Copy: up to PKV_MAX_PAGE_COPIES whole pages per launch, the list in the launch's parameters (no upload, so
 // the copies can be captured too): CTA (copy, K or V, part) copies its part of the page with 16-byte loads
@@ -44,7 +44,8 @@ struct append_params {
     const int32_t *indptr, *indices, *last_page_len, *seq_lens, *batch_indices, *positions, *append_indptr;
     int32_t batch_size, num_tokens, hkv, vecs, page_size;
     int64_t num_pages;
-    float k_scale, v_scale; // fp8 caches: the divisors
+    float k_scale, v_scale; // fp8 caches: the divisors, per tensor
+    const float *k_scales, *v_scales; // fp8 caches: per KV head (device memory), or NULL
     int32_t bf16;           // fp8 caches: k and v are bf16 (else fp16)
 };
 
@@ -117,16 +118,19 @@ __device__ __forceinline__ uint32_t quantize_pair(uint32_t w, int32_t bf16, floa
     return (uint32_t)__nv_cvt_float2_to_fp8x2(f, __NV_SATFINITE, kFormat);
 }
 
-// How an item's 8 values land in the cache at element offset dst: as they are (a cache of their type), or
-// divided by the tensor's scale as 8 fp8 codes.
+// How an item's 8 values (KV head h) land in the cache at element offset dst: as they are (a cache of their
+// type), or divided by the tensor's or the head's scale as 8 fp8 codes.
 struct store_same {
-    __device__ __forceinline__ void operator()(const append_params &a, int64_t dst, int32_t is_v, uint4 val) const {
+    __device__ __forceinline__ void operator()(const append_params &a, int64_t dst, int32_t is_v, int32_t,
+                                               uint4 val) const {
         *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(is_v ? a.v_cache : a.k_cache) + dst) = val;
     }
 };
 template <__nv_fp8_interpretation_t kFormat> struct store_fp8 {
-    __device__ __forceinline__ void operator()(const append_params &a, int64_t dst, int32_t is_v, uint4 val) const {
-        const float scale = is_v ? a.v_scale : a.k_scale;
+    __device__ __forceinline__ void operator()(const append_params &a, int64_t dst, int32_t is_v, int32_t h,
+                                               uint4 val) const {
+        const float *heads = is_v ? a.v_scales : a.k_scales;
+        const float scale = heads ? heads[h] : is_v ? a.v_scale : a.k_scale;
         uint2 out;
         out.x = quantize_pair<kFormat>(val.x, a.bf16, scale) | (quantize_pair<kFormat>(val.y, a.bf16, scale) << 16);
         out.y = quantize_pair<kFormat>(val.z, a.bf16, scale) | (quantize_pair<kFormat>(val.w, a.bf16, scale) << 16);
@@ -141,7 +145,7 @@ template <typename Store> __global__ void __launch_bounds__(kAppendThreads) appe
         int32_t tok, is_v, h, vec;
         const int64_t dst = item_slot(a, i, &tok, &is_v, &h, &vec);
         if (dst < 0) continue;
-        Store()(a, dst, is_v, item_values(a, tok, is_v, h, vec));
+        Store()(a, dst, is_v, h, item_values(a, tok, is_v, h, vec));
     }
 }
 
@@ -175,7 +179,6 @@ extern "C" pkv_status pkv_cuda_append(pkv_context *ctx, const pkv_problem *p, in
     const pkv_kv_strides st = pkv_kv_strides_of(p);
     const int64_t ps = t->kv_page_stride > 0 ? t->kv_page_stride : st.page;
     const pkv_dtype kv_dtype = pkv_kv_dtype(p);
-    const bool fp8 = pkv_dtype_is_fp8(kv_dtype);
     const int64_t ps_bytes = ps * (int64_t)pkv_dtype_size(kv_dtype);
     if (!aligned16(t->k) || !aligned16(t->v) || !aligned16(t->k_cache) || !aligned16(t->v_cache) || ks % 8 || vs % 8 ||
         ps_bytes % 16)
@@ -183,10 +186,6 @@ extern "C" pkv_status pkv_cuda_append(pkv_context *ctx, const pkv_problem *p, in
                         "pkv_append_kv: the CUDA backend needs k, v and the caches 16-byte aligned, the token strides "
                         "multiples of 8 (%lld, %lld) and the page stride of 16 bytes (%lld elements)",
                         (long long)ks, (long long)vs, (long long)ps);
-    if (fp8 && (t->k_head_scales || t->v_head_scales))
-        return pkv_fail(ctx, PKV_ERR_UNSUPPORTED,
-                        "pkv_append_kv: per-head scales of an fp8 cache are not yet on the CUDA backend (per-tensor "
-                        "k_scale and v_scale are)");
     append_params a;
     a.k = static_cast<const uint16_t *>(t->k);
     a.v = static_cast<const uint16_t *>(t->v);
@@ -212,6 +211,8 @@ extern "C" pkv_status pkv_cuda_append(pkv_context *ctx, const pkv_problem *p, in
     a.num_pages = p->num_pages;
     a.k_scale = pkv_scale_or_one(t->k_scale);
     a.v_scale = pkv_scale_or_one(t->v_scale);
+    a.k_scales = t->k_head_scales;
+    a.v_scales = t->v_head_scales;
     a.bf16 = p->dtype == PKV_DTYPE_BF16;
     const int64_t total = (int64_t)num_tokens * 2 * a.hkv * a.vecs;
     const int64_t want = (total + kAppendThreads - 1) / kAppendThreads;
