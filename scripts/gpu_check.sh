@@ -3,7 +3,7 @@
 # CUDA toolkit: build, GPU tests (every route against the float64 CPU reference, outputs poisoned),
 # compute-sanitizer (memcheck, racecheck, initcheck, synccheck: scripts/gpu_sanitize.sh) on a reduced
 # set, then the benchmark (anchor steps, trace families, Gemma-2's local layers, d = 64 on pages of 1 token, the
-# anchors with an fp8 e4m3 cache and a trace with an e5m2 one, the anchors as graph-stable plans).  Full logs
+# anchors with an fp8 e4m3 cache, then e5m2, and a trace with an e5m2 one, the anchors as graph-stable plans).  Full logs
 # and JSON go to OUT_DIR; a short table is printed last.
 #   --quick   fewer random cases, fewer timing repetitions, anchors only (a smoke run)
 #   --tests-only / --bench-only   one half: build, tests, portability and sanitizers; or build and the
@@ -123,9 +123,12 @@ if [ $bench = 1 ]; then
     say "benchmark: anchor steps, d = 64 (32:8:64) on pages of 1 token (gathered row by row; v18's wave)"
     "$build/pkv" bench --backend cuda --shape 32:8:64 --page-size 1 --anchor all --reps 50 --wall-reps 5 \
       --quiet --json "$out/anchors_d64_page1.json" >"$out/anchors_d64_page1.md" 2>>"$log/bench.log" || status=1
-    say "benchmark: anchor steps with an fp8 KV cache (e4m3, scale 0.05), and a trace with an e5m2 one"
+    say "benchmark: anchor steps with an fp8 KV cache (e4m3, scale 0.05; then e5m2, auto only), and a trace with an e5m2 one"
     "$build/pkv" bench --backend cuda --dtype fp8 --kv-scale 0.05 --anchor all --reps 50 --wall-reps 5 \
       --quiet --json "$out/anchors_fp8.json" >"$out/anchors_fp8.md" 2>>"$log/bench.log" || status=1
+    "$build/pkv" bench --backend cuda --kv-dtype fp8_e5m2 --kv-scale 0.05 --anchor all --route auto --reps 50 \
+      --wall-reps 3 --quiet --json "$out/anchors_fp8_e5m2.json" >"$out/anchors_fp8_e5m2.md" 2>>"$log/bench.log" ||
+      status=1
     "$build/pkv" bench --backend cuda --kv-dtype fp8_e5m2 --trace bimodal --seed 20260623 --steps 8 --reps 30 \
       --wall-reps 5 --quiet --json "$out/trace_bimodal_fp8_e5m2.json" >"$out/trace_fp8_e5m2.md" \
       2>>"$log/bench.log" || status=1

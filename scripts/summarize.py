@@ -131,8 +131,10 @@ def graph_stable_line(plain_path, graph_path):
     return ["", line]
 
 
-def fp8_line(fp16_path, fp8_path):
-    """The anchors with an fp8 cache against the same anchors with fp16 (best route's kernel time each)."""
+def fp8_line(fp16_path, fp8_path, what="fp8 (e4m3) cache against fp16", note="half the bytes: 0.5 at best"):
+    """The anchors of one run against the same anchors of another (best route's kernel time each): an fp8
+    cache against fp16, or e5m2 against e4m3 (the same bytes; e5m2 widens by a byte permute, so a ratio
+    below 1 is the e4m3 conversion's cost)."""
     def best(path):
         b = {}
         for r in json.load(open(path))["rows"]:
@@ -144,8 +146,8 @@ def fp8_line(fp16_path, fp8_path):
     if not ratios:
         return []
     gm = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
-    return [f"fp8 (e4m3) cache against fp16, {len(ratios)} anchors: best route's kernel time geomean {gm:.3f}, "
-            f"min {ratios[0]:.3f}, max {ratios[-1]:.3f} (half the bytes: 0.5 at best)"]
+    return [f"{what}, {len(ratios)} anchors: best route's kernel time geomean {gm:.3f}, "
+            f"min {ratios[0]:.3f}, max {ratios[-1]:.3f} ({note})"]
 
 
 def main():
@@ -165,6 +167,9 @@ def main():
         lines += best_route_line(f8, "fp8 KV cache (e4m3, scale 0.05)")
         if os.path.exists(a):
             lines += fp8_line(a, f8)
+        f8e5 = os.path.join(out_dir, "anchors_fp8_e5m2.json")
+        if os.path.exists(f8e5):
+            lines += fp8_line(f8, f8e5, "fp8 e5m2 cache against e4m3", "the same bytes: < 1 is e4m3's conversion")
     gs = os.path.join(out_dir, "anchors_graph_stable.json")
     if os.path.exists(a) and os.path.exists(gs):
         lines += graph_stable_line(a, gs)
