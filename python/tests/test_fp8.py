@@ -16,9 +16,9 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import persistentkv as pkv  # noqa: E402
 from persistentkv import PkvError, Status, flashinfer  # noqa: E402
+from test_binding import assert_close, to_dtype, to_f64  # noqa: E402
 
 FORMATS = {"float8_e4m3fn": (False, 448.0), "float8_e5m2": (True, 57344.0)}
-TOL = {"float16": 2e-3, "bfloat16": 1.5e-2}
 
 
 # ---- fp8 in numpy: decoding every code, and the nearest code by brute force --------------------------
@@ -61,15 +61,6 @@ def random_codes(rng, shape, e5m2):
     return (mag | (rng.integers(0, 2, shape) << 7)).astype(np.uint8)
 
 
-def to_dtype(x, dtype):
-    return x.astype(np.float16) if dtype == "float16" else pkv.bf16_bits(x)
-
-
-def to_f64(a, dtype):
-    a = np.asarray(a)
-    return (pkv.bf16_to_float32(a) if dtype == "bfloat16" else a.astype(np.float32)).astype(np.float64)
-
-
 def make_problem(seed, lens, hq, hkv, fmt, d=64, ps=16, layout="NHD", dtype="float16", heads=False):
     rng = np.random.default_rng(seed)
     lens = np.asarray(lens, np.int32)
@@ -99,19 +90,6 @@ def ref_of(p, k=None, v=None):
 def plan(w, p, **kw):
     w.plan(p["indptr"], p["indices"], p["lens"], p["hq"], p["hkv"], p["d"], p["ps"], num_pages=p["pool"],
            q_data_type=p["dtype"], kv_data_type=p["fmt"], **kw)
-
-
-def assert_close(o, lse, ref, dtype, lens):
-    ro, rl = ref
-    o64 = to_f64(o, dtype)
-    rel = np.linalg.norm(o64 - ro) / max(np.linalg.norm(ro), 1e-30)
-    assert rel < TOL[dtype], f"rel L2 error {rel:.3g} >= {TOL[dtype]}"
-    empty = np.asarray(lens) == 0
-    assert np.all(o64[empty] == 0.0)
-    if lse is not None:
-        lse = np.asarray(lse, np.float64)
-        assert np.all(np.isneginf(lse[empty]))
-        assert np.max(np.abs(lse[~empty] - rl[~empty]), initial=0.0) < 2e-3
 
 
 LENS = [0, 1, 17, 48, 130, 257, 3]
