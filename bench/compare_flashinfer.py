@@ -88,6 +88,7 @@ import statistics
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import types
 import zlib
@@ -2068,6 +2069,33 @@ def jit_one(spec, layout, args):
     print(f"[jit] {spec}: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 
 
+def jit_children(cmds, jobs, env):
+    """Runs the JIT warm-up's child processes, cmds = [(name, argv)], `jobs` at a time (their output to a temporary
+    file each, so a chatty child never blocks on a full pipe); logs each one's last line, or the tail of its output
+    when it failed; returns the names that failed.  Shared with bench/e2e_flashinfer.py."""
+    pending, running, failed = list(cmds), [], []
+    while pending or running:
+        while pending and len(running) < jobs:
+            name, argv = pending.pop(0)
+            out = tempfile.TemporaryFile(mode="w+")
+            running.append((name, subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, text=True), out))
+        time.sleep(0.5)
+        for item in list(running):
+            name, p, out = item
+            if p.poll() is None:
+                continue
+            running.remove(item)
+            out.seek(0)
+            outp = out.read()
+            out.close()
+            if p.returncode != 0:
+                failed.append(name)
+                log(f"JIT warm-up of {name} FAILED (exit {p.returncode}):\n{outp[-1500:]}")
+            else:
+                log(outp.strip().splitlines()[-1] if outp.strip() else f"{name} done")
+    return failed
+
+
 def jit_warmup(mods, layout, jobs, args):
     """Builds the modules in parallel child processes (ninja -j MAX_JOBS each); returns seconds."""
     if not mods:
@@ -2079,25 +2107,10 @@ def jit_warmup(mods, layout, jobs, args):
     env = dict(os.environ)
     env.setdefault("MAX_JOBS", str(max(2, math.ceil(1.25 * ncpu / jobs))))
     log(f"JIT warm-up: {len(specs)} FlashInfer modules, {jobs} at a time, MAX_JOBS={env['MAX_JOBS']}: {specs}")
-    pending, running, failed = list(specs), [], []
-    while pending or running:
-        while pending and len(running) < jobs:
-            s = pending.pop(0)
-            p = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--jit-one", s, "--layout", layout,
-                                  "--soft-cap", str(args.soft_cap), "--window-left", str(args.window_left),
-                                  "--page-size", str(args.page_size)],
-                                 env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            running.append((s, p))
-        time.sleep(0.5)
-        for s, p in list(running):
-            if p.poll() is not None:
-                running.remove((s, p))
-                outp = p.stdout.read() if p.stdout else ""
-                if p.returncode != 0:
-                    failed.append(s)
-                    log(f"JIT warm-up of {s} FAILED (exit {p.returncode}):\n{outp[-1500:]}")
-                else:
-                    log(outp.strip().splitlines()[-1] if outp.strip() else f"{s} done")
+    me = str(Path(__file__).resolve())
+    failed = jit_children([(s, [sys.executable, me, "--jit-one", s, "--layout", layout, "--soft-cap", str(args.soft_cap),
+                                "--window-left", str(args.window_left), "--page-size", str(args.page_size)])
+                           for s in specs], jobs, env)
     dt = time.perf_counter() - t0
     log(f"JIT warm-up done in {dt:.0f} s" + (f"; failed: {failed}" if failed else ""))
     return dt

@@ -60,7 +60,6 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 import types
@@ -474,25 +473,21 @@ class Timer:
         self.t, self.cuda, self.on = torch, cuda, on
         self.open, self.pairs = {}, []
 
+    def _stamp(self):
+        """Now: a recorded CUDA event, or the host clock."""
+        if not self.cuda:
+            return time.perf_counter()
+        e = self.t.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
     def begin(self, part):
-        if not self.on:
-            return
-        if self.cuda:
-            e = self.t.cuda.Event(enable_timing=True)
-            e.record()
-            self.open[part] = e
-        else:
-            self.open[part] = time.perf_counter()
+        if self.on:
+            self.open[part] = self._stamp()
 
     def end(self, part):
-        if not self.on:
-            return
-        if self.cuda:
-            e = self.t.cuda.Event(enable_timing=True)
-            e.record()
-            self.pairs.append((part, self.open.pop(part), e))
-        else:
-            self.pairs.append((part, self.open.pop(part), time.perf_counter()))
+        if self.on:
+            self.pairs.append((part, self.open.pop(part), self._stamp()))
 
     def totals_ms(self):
         out = {}
@@ -932,17 +927,9 @@ def jit_warmup(args):
     env = dict(os.environ)
     env.setdefault("MAX_JOBS", str(max(2, math.ceil(1.25 * (os.cpu_count() or 8) / len(kinds)))))
     log(f"JIT warm-up: FlashInfer modules {kinds} in parallel, MAX_JOBS={env['MAX_JOBS']}")
-    procs = [(k, subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--jit-one", k, "--model", args.model,
-                                   "--page-size", str(args.page_size)], env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True)) for k in kinds]
-    failed = []
-    for k, p in procs:
-        outp = p.communicate()[0]
-        if p.returncode != 0:
-            failed.append(k)
-            log(f"JIT warm-up of {k} FAILED (exit {p.returncode}):\n{outp[-1500:]}")
-        else:
-            log(outp.strip().splitlines()[-1] if outp.strip() else f"{k} done")
+    me = str(Path(__file__).resolve())
+    failed = cf.jit_children([(k, [sys.executable, me, "--jit-one", k, "--model", args.model, "--page-size",
+                                   str(args.page_size)]) for k in kinds], len(kinds), env)
     dt = time.perf_counter() - t0
     log(f"JIT warm-up done in {dt:.0f} s" + (f"; failed: {failed}" if failed else ""))
     return dt
