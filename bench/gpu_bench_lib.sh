@@ -1,13 +1,50 @@
 # bench/gpu_bench_lib.sh - what the GPU-machine drivers of the FlashInfer benchmarks share (sourced by
-# bench/run_compare.sh and bench/run_e2e.sh): FlashInfer from the carried wheels, nvcc on the PATH, the
-# library and its lab built for sm_90a beside FlashInfer's JIT warm-up, the time left, and the JIT cache
-# saved for the next call.  The sourcing script sets T0, REPO, OUT, LIMIT and a function say.
+# bench/run_compare.sh and bench/run_e2e.sh): their output folder, time limit and environment, FlashInfer from
+# the carried wheels, nvcc on the PATH, the library and its lab built for sm_90a beside FlashInfer's JIT
+# warm-up, the time left, the JIT cache saved for the next call, and the run's log.  The sourcing script sets
+# T0, REPO and OUT, calls gpu_bench_init, defines say and run, and ends with gpu_bench_main.
 
 elapsed() { echo $(( $(date +%s) - T0 )); }
 
-# FlashInfer from the carried wheels (.whl; install_wheelhouse.sh prints export lines) and nvcc on the PATH.
+# OUT created and made absolute, LIMIT (PKV_TIME_LIMIT_S, default 570: the device tool stops a command at
+# 600 s), the benchmarks' environment, and TABLE: a temporary file for the short table printed last ($1: the
+# driver's name).
+gpu_bench_init() {
+  mkdir -p "$OUT"
+  OUT="$(cd "$OUT" && pwd)"
+  LIMIT=${PKV_TIME_LIMIT_S:-570}
+  export PYTHONUNBUFFERED=1
+  export FLASHINFER_NO_DOWNLOAD=1
+  export PKV_FLASHINFER_CACHE="${PKV_FLASHINFER_CACHE:-$REPO/build-gpu/fi-cache}"
+  TABLE=$(mktemp "/tmp/pkv-$1-table.XXXXXX")
+}
+
+# The driver's run "$@" with its output also in OUT/$1, then its exit status.
+gpu_bench_main() {
+  local logname=$1
+  shift
+  run "$@" 2>&1 | tee -a "$OUT/$logname"
+  local rc=${PIPESTATUS[0]}
+  rm -f "$TABLE"
+  exit "$rc"
+}
+
+# The end of a run: the JIT cache saved, the outputs listed, and the short table last (the device tool returns
+# the tail of the output).
+gpu_bench_finish() {
+  gpu_bench_save_cache
+  ls -l "$OUT"
+  say "done in $(elapsed) s"
+  echo
+  [ -s "$TABLE" ] && cat "$TABLE"
+}
+
+# The machine (GPUs, Python, cores), FlashInfer from the carried wheels (.whl; install_wheelhouse.sh prints
+# export lines) and nvcc on the PATH.
 gpu_bench_setup() {
   local exports
+  nvidia-smi -L 2>/dev/null || say "nvidia-smi not available"
+  say "$(python3 --version 2>&1), $(nproc) cores"
   if ! exports="$(bash bench/install_wheelhouse.sh "$REPO/.whl")"; then
     say "installing the FlashInfer wheels failed (carry .whl: run(..., carry=[\".whl\"]))"
     return 1

@@ -32,24 +32,14 @@ shift
 [ $# -gt 0 ] && shift
 case "$MATRIX" in quick|full) ;; *) echo "run_compare.sh: matrix must be quick or full, not '$MATRIX'" >&2; exit 2 ;; esac
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-mkdir -p "$OUT"
-OUT="$(cd "$OUT" && pwd)"
-LIMIT=${PKV_TIME_LIMIT_S:-570}
-export PYTHONUNBUFFERED=1
-export FLASHINFER_NO_DOWNLOAD=1
-export PKV_FLASHINFER_CACHE="${PKV_FLASHINFER_CACHE:-$REPO/build-gpu/fi-cache}"
-TABLE=$(mktemp /tmp/pkv-compare-table.XXXXXX)
-
 . "$REPO/bench/gpu_bench_lib.sh"
+gpu_bench_init compare
 say() { echo "[run_compare +$(elapsed)s] $*"; }
 
 run() {
   cd "$REPO" || return 1
   say "repo $REPO, matrix $MATRIX, out $OUT, limit ${LIMIT}s, extra args: $*"
-  nvidia-smi -L 2>/dev/null || say "nvidia-smi not available"
-  say "$(python3 --version 2>&1), $(nproc) cores"
-
-  # 1. FlashInfer from the carried wheels, nvcc
+  # 1. the machine, FlashInfer from the carried wheels, nvcc
   gpu_bench_setup || return 1
 
   # 2. FlashInfer's JIT modules, compiled in the background while the library builds
@@ -73,16 +63,8 @@ run() {
   if [ -f "$OUT/compare.json" ]; then
     python3 bench/plot_compare.py "$OUT/compare.json" --out "$OUT/compare.png" || say "plot failed"
   fi
-  gpu_bench_save_cache
-  ls -l "$OUT"
-  say "done in $(elapsed) s"
-  # the short table last: the device tool returns the tail of the output
-  echo
-  [ -s "$TABLE" ] && cat "$TABLE"
+  gpu_bench_finish
   return "$rc"
 }
 
-run "$@" 2>&1 | tee -a "$OUT/run_compare.log"
-rc=${PIPESTATUS[0]}
-rm -f "$TABLE"
-exit "$rc"
+gpu_bench_main run_compare.log "$@"

@@ -30,24 +30,14 @@ T0=$(date +%s)
 OUT=$1
 shift
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-mkdir -p "$OUT"
-OUT="$(cd "$OUT" && pwd)"
-LIMIT=${PKV_TIME_LIMIT_S:-570}
-export PYTHONUNBUFFERED=1
-export FLASHINFER_NO_DOWNLOAD=1
-export PKV_FLASHINFER_CACHE="${PKV_FLASHINFER_CACHE:-$REPO/build-gpu/fi-cache}"
-TABLE=$(mktemp /tmp/pkv-e2e-table.XXXXXX)
-
 . "$REPO/bench/gpu_bench_lib.sh"
+gpu_bench_init e2e
 say() { echo "[run_e2e +$(elapsed)s] $*"; }
 
 run() {
   cd "$REPO" || return 1
   say "repo $REPO, out $OUT, limit ${LIMIT}s, options: $*"
-  nvidia-smi -L 2>/dev/null || say "nvidia-smi not available"
-  say "$(python3 --version 2>&1), $(nproc) cores"
-
-  # 1. FlashInfer from the carried wheels, nvcc
+  # 1. the machine, FlashInfer from the carried wheels, nvcc
   gpu_bench_setup || return 1
 
   # 2. FlashInfer's JIT modules for the chosen paths (and its append), compiled while the library builds
@@ -65,16 +55,8 @@ run() {
   local rc=${PIPESTATUS[0]}
   say "e2e_flashinfer.py exited with $rc"
 
-  gpu_bench_save_cache
-  ls -l "$OUT"
-  say "done in $(elapsed) s"
-  # the short table last: the device tool returns the tail of the output
-  echo
-  [ -s "$TABLE" ] && cat "$TABLE"
+  gpu_bench_finish
   return "$rc"
 }
 
-run "$@" 2>&1 | tee -a "$OUT/run_e2e.log"
-rc=${PIPESTATUS[0]}
-rm -f "$TABLE"
-exit "$rc"
+gpu_bench_main run_e2e.log "$@"
