@@ -922,6 +922,32 @@ static void test_block_table(void) {
     CHECK_STATUS(pkv_block_table_to_csr(table, 4, 4, lens, 257, indptr, idx, 16), PKV_ERR_PAGE_SIZE);
 }
 
+/* An empty batch on a plan never used before, each route and window on and off: a plan (no tasks) that
+ * validates.  The planner's first use of its scratch used to offset a NULL buffer by B = 0, which UBSan
+ * reports (the fuzz_plan run in CI found it). */
+static void test_empty_batch_fresh_plan(void) {
+    const int32_t indptr[1] = {0}, lens[1] = {0}, ids[1] = {0};
+    for (int w = 0; w < 2; w++) {
+        for (int r = PKV_ROUTE_AUTO; r < PKV_ROUTE_COUNT_; r++) {
+            pkv_problem pb;
+            pkv_problem_default(&pb);
+            pb.window = w ? 64 : 0;
+            pkv_page_table t = {0, indptr, ids, lens};
+            pkv_plan_options opts;
+            pkv_plan_options_default(&opts);
+            opts.route = (pkv_route)r;
+            opts.parallelism = 132;
+            pkv_plan *plan = NULL;
+            CHECK_OK(pkv_plan_create(&plan));
+            CHECK_OK(pkv_plan_step_host(&pb, &t, &opts, plan));
+            const char *why = NULL;
+            CHECK_MSG(pkv_test_validate(plan, lens, &why) == PKV_OK, "empty batch, route %d: %s", r, why);
+            CHECK(pkv_plan_num_tasks(plan) == 0);
+            pkv_plan_free(plan);
+        }
+    }
+}
+
 /* ---- route names -------------------------------------------------------------------------------------- */
 static void test_route_names(void) {
     for (int r = 0; r < PKV_ROUTE_COUNT_; r++) {
@@ -1321,6 +1347,7 @@ static void test_validate_large(void) {
 }
 
 int main(void) {
+    test_empty_batch_fresh_plan();
     test_validate_large();
     test_claim_order();
     test_caps();

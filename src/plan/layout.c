@@ -78,9 +78,11 @@ pkv_status plan_reserve(pkv_context *ctx, pkv_plan *plan, int64_t ntasks, int64_
     return PKV_OK;
 }
 
-/* Grows an int32 buffer of the plan to at least n entries (doubling; contents not kept). */
+/* Grows an int32 buffer of the plan to at least n entries (doubling; contents not kept).  A buffer never
+ * allocated gets its first capacity even for n = 0, so the caller's pointers into it (order + B for an empty
+ * batch) are never offsets from NULL. */
 pkv_status plan_grow_i32(pkv_context *ctx, int32_t **buf, size_t *cap, size_t n, const char *what) {
-    if (n <= *cap) return PKV_OK;
+    if (n <= *cap && *buf) return PKV_OK;
     size_t c = *cap ? *cap : PKV_SCRATCH_MIN;
     while (c < n) c *= 2;
     int32_t *nb = (int32_t *)malloc(c * sizeof *nb);
