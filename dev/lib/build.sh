@@ -19,6 +19,23 @@ dev_build_ab() {
   [ -x "$new/pkv" ] && [ -x "$new/tests/test_cuda" ] || { tail -n 40 "$logs/build.log"; return 1; }
   [ -x "$old/pkv" ] || { tail -n 40 "$logs/build_variant.log"; return 1; }
 }
+# dev_build_overlay DIR LOG TARGETS NAME [CMAKE OPTIONS...]: a Release build for sm_90a of TARGETS in DIR of a copy
+# of the working tree (sources only: no build folders, no .whl) with the files of dev/variants/NAME/ laid over it
+# at the same paths - a variant of whole library files, measured beside the tree it came from.  The copy is
+# DIR.src; fails with the log's tail when the build does.
+dev_build_overlay() {
+  local dir=$1 log=$2 targets=$3 name=$4
+  shift 4
+  local src=$dir.src
+  rm -rf "$src" && mkdir -p "$src" || return 1
+  (cd "$dev_root" && tar -cf - --exclude='./build*' --exclude=./.whl --exclude=./.whl-hf --exclude=./.git .) |
+    (cd "$src" && tar -xf -) || return 1
+  [ -d "$dev_root/dev/variants/$name" ] || { echo "no dev/variants/$name" >"$log"; return 1; }
+  cp -r "$dev_root/dev/variants/$name/." "$src/" || return 1
+  { cmake -S "$src" -B "$dir" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real "$@" &&
+    cmake --build "$dir" -j "$(nproc 2>/dev/null || echo 8)" ${targets:+--target $targets}; } >"$log" 2>&1 ||
+    { tail -n 40 "$log"; return 1; }
+}
 # dev_ab_setup VARIANT_SOURCE: the start of the A/B probes - r, a fresh log directory; a, the working tree's
 # build (build-gpu: pkv, test_cuda); b, VARIANT_SOURCE's (build-variant: pkv) - built side by side; exits the
 # probe when a build fails.
