@@ -5,9 +5,11 @@
 # the long steps at 0.80-0.92 of the ceiling (fp8 bytes) against 0.96-1.04 in 16 bits (docs/kernel-notes.md,
 # "fp8 caches, measured").  dev/variants/fp8_pairs/ loads two chunks per 16-byte load (K always, V at d >= 128),
 # q and O^T's rows in the matching head-dim order, and sends fp8 pages of a stride of 8 mod 16 bytes to the
-# heads-in-M kernel.  The probe: the tree (A) and the variant (B) built side by side; B's test_cuda (every
+# heads-in-M kernel; a bf16 q over an fp8 cache computes in fp16 (q brought to fp16 once per task under a
+# power-of-two scale folded into the K scale; the cache widens by one conversion per pair instead of four).
+# The probe: the tree (A) and the variant (B) built side by side; B's test_cuda (every
 # route, fp8 cases included, against the float64 reference) and pkv check; then the anchors, route auto, e4m3
-# and e5m2 (scale 0.05) on A and B and fp16 on A (e4m3 in two alternating rounds, the others one).  The e5m2 / e4m3 ratio on each build
+# and e5m2 (scale 0.05) on A and B and fp16 on A (e4m3 in two alternating rounds, the others one); bf16 q over e4m3 on A and B, bf16 on A.  The e5m2 / e4m3 ratio on each build
 # says what the e4m3 conversion costs (e5m2 widens by a byte permute).  OUT/summary.txt, OUT/probe.tgz.
 set -u
 . "$(dirname "$0")/../lib/build.sh"
@@ -43,11 +45,16 @@ one() { # NAME BIN ARGS...: the anchors, route auto, 50 CUDA-event runs each
   one e5m2_A_1 "$a/pkv" --kv-dtype fp8_e5m2 --kv-scale 0.05
   one e5m2_B_1 "$b/pkv" --kv-dtype fp8_e5m2 --kv-scale 0.05
   one fp16_A_1 "$a/pkv"
+  one bf16e4m3_A_1 "$a/pkv" --dtype bf16 --kv-dtype fp8_e4m3 --kv-scale 0.05
+  one bf16e4m3_B_1 "$b/pkv" --dtype bf16 --kv-dtype fp8_e4m3 --kv-scale 0.05
+  one bf16_A_1 "$a/pkv" --dtype bf16
   python3 "$dev_root/dev/lib/ab_table.py" "$r" "e4m3, route auto: the tree (A) / chunk pairs (B)" e4m3_A_1,e4m3_A_2 e4m3_B_1,e4m3_B_2
   python3 "$dev_root/dev/lib/ab_table.py" "$r" "e5m2, route auto: the tree (A) / chunk pairs (B)" e5m2_A_1 e5m2_B_1
   python3 "$dev_root/dev/lib/ab_table.py" "$r" "the tree: e4m3 (A) / e5m2 (B), the cost of e4m3's conversion" e4m3_A_1,e4m3_A_2 e5m2_A_1
   python3 "$dev_root/dev/lib/ab_table.py" "$r" "chunk pairs: e4m3 (A) / e5m2 (B)" e4m3_B_1,e4m3_B_2 e5m2_B_1
   python3 "$dev_root/dev/lib/ab_table.py" "$r" "fp16 (A) / e4m3 with chunk pairs (B): the fp8 speedup" fp16_A_1 e4m3_B_1,e4m3_B_2
+  python3 "$dev_root/dev/lib/ab_table.py" "$r" "bf16 q, e4m3: the tree (A) / chunk pairs and fp16 math (B)" bf16e4m3_A_1 bf16e4m3_B_1
+  python3 "$dev_root/dev/lib/ab_table.py" "$r" "bf16 (A) / bf16 q over e4m3 with the variant (B): the fp8 speedup" bf16_A_1 bf16e4m3_B_1
   python3 - "$r" <<'EOF'
 import json, statistics as st, sys
 r = sys.argv[1]

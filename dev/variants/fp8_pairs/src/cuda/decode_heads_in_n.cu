@@ -24,6 +24,8 @@
 #include "register_tiles.cuh"
 #include "task.cuh"
 
+#include <type_traits>
+
 namespace pkv {
 
 // An fp8 cache's chunks come two per 16-byte load (register_tiles.cuh: K always, V where D / 64 is even), q
@@ -32,6 +34,47 @@ template <typename T, typename KV, int D> struct n8_pairs {
     static constexpr bool k = kv_traits<T, KV>::fp8;
     static constexpr bool v = k && D % 128 == 0;
 };
+
+// The mma's type: q's, or fp16 for a bf16 q over an fp8 cache.  Every e4m3 and e5m2 value is a float16 value,
+// so the cache widens to fp16 by one conversion (e4m3) or byte permute (e5m2) per pair, where bf16 takes
+// three more (through float); q is brought to fp16 once per task (q_bf16_to_f16) and P^T is packed in fp16,
+// whose 11-bit mantissa holds the softmax weights at least as closely as bf16 down to 2^-14.
+template <typename T, typename KV>
+using n8_math_t = std::conditional_t<kv_traits<T, KV>::fp8 && std::is_same<T, __nv_bfloat16>::value, __half, T>;
+
+// A bf16 q (the warp's chunks of the KV head's G heads) rewritten in place as fp16 values of q x 2^-e, e chosen
+// from the largest |q| of the warp so that it lands in [2^14, 2^15): exact for every element within 2^28 of
+// that maximum (fp16's normal range), well inside fp16 however large or small q is.  Returns 2^e, which the
+// caller folds into the K scale.  A q with no finite nonzero maximum keeps e = 0 (zeros stay zeros, NaN and
+// infinity stay themselves).
+template <int KC> __device__ __forceinline__ float q_bf16_to_f16(uint4 (&qr)[KC]) {
+    float mx = 0.f;
+#pragma unroll
+    for (int i = 0; i < KC; i++) {
+        const uint32_t w[4] = {qr[i].x, qr[i].y, qr[i].z, qr[i].w};
+#pragma unroll
+        for (int x = 0; x < 4; x++) {
+            const float2 f = dtype_traits<__nv_bfloat16>::unpack(w[x]);
+            mx = fmaxf(mx, fmaxf(fabsf(f.x), fabsf(f.y)));
+        }
+    }
+#pragma unroll
+    for (int sh = 1; sh < 32; sh <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, sh));
+    int e = 0;
+    if (mx > 0.f && mx <= 3.0e38f) e = min(max(ilogbf(mx) - 14, -120), 120);
+    const float down = ldexpf(1.f, -e);
+#pragma unroll
+    for (int i = 0; i < KC; i++) {
+        uint32_t w[4] = {qr[i].x, qr[i].y, qr[i].z, qr[i].w};
+#pragma unroll
+        for (int x = 0; x < 4; x++) {
+            const float2 f = dtype_traits<__nv_bfloat16>::unpack(w[x]);
+            w[x] = dtype_traits<__half>::pack(f.x * down, f.y * down);
+        }
+        qr[i] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    return ldexpf(1.f, e);
+}
 
 // One 16-token tile of the heads-in-N kernel: S^T from kr, the online softmax, O^T from vr.  The
 // buffers are refilled with the tile at next_base (pages kpage/vpage; -1 pages load zeros, no
@@ -101,6 +144,7 @@ __device__ __forceinline__ void decode_n8_body(const decode_params &p, const tas
     constexpr int MT = VC * 4; // m-tiles of O^T
     constexpr int GP = 8;
     constexpr bool kFp8 = kv_traits<T, KV>::fp8;
+    using M = n8_math_t<T, KV>; // the mma's type
     constexpr int DEPTH = kFp8 && D <= 128 ? 2 : 1;
     constexpr int STEP = DEPTH * kWarps; // tiles between a buffer's tile and the one it loads next
 
@@ -114,7 +158,9 @@ __device__ __forceinline__ void decode_n8_body(const decode_params &p, const tas
     for (int i = 0; i < KC; i++)
         qr[i] = g < G ? *reinterpret_cast<const uint4 *>(qbase + g * D + k_chunk_dim<n8_pairs<T, KV, D>::k>(i, c))
                      : make_uint4(0, 0, 0, 0);
-    const float kscale = !kFp8 ? 1.f : p.k_scales ? p.k_scales[head] : p.k_scale;
+    float qscale = 1.f;
+    if constexpr (!std::is_same<M, T>::value) qscale = q_bf16_to_f16<KC>(qr);
+    const float kscale = !kFp8 ? 1.f : (p.k_scales ? p.k_scales[head] : p.k_scale) * qscale;
 
     float acc[MT][4];
 #pragma unroll
@@ -139,7 +185,7 @@ __device__ __forceinline__ void decode_n8_body(const decode_params &p, const tas
             const int t = tile + b * kWarps;
             if (b > 0 && t >= ntiles) break; // warp-uniform: this round's last tiles are past the range
             const int base = tb + t * 16;
-            n8_tile<T, D, CAP, KV>(p, head, g, c, base, te, base + STEP * 16, kscale, qr, kra[b], vra[b], kpa[b],
+            n8_tile<M, D, CAP, KV>(p, head, g, c, base, te, base + STEP * 16, kscale, qr, kra[b], vra[b], kpa[b],
                                    vpa[b], acc, ma, mb, la, lb);
             tile_pages(p, ti, ntiles, t + 2 * STEP, g, c, kpa[b], vpa[b]);
         }
