@@ -144,7 +144,20 @@ struct pkv_plan {
     /* under a sliding window: each row's attended length, then its first token [2 x batch] */
     int32_t *win;
     size_t win_cap;
+    /* what the lists in the blob were emitted from (emit.c, plan_memo), so that a next step of the same shape
+     * (the same route, chunks and split counts, rows only longer or shorter within them) patches the rows'
+     * lengths and ends into them instead of emitting every task again */
+    bool memo_valid;
+    bool last_patched;       /* the last successful step was patched (tests) */
+    int32_t memo_kind;       /* PKV_MEMO_RECT, PKV_MEMO_WORKQUEUE */
+    int32_t memo_batch, memo_kv_heads, memo_page_size, memo_window, memo_splits, memo_chunk_tokens;
+    int32_t memo_graph_cap, memo_graph_batch, memo_tails;
+    pkv_route memo_route;
+    int32_t *memo;           /* [per row: PKV_MEMO_ROW_WORDS | the work queue's tail rows in rank order: batch] */
+    size_t memo_cap;
 };
+#define PKV_MEMO_RECT 1
+#define PKV_MEMO_WORKQUEUE 2
 
 /* Errors: record a formatted message on the context (or thread-locally when ctx is NULL) and
  * return the status, so call sites read `return pkv_fail(ctx, PKV_ERR_..., "...", ...);`. */

@@ -159,21 +159,23 @@ static uint64_t graph_signature(const pkv_plan *plan, int32_t max_batch) {
     return h ? h : 1;
 }
 
-void plan_finish_layout(pkv_plan *plan, int32_t graph_cap, int32_t graph_max_batch) {
+void plan_finish_layout(pkv_plan *plan, int32_t graph_cap, int32_t graph_max_batch, bool rewrite) {
     /* fused: one arrival counter per merge right after the merges; zeros travel with the plan upload and
      * the last task of each merge resets its counter, so every run starts from zero */
     plan->off_counters = plan->off_merges + (size_t)plan->num_merges * sizeof(pkv_merge);
-    memset((char *)plan->blob + plan->off_counters, 0, (size_t)plan->num_merges * sizeof(int32_t));
+    if (rewrite) memset((char *)plan->blob + plan->off_counters, 0, (size_t)plan->num_merges * sizeof(int32_t));
     /* workspace layout: [plan blob | partial states]; graph-stable: room for a slot per task of the grid */
     plan->workspace_bytes = plan_states_layout(plan->blob_bytes, graph_cap > 0 ? graph_cap : plan->num_state_slots,
                                                plan->group, plan->problem.head_dim, &plan->off_state_o,
                                                &plan->off_state_ml);
     if (graph_cap > 0) {
-        int32_t *counts = (int32_t *)(void *)((char *)plan->blob + plan->off_counts);
-        memset(counts, 0, PKV_COUNTS_WORDS * sizeof(int32_t)); /* the work claim starts from zeros */
-        counts[PKV_COUNTS_TASKS] = plan->num_tasks;
-        counts[PKV_COUNTS_MERGES] = plan->num_merges;
-        counts[PKV_COUNTS_WIDEST] = plan->max_merge_count;
+        if (rewrite) {
+            int32_t *counts = (int32_t *)(void *)((char *)plan->blob + plan->off_counts);
+            memset(counts, 0, PKV_COUNTS_WORDS * sizeof(int32_t)); /* the work claim starts from zeros */
+            counts[PKV_COUNTS_TASKS] = plan->num_tasks;
+            counts[PKV_COUNTS_MERGES] = plan->num_merges;
+            counts[PKV_COUNTS_WIDEST] = plan->max_merge_count;
+        }
         plan->graph_tasks = graph_cap;
         plan->graph_merges = graph_max_batch * plan->problem.num_kv_heads;
         plan->graph_signature = graph_signature(plan, graph_max_batch);

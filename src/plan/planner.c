@@ -57,6 +57,7 @@ void pkv_plan_free(pkv_plan *plan) {
     free(plan->phases);
     free(plan->scratch);
     free(plan->win);
+    free(plan->memo);
     free(plan);
 }
 
@@ -180,7 +181,7 @@ static pkv_status emit_route(const plan_step *s, plan_params *pp, int32_t wq_chu
 static pkv_status plan_impl(pkv_context *ctx, const pkv_backend_caps *caps, const pkv_cost_model *model,
                             const pkv_problem *problem, const pkv_page_table *table, const pkv_plan_options *opts_in,
                             pkv_plan *plan) {
-    if (plan) plan->generation = 0; /* a plan that fails, even at the checks, is not runnable */
+    if (plan) plan->generation = 0, plan->last_patched = false; /* a plan that fails, even at the checks, is not runnable */
     pkv_status st = pkv_check_problem(ctx, problem);
     if (st != PKV_OK) return st;
     st = pkv_check_table(ctx, problem, table, table && table->kv_page_indices != NULL);
@@ -218,7 +219,7 @@ static pkv_status plan_impl(pkv_context *ctx, const pkv_backend_caps *caps, cons
     const plan_step step = {ctx, problem, table, row_starts, &opts, graph_cap};
     st = emit_route(&step, &pp, wq_chunk, plan);
     if (st != PKV_OK) return st;
-    plan_finish_layout(plan, graph_cap, opts.graph_max_batch);
+    plan_finish_layout(plan, graph_cap, opts.graph_max_batch, !plan->last_patched);
     plan_compute_counters(plan);
     plan->generation = atomic_fetch_add(&pkv_next_generation, 1);
     return PKV_OK;
