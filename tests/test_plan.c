@@ -8,7 +8,8 @@
  *   (f) planning for given capabilities (pkv_plan_step_caps): the context's plans, the host's, and the
  *       capabilities' residency in the plan;
  *   (g) incremental steps: a plan reused over random step sequences equals, field for field, a fresh plan of
- *       each step, and many of those steps were patched rather than emitted. */
+ *       each step, and many of those steps were patched rather than emitted;
+ *   (h) plans in a backend's blob memory (simulated): never rewritten while an upload from them is pending. */
 #include "persistentkv.h"
 #include "internal.h"
 #include "pkv_lab.h"
@@ -1505,7 +1506,132 @@ static void test_incremental(void) {
     pkv_plan_free(inc);
 }
 
+/* ---- (h) blobs in a backend's memory ----------------------------------------------------------------- */
+/* A backend's blob memory (pkv_blob_ops) simulated on the host: "uploading" a plan marks its blob busy and
+ * remembers a checksum of its bytes; the "device" runs a busy blob's upload at random, or when the planner
+ * waits for it.  A blob must never change while busy (the planner writes only blobs whose uploads have run), and
+ * every blob given out must come back. */
+enum { FAKE_BLOBS = 64 };
+static struct fake_blob {
+    void *p;
+    size_t bytes; /* checked while busy */
+    bool busy;
+    uint64_t sum;
+} fake[FAKE_BLOBS];
+static int fake_allocs, fake_frees, fake_waits, fake_written_busy;
+
+static uint64_t fake_sum(const void *p, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 1099511628211ull;
+    return h;
+}
+static struct fake_blob *fake_of(const void *p) {
+    for (int i = 0; i < FAKE_BLOBS; i++)
+        if (fake[i].p && fake[i].p == p) return &fake[i];
+    return NULL;
+}
+static void fake_run(struct fake_blob *f) { /* the upload runs: the bytes it read must be those queued */
+    if (!f->busy) return;
+    fake_written_busy += fake_sum(f->p, f->bytes) != f->sum;
+    f->busy = false;
+}
+static void *fake_alloc(size_t bytes) {
+    for (int i = 0; i < FAKE_BLOBS; i++)
+        if (!fake[i].p) {
+            fake[i] = (struct fake_blob){malloc(bytes), 0, false, 0};
+            fake_allocs += fake[i].p != NULL;
+            return fake[i].p;
+        }
+    return NULL;
+}
+static void fake_free(void *blob) {
+    struct fake_blob *f = fake_of(blob);
+    if (!f) return;
+    fake_run(f);
+    free(f->p);
+    f->p = NULL;
+    fake_frees++;
+}
+static pkv_status fake_busy(pkv_context *ctx, void *blob, bool wait, bool *busy) {
+    (void)ctx;
+    struct fake_blob *f = fake_of(blob);
+    CHECK(f != NULL);
+    if (f && wait && f->busy) {
+        fake_waits++;
+        fake_run(f);
+    }
+    *busy = f && f->busy;
+    return PKV_OK;
+}
+static const pkv_blob_ops fake_ops = {fake_alloc, fake_free, fake_busy};
+
+static void test_backend_blobs(void) {
+    pkv_context_config cfg;
+    pkv_context_config_default(&cfg);
+    cfg.backend = PKV_BACKEND_CPU;
+    cfg.num_threads = 4;
+    pkv_context *ctx = NULL;
+    CHECK_OK(pkv_context_create(&cfg, &ctx));
+    if (!ctx) return;
+    const pkv_backend_ops *real = ctx->ops;
+    pkv_backend_ops ops = *real;
+    ops.blob = &fake_ops;
+    ctx->ops = &ops;
+    pkv_rng rng;
+    pkv_rng_seed(&rng, 3636);
+    pkv_problem pb;
+    pkv_problem_default(&pb);
+    pb.num_qo_heads = 32, pb.num_kv_heads = 8, pb.page_size = 16;
+    enum { B_MAX = 96, STEPS = 3000 };
+    int32_t lens[B_MAX], indptr[B_MAX + 1];
+    for (int32_t i = 0; i < B_MAX; i++) lens[i] = (int32_t)pkv_rng_uniform_int(&rng, 1, 2000);
+    for (int32_t i = 0; i <= B_MAX; i++) indptr[i] = i * 200;
+    pb.num_pages = B_MAX * 200;
+    pkv_plan *plan = NULL, *fresh = NULL;
+    CHECK_OK(pkv_plan_create(&plan));
+    int patched = 0, swaps = 0;
+    for (int k = 0; k < STEPS; k++) {
+        const int32_t B = k < STEPS / 2 ? 40 : B_MAX; /* the second half grows the blobs */
+        for (int32_t i = 0; i < B; i++) lens[i] += 1;
+        if (k % 16 == 15)
+            for (int32_t i = 0; i < B; i++) lens[i] -= 16;
+        const pkv_page_table t = {B, indptr, NULL, lens};
+        pkv_plan_options opts;
+        pkv_plan_options_default(&opts);
+        opts.route = (pkv_route)(k / 100 % PKV_ROUTE_COUNT_);
+        void *before = plan->blob;
+        CHECK_OK(pkv_plan_step(ctx, &pb, &t, &opts, plan));
+        swaps += before && plan->blob_spare == before;
+        patched += plan->last_patched;
+        CHECK(plan->blob_ops == &fake_ops);
+        CHECK_OK(pkv_plan_create(&fresh));
+        CHECK_OK(pkv_plan_step(ctx, &pb, &t, &opts, fresh));
+        const char *what = "";
+        CHECK_MSG(identical_plans(plan, fresh, &what), "step %d: the plan's %s differ from a fresh plan's", k, what);
+        pkv_plan_free(fresh);
+        /* the upload of this step, queued; the device runs some of the queued ones */
+        struct fake_blob *f = fake_of(plan->blob);
+        CHECK(f != NULL);
+        if (f && pkv_rng_uniform01(&rng) < 0.7) {
+            f->busy = true;
+            f->bytes = plan->blob_bytes;
+            f->sum = fake_sum(plan->blob, plan->blob_bytes);
+        }
+        for (int i = 0; i < FAKE_BLOBS; i++)
+            if (fake[i].p && fake[i].busy && pkv_rng_uniform01(&rng) < 0.4) fake_run(&fake[i]);
+    }
+    pkv_plan_free(plan);
+    printf("backend blobs: %d steps, %d patched, %d planned into the second blob, %d waits; %d blobs given, %d back\n",
+           STEPS, patched, swaps, fake_waits, fake_allocs, fake_frees);
+    CHECK_MSG(fake_written_busy == 0, "%d blobs changed while an upload from them was pending", fake_written_busy);
+    CHECK_MSG(fake_allocs == fake_frees, "%d blobs given, %d freed", fake_allocs, fake_frees);
+    CHECK(patched > STEPS / 10 && swaps > STEPS / 10 && fake_waits > 10);
+    ctx->ops = real;
+    pkv_context_free(ctx);
+}
+
 int main(void) {
+    test_backend_blobs();
     test_incremental();
     test_empty_batch_fresh_plan();
     test_validate_large();

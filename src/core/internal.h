@@ -46,6 +46,19 @@ int32_t pkv_graph_claim_multiplier(int32_t nsm);
 #define PKV_VECTOR_CLONES
 #endif
 
+/* Host memory a backend hands plans for their blob: page-locked on CUDA, so that the upload copies straight from
+ * the plan (no copy into staging first).  A blob the device may still be reading (an upload queued and not yet
+ * run) is not rewritten: the planner asks `busy` before it plans into a blob and, when it is, plans into the
+ * plan's second blob (layout.c, plan_blob_acquire).  Blobs are allocated and freed only through the ops that
+ * gave them (pkv_plan.blob_ops). */
+typedef struct pkv_blob_ops {
+    void *(*alloc)(size_t bytes); /* NULL when none can be had (the plan then keeps malloc's memory) */
+    void (*free)(void *blob);     /* waits for the blob's queued uploads first; accepts NULL */
+    /* *busy: an upload queued from the blob may not have run yet; wait: first waits until it has (then *busy is
+     * false).  A failure is recorded on ctx (may be NULL). */
+    pkv_status (*busy)(pkv_context *ctx, void *blob, bool wait, bool *busy);
+} pkv_blob_ops;
+
 /* A backend executes plans; it never decides schedules. */
 typedef struct pkv_backend_ops {
     const char *name;
@@ -64,6 +77,8 @@ typedef struct pkv_backend_ops {
     /* Copies whole pages (pkv_copy_pages: at most PKV_MAX_PAGE_COPIES, checked by append.c); may be NULL. */
     pkv_status (*copy_pages)(pkv_context *ctx, const pkv_problem *p, const pkv_page_copy *copies, int32_t count,
                              void *k_cache, void *v_cache, int64_t page_stride, void *stream);
+    /* The memory of the blobs of plans planned on this backend's contexts; may be NULL (malloc). */
+    const pkv_blob_ops *blob;
 } pkv_backend_ops;
 
 /* What a backend tells the planner about its device: the planner's only input from the backend.  Filled
@@ -127,6 +142,10 @@ struct pkv_plan {
 
     void *blob;              /* [tasks | rows | merges], each part PKV_WS_ALIGN aligned */
     size_t blob_cap, blob_bytes;
+    const pkv_blob_ops *blob_ops; /* who gave blob and blob_spare; NULL: malloc */
+    void *blob_spare;        /* a backend's blobs: the other one, planned into while blob's upload is pending */
+    size_t blob_spare_cap;
+    bool blob_refused;       /* the backend's memory could not be had: malloc's from then on */
     size_t off_tasks, off_rows, off_merges, off_counters;
     size_t off_state_o, off_state_ml, workspace_bytes; /* partial states: o_s, then (m_s, l_s) */
 

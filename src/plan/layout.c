@@ -49,14 +49,35 @@ pkv_status plan_reserve(pkv_context *ctx, pkv_plan *plan, int64_t ntasks, int64_
     const size_t off_tasks = 0;
     size_t off_rows, off_merges;
     const size_t bytes = plan_blob_layout(ntasks, nrows, nmerges, counts, &off_rows, &off_merges, &plan->off_counts);
-    if (bytes > plan->blob_cap || !plan->blob) {
+    /* the blob from the backend's memory where it gives some (a plan planned on it for the first time moves
+     * there; not under the tuning's pageable_upload, the path of page-locked memory refused), else malloc's */
+    const pkv_blob_ops *want = plan->blob_ops      ? plan->blob_ops
+                               : plan->blob_refused ? NULL
+                               : ctx && ctx->ops && !ctx->tuning.pageable_upload ? ctx->ops->blob
+                                                                                 : NULL;
+    if (bytes > plan->blob_cap || !plan->blob || want != plan->blob_ops) {
         size_t cap = plan->blob_cap ? plan->blob_cap : PKV_BLOB_MIN_BYTES;
         while (cap < bytes) cap *= 2;
-        void *nb = malloc(cap);
+        void *nb = want ? want->alloc(cap) : NULL;
+        const pkv_blob_ops *nops = nb ? want : NULL;
+        if (want && !nb) plan->blob_refused = true;
+        if (!nb) nb = malloc(cap);
         if (!nb) return pkv_fail(ctx, PKV_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of plan storage", cap);
-        free(plan->blob);
+        /* the old blob is one no pending upload reads (plan_blob_acquire) */
+        if (plan->blob_ops) {
+            plan->blob_ops->free(plan->blob);
+            if (nops != plan->blob_ops) { /* the backend's memory ran out: both blobs from malloc from now on */
+                plan->blob_ops->free(plan->blob_spare);
+                plan->blob_spare = NULL;
+                plan->blob_spare_cap = 0;
+            }
+        } else {
+            free(plan->blob);
+        }
         plan->blob = nb;
         plan->blob_cap = cap;
+        plan->blob_ops = nops;
+        plan->memo_valid = false;
     }
     if (nphases > plan->cap_phases) {
         int32_t cap = plan->cap_phases ? plan->cap_phases : PKV_PHASES_MIN;
@@ -75,6 +96,31 @@ pkv_status plan_reserve(pkv_context *ctx, pkv_plan *plan, int64_t ntasks, int64_
     plan->merges = (pkv_merge *)((char *)plan->blob + off_merges);
     plan->num_tasks = plan->num_rows = plan->num_merges = plan->num_phases = 0;
     plan->max_merge_count = 0;
+    return PKV_OK;
+}
+
+pkv_status plan_blob_acquire(pkv_context *ctx, pkv_plan *plan) {
+    const pkv_blob_ops *bo = plan->blob_ops;
+    if (!bo || !plan->blob) return PKV_OK;
+    bool busy = false;
+    pkv_status st = bo->busy(ctx, plan->blob, false, &busy);
+    if (st != PKV_OK || !busy) return st;
+    /* the last upload from this blob has not run yet: plan into the other one (allocated at the first need),
+     * waiting for its own upload only when that has not run either */
+    if (!plan->blob_spare) {
+        plan->blob_spare = bo->alloc(plan->blob_cap);
+        plan->blob_spare_cap = plan->blob_spare ? plan->blob_cap : 0;
+    }
+    if (!plan->blob_spare) return bo->busy(ctx, plan->blob, true, &busy); /* no second blob: wait */
+    st = bo->busy(ctx, plan->blob_spare, true, &busy);
+    if (st != PKV_OK) return st;
+    void *const b = plan->blob;
+    const size_t cap = plan->blob_cap;
+    plan->blob = plan->blob_spare;
+    plan->blob_cap = plan->blob_spare_cap;
+    plan->blob_spare = b;
+    plan->blob_spare_cap = cap;
+    plan->memo_valid = false; /* the memo describes the other blob's lists */
     return PKV_OK;
 }
 

@@ -53,7 +53,12 @@ pkv_status pkv_plan_create(pkv_plan **plan) {
 
 void pkv_plan_free(pkv_plan *plan) {
     if (!plan) return;
-    free(plan->blob);
+    if (plan->blob_ops) {
+        plan->blob_ops->free(plan->blob);
+        plan->blob_ops->free(plan->blob_spare);
+    } else {
+        free(plan->blob);
+    }
     free(plan->phases);
     free(plan->scratch);
     free(plan->win);
@@ -216,6 +221,8 @@ static pkv_status plan_impl(pkv_context *ctx, const pkv_backend_caps *caps, cons
         route = plan_auto_rule(&pp, problem);
     plan->route = route;
 
+    st = plan_blob_acquire(ctx, plan); /* a blob no pending upload reads */
+    if (st != PKV_OK) return st;
     const plan_step step = {ctx, problem, table, row_starts, &opts, graph_cap};
     st = emit_route(&step, &pp, wq_chunk, plan);
     if (st != PKV_OK) return st;
