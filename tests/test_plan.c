@@ -1601,7 +1601,7 @@ static void test_backend_blobs(void) {
         opts.route = (pkv_route)(k / 100 % PKV_ROUTE_COUNT_);
         void *before = plan->blob;
         CHECK_OK(pkv_plan_step(ctx, &pb, &t, &opts, plan));
-        swaps += before && plan->blob_spare == before;
+        swaps += before && plan->blob != before && plan->num_spares > 0 && plan->blob_spare[plan->num_spares - 1] == before;
         patched += plan->last_patched;
         CHECK(plan->blob_ops == &fake_ops);
         CHECK_OK(pkv_plan_create(&fresh));
@@ -1618,10 +1618,10 @@ static void test_backend_blobs(void) {
             f->sum = fake_sum(plan->blob, plan->blob_bytes);
         }
         for (int i = 0; i < FAKE_BLOBS; i++)
-            if (fake[i].p && fake[i].busy && pkv_rng_uniform01(&rng) < 0.4) fake_run(&fake[i]);
+            if (fake[i].p && fake[i].busy && pkv_rng_uniform01(&rng) < 0.15) fake_run(&fake[i]);
     }
     pkv_plan_free(plan);
-    printf("backend blobs: %d steps, %d patched, %d planned into the second blob, %d waits; %d blobs given, %d back\n",
+    printf("backend blobs: %d steps, %d patched, %d planned into another blob, %d waits; %d blobs given, %d back\n",
            STEPS, patched, swaps, fake_waits, fake_allocs, fake_frees);
     CHECK_MSG(fake_written_busy == 0, "%d blobs changed while an upload from them was pending", fake_written_busy);
     CHECK_MSG(fake_allocs == fake_frees, "%d blobs given, %d freed", fake_allocs, fake_frees);

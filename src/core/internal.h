@@ -48,8 +48,8 @@ int32_t pkv_graph_claim_multiplier(int32_t nsm);
 
 /* Host memory a backend hands plans for their blob: page-locked on CUDA, so that the upload copies straight from
  * the plan (no copy into staging first).  A blob the device may still be reading (an upload queued and not yet
- * run) is not rewritten: the planner asks `busy` before it plans into a blob and, when it is, plans into the
- * plan's second blob (layout.c, plan_blob_acquire).  Blobs are allocated and freed only through the ops that
+ * run) is not rewritten: the planner asks `busy` before it plans into a blob and, when it is, plans into one of
+ * the plan's other blobs (layout.c, plan_blob_acquire).  Blobs are allocated and freed only through the ops that
  * gave them (pkv_plan.blob_ops). */
 typedef struct pkv_blob_ops {
     void *(*alloc)(size_t bytes); /* NULL when none can be had (the plan then keeps malloc's memory) */
@@ -118,6 +118,10 @@ struct pkv_context {
     pkv_page_fault page_fault;
 };
 
+/* A plan in a backend's blob memory has up to 1 + PKV_PLAN_SPARE_BLOBS blobs: as many uploads of one plan
+ * object may be pending before its next step waits for the oldest (the CUDA staging ring's depth). */
+#define PKV_PLAN_SPARE_BLOBS 3
+
 /* Plan storage: tasks, rows and merges live in one host blob so the CUDA backend uploads the
  * whole plan with one copy; the partial states follow it in the workspace. */
 struct pkv_plan {
@@ -142,9 +146,11 @@ struct pkv_plan {
 
     void *blob;              /* [tasks | rows | merges], each part PKV_WS_ALIGN aligned */
     size_t blob_cap, blob_bytes;
-    const pkv_blob_ops *blob_ops; /* who gave blob and blob_spare; NULL: malloc */
-    void *blob_spare;        /* a backend's blobs: the other one, planned into while blob's upload is pending */
-    size_t blob_spare_cap;
+    const pkv_blob_ops *blob_ops; /* who gave blob and the spares; NULL: malloc */
+    /* a backend's blobs: the others, oldest upload first, planned into while blob's upload is pending */
+    void *blob_spare[PKV_PLAN_SPARE_BLOBS];
+    size_t blob_spare_cap[PKV_PLAN_SPARE_BLOBS];
+    int32_t num_spares;
     bool blob_refused;       /* the backend's memory could not be had: malloc's from then on */
     size_t off_tasks, off_rows, off_merges, off_counters;
     size_t off_state_o, off_state_ml, workspace_bytes; /* partial states: o_s, then (m_s, l_s) */

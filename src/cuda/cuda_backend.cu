@@ -16,10 +16,10 @@ namespace {
 /* Plans planned on a CUDA context get their blob from page-locked memory of this backend (blob_ops, the
  * planner's pkv_blob_ops): the upload copies straight from the plan, with no copy into staging first, and an
  * event recorded after that copy tells the planner whether the blob may be rewritten (blob_busy).  While it may
- * not, the planner plans into the plan's second blob (src/plan/layout.c, plan_blob_acquire), so a host one step
- * ahead of the GPU never waits; two steps ahead, it waits for the older upload.  The event and its stream live
- * in a header before the blob.  Portable page-locked memory: a plan may be uploaded by a context of another
- * device (its event is then made again on that device). */
+ * not, the planner plans into another of the plan's blobs (src/plan/layout.c, plan_blob_acquire; up to
+ * 1 + PKV_PLAN_SPARE_BLOBS, the staging ring's depth): a host fewer than four uploads of a plan ahead of the GPU
+ * never waits.  The event and its stream live in a header before the blob.  Portable page-locked memory: a plan
+ * may be uploaded by a context of another device (its event is then made again on that device). */
 struct blob_head {
     cudaEvent_t done;    // recorded after the last upload from the blob; nullptr until the first
     cudaStream_t stream; // where it was recorded

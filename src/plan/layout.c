@@ -66,10 +66,9 @@ pkv_status plan_reserve(pkv_context *ctx, pkv_plan *plan, int64_t ntasks, int64_
         /* the old blob is one no pending upload reads (plan_blob_acquire) */
         if (plan->blob_ops) {
             plan->blob_ops->free(plan->blob);
-            if (nops != plan->blob_ops) { /* the backend's memory ran out: both blobs from malloc from now on */
-                plan->blob_ops->free(plan->blob_spare);
-                plan->blob_spare = NULL;
-                plan->blob_spare_cap = 0;
+            if (nops != plan->blob_ops) { /* the backend's memory ran out: malloc's blob from now on */
+                for (int32_t k = 0; k < plan->num_spares; k++) plan->blob_ops->free(plan->blob_spare[k]);
+                plan->num_spares = 0;
             }
         } else {
             free(plan->blob);
@@ -105,22 +104,41 @@ pkv_status plan_blob_acquire(pkv_context *ctx, pkv_plan *plan) {
     bool busy = false;
     pkv_status st = bo->busy(ctx, plan->blob, false, &busy);
     if (st != PKV_OK || !busy) return st;
-    /* the last upload from this blob has not run yet: plan into the other one (allocated at the first need),
-     * waiting for its own upload only when that has not run either */
-    if (!plan->blob_spare) {
-        plan->blob_spare = bo->alloc(plan->blob_cap);
-        plan->blob_spare_cap = plan->blob_spare ? plan->blob_cap : 0;
+    /* the last upload from this blob has not run yet: plan into the spare of the oldest upload when that has
+     * run, else into a new spare while there are fewer than PKV_PLAN_SPARE_BLOBS, else into the oldest once its
+     * upload has run */
+    int32_t n = plan->num_spares;
+    if (n > 0) {
+        st = bo->busy(ctx, plan->blob_spare[0], false, &busy);
+        if (st != PKV_OK) return st;
     }
-    if (!plan->blob_spare) return bo->busy(ctx, plan->blob, true, &busy); /* no second blob: wait */
-    st = bo->busy(ctx, plan->blob_spare, true, &busy);
-    if (st != PKV_OK) return st;
-    void *const b = plan->blob;
-    const size_t cap = plan->blob_cap;
-    plan->blob = plan->blob_spare;
-    plan->blob_cap = plan->blob_spare_cap;
-    plan->blob_spare = b;
-    plan->blob_spare_cap = cap;
-    plan->memo_valid = false; /* the memo describes the other blob's lists */
+    if ((n == 0 || busy) && n < PKV_PLAN_SPARE_BLOBS) {
+        void *nb = bo->alloc(plan->blob_cap);
+        if (nb) {
+            plan->blob_spare[n] = plan->blob; /* the newest upload last */
+            plan->blob_spare_cap[n] = plan->blob_cap;
+            plan->num_spares = n + 1;
+            plan->blob = nb;
+            plan->memo_valid = false; /* the memo describes another blob's lists */
+            return PKV_OK;
+        }
+        if (n == 0) return bo->busy(ctx, plan->blob, true, &busy); /* no other blob to be had: wait */
+    }
+    if (busy) {
+        st = bo->busy(ctx, plan->blob_spare[0], true, &busy);
+        if (st != PKV_OK) return st;
+    }
+    void *const oldest = plan->blob_spare[0];
+    const size_t oldest_cap = plan->blob_spare_cap[0];
+    for (int32_t k = 1; k < n; k++) {
+        plan->blob_spare[k - 1] = plan->blob_spare[k];
+        plan->blob_spare_cap[k - 1] = plan->blob_spare_cap[k];
+    }
+    plan->blob_spare[n - 1] = plan->blob;
+    plan->blob_spare_cap[n - 1] = plan->blob_cap;
+    plan->blob = oldest;
+    plan->blob_cap = oldest_cap;
+    plan->memo_valid = false;
     return PKV_OK;
 }
 

@@ -135,8 +135,8 @@ size_t plan_states_layout(size_t blob_bytes, int64_t slots, int64_t group, int64
 pkv_status plan_reserve(pkv_context *ctx, pkv_plan *plan, int64_t ntasks, int64_t nrows, int64_t nmerges,
                         int64_t nphases, bool counts);
 /* Makes plan->blob one that no pending upload reads (a backend's blobs, pkv_blob_ops): the current one when its
- * uploads have run, else the plan's second blob (the lists are then emitted afresh), else the current one
- * once its upload has run. */
+ * uploads have run, else another of the plan's blobs (the lists are then emitted afresh), waiting only when
+ * 1 + PKV_PLAN_SPARE_BLOBS uploads of the plan are pending. */
 pkv_status plan_blob_acquire(pkv_context *ctx, pkv_plan *plan);
 pkv_status plan_grow_i32(pkv_context *ctx, int32_t **buf, size_t *cap, size_t n, const char *what);
 pkv_status plan_scratch_reserve(pkv_context *ctx, pkv_plan *plan, size_t n);

@@ -55,7 +55,7 @@ void pkv_plan_free(pkv_plan *plan) {
     if (!plan) return;
     if (plan->blob_ops) {
         plan->blob_ops->free(plan->blob);
-        plan->blob_ops->free(plan->blob_spare);
+        for (int32_t k = 0; k < plan->num_spares; k++) plan->blob_ops->free(plan->blob_spare[k]);
     } else {
         free(plan->blob);
     }
