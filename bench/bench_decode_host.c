@@ -11,7 +11,8 @@
  * [256, 1280] tokens, grows a token per step and is rolled back by 16 tokens every 16 steps, so the context
  * stays put.  With a policy file (`pkv calibrate`'s, e.g. bench/results/h100.policy) the planner's route
  * comes from that cost model, as on a CUDA context with PKV_POLICY set; without one, from the auto rule.
- * Medians of reps steps per B (after 64 untimed), microseconds.  --flush-mb M writes M MiB between steps, as a
+ * Medians of reps steps per B (after 64 untimed), microseconds; `patched`: the share of those steps whose plan was
+ * patched over the last step's (the planner's incremental steps).  --flush-mb M writes M MiB between steps, as a
  * model's layers computed on the host (the CPU backend in `pkv decode`) would, so that each step starts with
  * the host's caches cold; by default they stay warm, as on a GPU machine's host.
  *
@@ -115,11 +116,12 @@ int main(int argc, char **argv) {
     printf("## bench_decode_host: the decode step's host part, us (median of %d steps), planner %s, H100's "
            "capabilities, caches %s\n\n",
            reps, policy ? policy : "auto rule", flush ? "cold" : "warm");
-    printf("| B | route | tasks | extend | table | plan | stage | launch | host | call |\n");
-    printf("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    printf("| B | route | tasks | extend | table | plan | stage | launch | host | call | patched |\n");
+    printf("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     int rows = 0;
     const int nsteps = (WARMUP + reps + ROLLBACK - 1) / ROLLBACK * ROLLBACK;
     for (int32_t B = only_b > 0 ? only_b : 1; B <= MAX_B; B = only_b > 0 ? MAX_B + 1 : 2 * B) {
+        int patched = 0;
         for (int k = 0; k < nsteps; k++) {
             if (flush) memset(flush, k & 0xff, flush_bytes);
             const double c0 = now_us();
@@ -132,6 +134,7 @@ int main(int argc, char **argv) {
                 const double v[PARTS] = {tm.host_extend_us, tm.host_table_us, tm.host_plan_us, tm.host_stage_us,
                                          tm.host_launch_us, tm.host_us, call};
                 for (int p = 0; p < PARTS; p++) t[p][rep] = v[p];
+                patched += pkv_lab_plan_patched(pkv_decoder_plan(d));
             }
             if (k % ROLLBACK == ROLLBACK - 1) /* each row back by the tokens it grew */
                 for (int32_t i = 0; i < B; i++) {
@@ -148,12 +151,14 @@ int main(int argc, char **argv) {
         }
         const pkv_plan *plan = pkv_decoder_plan(d);
         const char *route = pkv_route_name(pkv_plan_route(plan));
-        printf("| %d | %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", B, route,
-               pkv_plan_num_tasks(plan), med[0], med[1], med[2], med[3], med[4], med[5], med[6]);
+        printf("| %d | %s | %d | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f%% |\n", B, route,
+               pkv_plan_num_tasks(plan), med[0], med[1], med[2], med[3], med[4], med[5], med[6],
+               100.0 * patched / reps);
         if (jf) {
             fprintf(jf, "%s{\"B\": %d, \"route\": \"%s\", \"tasks\": %d", rows++ ? ", " : "", B, route,
                     pkv_plan_num_tasks(plan));
             for (int k = 0; k < PARTS; k++) fprintf(jf, ", \"%s_us\": %.3f", part_names[k], med[k]);
+            fprintf(jf, ", \"patched\": %.4f", (double)patched / reps);
             fprintf(jf, "}");
         }
     }

@@ -472,9 +472,11 @@ typedef struct pkv_tensors {
 /* Executes the plan: tasks then merges, phase by phase.  CPU backend: host pointers, stream
  * ignored, workspace is host memory.  CUDA backend: device pointers, stream is a cudaStream_t
  * (NULL: default stream), workspace is device memory; the plan is uploaded into the workspace when
- * it changed (one async copy out of one of the context's few page-locked staging buffers, allocated
- * at its first uploads: the call does not wait for the stream's earlier work, and the plan may be
- * re-planned as soon as it returns) and nothing else is allocated, so a run can be captured in a
+ * it changed (one async copy: straight from the plan when it was planned on a CUDA context, whose
+ * plans keep their storage in page-locked memory, else out of one of the context's few page-locked
+ * staging buffers, allocated at its first uploads; the call does not wait for the stream's earlier work,
+ * and the plan may be re-planned as soon as it returns: up to four uploads of a plan object may be
+ * pending before its next pkv_plan_step waits for the oldest) and nothing else is allocated, so a run can be captured in a
  * CUDA graph once its plan is uploaded (see pkv_plan_upload).  A captured graph replays the plan it was
  * captured with (its grid sizes, and for a one-row phase the row's schedule, are launch
  * parameters): capture again after planning a new step - or plan graph-stable steps

@@ -81,6 +81,8 @@ enum {
 pkv_status pkv_lab_plan_counts(const pkv_plan *plan, size_t *offset, int32_t *words);
 /* The most partial states of one merge of the plan (0: no split merges). */
 int32_t pkv_lab_plan_widest_merge(const pkv_plan *plan);
+/* 1 when the plan's last step was patched over its previous emission (an incremental step), else 0. */
+int32_t pkv_lab_plan_patched(const pkv_plan *plan);
 /* The claim's order of the SMs in a round of tasks: SM s ranks s x m mod nsm, m this multiplier. */
 int32_t pkv_lab_claim_multiplier(int32_t nsm);
 

@@ -6,7 +6,10 @@
  *   (d) one plan object reused for a bigger, a smaller and a bigger batch again;
  *   (e) pkv_block_table_to_csr conversions and its errors;
  *   (f) planning for given capabilities (pkv_plan_step_caps): the context's plans, the host's, and the
- *       capabilities' residency in the plan. */
+ *       capabilities' residency in the plan;
+ *   (g) incremental steps: a plan reused over random step sequences equals, field for field, a fresh plan of
+ *       each step, and many of those steps were patched rather than emitted;
+ *   (h) plans in a backend's blob memory (simulated): never rewritten while an upload from them is pending. */
 #include "persistentkv.h"
 #include "internal.h"
 #include "pkv_lab.h"
@@ -1346,7 +1349,290 @@ static void test_validate_large(void) {
     free(indptr);
 }
 
+/* ---- (g) incremental steps --------------------------------------------------------------------------- */
+/* Whether plan a (reused from step to step, so often patched over its last emission) is b (planned from scratch
+ * on a new plan object), field for field: every list, the bytes the device reads (tasks, rows, merges and
+ * their zeroed arrival counters, a graph-stable plan's counts), the layout, counters and graph fields. */
+static bool identical_plans(const pkv_plan *a, const pkv_plan *b, const char **what) {
+#define SAME(f)                       \
+    if (a->f != b->f) {               \
+        *what = #f;                   \
+        return false;                 \
+    }
+    SAME(batch_size) SAME(route) SAME(group) SAME(num_tasks) SAME(num_rows) SAME(num_merges) SAME(num_phases)
+    SAME(num_state_slots) SAME(max_merge_count) SAME(slots) SAME(blob_bytes) SAME(off_tasks) SAME(off_rows)
+    SAME(off_merges) SAME(off_counters) SAME(off_state_o) SAME(off_state_ml) SAME(workspace_bytes) SAME(graph_tasks)
+    SAME(graph_merges) SAME(off_counts) SAME(graph_signature)
+#undef SAME
+    *what = "counters";
+    if (memcmp(&a->counters, &b->counters, sizeof a->counters) != 0) return false;
+    *what = "phases";
+    if (a->num_phases && memcmp(a->phases, b->phases, (size_t)a->num_phases * sizeof(pkv_phase)) != 0) return false;
+    *what = "tasks";
+    if (a->num_tasks && memcmp(a->tasks, b->tasks, (size_t)a->num_tasks * sizeof(pkv_task)) != 0) return false;
+    *what = "rows";
+    if (a->num_rows && memcmp(a->rows, b->rows, (size_t)a->num_rows * sizeof(pkv_row_sched)) != 0) return false;
+    *what = "merges and arrival counters";
+    const size_t mbytes = (size_t)a->num_merges * (sizeof(pkv_merge) + sizeof(int32_t));
+    if (mbytes && memcmp((const char *)a->blob + a->off_merges, (const char *)b->blob + b->off_merges, mbytes) != 0)
+        return false;
+    *what = "graph counts";
+    if (a->graph_tasks > 0 && memcmp((const char *)a->blob + a->off_counts, (const char *)b->blob + b->off_counts,
+                                     PKV_COUNTS_WORDS * sizeof(int32_t)) != 0)
+        return false;
+    *what = "";
+    return true;
+}
+
+/* Sequences of decode steps on one reused plan, each compared with a fresh plan of the same step: rows a token
+ * longer (most steps), rolled back, crossing chunk and page boundaries, replaced by other requests, entering and
+ * leaving the batch; compact tables (page bases move) and strided ones; sliding windows, fp8 caches, graph-stable
+ * plans, forced options, a cost model, every route; a failed step in the middle.  Many steps must have been
+ * patched (plan->last_patched), on the rectangular and the work-queue kinds, under windows and with page bases
+ * that moved. */
+static void test_incremental(void) {
+    const bool quick = getenv("PKV_TEST_SANITIZE") && atoi(getenv("PKV_TEST_SANITIZE")) > 0;
+    const int sequences = quick ? 120 : 600, steps = 40;
+    static const int32_t kv_heads[] = {1, 2, 4, 8}, page_sizes[] = {1, 7, 16, 64}, groups[] = {1, 4, 8};
+    pkv_rng rng;
+    pkv_rng_seed(&rng, 36036);
+    pkv_plan *inc = NULL;
+    CHECK_OK(pkv_plan_create(&inc));
+    int64_t planned = 0, patched = 0, failures = 0, patched_rect = 0, patched_wq = 0, patched_graph = 0,
+            patched_window = 0, patched_moved = 0;
+    int64_t route_steps[PKV_ROUTE_COUNT_] = {0};
+    enum { MAXB = 160 };
+    int32_t lens[MAXB], indptr[MAXB + 1];
+    pkv_cost_model model;
+    pkv_cost_model_default(&model, 132, 3000.0, 3.0);
+    for (int q = 0; q < sequences && failures < 5; q++) {
+        pkv_problem pb;
+        pkv_problem_default(&pb);
+        pb.num_kv_heads = kv_heads[pkv_rng_uniform_int(&rng, 0, 3)];
+        pb.num_qo_heads = pb.num_kv_heads * groups[pkv_rng_uniform_int(&rng, 0, 2)];
+        pb.page_size = page_sizes[pkv_rng_uniform_int(&rng, 0, 3)];
+        pb.head_dim = pkv_rng_uniform01(&rng) < 0.5 ? 128 : 64;
+        pb.dtype = PKV_DTYPE_BF16;
+        if (pkv_rng_uniform01(&rng) < 0.2) pb.kv_dtype = PKV_DTYPE_FP8_E4M3;
+        if (pkv_rng_uniform01(&rng) < 0.25) pb.window = (int32_t)pkv_rng_uniform_int(&rng, 1, 700);
+        pkv_plan_options opts;
+        pkv_plan_options_default(&opts);
+        opts.route = (pkv_route)pkv_rng_uniform_int(&rng, 0, PKV_ROUTE_COUNT_ - 1);
+        opts.parallelism = pkv_rng_uniform01(&rng) < 0.5 ? 132 : (int32_t)pkv_rng_uniform_int(&rng, 2, 64);
+        const double u = pkv_rng_uniform01(&rng);
+        if (u < 0.15) opts.num_splits = (int32_t)pkv_rng_uniform_int(&rng, 1, 8);
+        else if (u < 0.3) opts.chunk_pages = (int32_t)pkv_rng_uniform_int(&rng, 1, 40);
+        else if (u < 0.4) opts.min_chunk_tokens = (int32_t)pkv_rng_uniform_int(&rng, 1, 300);
+        const bool graph = pkv_rng_uniform01(&rng) < 0.15;
+        if (graph) {
+            opts.route = pkv_rng_uniform01(&rng) < 0.5 ? PKV_ROUTE_AUTO : PKV_ROUTE_WORKQUEUE;
+            opts.graph_max_batch = MAXB;
+            opts.chunk_pages = 0;
+        }
+        const bool with_model = opts.route == PKV_ROUTE_AUTO && pkv_rng_uniform01(&rng) < 0.5;
+        const bool strided = pkv_rng_uniform01(&rng) < 0.5;
+        const int32_t max_len = pkv_rng_uniform01(&rng) < 0.5 ? 400 : 3000, room = max_len + 64;
+        int32_t B = (int32_t)pkv_rng_uniform_int(&rng, 0, pkv_rng_uniform01(&rng) < 0.7 ? 24 : MAXB);
+        for (int32_t i = 0; i < B; i++) lens[i] = (int32_t)pkv_rng_uniform_int(&rng, 0, max_len);
+        pkv_lab_caps caps = {opts.parallelism, 2, {{4, 0}, {3, 2}, {2, 1}}, pkv_rng_uniform01(&rng) < 0.3 ? 32 : 0};
+        for (int k = 0; k < steps && failures < 5; k++) {
+            /* the step's lengths: most rows a token longer; now and then a rollback, a row replaced, rows entering
+             * or leaving */
+            const double e = pkv_rng_uniform01(&rng);
+            if (e < 0.05 && B < MAXB) {
+                const int32_t at = (int32_t)pkv_rng_uniform_int(&rng, 0, B);
+                memmove(lens + at + 1, lens + at, (size_t)(B - at) * sizeof *lens);
+                lens[at] = (int32_t)pkv_rng_uniform_int(&rng, 1, max_len);
+                B++;
+            } else if (e < 0.1 && B > 0) {
+                const int32_t at = (int32_t)pkv_rng_uniform_int(&rng, 0, B - 1);
+                memmove(lens + at, lens + at + 1, (size_t)(B - at - 1) * sizeof *lens);
+                B--;
+            } else if (e < 0.15 && B > 0) {
+                lens[pkv_rng_uniform_int(&rng, 0, B - 1)] = (int32_t)pkv_rng_uniform_int(&rng, 0, max_len);
+            } else if (e < 0.2) {
+                const int32_t back = (int32_t)pkv_rng_uniform_int(&rng, 1, 20);
+                for (int32_t i = 0; i < B; i++) lens[i] = lens[i] > back ? lens[i] - back : lens[i];
+            } else if (e > 0.3) {
+                for (int32_t i = 0; i < B; i++) lens[i] += lens[i] < room - 1;
+            } /* else: the same lengths again */
+            indptr[0] = 0;
+            for (int32_t i = 0; i < B; i++)
+                indptr[i + 1] = strided ? (i + 1) * (int32_t)ceil_div64(room, pb.page_size)
+                                        : indptr[i] + (int32_t)ceil_div64(lens[i], pb.page_size);
+            pb.num_pages = indptr[B] > 0 ? indptr[B] : 1;
+            const pkv_page_table t = {B, indptr, NULL, lens};
+            if (k == steps / 2 && B > 0) { /* a step that fails leaves a plan the next step can reuse */
+                lens[0] = -lens[0] - 1;
+                CHECK_STATUS(pkv_lab_plan_step_caps(&caps, NULL, &pb, &t, &opts, inc), PKV_ERR_NEGATIVE_LENGTH);
+                lens[0] = -lens[0] - 1;
+            }
+            const pkv_cost_model *m = with_model ? &model : NULL;
+            const pkv_status st = pkv_lab_plan_step_caps(&caps, m, &pb, &t, &opts, inc);
+            pkv_plan *fresh = NULL;
+            CHECK_OK(pkv_plan_create(&fresh));
+            const pkv_status sf = pkv_lab_plan_step_caps(&caps, m, &pb, &t, &opts, fresh);
+            CHECK_MSG(st == sf, "sequence %d step %d: status %d incremental, %d fresh", q, k, (int)st, (int)sf);
+            if (st == PKV_OK && sf == PKV_OK) {
+                planned++;
+                route_steps[inc->route]++;
+                const char *what = "";
+                const bool same = identical_plans(inc, fresh, &what);
+                CHECK_MSG(same, "sequence %d step %d (%s, B %d, %s): the reused plan's %s differ from a fresh plan's", q,
+                          k, pkv_route_name(inc->route), B, inc->last_patched ? "patched" : "emitted", what);
+                failures += !same;
+                const char *why = NULL;
+                CHECK_MSG(pkv_test_validate(inc, lens, &why) == PKV_OK, "sequence %d step %d: %s", q, k, why);
+                if (inc->last_patched) {
+                    patched++;
+                    patched_rect += inc->memo_kind == PKV_MEMO_RECT;
+                    patched_wq += inc->memo_kind == PKV_MEMO_WORKQUEUE;
+                    patched_graph += inc->graph_tasks > 0;
+                    patched_window += pb.window > 0;
+                    patched_moved += !strided;
+                }
+            }
+            pkv_plan_free(fresh);
+        }
+    }
+    printf("incremental: %lld steps planned, %lld patched (rect %lld, work queue %lld, graph-stable %lld, windowed "
+           "%lld, page bases moving %lld); per route:",
+           (long long)planned, (long long)patched, (long long)patched_rect, (long long)patched_wq,
+           (long long)patched_graph, (long long)patched_window, (long long)patched_moved);
+    for (int r = 1; r < PKV_ROUTE_COUNT_; r++) printf(" %s %lld", pkv_route_name((pkv_route)r), (long long)route_steps[r]);
+    printf("\n");
+    CHECK_MSG(patched * 4 > planned, "only %lld of %lld steps were patched", (long long)patched, (long long)planned);
+    CHECK(patched_rect > 50 && patched_wq > 50 && patched_graph > 20 && patched_window > 20 && patched_moved > 20);
+    pkv_plan_free(inc);
+}
+
+/* ---- (h) blobs in a backend's memory ----------------------------------------------------------------- */
+/* A backend's blob memory (pkv_blob_ops) simulated on the host: "uploading" a plan marks its blob busy and
+ * remembers a checksum of its bytes; the "device" runs a busy blob's upload at random, or when the planner
+ * waits for it.  A blob must never change while busy (the planner writes only blobs whose uploads have run), and
+ * every blob given out must come back. */
+enum { FAKE_BLOBS = 64 };
+static struct fake_blob {
+    void *p;
+    size_t bytes; /* checked while busy */
+    bool busy;
+    uint64_t sum;
+} fake[FAKE_BLOBS];
+static int fake_allocs, fake_frees, fake_waits, fake_written_busy;
+
+static uint64_t fake_sum(const void *p, size_t n) {
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)p)[i]) * 1099511628211ull;
+    return h;
+}
+static struct fake_blob *fake_of(const void *p) {
+    for (int i = 0; i < FAKE_BLOBS; i++)
+        if (fake[i].p && fake[i].p == p) return &fake[i];
+    return NULL;
+}
+static void fake_run(struct fake_blob *f) { /* the upload runs: the bytes it read must be those queued */
+    if (!f->busy) return;
+    fake_written_busy += fake_sum(f->p, f->bytes) != f->sum;
+    f->busy = false;
+}
+static void *fake_alloc(size_t bytes) {
+    for (int i = 0; i < FAKE_BLOBS; i++)
+        if (!fake[i].p) {
+            fake[i] = (struct fake_blob){malloc(bytes), 0, false, 0};
+            fake_allocs += fake[i].p != NULL;
+            return fake[i].p;
+        }
+    return NULL;
+}
+static void fake_free(void *blob) {
+    struct fake_blob *f = fake_of(blob);
+    if (!f) return;
+    fake_run(f);
+    free(f->p);
+    f->p = NULL;
+    fake_frees++;
+}
+static pkv_status fake_busy(pkv_context *ctx, void *blob, bool wait, bool *busy) {
+    (void)ctx;
+    struct fake_blob *f = fake_of(blob);
+    CHECK(f != NULL);
+    if (f && wait && f->busy) {
+        fake_waits++;
+        fake_run(f);
+    }
+    *busy = f && f->busy;
+    return PKV_OK;
+}
+static const pkv_blob_ops fake_ops = {fake_alloc, fake_free, fake_busy};
+
+static void test_backend_blobs(void) {
+    pkv_context_config cfg;
+    pkv_context_config_default(&cfg);
+    cfg.backend = PKV_BACKEND_CPU;
+    cfg.num_threads = 4;
+    pkv_context *ctx = NULL;
+    CHECK_OK(pkv_context_create(&cfg, &ctx));
+    if (!ctx) return;
+    const pkv_backend_ops *real = ctx->ops;
+    pkv_backend_ops ops = *real;
+    ops.blob = &fake_ops;
+    ctx->ops = &ops;
+    pkv_rng rng;
+    pkv_rng_seed(&rng, 3636);
+    pkv_problem pb;
+    pkv_problem_default(&pb);
+    pb.num_qo_heads = 32, pb.num_kv_heads = 8, pb.page_size = 16;
+    enum { B_MAX = 96, STEPS = 3000 };
+    int32_t lens[B_MAX], indptr[B_MAX + 1];
+    for (int32_t i = 0; i < B_MAX; i++) lens[i] = (int32_t)pkv_rng_uniform_int(&rng, 1, 2000);
+    for (int32_t i = 0; i <= B_MAX; i++) indptr[i] = i * 200;
+    pb.num_pages = B_MAX * 200;
+    pkv_plan *plan = NULL, *fresh = NULL;
+    CHECK_OK(pkv_plan_create(&plan));
+    int patched = 0, swaps = 0;
+    for (int k = 0; k < STEPS; k++) {
+        const int32_t B = k < STEPS / 2 ? 40 : B_MAX; /* the second half grows the blobs */
+        for (int32_t i = 0; i < B; i++) lens[i] += 1;
+        if (k % 16 == 15)
+            for (int32_t i = 0; i < B; i++) lens[i] -= 16;
+        const pkv_page_table t = {B, indptr, NULL, lens};
+        pkv_plan_options opts;
+        pkv_plan_options_default(&opts);
+        opts.route = (pkv_route)(k / 100 % PKV_ROUTE_COUNT_);
+        void *before = plan->blob;
+        CHECK_OK(pkv_plan_step(ctx, &pb, &t, &opts, plan));
+        swaps += before && plan->blob != before && plan->num_spares > 0 && plan->blob_spare[plan->num_spares - 1] == before;
+        patched += plan->last_patched;
+        CHECK(plan->blob_ops == &fake_ops);
+        CHECK_OK(pkv_plan_create(&fresh));
+        CHECK_OK(pkv_plan_step(ctx, &pb, &t, &opts, fresh));
+        const char *what = "";
+        CHECK_MSG(identical_plans(plan, fresh, &what), "step %d: the plan's %s differ from a fresh plan's", k, what);
+        pkv_plan_free(fresh);
+        /* the upload of this step, queued; the device runs some of the queued ones */
+        struct fake_blob *f = fake_of(plan->blob);
+        CHECK(f != NULL);
+        if (f && pkv_rng_uniform01(&rng) < 0.7) {
+            f->busy = true;
+            f->bytes = plan->blob_bytes;
+            f->sum = fake_sum(plan->blob, plan->blob_bytes);
+        }
+        for (int i = 0; i < FAKE_BLOBS; i++)
+            if (fake[i].p && fake[i].busy && pkv_rng_uniform01(&rng) < 0.15) fake_run(&fake[i]);
+    }
+    pkv_plan_free(plan);
+    printf("backend blobs: %d steps, %d patched, %d planned into another blob, %d waits; %d blobs given, %d back\n",
+           STEPS, patched, swaps, fake_waits, fake_allocs, fake_frees);
+    CHECK_MSG(fake_written_busy == 0, "%d blobs changed while an upload from them was pending", fake_written_busy);
+    CHECK_MSG(fake_allocs == fake_frees, "%d blobs given, %d freed", fake_allocs, fake_frees);
+    CHECK(patched > STEPS / 10 && swaps > STEPS / 10 && fake_waits > 10);
+    ctx->ops = real;
+    pkv_context_free(ctx);
+}
+
 int main(void) {
+    test_backend_blobs();
+    test_incremental();
     test_empty_batch_fresh_plan();
     test_validate_large();
     test_claim_order();

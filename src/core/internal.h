@@ -46,6 +46,19 @@ int32_t pkv_graph_claim_multiplier(int32_t nsm);
 #define PKV_VECTOR_CLONES
 #endif
 
+/* Host memory a backend hands plans for their blob: page-locked on CUDA, so that the upload copies straight from
+ * the plan (no copy into staging first).  A blob the device may still be reading (an upload queued and not yet
+ * run) is not rewritten: the planner asks `busy` before it plans into a blob and, when it is, plans into one of
+ * the plan's other blobs (layout.c, plan_blob_acquire).  Blobs are allocated and freed only through the ops that
+ * gave them (pkv_plan.blob_ops). */
+typedef struct pkv_blob_ops {
+    void *(*alloc)(size_t bytes); /* NULL when none can be had (the plan then keeps malloc's memory) */
+    void (*free)(void *blob);     /* waits for the blob's queued uploads first; accepts NULL */
+    /* *busy: an upload queued from the blob may not have run yet; wait: first waits until it has (then *busy is
+     * false).  A failure is recorded on ctx (may be NULL). */
+    pkv_status (*busy)(pkv_context *ctx, void *blob, bool wait, bool *busy);
+} pkv_blob_ops;
+
 /* A backend executes plans; it never decides schedules. */
 typedef struct pkv_backend_ops {
     const char *name;
@@ -64,6 +77,8 @@ typedef struct pkv_backend_ops {
     /* Copies whole pages (pkv_copy_pages: at most PKV_MAX_PAGE_COPIES, checked by append.c); may be NULL. */
     pkv_status (*copy_pages)(pkv_context *ctx, const pkv_problem *p, const pkv_page_copy *copies, int32_t count,
                              void *k_cache, void *v_cache, int64_t page_stride, void *stream);
+    /* The memory of the blobs of plans planned on this backend's contexts; may be NULL (malloc). */
+    const pkv_blob_ops *blob;
 } pkv_backend_ops;
 
 /* What a backend tells the planner about its device: the planner's only input from the backend.  Filled
@@ -103,6 +118,10 @@ struct pkv_context {
     pkv_page_fault page_fault;
 };
 
+/* A plan in a backend's blob memory has up to 1 + PKV_PLAN_SPARE_BLOBS blobs: as many uploads of one plan
+ * object may be pending before its next step waits for the oldest (the CUDA staging ring's depth). */
+#define PKV_PLAN_SPARE_BLOBS 3
+
 /* Plan storage: tasks, rows and merges live in one host blob so the CUDA backend uploads the
  * whole plan with one copy; the partial states follow it in the workspace. */
 struct pkv_plan {
@@ -127,6 +146,12 @@ struct pkv_plan {
 
     void *blob;              /* [tasks | rows | merges], each part PKV_WS_ALIGN aligned */
     size_t blob_cap, blob_bytes;
+    const pkv_blob_ops *blob_ops; /* who gave blob and the spares; NULL: malloc */
+    /* a backend's blobs: the others, oldest upload first, planned into while blob's upload is pending */
+    void *blob_spare[PKV_PLAN_SPARE_BLOBS];
+    size_t blob_spare_cap[PKV_PLAN_SPARE_BLOBS];
+    int32_t num_spares;
+    bool blob_refused;       /* the backend's memory could not be had: malloc's from then on */
     size_t off_tasks, off_rows, off_merges, off_counters;
     size_t off_state_o, off_state_ml, workspace_bytes; /* partial states: o_s, then (m_s, l_s) */
 
@@ -144,7 +169,20 @@ struct pkv_plan {
     /* under a sliding window: each row's attended length, then its first token [2 x batch] */
     int32_t *win;
     size_t win_cap;
+    /* what the lists in the blob were emitted from (emit.c, plan_memo), so that a next step of the same shape
+     * (the same route, chunks and split counts, rows only longer or shorter within them) patches the rows'
+     * lengths and ends into them instead of emitting every task again */
+    bool memo_valid;
+    bool last_patched;       /* the last successful step was patched (tests) */
+    int32_t memo_kind;       /* PKV_MEMO_RECT, PKV_MEMO_WORKQUEUE */
+    int32_t memo_batch, memo_kv_heads, memo_page_size, memo_window, memo_splits, memo_chunk_tokens;
+    int32_t memo_graph_cap, memo_graph_batch, memo_tails;
+    pkv_route memo_route;
+    int32_t *memo;           /* [per row: PKV_MEMO_ROW_WORDS | the work queue's tail rows in rank order: batch] */
+    size_t memo_cap;
 };
+#define PKV_MEMO_RECT 1
+#define PKV_MEMO_WORKQUEUE 2
 
 /* Errors: record a formatted message on the context (or thread-locally when ctx is NULL) and
  * return the status, so call sites read `return pkv_fail(ctx, PKV_ERR_..., "...", ...);`. */

@@ -26,8 +26,9 @@
  *                        SMs, 1..256.  Below the device's count an SM is dealt more tasks than it gets CTAs,
  *                        so the CTAs that wait for unclaimed tasks must find and run them: the only way to
  *                        test that path on an idle GPU.
- *   pageable_upload=0|1  default 0.  1: plan uploads copy straight from the plan's pageable memory, the path
- *                        taken when page-locked staging memory is refused (a locked-memory limit).
+ *   pageable_upload=0|1  default 0.  1: plans planned on the context keep their blob in malloc's memory and
+ *                        their uploads copy straight from it, the path taken when page-locked memory (plans'
+ *                        blobs, staging) is refused (a locked-memory limit).
  *   pdl=0|1              default 1.  0: no programmatic dependent launch at all, not even of the merge kernel
  *                        after the decode kernel (pkv_context_config.pdl = 0 keeps that one): the launch
  *                        order of GPUs and builds without sm_90 code, on a Hopper.

@@ -1,7 +1,7 @@
 // cuda_backend.cu - the CUDA backend behind the C API: device selection and the launch options from the
-// context's tuning (pkv_cuda_backend_init), plan upload (one async copy of the plan blob into the workspace,
-// skipped when that plan is already there), and run; and the C entry points of the decode side
-// (pkv_cuda.h), whose work is in launch.cu.
+// context's tuning (pkv_cuda_backend_init), the page-locked memory of plans' blobs (blob_ops), plan upload (one
+// async copy of the plan blob into the workspace, skipped when that plan is already there), and run; and the C
+// entry points of the decode side (pkv_cuda.h), whose work is in launch.cu.
 #include "cuda_common.cuh"
 #include "launch.cuh"
 #include "pkv_cuda.h"
@@ -13,11 +13,72 @@
 
 namespace {
 
-/* A plan's upload goes through page-locked staging buffers: cudaMemcpyAsync from pageable memory may
- * wait for the stream's earlier work before it copies (CUDA's API synchronization rules), which would
- * hold a host that plans the next step while the GPU still runs this one.  A ring of kStaging buffers,
- * each reused once its copy has executed (an event per buffer): a host fewer than kStaging uploads
- * ahead of the GPU never waits, and the plan's own storage is free again as soon as the upload returns. */
+/* Plans planned on a CUDA context get their blob from page-locked memory of this backend (blob_ops, the
+ * planner's pkv_blob_ops): the upload copies straight from the plan, with no copy into staging first, and an
+ * event recorded after that copy tells the planner whether the blob may be rewritten (blob_busy).  While it may
+ * not, the planner plans into another of the plan's blobs (src/plan/layout.c, plan_blob_acquire; up to
+ * 1 + PKV_PLAN_SPARE_BLOBS, the staging ring's depth): a host fewer than four uploads of a plan ahead of the GPU
+ * never waits.  The event and its stream live in a header before the blob.  Portable page-locked memory: a plan
+ * may be uploaded by a context of another device (its event is then made again on that device). */
+struct blob_head {
+    cudaEvent_t done;    // recorded after the last upload from the blob; nullptr until the first
+    cudaStream_t stream; // where it was recorded
+    int device;          // done's device
+    bool pending;        // recorded and not yet seen complete
+};
+constexpr size_t kBlobHead = PKV_WS_ALIGN; // the blob after the header keeps the blob's alignment
+static_assert(sizeof(blob_head) <= kBlobHead, "the blob's header fits before it");
+
+blob_head *head_of(void *blob) { return reinterpret_cast<blob_head *>(static_cast<char *>(blob) - kBlobHead); }
+
+void *blob_alloc(size_t bytes) {
+    void *p = nullptr;
+    if (cudaHostAlloc(&p, bytes + kBlobHead, cudaHostAllocPortable) != cudaSuccess) {
+        cudaGetLastError(); // e.g. a locked-memory limit: the planner keeps malloc's memory
+        return nullptr;
+    }
+    blob_head *h = static_cast<blob_head *>(p);
+    h->done = nullptr;
+    h->stream = nullptr;
+    h->device = -1;
+    h->pending = false;
+    return static_cast<char *>(p) + kBlobHead;
+}
+
+void blob_free(void *blob) {
+    if (!blob) return;
+    blob_head *h = head_of(blob);
+    if (h->pending) cudaEventSynchronize(h->done); // the device's copy leaves the memory first
+    if (h->done) cudaEventDestroy(h->done);
+    cudaFreeHost(h);
+    cudaGetLastError(); // nothing to report from a release
+}
+
+pkv_status blob_busy(pkv_context *ctx, void *blob, bool wait, bool *busy) {
+    blob_head *h = head_of(blob);
+    *busy = false;
+    if (!h->pending) return PKV_OK;
+    const cudaError_t e = wait ? cudaEventSynchronize(h->done) : cudaEventQuery(h->done);
+    if (e == cudaErrorNotReady) {
+        cudaGetLastError(); // not an error: the copy has not run yet (and a later launch check must not see it)
+        *busy = true;
+        return PKV_OK;
+    }
+    if (e != cudaSuccess)
+        return pkv_fail(ctx, PKV_ERR_CUDA, "plan: waiting for the upload of its last step failed: %s",
+                        cudaGetErrorString(e));
+    h->pending = false;
+    return PKV_OK;
+}
+
+const pkv_blob_ops blob_ops = {blob_alloc, blob_free, blob_busy};
+
+/* A plan whose blob is not this backend's (planned on the host or a CPU context; or with page-locked memory
+ * refused) goes up through page-locked staging buffers: cudaMemcpyAsync from pageable memory may wait for the
+ * stream's earlier work before it copies (CUDA's API synchronization rules), which would hold a host that plans
+ * the next step while the GPU still runs this one.  A ring of kStaging buffers, each reused once its copy has
+ * executed (an event per buffer): a host fewer than kStaging uploads ahead of the GPU never waits, and the plan's
+ * own storage is free again as soon as the upload returns. */
 constexpr int kStaging = 4;
 constexpr size_t kStagingMinBytes = 64 * 1024; // a staging buffer's first size (doubled until a plan fits)
 struct staging_buffer {
@@ -86,6 +147,49 @@ pkv_status staged_upload(pkv_context *ctx, cuda_state *s, const pkv_plan *plan, 
     return PKV_OK;
 }
 
+/* Queues the upload straight from a blob of blob_ops and records its event (*queued).  Queues nothing (the
+ * caller stages the copy) when the blob's last upload is still pending on another stream or device - one event
+ * follows one stream - or when no event can be had. */
+pkv_status direct_upload(pkv_context *ctx, cuda_state *s, const pkv_plan *plan, void *ws, cudaStream_t stream,
+                         bool *queued) {
+    *queued = false;
+    blob_head *h = head_of(plan->blob);
+    if (h->pending) {
+        bool busy = false;
+        const pkv_status st = blob_busy(ctx, plan->blob, false, &busy);
+        if (st != PKV_OK) return st;
+        if (busy && (h->stream != stream || h->device != s->device)) return PKV_OK;
+    }
+    if (h->done && h->device != s->device && !h->pending) { // made on another device: make it again here
+        cudaEventDestroy(h->done);
+        cudaGetLastError();
+        h->done = nullptr;
+    }
+    if (!h->done) {
+        if (cudaEventCreateWithFlags(&h->done, cudaEventDisableTiming) != cudaSuccess) {
+            cudaGetLastError();
+            h->done = nullptr;
+            return PKV_OK;
+        }
+        h->device = s->device;
+    }
+    PKV_CUDA_TRY(ctx, cudaMemcpyAsync(ws, plan->blob, plan->blob_bytes, cudaMemcpyHostToDevice, stream));
+    const cudaError_t e = cudaEventRecord(h->done, stream);
+    if (e != cudaSuccess) { // the copy was queued but cannot be tracked: let it leave the blob now
+        cudaGetLastError();
+        const cudaError_t w = cudaStreamSynchronize(stream);
+        if (w != cudaSuccess)
+            return pkv_fail(ctx, PKV_ERR_CUDA, "plan upload: waiting for an untracked copy failed: %s",
+                            cudaGetErrorString(w));
+        h->pending = false;
+    } else {
+        h->pending = true;
+        h->stream = stream;
+    }
+    *queued = true;
+    return PKV_OK;
+}
+
 constexpr int kMaxGridY = 65535; // the rectangular routes' grid: (rows, KV heads, splits)
 
 cuda_state *state_of(pkv_context *ctx) { return static_cast<cuda_state *>(ctx->backend_state); }
@@ -116,12 +220,20 @@ pkv_status cuda_upload(pkv_context *ctx, const pkv_plan *plan, void *ws, size_t 
     PKV_CUDA_TRY(ctx, cudaSetDevice(s->device));
     if (plan->blob_bytes > 0) {
         bool queued = false;
-        if (!s->pageable) {
+        const bool locked = plan->blob_ops == &blob_ops; // the plan's blob is this backend's page-locked memory
+        if (locked) {
+            const pkv_status ds = direct_upload(ctx, s, plan, ws, st, &queued);
+            if (ds != PKV_OK) return ds;
+        }
+        if (!queued && !s->pageable) {
             const pkv_status us = staged_upload(ctx, s, plan, ws, st, &queued);
             if (us != PKV_OK) return us;
         }
-        if (!queued)
+        if (!queued) {
             PKV_CUDA_TRY(ctx, cudaMemcpyAsync(ws, plan->blob, plan->blob_bytes, cudaMemcpyHostToDevice, st));
+            if (locked) // a copy from page-locked memory reads it when it runs, and no event tracks this one
+                PKV_CUDA_TRY(ctx, cudaStreamSynchronize(st));
+        }
     }
     s->uploaded_ws = ws;
     s->uploaded_gen = plan->generation;
@@ -181,8 +293,8 @@ pkv_status cuda_copy_pages(pkv_context *ctx, const pkv_problem *p, const pkv_pag
     return pkv_cuda_copy_pages(ctx, p, copies, count, k_cache, v_cache, page_stride, stream);
 }
 
-const pkv_backend_ops cuda_ops = {"cuda",       cuda_run,    cuda_upload,    cuda_supports,
-                                  cuda_destroy, cuda_append, cuda_copy_pages};
+const pkv_backend_ops cuda_ops = {"cuda",       cuda_run,    cuda_upload,     cuda_supports,
+                                  cuda_destroy, cuda_append, cuda_copy_pages, &blob_ops};
 
 } // namespace
 

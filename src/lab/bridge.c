@@ -36,6 +36,8 @@ pkv_status pkv_lab_plan_counts(const pkv_plan *plan, size_t *offset, int32_t *wo
 
 int32_t pkv_lab_plan_widest_merge(const pkv_plan *plan) { return plan ? plan->max_merge_count : 0; }
 
+int32_t pkv_lab_plan_patched(const pkv_plan *plan) { return plan && plan->generation && plan->last_patched; }
+
 int32_t pkv_lab_claim_multiplier(int32_t nsm) { return pkv_graph_claim_multiplier(nsm); }
 
 pkv_status pkv_dev_decode_kernel(pkv_context *ctx, const pkv_plan *plan, const pkv_tensors *t, const char **name) {

@@ -10,6 +10,15 @@
  *                  merge in the workspace).  Graph-stable plans are work-queue plans on the layout of the
  *                  largest step;
  * and the plan's counters.
+ *
+ * Incremental steps: each emission of the rectangular single / split phase and of the work queue keeps a memo
+ * of what its lists came from (per row: planned length, start, page base, chunk, splits, where its first and
+ * last split's tasks are; the work queue's tail order).  A next step on the same plan whose every row keeps
+ * its chunk, split count, start and - in the work queue - its partial last chunk and the tails' order (rows a
+ * few tokens longer or shorter, none crossing a chunk) has the same lists but for the rows' lengths, the last
+ * split's ends, a window's first token and changed page bases: those are written over the memo's lists
+ * (O(B x Hkv) writes, no sort) and the plan is the one a fresh emission writes, field for field.  Anything
+ * else - another route, chunk, S, batch, graph grid or problem shape, a row crossing a chunk - emits afresh.
  */
 #include "plan_internal.h"
 
@@ -122,6 +131,93 @@ static void emit_empty_merges(pkv_plan *plan, const int32_t *lens, const int32_t
     }
 }
 
+/* ---- the memo of an emission ------------------------------------------------------------------------ */
+/* One row of the memo: what its tasks were emitted from, and where its first and last split's head-0 tasks
+ * are (the whole chunks' tasks lie together from first_at; with tail set, the last split's lie apart, at
+ * last_at). */
+typedef struct memo_row {
+    int32_t n, start, page_base, chunk, ns;
+    int32_t tail;     /* 1: the last split is a work-queue tail, written apart from the whole chunks */
+    int32_t first_at; /* the whole chunks' first task (ns - tail > 0) */
+    int32_t last_at;  /* the last split's first task (ns > 0) */
+} memo_row;
+#define PKV_MEMO_ROW_WORDS ((size_t)(sizeof(memo_row) / sizeof(int32_t)))
+
+/* Room for a memo of B rows (rows, then the tail order), or NULL when it cannot be had: the memo is only an
+ * optimisation, so that is no error (the step is planned, and the next one is emitted afresh). */
+static memo_row *memo_reserve(pkv_plan *plan, int32_t B) {
+    const size_t n = (size_t)B * (PKV_MEMO_ROW_WORDS + 1) + 1;
+    if (n > plan->memo_cap || !plan->memo) {
+        size_t c = plan->memo_cap ? plan->memo_cap : 256;
+        while (c < n) c *= 2;
+        int32_t *m = (int32_t *)malloc(c * sizeof *m);
+        if (!m) return NULL;
+        free(plan->memo);
+        plan->memo = m;
+        plan->memo_cap = c;
+    }
+    return (memo_row *)(void *)plan->memo;
+}
+static int32_t *memo_order(pkv_plan *plan, int32_t B) { return plan->memo + (size_t)B * PKV_MEMO_ROW_WORDS; }
+
+/* The memo's header after a fresh emission of kind (splits: S of a rectangular phase; chunk_tokens: the work
+ * queue's); the memo is valid only when its rows were recorded. */
+static void memo_set(pkv_plan *plan, const plan_step *s, int32_t kind, int32_t splits, int32_t chunk_tokens,
+                     int32_t tails, bool recorded) {
+    plan->memo_kind = kind;
+    plan->memo_route = plan->route;
+    plan->memo_batch = s->table->batch_size;
+    plan->memo_kv_heads = s->problem->num_kv_heads;
+    plan->memo_page_size = s->problem->page_size;
+    plan->memo_window = s->problem->window;
+    plan->memo_splits = splits;
+    plan->memo_chunk_tokens = chunk_tokens;
+    plan->memo_graph_cap = s->graph_cap;
+    plan->memo_graph_batch = s->graph_cap > 0 ? s->opts->graph_max_batch : 0;
+    plan->memo_tails = tails;
+    plan->memo_valid = recorded;
+}
+
+/* Whether the memo describes lists of this kind, route, batch, problem shape, S or chunk and graph grid. */
+static bool memo_matches(const pkv_plan *plan, const plan_step *s, int32_t kind, int32_t splits, int32_t chunk_tokens) {
+    const pkv_problem *p = s->problem;
+    return plan->memo_valid && plan->memo && plan->memo_kind == kind && plan->memo_route == plan->route &&
+           plan->memo_batch == s->table->batch_size && plan->memo_kv_heads == p->num_kv_heads &&
+           plan->memo_page_size == p->page_size && plan->memo_window == p->window && plan->memo_splits == splits &&
+           plan->memo_chunk_tokens == chunk_tokens && plan->memo_graph_cap == s->graph_cap &&
+           plan->memo_graph_batch == (s->graph_cap > 0 ? s->opts->graph_max_batch : 0);
+}
+
+/* Writes row i's new planned length n and page base over its lists (its chunk, splits, start and task places
+ * are the memo's): the row record, every task's page base when it moved, the last split's end and, under a
+ * window, the first split's first token - what emit_row would write differently. */
+static inline void patch_row(pkv_plan *plan, memo_row *m, int32_t i, int32_t n, int32_t page_base) {
+    const int32_t hkv = plan->problem.num_kv_heads, nwhole = m->ns - m->tail;
+    pkv_task *const tasks = plan->tasks;
+    pkv_row_sched *rs = &plan->rows[i];
+    if (page_base != m->page_base) {
+        pkv_task *t = tasks + m->first_at;
+        for (int64_t k = 0; k < (int64_t)nwhole * hkv; k++) t[k].page_base = page_base;
+        if (m->tail)
+            for (int32_t h = 0; h < hkv; h++) tasks[m->last_at + h].page_base = page_base;
+        rs->page_base = page_base;
+        m->page_base = page_base;
+    }
+    if (n != m->n) {
+        const int32_t end = m->start + n;
+        pkv_task *last = tasks + m->last_at;
+        for (int32_t h = 0; h < hkv; h++) last[h].tok_end = end;
+        rs->seq_len = end;
+        m->n = n;
+        if (plan->problem.window > 0) { /* the window's first token moved with the end */
+            const int32_t first = pkv_row_start(&plan->problem, end);
+            pkv_task *t0 = tasks + (nwhole > 0 ? m->first_at : m->last_at);
+            for (int32_t h = 0; h < hkv; h++) t0[h].tok_begin = first;
+            rs->tok_begin = first;
+        }
+    }
+}
+
 static void begin_phase(pkv_plan *plan, int32_t S) {
     pkv_phase *ph = &plan->phases[plan->num_phases++];
     ph->task_begin = ph->task_end = plan->num_tasks;
@@ -171,13 +267,17 @@ static void count_rect(const plan_params *pp, const pkv_problem *p, const int32_
 /* One rectangular phase (single / split / a bucket) over the given rows, their chunks and splits from
  * count_rect; returns the slots it used. */
 static int32_t emit_rect_phase(pkv_plan *plan, const pkv_page_table *t, const int32_t *starts, const int32_t *rows,
-                               int32_t nrows, int32_t S, const int32_t *chunk, const int32_t *nsplit) {
+                               int32_t nrows, int32_t S, const int32_t *chunk, const int32_t *nsplit, memo_row *memo) {
     begin_phase(plan, S);
+    const int32_t hkv = plan->problem.num_kv_heads;
     int32_t slots = 0;
     for (int32_t k = 0; k < nrows; k++) {
-        const int32_t i = rows[k];
-        slots += emit_row(plan, i, t->seq_lens[i], starts ? starts[i] : 0, t->kv_indptr[i], chunk[i], nsplit[i], slots,
-                          plan->tasks + plan->num_tasks, NULL);
+        const int32_t i = rows[k], at = plan->num_tasks, start = starts ? starts[i] : 0;
+        slots += emit_row(plan, i, t->seq_lens[i], start, t->kv_indptr[i], chunk[i], nsplit[i], slots,
+                          plan->tasks + at, NULL);
+        if (memo) /* rows[k] = k: the memo is indexed by row */
+            memo[i] = (memo_row){t->seq_lens[i], start,    t->kv_indptr[i], chunk[i], nsplit[i],
+                                 0,              at,       at + (nsplit[i] > 0 ? (nsplit[i] - 1) * hkv : 0)};
     }
     emit_empty_merges(plan, t->seq_lens, rows, nrows);
     end_phase(plan);
@@ -196,9 +296,25 @@ pkv_status plan_emit_rect(const plan_step *s, const plan_params *pp, pkv_plan *p
     const int32_t S = plan->route == PKV_ROUTE_SINGLE ? 1 : plan_choose_splits(pp, s->problem, lens, NULL, B);
     int64_t ntasks = 0, nmerges = 0;
     count_rect(pp, s->problem, lens, order, B, S, chunk, nsplit, &ntasks, &nmerges);
+    if (memo_matches(plan, s, PKV_MEMO_RECT, S, 0)) { /* the same lists but for lengths and page bases? */
+        memo_row *m = (memo_row *)(void *)plan->memo;
+        int32_t i = 0;
+        for (; i < B; i++) {
+            const int32_t start = s->row_starts ? s->row_starts[i] : 0;
+            if (m[i].ns != nsplit[i] || m[i].chunk != chunk[i] || m[i].start != start) break;
+            patch_row(plan, &m[i], i, lens[i], s->table->kv_indptr[i]);
+        }
+        if (i == B) {
+            plan->last_patched = true;
+            return PKV_OK;
+        }
+    }
+    plan->memo_valid = false; /* from here the lists are written afresh */
     st = plan_reserve(s->ctx, plan, ntasks, B, nmerges, 1, false);
     if (st != PKV_OK) return st;
-    plan->num_state_slots = emit_rect_phase(plan, s->table, s->row_starts, order, B, S, chunk, nsplit);
+    memo_row *memo = memo_reserve(plan, B);
+    plan->num_state_slots = emit_rect_phase(plan, s->table, s->row_starts, order, B, S, chunk, nsplit, memo);
+    memo_set(plan, s, PKV_MEMO_RECT, S, 0, 0, memo != NULL);
     return PKV_OK;
 }
 
@@ -235,13 +351,14 @@ pkv_status plan_emit_bucketed(const plan_step *s, const plan_params *pp_step, pk
         Sb[b] = plan_choose_splits(&pp, s->problem, lens, order + starts[b], counts[b]);
         count_rect(&pp, s->problem, lens, order + starts[b], counts[b], Sb[b], chunk, nsplit, &ntasks, &nmerges);
     }
+    plan->memo_valid = false; /* bucketed plans keep no memo: a row changes bucket at each power of two */
     st = plan_reserve(s->ctx, plan, ntasks, B, nmerges, nb, false);
     if (st != PKV_OK) return st;
     int32_t slots = 0;
     for (int b = 0; b < PKV_LENGTH_BUCKETS; b++) {
         if (!counts[b]) continue;
         const int32_t used =
-            emit_rect_phase(plan, s->table, s->row_starts, order + starts[b], counts[b], Sb[b], chunk, nsplit);
+            emit_rect_phase(plan, s->table, s->row_starts, order + starts[b], counts[b], Sb[b], chunk, nsplit, NULL);
         if (used > slots) slots = used; /* buckets run in sequence: slots are reused */
     }
     plan->num_state_slots = slots;
@@ -287,6 +404,30 @@ static void sort_tail_keys(uint64_t *v, uint64_t *tmp, int32_t n) {
     if (src != v) memcpy(v, src, (size_t)n * sizeof *v);
 }
 
+/* A work-queue step over the memo's lists: when the tails, in the memo's order, are still longest first (ties
+ * in row order) and every row keeps its splits, start and partial last chunk, patches each row (patch_row) and
+ * returns true; else false, and the caller emits afresh (over a part of the rows patched: every list is
+ * rewritten). */
+static bool workqueue_patch(pkv_plan *plan, const plan_step *s, const int32_t *nsplit, const int32_t *tails_of) {
+    const int32_t B = s->table->batch_size;
+    const int32_t *order = memo_order(plan, B);
+    uint64_t prev = 0;
+    for (int32_t g = 0; g < plan->memo_tails; g++) {
+        const int32_t r = order[g], t = tails_of[r];
+        const uint64_t key = ((uint64_t)(uint32_t)(INT32_MAX - t) << 32) | (uint32_t)r;
+        if (t == 0 || (g > 0 && key <= prev)) return false;
+        prev = key;
+    }
+    memo_row *m = (memo_row *)(void *)plan->memo;
+    const int32_t *lens = s->table->seq_lens, *indptr = s->table->kv_indptr;
+    for (int32_t i = 0; i < B; i++) {
+        const int32_t start = s->row_starts ? s->row_starts[i] : 0;
+        if (m[i].ns != nsplit[i] || m[i].tail != (tails_of[i] != 0) || m[i].start != start) return false;
+        patch_row(plan, &m[i], i, lens[i], indptr[i]);
+    }
+    return true;
+}
+
 /* The work queue: one chunk size for the whole step, its tasks ordered whole chunks first (in row order),
  * then the rows' last, partial chunks longest first (ties in row order; a row's Hkv tail tasks together, in
  * head order: the order of sorting the tail tasks by length, row, head).  Each row's tasks are written where
@@ -297,11 +438,12 @@ pkv_status plan_emit_workqueue(const plan_step *s, const plan_params *pp, int32_
     const int32_t *lens = s->table->seq_lens;
     const int32_t c = wq_chunk > 0 ? wq_chunk : plan_workqueue_chunk(pp, problem, lens, B);
     const int32_t chunk_tokens = c * problem->page_size;
-    /* scratch (int32 units): [tail keys: B uint64 | the sort's room: B uint64 | tail ranks: B | splits: B] */
-    pkv_status st = plan_scratch_reserve(s->ctx, plan, 6 * (size_t)B + 2);
+    /* scratch (int32 units): [tail keys: B uint64 | the sort's room: B uint64 | tail ranks: B | splits: B |
+     * tails: B] */
+    pkv_status st = plan_scratch_reserve(s->ctx, plan, 7 * (size_t)B + 2);
     if (st != PKV_OK) return st;
     uint64_t *keys = (uint64_t *)(void *)plan->scratch, *tmp = keys + B;
-    int32_t *rank = (int32_t *)(void *)(tmp + B), *nsplit = rank + B;
+    int32_t *rank = (int32_t *)(void *)(tmp + B), *nsplit = rank + B, *tails_of = nsplit + B;
     /* each row's chunks (divisions by the step's chunk through its reciprocal), the tasks and merges, and a
      * key for each row whose last chunk is partial */
     const double inv_ct = 1.0 / chunk_tokens;
@@ -311,6 +453,7 @@ pkv_status plan_emit_workqueue(const plan_step *s, const plan_params *pp, int32_
         const int32_t n = lens[i], ns = pkv_ceil_div_r(n, chunk_tokens, inv_ct);
         const int32_t tail = n - (int32_t)((int64_t)pkv_floor_div_r(n, inv_ct) * chunk_tokens);
         nsplit[i] = ns;
+        tails_of[i] = tail;
         rank[i] = -1; /* no partial chunk */
         nsum += ns;
         nfull += ns - (tail != 0);
@@ -318,13 +461,18 @@ pkv_status plan_emit_workqueue(const plan_step *s, const plan_params *pp, int32_
         if (tail) keys[ngroups++] = ((uint64_t)(uint32_t)(INT32_MAX - tail) << 32) | (uint32_t)i;
     }
     const int64_t ntasks = nsum * hkv, nmerges = (B - pp->nonempty + nsplit_rows) * hkv;
-    if (s->graph_cap > 0) {
-        if (ntasks > s->graph_cap)
-            return pkv_fail(s->ctx, PKV_ERR_INVALID_ARGUMENT,
-                            "this step needs %lld tasks, above the graph-stable plan's %d (raise graph_tasks, or "
-                            "leave chunk_pages to the planner)",
-                            (long long)ntasks, s->graph_cap);
-        /* the layout of the largest step: the same offsets and workspace for every step */
+    if (s->graph_cap > 0 && ntasks > s->graph_cap)
+        return pkv_fail(s->ctx, PKV_ERR_INVALID_ARGUMENT,
+                        "this step needs %lld tasks, above the graph-stable plan's %d (raise graph_tasks, or "
+                        "leave chunk_pages to the planner)",
+                        (long long)ntasks, s->graph_cap);
+    if (memo_matches(plan, s, PKV_MEMO_WORKQUEUE, 0, chunk_tokens) && plan->memo_tails == ngroups &&
+        workqueue_patch(plan, s, nsplit, tails_of)) {
+        plan->last_patched = true;
+        return PKV_OK;
+    }
+    plan->memo_valid = false; /* from here the lists are written afresh */
+    if (s->graph_cap > 0) { /* the layout of the largest step: the same offsets and workspace for every step */
         const int32_t gm = s->opts->graph_max_batch;
         st = plan_reserve(s->ctx, plan, s->graph_cap, gm, (int64_t)gm * hkv, 1, true);
     } else {
@@ -332,19 +480,30 @@ pkv_status plan_emit_workqueue(const plan_step *s, const plan_params *pp, int32_
     }
     if (st != PKV_OK) return st;
     sort_tail_keys(keys, tmp, ngroups);
-    for (int32_t g = 0; g < ngroups; g++) rank[(uint32_t)keys[g]] = g;
+    memo_row *memo = memo_reserve(plan, B);
+    int32_t *order = memo ? memo_order(plan, B) : NULL;
+    for (int32_t g = 0; g < ngroups; g++) {
+        rank[(uint32_t)keys[g]] = g;
+        if (order) order[g] = (int32_t)(uint32_t)keys[g];
+    }
     begin_phase(plan, 0);
-    pkv_task *full = plan->tasks, *tails = plan->tasks + nfull * hkv;
+    pkv_task *const tasks = plan->tasks, *full = tasks, *tails = tasks + nfull * hkv;
     int32_t slots = 0;
     for (int32_t i = 0; i < B; i++) {
-        const int32_t ns = nsplit[i], r = rank[i];
-        slots += emit_row(plan, i, lens[i], s->row_starts ? s->row_starts[i] : 0, s->table->kv_indptr[i], chunk_tokens,
-                          ns, slots, full, r >= 0 ? tails + (int64_t)r * hkv : NULL);
+        const int32_t ns = nsplit[i], r = rank[i], start = s->row_starts ? s->row_starts[i] : 0;
+        pkv_task *tail = r >= 0 ? tails + (int64_t)r * hkv : NULL;
+        slots += emit_row(plan, i, lens[i], start, s->table->kv_indptr[i], chunk_tokens, ns, slots, full, tail);
+        if (memo) {
+            const int32_t first_at = (int32_t)(full - tasks);
+            const int32_t last_at = tail ? (int32_t)(tail - tasks) : first_at + (ns > 0 ? (ns - 1) * hkv : 0);
+            memo[i] = (memo_row){lens[i], start, s->table->kv_indptr[i], chunk_tokens, ns, r >= 0, first_at, last_at};
+        }
         full += (int64_t)(ns - (r >= 0)) * hkv;
     }
     emit_empty_merges(plan, lens, NULL, B);
     end_phase(plan);
     plan->num_state_slots = slots;
+    memo_set(plan, s, PKV_MEMO_WORKQUEUE, 0, chunk_tokens, ngroups, memo != NULL);
     return PKV_OK;
 }
 

@@ -49,14 +49,34 @@ pkv_status plan_reserve(pkv_context *ctx, pkv_plan *plan, int64_t ntasks, int64_
     const size_t off_tasks = 0;
     size_t off_rows, off_merges;
     const size_t bytes = plan_blob_layout(ntasks, nrows, nmerges, counts, &off_rows, &off_merges, &plan->off_counts);
-    if (bytes > plan->blob_cap || !plan->blob) {
+    /* the blob from the backend's memory where it gives some (a plan planned on it for the first time moves
+     * there; not under the tuning's pageable_upload, the path of page-locked memory refused), else malloc's */
+    const pkv_blob_ops *want = plan->blob_ops      ? plan->blob_ops
+                               : plan->blob_refused ? NULL
+                               : ctx && ctx->ops && !ctx->tuning.pageable_upload ? ctx->ops->blob
+                                                                                 : NULL;
+    if (bytes > plan->blob_cap || !plan->blob || want != plan->blob_ops) {
         size_t cap = plan->blob_cap ? plan->blob_cap : PKV_BLOB_MIN_BYTES;
         while (cap < bytes) cap *= 2;
-        void *nb = malloc(cap);
+        void *nb = want ? want->alloc(cap) : NULL;
+        const pkv_blob_ops *nops = nb ? want : NULL;
+        if (want && !nb) plan->blob_refused = true;
+        if (!nb) nb = malloc(cap);
         if (!nb) return pkv_fail(ctx, PKV_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of plan storage", cap);
-        free(plan->blob);
+        /* the old blob is one no pending upload reads (plan_blob_acquire) */
+        if (plan->blob_ops) {
+            plan->blob_ops->free(plan->blob);
+            if (nops != plan->blob_ops) { /* the backend's memory ran out: malloc's blob from now on */
+                for (int32_t k = 0; k < plan->num_spares; k++) plan->blob_ops->free(plan->blob_spare[k]);
+                plan->num_spares = 0;
+            }
+        } else {
+            free(plan->blob);
+        }
         plan->blob = nb;
         plan->blob_cap = cap;
+        plan->blob_ops = nops;
+        plan->memo_valid = false;
     }
     if (nphases > plan->cap_phases) {
         int32_t cap = plan->cap_phases ? plan->cap_phases : PKV_PHASES_MIN;
@@ -75,6 +95,50 @@ pkv_status plan_reserve(pkv_context *ctx, pkv_plan *plan, int64_t ntasks, int64_
     plan->merges = (pkv_merge *)((char *)plan->blob + off_merges);
     plan->num_tasks = plan->num_rows = plan->num_merges = plan->num_phases = 0;
     plan->max_merge_count = 0;
+    return PKV_OK;
+}
+
+pkv_status plan_blob_acquire(pkv_context *ctx, pkv_plan *plan) {
+    const pkv_blob_ops *bo = plan->blob_ops;
+    if (!bo || !plan->blob) return PKV_OK;
+    bool busy = false;
+    pkv_status st = bo->busy(ctx, plan->blob, false, &busy);
+    if (st != PKV_OK || !busy) return st;
+    /* the last upload from this blob has not run yet: plan into the spare of the oldest upload when that has
+     * run, else into a new spare while there are fewer than PKV_PLAN_SPARE_BLOBS, else into the oldest once its
+     * upload has run */
+    int32_t n = plan->num_spares;
+    if (n > 0) {
+        st = bo->busy(ctx, plan->blob_spare[0], false, &busy);
+        if (st != PKV_OK) return st;
+    }
+    if ((n == 0 || busy) && n < PKV_PLAN_SPARE_BLOBS) {
+        void *nb = bo->alloc(plan->blob_cap);
+        if (nb) {
+            plan->blob_spare[n] = plan->blob; /* the newest upload last */
+            plan->blob_spare_cap[n] = plan->blob_cap;
+            plan->num_spares = n + 1;
+            plan->blob = nb;
+            plan->memo_valid = false; /* the memo describes another blob's lists */
+            return PKV_OK;
+        }
+        if (n == 0) return bo->busy(ctx, plan->blob, true, &busy); /* no other blob to be had: wait */
+    }
+    if (busy) {
+        st = bo->busy(ctx, plan->blob_spare[0], true, &busy);
+        if (st != PKV_OK) return st;
+    }
+    void *const oldest = plan->blob_spare[0];
+    const size_t oldest_cap = plan->blob_spare_cap[0];
+    for (int32_t k = 1; k < n; k++) {
+        plan->blob_spare[k - 1] = plan->blob_spare[k];
+        plan->blob_spare_cap[k - 1] = plan->blob_spare_cap[k];
+    }
+    plan->blob_spare[n - 1] = plan->blob;
+    plan->blob_spare_cap[n - 1] = plan->blob_cap;
+    plan->blob = oldest;
+    plan->blob_cap = oldest_cap;
+    plan->memo_valid = false;
     return PKV_OK;
 }
 
@@ -159,21 +223,23 @@ static uint64_t graph_signature(const pkv_plan *plan, int32_t max_batch) {
     return h ? h : 1;
 }
 
-void plan_finish_layout(pkv_plan *plan, int32_t graph_cap, int32_t graph_max_batch) {
+void plan_finish_layout(pkv_plan *plan, int32_t graph_cap, int32_t graph_max_batch, bool rewrite) {
     /* fused: one arrival counter per merge right after the merges; zeros travel with the plan upload and
      * the last task of each merge resets its counter, so every run starts from zero */
     plan->off_counters = plan->off_merges + (size_t)plan->num_merges * sizeof(pkv_merge);
-    memset((char *)plan->blob + plan->off_counters, 0, (size_t)plan->num_merges * sizeof(int32_t));
+    if (rewrite) memset((char *)plan->blob + plan->off_counters, 0, (size_t)plan->num_merges * sizeof(int32_t));
     /* workspace layout: [plan blob | partial states]; graph-stable: room for a slot per task of the grid */
     plan->workspace_bytes = plan_states_layout(plan->blob_bytes, graph_cap > 0 ? graph_cap : plan->num_state_slots,
                                                plan->group, plan->problem.head_dim, &plan->off_state_o,
                                                &plan->off_state_ml);
     if (graph_cap > 0) {
-        int32_t *counts = (int32_t *)(void *)((char *)plan->blob + plan->off_counts);
-        memset(counts, 0, PKV_COUNTS_WORDS * sizeof(int32_t)); /* the work claim starts from zeros */
-        counts[PKV_COUNTS_TASKS] = plan->num_tasks;
-        counts[PKV_COUNTS_MERGES] = plan->num_merges;
-        counts[PKV_COUNTS_WIDEST] = plan->max_merge_count;
+        if (rewrite) {
+            int32_t *counts = (int32_t *)(void *)((char *)plan->blob + plan->off_counts);
+            memset(counts, 0, PKV_COUNTS_WORDS * sizeof(int32_t)); /* the work claim starts from zeros */
+            counts[PKV_COUNTS_TASKS] = plan->num_tasks;
+            counts[PKV_COUNTS_MERGES] = plan->num_merges;
+            counts[PKV_COUNTS_WIDEST] = plan->max_merge_count;
+        }
         plan->graph_tasks = graph_cap;
         plan->graph_merges = graph_max_batch * plan->problem.num_kv_heads;
         plan->graph_signature = graph_signature(plan, graph_max_batch);

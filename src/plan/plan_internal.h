@@ -134,11 +134,16 @@ size_t plan_states_layout(size_t blob_bytes, int64_t slots, int64_t group, int64
                           size_t *off_ml);
 pkv_status plan_reserve(pkv_context *ctx, pkv_plan *plan, int64_t ntasks, int64_t nrows, int64_t nmerges,
                         int64_t nphases, bool counts);
+/* Makes plan->blob one that no pending upload reads (a backend's blobs, pkv_blob_ops): the current one when its
+ * uploads have run, else another of the plan's blobs (the lists are then emitted afresh), waiting only when
+ * 1 + PKV_PLAN_SPARE_BLOBS uploads of the plan are pending. */
+pkv_status plan_blob_acquire(pkv_context *ctx, pkv_plan *plan);
 pkv_status plan_grow_i32(pkv_context *ctx, int32_t **buf, size_t *cap, size_t n, const char *what);
 pkv_status plan_scratch_reserve(pkv_context *ctx, pkv_plan *plan, size_t n);
 /* Writes what follows the emitted lists: arrival counters, the workspace layout, a graph-stable
- * plan's counts and signature. */
-void plan_finish_layout(pkv_plan *plan, int32_t graph_cap, int32_t graph_max_batch);
+ * plan's counts and signature.  rewrite false: the lists were patched over an emission of the same layout
+ * (emit.c), whose counters and counts in the blob are already this step's. */
+void plan_finish_layout(pkv_plan *plan, int32_t graph_cap, int32_t graph_max_batch, bool rewrite);
 pkv_status plan_graph_capacity(pkv_context *ctx, const pkv_plan_options *opts, int64_t slots, const pkv_problem *p,
                                int64_t *cap_out);
 /* The workspace bound of pkv_workspace_size for checked options with a known parallelism. */

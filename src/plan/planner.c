@@ -53,10 +53,16 @@ pkv_status pkv_plan_create(pkv_plan **plan) {
 
 void pkv_plan_free(pkv_plan *plan) {
     if (!plan) return;
-    free(plan->blob);
+    if (plan->blob_ops) {
+        plan->blob_ops->free(plan->blob);
+        for (int32_t k = 0; k < plan->num_spares; k++) plan->blob_ops->free(plan->blob_spare[k]);
+    } else {
+        free(plan->blob);
+    }
     free(plan->phases);
     free(plan->scratch);
     free(plan->win);
+    free(plan->memo);
     free(plan);
 }
 
@@ -180,7 +186,7 @@ static pkv_status emit_route(const plan_step *s, plan_params *pp, int32_t wq_chu
 static pkv_status plan_impl(pkv_context *ctx, const pkv_backend_caps *caps, const pkv_cost_model *model,
                             const pkv_problem *problem, const pkv_page_table *table, const pkv_plan_options *opts_in,
                             pkv_plan *plan) {
-    if (plan) plan->generation = 0; /* a plan that fails, even at the checks, is not runnable */
+    if (plan) plan->generation = 0, plan->last_patched = false; /* a plan that fails, even at the checks, is not runnable */
     pkv_status st = pkv_check_problem(ctx, problem);
     if (st != PKV_OK) return st;
     st = pkv_check_table(ctx, problem, table, table && table->kv_page_indices != NULL);
@@ -215,10 +221,12 @@ static pkv_status plan_impl(pkv_context *ctx, const pkv_backend_caps *caps, cons
         route = plan_auto_rule(&pp, problem);
     plan->route = route;
 
+    st = plan_blob_acquire(ctx, plan); /* a blob no pending upload reads */
+    if (st != PKV_OK) return st;
     const plan_step step = {ctx, problem, table, row_starts, &opts, graph_cap};
     st = emit_route(&step, &pp, wq_chunk, plan);
     if (st != PKV_OK) return st;
-    plan_finish_layout(plan, graph_cap, opts.graph_max_batch);
+    plan_finish_layout(plan, graph_cap, opts.graph_max_batch, !plan->last_patched);
     plan_compute_counters(plan);
     plan->generation = atomic_fetch_add(&pkv_next_generation, 1);
     return PKV_OK;
