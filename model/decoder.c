@@ -58,6 +58,12 @@ struct pkv_decoder {
     void *ws;
     size_t ws_cap;
     double busy_us;                                     /* time inside backend calls (CALL) since cleared */
+    /* cfg.graphs: per batch bucket k (rows min(2^k, max_batch)), the graphs of its L + 1 pieces and how far it
+     * got: 0 never run, 1 run op by op once, 2 captured */
+    int32_t nbuckets;
+    uint8_t *bucket_state;
+    void **graphs;                                      /* [nbuckets x (layers + 1)] */
+    bool marking;                                       /* pkv_ops_mark between the ops (not while capturing) */
     pkv_decoder_times last;
 };
 
@@ -102,6 +108,9 @@ static pkv_status bgrow(pkv_decoder *d, int32_t **p, int64_t *cap, int64_t n) {
         const pkv_status st_ = (expr);    \
         if (st_ != PKV_OK) return st_;    \
     } while (0)
+
+/* A timing mark of the ops (none while a graph is captured). */
+#define MARK(part) TRY(d->marking ? pkv_ops_mark(d->ops, (part)) : PKV_OK)
 
 /* A call into the backend (an op, an append, a run, a copy), its time added to d->busy_us: on the CPU backend
  * the call computes before it returns, so that time is the backend's and the step's host time leaves it
@@ -236,6 +245,15 @@ pkv_status pkv_decoder_create(pkv_context *ctx, const pkv_decoder_config *cfg, p
     if (st == PKV_OK) st = balloc(d, (size_t)(B + 1) * 4, &d->b_sindptr);
     if (st == PKV_OK) st = balloc(d, (size_t)d->stage_cap * 4, &d->b_stage);
     if (st == PKV_OK) st = pkv_ops_host_alloc(d->ops, (size_t)d->stage_cap * 4, (void **)&d->h_stage);
+    d->marking = true;
+    while (((int64_t)1 << d->nbuckets) < B) d->nbuckets++;
+    d->nbuckets++;
+    d->bucket_state = (uint8_t *)calloc((size_t)d->nbuckets, 1);
+    d->graphs = (void **)calloc((size_t)d->nbuckets * (size_t)(s->layers + 1), sizeof(void *));
+    if (st == PKV_OK && (!d->bucket_state || !d->graphs))
+        st = pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "decoder: out of memory");
+    if (st == PKV_OK && cfg->graphs != 0 && cfg->graphs != 1)
+        st = pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "decoder: graphs %d (0 or 1)", cfg->graphs);
     d->slots = (table_slot *)malloc((size_t)B * sizeof(table_slot));
     d->copies = (pkv_page_copy *)malloc((size_t)B * sizeof(pkv_page_copy));
     d->h_indptr = (int32_t *)malloc((size_t)(B + 1) * 4);
@@ -268,6 +286,9 @@ void pkv_decoder_free(pkv_decoder *d) {
             bfree(d, w->wgu), bfree(d, w->wd), bfree(d, w->k_cache), bfree(d, w->v_cache);
         }
     free(d->layers);
+    if (d->graphs)
+        for (int64_t i = 0; i < (int64_t)d->nbuckets * (d->s.layers + 1); i++) pkv_ops_graph_free(d->ops, d->graphs[i]);
+    free(d->graphs), free(d->bucket_state);
     void *bufs[] = {d->embed, d->final_norm, d->lm_head, d->inv_freq, d->x, d->h, d->qkv, d->attn, d->tmp, d->gu,
                     d->act, d->logits, d->b_tokens, d->b_positions, d->b_next, d->b_indptr, d->b_lens, d->b_aptr,
                     d->b_aindptr, d->b_alens, d->b_indices, d->b_aindices, d->ws, d->b_slots, d->b_sindptr,
@@ -360,67 +381,180 @@ static pkv_status ensure_ws(pkv_decoder *d) {
     return PKV_OK;
 }
 
-static pkv_status forward(pkv_decoder *d, int32_t R, const append_table *at, const int32_t *positions, int32_t out_row,
-                          int32_t out_n) {
+/* Layer l up to its attention: RMSNorm, the QKV GEMM, RoPE, and the rows' K and V appended (at: the append's
+ * table, atok tokens; the activations' R rows). */
+static pkv_status layer_pre(pkv_decoder *d, int32_t l, int32_t R, const append_table *at, int32_t atok,
+                            const int32_t *positions) {
     const pkv_model_shape *s = &d->s;
     const int64_t H = s->hidden, qd = (int64_t)s->q_heads * s->head_dim, kvd = (int64_t)s->kv_heads * s->head_dim;
     pkv_ops *o = d->ops;
-    TRY(ensure_ws(d));
-    for (int32_t l = 0; l < s->layers; l++) {
-        const layer_w *w = &d->layers[l];
-        TRY(pkv_ops_mark(o, PKV_PART_OTHER));
-        CALL(pkv_op_rmsnorm(o, d->x, w->attn_norm, R, (int32_t)H, s->rms_eps, d->h));
-        TRY(pkv_ops_mark(o, PKV_PART_GEMM));
-        CALL(pkv_op_gemm(o, d->h, 0, w->wqkv, R, (int32_t)d->qkv_row, (int32_t)H, d->qkv, 0));
-        TRY(pkv_ops_mark(o, PKV_PART_OTHER));
-        CALL(pkv_op_rope(o, d->qkv, positions, R, s->q_heads, s->kv_heads, s->head_dim, d->inv_freq));
-        TRY(pkv_ops_mark(o, PKV_PART_APPEND));
-        pkv_append_tensors a;
-        memset(&a, 0, sizeof a);
-        a.k = d->qkv + qd;
-        a.v = d->qkv + qd + kvd;
-        a.k_token_stride = a.v_token_stride = d->qkv_row;
-        a.k_cache = w->k_cache;
-        a.v_cache = w->v_cache;
-        a.kv_indptr = at->indptr;
-        a.kv_page_indices = at->indices;
-        a.seq_lens = at->lens;
-        a.append_indptr = at->aptr;
-        a.k_scale = a.v_scale = d->kv_scale; /* an fp8 pool's (a bf16 one takes 1) */
-        CALL(pkv_append_kv(d->ctx, &d->prob, at->rows, R, &a, NULL));
-        TRY(pkv_ops_mark(o, PKV_PART_ATTENTION));
-        pkv_tensors t;
-        memset(&t, 0, sizeof t);
-        t.q = d->qkv;
-        t.q_row_stride = d->qkv_row;
-        t.k_cache = w->k_cache;
-        t.v_cache = w->v_cache;
-        t.kv_page_indices = d->attn_indices;
-        t.o = d->attn;
-        t.k_scale = t.v_scale = d->kv_scale;
-        CALL(pkv_run(d->ctx, d->plan, d->ws, d->ws_cap, &t, NULL));
-        TRY(pkv_ops_mark(o, PKV_PART_GEMM));
-        CALL(pkv_op_gemm(o, d->attn, 0, w->wo, R, (int32_t)H, (int32_t)qd, d->tmp, 0));
-        TRY(pkv_ops_mark(o, PKV_PART_OTHER));
-        CALL(pkv_op_add(o, d->x, d->tmp, (int64_t)R * H));
-        CALL(pkv_op_rmsnorm(o, d->x, w->mlp_norm, R, (int32_t)H, s->rms_eps, d->h));
-        TRY(pkv_ops_mark(o, PKV_PART_GEMM));
-        CALL(pkv_op_gemm(o, d->h, 0, w->wgu, R, 2 * s->mlp, (int32_t)H, d->gu, 0));
-        TRY(pkv_ops_mark(o, PKV_PART_OTHER));
-        CALL(pkv_op_silu_mul(o, d->gu, R, s->mlp, d->act));
-        TRY(pkv_ops_mark(o, PKV_PART_GEMM));
-        CALL(pkv_op_gemm(o, d->act, 0, w->wd, R, (int32_t)H, s->mlp, d->tmp, 0));
-        TRY(pkv_ops_mark(o, PKV_PART_OTHER));
-        CALL(pkv_op_add(o, d->x, d->tmp, (int64_t)R * H));
-    }
-    if (out_n == 0) return pkv_ops_mark(o, -1);
-    TRY(pkv_ops_mark(o, PKV_PART_OTHER));
+    const layer_w *w = &d->layers[l];
+    MARK(PKV_PART_OTHER);
+    CALL(pkv_op_rmsnorm(o, d->x, w->attn_norm, R, (int32_t)H, s->rms_eps, d->h));
+    MARK(PKV_PART_GEMM);
+    CALL(pkv_op_gemm(o, d->h, 0, w->wqkv, R, (int32_t)d->qkv_row, (int32_t)H, d->qkv, 0));
+    MARK(PKV_PART_OTHER);
+    CALL(pkv_op_rope(o, d->qkv, positions, R, s->q_heads, s->kv_heads, s->head_dim, d->inv_freq));
+    MARK(PKV_PART_APPEND);
+    pkv_append_tensors a;
+    memset(&a, 0, sizeof a);
+    a.k = d->qkv + qd;
+    a.v = d->qkv + qd + kvd;
+    a.k_token_stride = a.v_token_stride = d->qkv_row;
+    a.k_cache = w->k_cache;
+    a.v_cache = w->v_cache;
+    a.kv_indptr = at->indptr;
+    a.kv_page_indices = at->indices;
+    a.seq_lens = at->lens;
+    a.append_indptr = at->aptr;
+    a.k_scale = a.v_scale = d->kv_scale; /* an fp8 pool's (a bf16 one takes 1) */
+    CALL(pkv_append_kv(d->ctx, &d->prob, at->rows, atok, &a, pkv_ops_stream(o)));
+    return PKV_OK;
+}
+
+/* Layer l's attention: the plan's rows, q read in place from the QKV output. */
+static pkv_status layer_attention(pkv_decoder *d, int32_t l) {
+    const layer_w *w = &d->layers[l];
+    MARK(PKV_PART_ATTENTION);
+    pkv_tensors t;
+    memset(&t, 0, sizeof t);
+    t.q = d->qkv;
+    t.q_row_stride = d->qkv_row;
+    t.k_cache = w->k_cache;
+    t.v_cache = w->v_cache;
+    t.kv_page_indices = d->attn_indices;
+    t.o = d->attn;
+    t.k_scale = t.v_scale = d->kv_scale;
+    CALL(pkv_run(d->ctx, d->plan, d->ws, d->ws_cap, &t, pkv_ops_stream(d->ops)));
+    return PKV_OK;
+}
+
+/* Layer l after its attention: the O GEMM, the residual, RMSNorm, the SwiGLU MLP, the residual. */
+static pkv_status layer_post(pkv_decoder *d, int32_t l, int32_t R) {
+    const pkv_model_shape *s = &d->s;
+    const int64_t H = s->hidden, qd = (int64_t)s->q_heads * s->head_dim;
+    pkv_ops *o = d->ops;
+    const layer_w *w = &d->layers[l];
+    MARK(PKV_PART_GEMM);
+    CALL(pkv_op_gemm(o, d->attn, 0, w->wo, R, (int32_t)H, (int32_t)qd, d->tmp, 0));
+    MARK(PKV_PART_OTHER);
+    CALL(pkv_op_add(o, d->x, d->tmp, (int64_t)R * H));
+    CALL(pkv_op_rmsnorm(o, d->x, w->mlp_norm, R, (int32_t)H, s->rms_eps, d->h));
+    MARK(PKV_PART_GEMM);
+    CALL(pkv_op_gemm(o, d->h, 0, w->wgu, R, 2 * s->mlp, (int32_t)H, d->gu, 0));
+    MARK(PKV_PART_OTHER);
+    CALL(pkv_op_silu_mul(o, d->gu, R, s->mlp, d->act));
+    MARK(PKV_PART_GEMM);
+    CALL(pkv_op_gemm(o, d->act, 0, w->wd, R, (int32_t)H, s->mlp, d->tmp, 0));
+    MARK(PKV_PART_OTHER);
+    CALL(pkv_op_add(o, d->x, d->tmp, (int64_t)R * H));
+    return PKV_OK;
+}
+
+/* The final norm, the LM head and the greedy tokens of rows [out_row, out_row + out_n). */
+static pkv_status model_head(pkv_decoder *d, int32_t out_row, int32_t out_n) {
+    const pkv_model_shape *s = &d->s;
+    const int64_t H = s->hidden;
+    pkv_ops *o = d->ops;
+    MARK(PKV_PART_OTHER);
     CALL(pkv_op_rmsnorm(o, d->x + (int64_t)out_row * H, d->final_norm, out_n, (int32_t)H, s->rms_eps, d->h));
-    TRY(pkv_ops_mark(o, PKV_PART_GEMM));
+    MARK(PKV_PART_GEMM);
     CALL(pkv_op_gemm(o, d->h, 0, d->lm_head, out_n, s->vocab, (int32_t)H, d->logits, 0));
-    TRY(pkv_ops_mark(o, PKV_PART_OTHER));
+    MARK(PKV_PART_OTHER);
     CALL(pkv_op_argmax(o, d->logits, out_n, s->vocab, d->b_next));
-    TRY(pkv_ops_mark(o, -1));
+    return PKV_OK;
+}
+
+/* Every layer over R rows (the append's table at, R tokens), then the head over out_n rows from out_row (none
+ * when out_n is 0). */
+static pkv_status forward(pkv_decoder *d, int32_t R, const append_table *at, const int32_t *positions, int32_t out_row,
+                          int32_t out_n) {
+    TRY(ensure_ws(d));
+    for (int32_t l = 0; l < d->s.layers; l++) {
+        TRY(layer_pre(d, l, R, at, R, positions));
+        TRY(layer_attention(d, l));
+        TRY(layer_post(d, l, R));
+    }
+    if (out_n > 0) TRY(model_head(d, out_row, out_n));
+    MARK(-1);
+    return PKV_OK;
+}
+
+/* Piece p of a decode step in graphs (cfg.graphs; Bs rows, the padded batch): the embedding (p = 0) or layer
+ * p - 1 after its attention, then layer p up to its attention, or (p = L) the head. */
+static pkv_status piece(pkv_decoder *d, int32_t p, int32_t Bs, const append_table *at, const int32_t *positions,
+                        const int32_t *tokens) {
+    if (p == 0) {
+        MARK(PKV_PART_OTHER);
+        CALL(pkv_op_embed(d->ops, d->embed, d->s.vocab, d->s.hidden, tokens, Bs, d->x));
+    } else {
+        TRY(layer_post(d, p - 1, Bs));
+    }
+    if (p < d->s.layers) return layer_pre(d, p, Bs, at, at->rows, positions);
+    return model_head(d, 0, Bs);
+}
+
+/* The batch bucket of B rows: its index, and its rows (*Bs: B rounded up to a power of two, at most max_batch). */
+static int32_t bucket_of(const pkv_decoder *d, int32_t B, int32_t *Bs) {
+    int32_t k = 0;
+    while (((int64_t)1 << k) < B) k++;
+    *Bs = ((int64_t)1 << k) < d->cfg.max_batch ? (int32_t)1 << k : d->cfg.max_batch;
+    return k;
+}
+
+/* Captures the L + 1 pieces of bucket k into its graphs (nothing runs). */
+static pkv_status capture_bucket(pkv_decoder *d, int32_t k, int32_t Bs, const append_table *at, const int32_t *positions,
+                                 const int32_t *tokens) {
+    const int32_t L = d->s.layers;
+    void **g = d->graphs + (int64_t)k * (L + 1);
+    pkv_status st = PKV_OK;
+    d->marking = false;
+    for (int32_t p = 0; p <= L && st == PKV_OK; p++) {
+        st = pkv_ops_capture_begin(d->ops);
+        if (st != PKV_OK) break;
+        const pkv_status ps = piece(d, p, Bs, at, positions, tokens);
+        void *graph = NULL;
+        const pkv_status es = pkv_ops_capture_end(d->ops, &graph); /* ends the capture whatever the piece did */
+        if (ps != PKV_OK) pkv_ops_graph_free(d->ops, graph);
+        else g[p] = graph;
+        st = ps != PKV_OK ? ps : es;
+    }
+    d->marking = true;
+    if (st != PKV_OK)
+        for (int32_t p = 0; p <= L; p++) {
+            pkv_ops_graph_free(d->ops, g[p]);
+            g[p] = NULL;
+        }
+    return st;
+}
+
+/* A decode step's model work in graphs (cfg.graphs): B live rows padded to the bucket's Bs. */
+static pkv_status launch_graphed(pkv_decoder *d, int32_t B, int32_t Bs) {
+    const int32_t L = d->s.layers;
+    const int32_t *lens = d->b_stage, *positions = lens + Bs, *tokens = positions + Bs;
+    /* the append over the padded rows on CUDA (its kernel skips a row of length 0, so a graph has one launch
+     * whatever B is); the CPU's append refuses such a row, and nothing there is captured: the B rows */
+    const append_table at = {d->cuda ? Bs : B, d->b_sindptr, d->b_slots, lens, NULL};
+    TRY(ensure_ws(d));
+    int32_t bs = 0;
+    const int32_t k = bucket_of(d, B, &bs);
+    uint8_t *state = &d->bucket_state[k];
+    if (d->cuda && *state == 1) {
+        TRY(capture_bucket(d, k, Bs, &at, positions, tokens));
+        *state = 2;
+    }
+    void **g = d->graphs + (int64_t)k * (L + 1);
+    for (int32_t p = 0; p <= L; p++) {
+        if (*state == 2) {
+            MARK(PKV_PART_GRAPHED);
+            CALL(pkv_ops_graph_launch(d->ops, g[p]));
+        } else {
+            TRY(piece(d, p, Bs, &at, positions, tokens));
+        }
+        if (p < L) TRY(layer_attention(d, p));
+    }
+    MARK(-1);
+    if (d->cuda && *state == 0) *state = 1;
     return PKV_OK;
 }
 
@@ -448,6 +582,7 @@ static void finish_times(pkv_decoder *d, double t0, const pkv_decoder_times *h) 
     t->append_us = parts[PKV_PART_APPEND];
     t->gemm_us = parts[PKV_PART_GEMM];
     t->other_us = parts[PKV_PART_OTHER];
+    t->graphed_us = parts[PKV_PART_GRAPHED];
     t->host_us = h->host_extend_us + h->host_table_us + h->host_plan_us + h->host_stage_us + h->host_launch_us;
     t->step_us = pkv_wall_us() - t0;
 }
@@ -466,8 +601,8 @@ void pkv_decoder_last_times(const pkv_decoder *d, pkv_decoder_times *t) {
  * copies it hands out in d->copies, *ncopies), the rows' lengths and the page ids that changed, the plan, and
  * the step's inputs and plan on their way to the backend (queued; *npairs: the changed ids).  A failure leaves
  * the requests grown by the token. */
-static pkv_status host_step(pkv_decoder *d, const int32_t *reqs, const int32_t *tokens, int32_t B, int32_t *ncopies_out,
-                            int32_t *npairs_out, pkv_decoder_times *h) {
+static pkv_status host_step(pkv_decoder *d, const int32_t *reqs, const int32_t *tokens, int32_t B, int32_t Bs,
+                            int32_t *ncopies_out, int32_t *npairs_out, pkv_decoder_times *h) {
     const double t0 = pkv_wall_us();
     int32_t *ncopies = ncopies_out; /* kept current: the copies handed out must run even if a later row fails */
     *ncopies = 0;
@@ -482,7 +617,7 @@ static pkv_status host_step(pkv_decoder *d, const int32_t *reqs, const int32_t *
      * page the step added, the last page too where the step copied it, the whole row where another request
      * took the position or where the request's length is not the last step's plus one (it was changed
      * outside the steps) */
-    int32_t *lens = d->h_stage, *positions = lens + B, *pairs = positions + 2 * B;
+    int32_t *lens = d->h_stage, *positions = lens + Bs, *pairs = positions + 2 * Bs;
     const int32_t ps = d->cfg.page_size;
     const double inv_ps = 1.0 / ps;
     int32_t npairs = 0;
@@ -529,10 +664,11 @@ static pkv_status host_step(pkv_decoder *d, const int32_t *reqs, const int32_t *
     h->host_plan_us = t3 - t2;
     /* the tokens beside the lengths, positions and changes: one upload; the plan's own (pkv_run would make it
      * at the first layer) */
-    memcpy(positions + B, tokens, (size_t)B * 4);
+    memcpy(positions + Bs, tokens, (size_t)B * 4);
+    for (int32_t i = B; i < Bs; i++) lens[i] = positions[i] = positions[Bs + i] = 0; /* padding rows (cfg.graphs) */
     TRY(ensure_ws(d));
-    TRY(pkv_plan_upload(d->ctx, d->plan, d->ws, d->ws_cap, NULL));
-    TRY(pkv_ops_upload(d->ops, d->b_stage, d->h_stage, (size_t)(3 * (int64_t)B + 2 * (int64_t)npairs) * 4));
+    TRY(pkv_plan_upload(d->ctx, d->plan, d->ws, d->ws_cap, pkv_ops_stream(d->ops)));
+    TRY(pkv_ops_upload(d->ops, d->b_stage, d->h_stage, (size_t)(3 * (int64_t)Bs + 2 * (int64_t)npairs) * 4));
     h->host_stage_us = pkv_wall_us() - t3;
     return PKV_OK;
 }
@@ -544,23 +680,24 @@ static pkv_status launch_copies(pkv_decoder *d, int32_t ncopies) {
         for (int32_t k = 0; k < ncopies; k += PKV_MAX_PAGE_COPIES) {
             const int32_t n = ncopies - k < PKV_MAX_PAGE_COPIES ? ncopies - k : PKV_MAX_PAGE_COPIES;
             CALL(pkv_copy_pages(d->ctx, &d->prob, d->copies + k, n, d->layers[l].k_cache, d->layers[l].v_cache, 0,
-                                NULL));
+                                pkv_ops_stream(d->ops)));
         }
     return PKV_OK;
 }
 
-/* The changed ids scattered into the step's table. */
-static pkv_status launch_scatter(pkv_decoder *d, int32_t B, int32_t npairs) {
-    CALL(pkv_op_scatter_i32(d->ops, d->b_slots, d->b_stage + 3 * (int64_t)B, npairs));
+/* The changed ids scattered into the step's table (Bs: the staged rows). */
+static pkv_status launch_scatter(pkv_decoder *d, int32_t Bs, int32_t npairs) {
+    CALL(pkv_op_scatter_i32(d->ops, d->b_slots, d->b_stage + 3 * (int64_t)Bs, npairs));
     return PKV_OK;
 }
 
 /* The rest of the decode step's device work: the embedding, every layer (the decode form of the append: token
  * i the last of row i, over the same strided table). */
-static pkv_status launch_model(pkv_decoder *d, int32_t B) {
+static pkv_status launch_model(pkv_decoder *d, int32_t B, int32_t Bs) {
+    d->attn_indices = d->b_slots;
+    if (d->cfg.graphs) return launch_graphed(d, B, Bs);
     const int32_t *lens = d->b_stage, *positions = lens + B, *tokens = positions + B;
     const append_table at = {B, d->b_sindptr, d->b_slots, lens, NULL};
-    d->attn_indices = d->b_slots;
     CALL(pkv_op_embed(d->ops, d->embed, d->s.vocab, d->s.hidden, tokens, B, d->x));
     return forward(d, B, &at, positions, 0, B);
 }
@@ -585,14 +722,15 @@ pkv_status pkv_decoder_step(pkv_decoder *d, const int32_t *reqs, const int32_t *
     pkv_decoder_times h;
     memset(&h, 0, sizeof h);
     const double t0 = pkv_wall_us();
-    int32_t ncopies = 0, npairs = 0;
-    pkv_status st = host_step(d, reqs, tokens, B, &ncopies, &npairs, &h);
+    int32_t ncopies = 0, npairs = 0, Bs = B;
+    if (d->cfg.graphs) bucket_of(d, B, &Bs);
+    pkv_status st = host_step(d, reqs, tokens, B, Bs, &ncopies, &npairs, &h);
     const double t1 = pkv_wall_us();
     d->busy_us = 0.0;
     const pkv_status cs = launch_copies(d, ncopies); /* those handed out, even when the step failed after them */
     if (st == PKV_OK) st = cs;
-    if (st == PKV_OK) st = launch_scatter(d, B, npairs);
-    if (st == PKV_OK) st = launch_model(d, B);
+    if (st == PKV_OK) st = launch_scatter(d, Bs, npairs);
+    if (st == PKV_OK) st = launch_model(d, B, Bs);
     h.host_launch_us = pkv_wall_us() - t1 - (d->cuda ? 0.0 : d->busy_us);
     if (st == PKV_OK) st = results(d, B, next, logits_out);
     if (st != PKV_OK) {
@@ -608,11 +746,12 @@ pkv_status pkv_decoder_step_host(pkv_decoder *d, const int32_t *reqs, const int3
     pkv_decoder_times h;
     memset(&h, 0, sizeof h);
     const double t0 = pkv_wall_us();
-    int32_t ncopies = 0, npairs = 0;
-    pkv_status st = host_step(d, reqs, tokens, B, &ncopies, &npairs, &h);
+    int32_t ncopies = 0, npairs = 0, Bs = B;
+    if (d->cfg.graphs) bucket_of(d, B, &Bs);
+    pkv_status st = host_step(d, reqs, tokens, B, Bs, &ncopies, &npairs, &h);
     const double t1 = pkv_wall_us();
     d->busy_us = 0.0;
-    if (st == PKV_OK) st = launch_scatter(d, B, npairs);
+    if (st == PKV_OK) st = launch_scatter(d, Bs, npairs);
     h.host_launch_us = pkv_wall_us() - t1 - (d->cuda ? 0.0 : d->busy_us);
     const pkv_status ss = pkv_ops_synchronize(d->ops);
     if (st == PKV_OK) st = ss;

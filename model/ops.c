@@ -83,6 +83,35 @@ void pkv_ops_free(pkv_ops *ops) {
     free(ops);
 }
 
+void *pkv_ops_stream(const pkv_ops *ops) { return ops ? ops->stream : NULL; }
+
+pkv_status pkv_ops_capture_begin(pkv_ops *ops) {
+    if (!ops) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "ops is NULL");
+    if (!ops->cuda) return pkv_lab_fail(PKV_ERR_UNSUPPORTED, "CUDA graphs need the CUDA backend");
+    if (ops->capturing) return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "the ops' stream is already being captured");
+    const pkv_status st = pkv_cuda_ops_capture_begin(ops);
+    ops->capturing = st == PKV_OK;
+    return st;
+}
+
+pkv_status pkv_ops_capture_end(pkv_ops *ops, void **graph) {
+    if (!ops || !graph) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "ops and graph must not be NULL");
+    *graph = NULL;
+    if (!ops->capturing) return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "the ops' stream is not being captured");
+    ops->capturing = false;
+    return pkv_cuda_ops_capture_end(ops, graph);
+}
+
+pkv_status pkv_ops_graph_launch(pkv_ops *ops, void *graph) {
+    if (!ops || !graph) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "ops and graph must not be NULL");
+    if (!ops->cuda) return pkv_lab_fail(PKV_ERR_UNSUPPORTED, "CUDA graphs need the CUDA backend");
+    return pkv_cuda_ops_graph_launch(ops, graph);
+}
+
+void pkv_ops_graph_free(pkv_ops *ops, void *graph) {
+    if (ops && ops->cuda && graph) pkv_cuda_ops_graph_free(graph);
+}
+
 double pkv_wall_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -91,6 +120,7 @@ double pkv_wall_us(void) {
 
 pkv_status pkv_ops_mark(pkv_ops *ops, int part) {
     if (!ops) return pkv_lab_fail(PKV_ERR_NULL_POINTER, "ops is NULL");
+    if (ops->capturing) return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "no timing marks inside a captured graph");
     if (ops->nmarks == PKV_MAX_MARKS) return pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "more than %d marks", PKV_MAX_MARKS);
     const int k = ops->nmarks;
     ops->part[k] = part;

@@ -183,11 +183,24 @@ extern "C" pkv_status pkv_cuda_op_fill_uniform_fp8(pkv_ops *ops, uint8_t *p, int
 }
 
 extern "C" pkv_status pkv_cuda_ops_init(pkv_ops *ops) {
+    if (!ops->stream) { // a stream of the ops' own: a graph cannot be captured on the legacy default stream
+        cudaStream_t st = nullptr;
+        if (cudaStreamCreate(&st) != cudaSuccess) {
+            cudaGetLastError();
+            return pkv_lab_fail(PKV_ERR_CUDA, "ops: cannot create a stream");
+        }
+        ops->stream = st;
+        ops->own_stream = true;
+    }
     cublasHandle_t h = nullptr;
     const cublasStatus_t s = cublasCreate(&h);
-    if (s != CUBLAS_STATUS_SUCCESS) return pkv_lab_fail(PKV_ERR_CUDA, "cublasCreate failed (status %d)", (int)s);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        pkv_cuda_ops_release(ops);
+        return pkv_lab_fail(PKV_ERR_CUDA, "cublasCreate failed (status %d)", (int)s);
+    }
     if (cublasSetStream(h, stream_of(ops)) != CUBLAS_STATUS_SUCCESS) {
         cublasDestroy(h);
+        pkv_cuda_ops_release(ops);
         return pkv_lab_fail(PKV_ERR_CUDA, "cublasSetStream failed");
     }
     ops->blas = h;
@@ -197,8 +210,55 @@ extern "C" pkv_status pkv_cuda_ops_init(pkv_ops *ops) {
 extern "C" void pkv_cuda_ops_release(pkv_ops *ops) {
     if (ops->blas) cublasDestroy(static_cast<cublasHandle_t>(ops->blas));
     ops->blas = nullptr;
-    for (int k = 0; k < PKV_MAX_MARKS; k++)
+    for (int k = 0; k < PKV_MAX_MARKS; k++) {
         if (ops->event[k]) cudaEventDestroy(static_cast<cudaEvent_t>(ops->event[k]));
+        ops->event[k] = nullptr;
+    }
+    if (ops->own_stream) {
+        cudaStreamSynchronize(stream_of(ops));
+        cudaStreamDestroy(stream_of(ops));
+        ops->stream = nullptr;
+        ops->own_stream = false;
+    }
+    cudaGetLastError(); // nothing to report from a release
+}
+
+// Captures this thread's work only (ThreadLocal): another thread's use of the legacy stream is no error here.
+extern "C" pkv_status pkv_cuda_ops_capture_begin(pkv_ops *ops) {
+    const cudaError_t e = cudaStreamBeginCapture(stream_of(ops), cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return pkv_lab_fail(PKV_ERR_CUDA, "ops: cannot begin a graph capture: %s", cudaGetErrorString(e));
+    }
+    return PKV_OK;
+}
+
+extern "C" pkv_status pkv_cuda_ops_capture_end(pkv_ops *ops, void **graph) {
+    cudaGraph_t g = nullptr;
+    cudaError_t e = cudaStreamEndCapture(stream_of(ops), &g);
+    cudaGraphExec_t x = nullptr;
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&x, g, 0);
+    if (g) cudaGraphDestroy(g);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return pkv_lab_fail(PKV_ERR_CUDA, "ops: graph capture failed: %s", cudaGetErrorString(e));
+    }
+    *graph = x;
+    return PKV_OK;
+}
+
+extern "C" pkv_status pkv_cuda_ops_graph_launch(pkv_ops *ops, void *graph) {
+    const cudaError_t e = cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), stream_of(ops));
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return pkv_lab_fail(PKV_ERR_CUDA, "ops: graph launch failed: %s", cudaGetErrorString(e));
+    }
+    return PKV_OK;
+}
+
+extern "C" void pkv_cuda_ops_graph_free(void *graph) {
+    cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph));
+    cudaGetLastError();
 }
 
 extern "C" pkv_status pkv_cuda_ops_mark(pkv_ops *ops, int k) {

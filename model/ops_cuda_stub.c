@@ -7,6 +7,16 @@
 
 pkv_status pkv_cuda_ops_init(pkv_ops *ops) { (void)ops; return NO_CUDA; }
 void pkv_cuda_ops_release(pkv_ops *ops) { (void)ops; }
+pkv_status pkv_cuda_ops_capture_begin(pkv_ops *ops) { (void)ops; return NO_CUDA; }
+pkv_status pkv_cuda_ops_capture_end(pkv_ops *ops, void **graph) {
+    (void)ops, (void)graph;
+    return NO_CUDA;
+}
+pkv_status pkv_cuda_ops_graph_launch(pkv_ops *ops, void *graph) {
+    (void)ops, (void)graph;
+    return NO_CUDA;
+}
+void pkv_cuda_ops_graph_free(void *graph) { (void)graph; }
 pkv_status pkv_cuda_ops_synchronize(pkv_ops *ops) { (void)ops; return NO_CUDA; }
 pkv_status pkv_cuda_op_embed(pkv_ops *ops, const uint16_t *table, int32_t vocab, int32_t hidden, const int32_t *tokens,
                              int32_t B, uint16_t *out) {

@@ -17,6 +17,8 @@ struct pkv_ops {
     pkv_context *ctx;
     bool cuda;
     void *stream; /* cudaStream_t */
+    bool own_stream; /* made by the ops (pkv_ops_create given NULL on CUDA); destroyed with them */
+    bool capturing;  /* between pkv_ops_capture_begin and _end */
     void *blas;   /* cublasHandle_t */
     /* pkv_ops_mark: the marks of the current step (CUDA events, created on first use; CPU times) */
     int nmarks;
@@ -30,7 +32,11 @@ pkv_status pkv_cuda_ops_elapsed(pkv_ops *ops, int k, double *us); /* from mark k
 /* The monotonic clock, microseconds (the CPU ops' timing and the decoder's host time). */
 double pkv_wall_us(void);
 
-pkv_status pkv_cuda_ops_init(pkv_ops *ops);
+pkv_status pkv_cuda_ops_init(pkv_ops *ops); /* makes ops->stream when it is NULL (own_stream) */
+pkv_status pkv_cuda_ops_capture_begin(pkv_ops *ops);
+pkv_status pkv_cuda_ops_capture_end(pkv_ops *ops, void **graph);
+pkv_status pkv_cuda_ops_graph_launch(pkv_ops *ops, void *graph);
+void pkv_cuda_ops_graph_free(void *graph);
 void pkv_cuda_ops_release(pkv_ops *ops);
 pkv_status pkv_cuda_ops_synchronize(pkv_ops *ops);
 pkv_status pkv_cuda_op_embed(pkv_ops *ops, const uint16_t *table, int32_t vocab, int32_t hidden, const int32_t *tokens,

@@ -39,9 +39,21 @@ pkv_status pkv_model_shape_check(const pkv_model_shape *s);
 
 /* The ops of one backend: a cuBLAS handle and a stream on CUDA, nothing on the CPU. */
 typedef struct pkv_ops pkv_ops;
-/* stream: a cudaStream_t on the CUDA backend (NULL: the default stream); ignored on the CPU. */
+/* stream: a cudaStream_t on the CUDA backend (NULL: the ops make a stream of their own, which synchronizes with
+ * the legacy default stream as any blocking stream does, and destroy it with themselves); ignored on the CPU. */
 pkv_status pkv_ops_create(pkv_context *ctx, void *stream, pkv_ops **out);
 void pkv_ops_free(pkv_ops *ops); /* accepts NULL */
+/* The ops' stream (a cudaStream_t; NULL on the CPU): where the library's calls that go with the ops are queued. */
+void *pkv_ops_stream(const pkv_ops *ops);
+/* CUDA graphs of the ops' stream (PKV_ERR_UNSUPPORTED on the CPU): pkv_ops_capture_begin starts capturing what
+ * this thread queues on the ops' stream (nothing runs until a replay), pkv_ops_capture_end stops and
+ * instantiates it (*graph; a capture that failed part way is ended and freed, and its error returned),
+ * pkv_ops_graph_launch queues one replay, pkv_ops_graph_free frees a graph (NULL accepted).  pkv_ops_mark is
+ * refused while capturing (a captured event would time nothing). */
+pkv_status pkv_ops_capture_begin(pkv_ops *ops);
+pkv_status pkv_ops_capture_end(pkv_ops *ops, void **graph);
+pkv_status pkv_ops_graph_launch(pkv_ops *ops, void *graph);
+void pkv_ops_graph_free(pkv_ops *ops, void *graph);
 
 /* out[b, :] = table[tokens[b], :]; tokens int32 in [0, vocab) (the CUDA op clamps an id outside). */
 pkv_status pkv_op_embed(pkv_ops *ops, const uint16_t *table, int32_t vocab, int32_t hidden, const int32_t *tokens,
@@ -90,7 +102,7 @@ pkv_status pkv_op_fill_uniform_fp8(pkv_ops *ops, uint8_t *p, int64_t count, floa
  * event on the ops' stream, or the wall clock on the CPU); pkv_ops_take_times waits for the work, adds
  * each interval's time to its part (microseconds, out[PKV_PARTS]) and starts over.  Part -1 closes the
  * last interval without opening one. */
-enum { PKV_PART_ATTENTION, PKV_PART_APPEND, PKV_PART_GEMM, PKV_PART_OTHER, PKV_PARTS };
+enum { PKV_PART_ATTENTION, PKV_PART_APPEND, PKV_PART_GEMM, PKV_PART_OTHER, PKV_PART_GRAPHED, PKV_PARTS };
 pkv_status pkv_ops_mark(pkv_ops *ops, int part);
 pkv_status pkv_ops_take_times(pkv_ops *ops, double out[PKV_PARTS]);
 /* Waits for the ops queued so far (CUDA); a no-op on the CPU. */
@@ -126,6 +138,16 @@ typedef struct pkv_decoder_config {
      * attention reads it, real value = stored x kv_scale (the per-tensor k_scale = v_scale of every layer). */
     pkv_dtype kv_dtype;
     float kv_scale;        /* 0: 1.0; an fp8 pool's only */
+    /* 1: decode steps in CUDA graphs, one set per batch bucket (B rounded up to a power of two, at most
+     * max_batch; the rows past B are padding: length 0, nothing appended, their outputs dropped).  A step
+     * is L + 1 graph replays with each layer's attention launched between them, as the library plans it for
+     * the step (pkv_run with the step's plan, route and all: the policy picks per step as without graphs):
+     * the embedding and layer 0 up to its append; layer l's O projection and MLP and layer l + 1 up to its
+     * append; the last layer's and the LM head with the argmax.  A bucket's first step runs op by op (and
+     * is timed by part), its second captures the graphs, every later one replays them.  On the CPU backend
+     * the steps run op by op over the same padded rows (the path CI tests); the append takes the B rows
+     * there.  0: every op launched by itself, B rows. */
+    int32_t graphs;
 } pkv_decoder_config;
 
 typedef struct pkv_decoder pkv_decoder;
@@ -142,7 +164,8 @@ typedef struct pkv_decoder pkv_decoder;
  *                   before they return, only the decoder's work between them)
  * The CPU backend's computing (attention, GEMMs, append, copies) is never in host_us. */
 typedef struct pkv_decoder_times {
-    double attention_us, append_us, gemm_us, other_us, host_us, step_us;
+    /* graphed_us: the replayed graphs (GEMMs, append and the small ops together) of a step in CUDA graphs */
+    double attention_us, append_us, gemm_us, other_us, graphed_us, host_us, step_us;
     double host_extend_us, host_table_us, host_plan_us, host_stage_us, host_launch_us;
 } pkv_decoder_times;
 

@@ -15,7 +15,7 @@
 
 #define STEPS 12
 
-static void run(pkv_context *ctx, const char *what) {
+static void run(pkv_context *ctx, const char *what, int32_t graphs) {
     pkv_model_shape s;
     CHECK_OK(pkv_model_shape_named("tiny", &s));
     pkv_decoder_config cfg;
@@ -24,6 +24,7 @@ static void run(pkv_context *ctx, const char *what) {
     cfg.num_pages = 512;
     cfg.max_batch = 16;
     cfg.max_requests = 16;
+    cfg.graphs = graphs;
     pkv_decoder *d = NULL;
     CHECK_OK(pkv_decoder_create(ctx, &cfg, &d));
     if (!d) return;
@@ -90,7 +91,7 @@ static void run(pkv_context *ctx, const char *what) {
     CHECK(st.cow_copies >= 1);
     pkv_decoder_times t;
     pkv_decoder_last_times(d, &t);
-    CHECK(t.step_us > 0 && t.gemm_us > 0 && t.attention_us > 0 && t.append_us > 0);
+    CHECK(t.step_us > 0 && t.attention_us > 0 && ((t.gemm_us > 0 && t.append_us > 0) || t.graphed_us > 0));
     /* refusals */
     CHECK_STATUS(pkv_decoder_prefill(d, 13, (int32_t[]){s.vocab}, 1, &t8, NULL), PKV_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(pkv_decoder_step(d, reqs, tok, 0, next, NULL), PKV_ERR_INVALID_ARGUMENT);
@@ -98,6 +99,83 @@ static void run(pkv_context *ctx, const char *what) {
     CHECK_STATUS(pkv_decoder_load_weights(d, "/nonexistent/w.bin"), PKV_ERR_IO);
     free(logits);
     pkv_decoder_free(d);
+}
+
+/* Decode steps in graphs (cfg.graphs: batch buckets, padded rows, on CUDA captured at a bucket's second step and
+ * replayed after) against steps op by op: two decoders of the same weights decode the same requests through batch
+ * sizes that move between buckets (1, 2, 3, 4, 5, 7, 8, 6, 12 of a max_batch of 12: a last bucket that is not a
+ * power of two), each size for three steps (run, capture, replay) and again later (replays after other buckets);
+ * requests leave and come.  Every step's greedy tokens are equal, and its logits: bit for bit on the CPU (the
+ * same ops per row), within bf16 GEMM rounding on CUDA (cuBLAS may pick another kernel for more rows). */
+static void graphs_match(pkv_context *ctx, const char *what) {
+    pkv_model_shape s;
+    CHECK_OK(pkv_model_shape_named("tiny", &s));
+    pkv_decoder_config cfg;
+    pkv_decoder_config_default(&cfg, &s);
+    cfg.page_size = 4;
+    cfg.num_pages = 2048;
+    cfg.max_batch = 12;
+    cfg.max_requests = 64;
+    cfg.max_len = 512;
+    pkv_decoder *d[2] = {NULL, NULL};
+    for (int g = 0; g < 2; g++) {
+        cfg.graphs = g;
+        CHECK_OK(pkv_decoder_create(ctx, &cfg, &d[g]));
+    }
+    if (!d[0] || !d[1]) {
+        pkv_decoder_free(d[0]), pkv_decoder_free(d[1]);
+        return;
+    }
+    const bool cuda = pkv_context_backend(ctx) == PKV_BACKEND_CUDA;
+    static const int32_t sizes[] = {1, 2, 3, 4, 5, 7, 8, 6, 12, 3, 1, 12, 9};
+    enum { NS = sizeof sizes / sizeof sizes[0] };
+    pkv_rng rng;
+    pkv_rng_seed(&rng, 3636);
+    int32_t live[12], tok[12], next[2][12], nlive = 0, next_id = 0, steps = 0, bad_tok = 0;
+    double worst = 0.0;
+    float *lg[2];
+    for (int g = 0; g < 2; g++) lg[g] = (float *)malloc((size_t)12 * s.vocab * sizeof(float));
+    for (int k = 0; k < NS; k++) {
+        while (nlive > sizes[k]) { /* leave from the middle: the others move up a place */
+            const int32_t at = (int32_t)pkv_rng_uniform_int(&rng, 0, nlive - 1);
+            for (int g = 0; g < 2; g++) CHECK_OK(pkv_decoder_release(d[g], live[at]));
+            memmove(live + at, live + at + 1, (size_t)(nlive - at - 1) * 4);
+            memmove(tok + at, tok + at + 1, (size_t)(nlive - at - 1) * 4);
+            nlive--;
+        }
+        while (nlive < sizes[k]) { /* arrivals with prompts of 1..30 tokens */
+            const int32_t n = (int32_t)pkv_rng_uniform_int(&rng, 1, 30);
+            int32_t prompt[30], first[2];
+            for (int32_t i = 0; i < n; i++) prompt[i] = (int32_t)pkv_rng_uniform_int(&rng, 0, s.vocab - 1);
+            for (int g = 0; g < 2; g++) CHECK_OK(pkv_decoder_prefill(d[g], next_id, prompt, n, &first[g], NULL));
+            CHECK(first[0] == first[1]);
+            live[nlive] = next_id++;
+            tok[nlive++] = first[0];
+        }
+        for (int rep = 0; rep < 3; rep++, steps++) {
+            for (int g = 0; g < 2; g++) CHECK_OK(pkv_decoder_step(d[g], live, tok, nlive, next[g], lg[g]));
+            double num = 0, den = 0;
+            for (int64_t i = 0; i < (int64_t)nlive * s.vocab; i++) {
+                const double e = (double)lg[1][i] - lg[0][i];
+                num += e * e;
+                den += (double)lg[0][i] * lg[0][i];
+            }
+            const double rel = den > 0 ? sqrt(num / den) : 0.0;
+            worst = rel > worst ? rel : worst;
+            for (int32_t i = 0; i < nlive; i++) bad_tok += next[0][i] != next[1][i];
+            memcpy(tok, next[0], (size_t)nlive * 4);
+        }
+    }
+    pkv_decoder_times t;
+    pkv_decoder_last_times(d[1], &t);
+    printf("%s: graphs against op by op: %d steps, logits rel L2 up to %.3g, %d tokens differ; last step %.0f us graphed\n",
+           what, steps, worst, bad_tok, t.graphed_us);
+    CHECK_MSG(bad_tok == 0, "%s: %d greedy tokens of steps in graphs differ", what, bad_tok);
+    CHECK_MSG(cuda ? worst < 1e-2 : worst == 0.0, "%s: logits of steps in graphs differ by %.3g", what, worst);
+    if (cuda) CHECK_MSG(t.graphed_us > 0 && t.gemm_us == 0, "%s: the last step did not replay graphs", what);
+    else CHECK(t.graphed_us == 0 && t.gemm_us > 0);
+    free(lg[0]), free(lg[1]);
+    pkv_decoder_free(d[0]), pkv_decoder_free(d[1]);
 }
 
 /* The decode steps' page table on the device against the page manager, step after step, while requests come,
@@ -201,14 +279,18 @@ int main(void) {
     cc.backend = PKV_BACKEND_CPU;
     pkv_context *ctx = NULL;
     CHECK_OK(pkv_context_create(&cc, &ctx));
-    if (ctx) run(ctx, "cpu");
+    if (ctx) run(ctx, "cpu", 0);
+    if (ctx) run(ctx, "cpu, graphs", 1);
+    if (ctx) graphs_match(ctx, "cpu");
     if (ctx) table_churn(ctx, "cpu");
     pkv_context_free(ctx);
     if (pkv_cuda_available()) {
         cc.backend = PKV_BACKEND_CUDA;
         ctx = NULL;
         CHECK_OK(pkv_context_create(&cc, &ctx));
-        if (ctx) run(ctx, "cuda");
+        if (ctx) run(ctx, "cuda", 0);
+        if (ctx) run(ctx, "cuda, graphs", 1);
+        if (ctx) graphs_match(ctx, "cuda");
         if (ctx) table_churn(ctx, "cuda");
         pkv_context_free(ctx);
     } else {

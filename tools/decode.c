@@ -144,13 +144,14 @@ static int generate(pkv_decoder *d, const decode_opts *o, const pkv_model_shape 
 
 /* Continuous batching over a trace: requests arrive in order, up to --batch are decoded per step, each
  * leaves after its decode length. */
-static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s, pkv_trace *t, const char *device) {
+static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s, pkv_trace *t, const char *device,
+                 bool cuda) {
     const int32_t nreq = pkv_trace_num_requests(t), B = o->batch;
     int32_t *live = malloc((size_t)B * 4), *left = malloc((size_t)nreq * 4), *tok = malloc((size_t)B * 4);
     int32_t *next = malloc((size_t)B * 4), *ctx_len = malloc((size_t)nreq * 4);
     int32_t nlive = 0, arrived = 0, steps = 0;
     int64_t tokens = 0;
-    double wall = 0, attn = 0, gemm = 0, append = 0, other = 0, host = 0, prefill_s = 0;
+    double wall = 0, attn = 0, gemm = 0, append = 0, other = 0, graphed = 0, host = 0, prefill_s = 0;
     const size_t max_steps = (size_t)(o->steps > 0 ? o->steps : 1 << 20);
     double *step_ms = malloc(sizeof(double) * max_steps);
     /* the host part of each step by part (pkv_decoder_times' host_*), then host_us */
@@ -208,7 +209,7 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
         h_us[H_PLAN][steps] = tm.host_plan_us, h_us[H_STAGE][steps] = tm.host_stage_us;
         h_us[H_LAUNCH][steps] = tm.host_launch_us, h_us[H_HOST][steps] = tm.host_us;
         wall += tm.step_us, attn += tm.attention_us, gemm += tm.gemm_us, append += tm.append_us;
-        other += tm.other_us, host += tm.host_us;
+        other += tm.other_us, graphed += tm.graphed_us, host += tm.host_us;
         tokens += nlive;
         steps++;
         for (int32_t i = nlive - 1; i >= 0; i--) { /* departures */
@@ -228,13 +229,18 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
     const char *kvt = o->kv_dtype ? cli_dtype_name(o->kv_dtype) : "bf16";
     const double kv_scale = o->kv_dtype ? o->kv_scale : 1.0;
     const int64_t kv_bytes = pkv_decoder_kv_bytes(d);
-    printf("## pkv decode: %s (%d layers), %s, B %d, %s prefill, %s KV, on %s\n\n", s->name, s->layers,
-           pkv_trace_family_name(o->family), B, prefill, kvt, device);
-    printf("| steps | tokens | tokens/s | median step ms | attention | GEMMs | append | other | host | peak KV pages |\n");
-    printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
-    printf("| %d | %lld | %.1f | %.3f | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %lld |\n\n", steps, (long long)tokens,
-           tps, median, 100 * attn / wall, 100 * gemm / wall, 100 * append / wall, 100 * other / wall,
-           100 * host / wall, (long long)ps.peak_used);
+    printf("## pkv decode: %s (%d layers), %s, B %d, %s prefill, %s KV, %s, on %s\n\n", s->name, s->layers,
+           pkv_trace_family_name(o->family), B, prefill, kvt, !o->graphs ? "no graphs" : cuda ? "CUDA graphs per batch bucket" : "batch buckets op by op (no graphs on a CPU)",
+           device);
+    printf("| steps | tokens | tokens/s | median step ms | attention | GEMMs | append | other | in graphs | host | peak KV "
+           "pages |\n");
+    printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    printf("| %d | %lld | %.1f | %.3f | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %lld |\n\n", steps,
+           (long long)tokens, tps, median, 100 * attn / wall, 100 * gemm / wall, 100 * append / wall, 100 * other / wall,
+           100 * graphed / wall, 100 * host / wall, (long long)ps.peak_used);
+    if (o->graphs && cuda)
+        printf("in graphs: the replayed layers' GEMMs, append and small ops together (a bucket's first step runs them op "
+               "by op, and is timed by part)\n\n");
     printf("attention's share of the step by mean context:");
     for (int b = 0; b < 9; b++)
         if (share_n[b] > 0) printf(" %s%dK: %.1f%%", b == 8 ? ">=" : "<", 2 << b, 100 * share_sum[b] / share_n[b]);
@@ -265,12 +271,14 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
         const char *commit = getenv("PKV_COMMIT");
         fprintf(f, "{\"tool\": \"pkv decode\", \"commit\": \"%s\", \"device\": \"%s\", \"model\": \"%s\", \"layers\": %d, "
                    "\"trace\": \"%s\", \"batch\": %d, \"requests\": %d, \"prefill\": \"%s\", \"steps\": %d, "
-                   "\"tokens\": %lld, \"tokens_per_s\": %.2f, \"median_step_ms\": %.4f, \"split_us\": {\"attention\": %.1f, "
-                   "\"gemm\": %.1f, \"append\": %.1f, \"other\": %.1f, \"host\": %.1f, \"wall\": %.1f}, "
+                   "\"tokens\": %lld, \"tokens_per_s\": %.2f, \"median_step_ms\": %.4f, \"graphs\": %s, "
+                   "\"split_us\": {\"attention\": %.1f, \"gemm\": %.1f, \"append\": %.1f, \"other\": %.1f, "
+                   "\"graphed\": %.1f, \"host\": %.1f, \"wall\": %.1f}, "
                    "\"peak_kv_pages\": %lld, \"prefill_s\": %.3f, \"kv_dtype\": \"%s\", \"kv_scale\": %.9g, "
                    "\"kv_bytes\": %lld, ",
                 commit ? commit : "unknown", device, s->name, s->layers, pkv_trace_family_name(o->family), B, nreq,
-                prefill, steps, (long long)tokens, tps, median, attn, gemm, append, other, host, wall,
+                prefill, steps, (long long)tokens, tps, median, o->graphs ? "true" : "false", attn, gemm, append, other,
+                graphed, host, wall,
                 (long long)ps.peak_used, prefill_s, kvt, kv_scale, (long long)kv_bytes);
         for (int m = 0; m < 2; m++) {
             fprintf(f, "\"host_us_per_step_%s\": {", m ? "median" : "mean");
@@ -486,6 +494,7 @@ int cmd_decode(int argc, char **argv) {
     dc.max_requests = t ? pkv_trace_num_requests(t) : o.batch;
     dc.seed = o.seed;
     dc.max_len = max_len;
+    dc.graphs = o.graphs;
     if (o.kv_compare) {
         const int crc = kv_compare(ctx, &dc, &o, &s);
         pkv_trace_free(t);
@@ -505,7 +514,8 @@ int cmd_decode(int argc, char **argv) {
         pkv_context_free(ctx);
         return 1;
     }
-    const int rc = o.prompts ? generate(d, &o, &s) : serve(d, &o, &s, t, pkv_context_device_name(ctx));
+    const int rc = o.prompts ? generate(d, &o, &s) : serve(d, &o, &s, t, pkv_context_device_name(ctx),
+                                                 pkv_context_backend(ctx) == PKV_BACKEND_CUDA);
     pkv_decoder_free(d);
     pkv_trace_free(t);
     pkv_context_free(ctx);

@@ -723,7 +723,11 @@ void decode_usage(FILE *f) {
             "                        prompts (--prompts, or --batch random prompts of 16..64 tokens from --seed)\n"
             "                        run twice, bf16 KV and T KV, the same weights, both fed the bf16 run's greedy\n"
             "                        tokens for --max-new steps; per step and overall the max absolute logit\n"
-            "                        difference, the logits' relative L2 difference and greedy agreement\n");
+            "                        difference, the logits' relative L2 difference and greedy agreement\n"
+            "  --graphs on|off       decode steps in CUDA graphs, one set per batch bucket (B rounded up to a\n"
+            "                        power of two): every layer's ops but attention replayed, attention planned\n"
+            "                        and launched per step between them (default off; the CPU runs the padded\n"
+            "                        buckets op by op)\n");
 }
 
 /* --kv-dtype, --kv-compare and --kv-scale (the decoder's model is bf16: a 16-bit pool is bf16). */
@@ -760,7 +764,7 @@ cli_parse_status decode_options_parse(int argc, char **argv, decode_opts *o, cha
                                         "--requests", "--seed",      "--steps",      "--prefill",   "--prompts",
                                         "--weights", "--out-tokens", "--out-logits", "--page-size", "--pages",
                                         "--max-new", "--json",       "--kv-dtype",   "--kv-scale",  "--kv-compare",
-                                        "--help!",   NULL};
+                                        "--graphs",  "--help!",      NULL};
     memset(o, 0, sizeof *o);
     if (err && cap) err[0] = '\0';
     if (wants_help(argc, argv)) return CLI_PARSE_HELP;
@@ -778,6 +782,10 @@ cli_parse_status decode_options_parse(int argc, char **argv, decode_opts *o, cha
     o->family = PKV_TRACE_BIMODAL;
     if (fam && pkv_trace_family_parse(fam, &o->family) != PKV_OK)
         return bad(err, cap, "unknown trace family '%.*s' (uniform, bimodal, zipf, bucketed, homogeneous)", SHOWN, fam);
+    const char *gr = get(&s, "--graphs");
+    if (gr && strcmp(gr, "on") != 0 && strcmp(gr, "off") != 0)
+        return bad(err, cap, "option --graphs takes on or off, got '%.*s'", SHOWN, gr);
+    o->graphs = gr && strcmp(gr, "on") == 0;
     const char *pre = get(&s, "--prefill");
     if (pre && strcmp(pre, "exact") != 0 && strcmp(pre, "synthetic") != 0)
         return bad(err, cap, "option --prefill takes exact or synthetic, got '%.*s'", SHOWN, pre);
