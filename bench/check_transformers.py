@@ -9,6 +9,16 @@ append and attention.  Reported: per prompt, how many of the new tokens agree be
 (and at that step, the margin between transformers' top two logits - a near tie explains a flip), and the
 first token's logits against each other (relative L2, max abs).  JSON with --json.
 
+A random model's logits are nearly flat: its greedy picks meet exact bf16 ties within a few dozen tokens, in
+transformers' own bf16 run against its fp32 one as much as in ours.  --train-steps N (the default 800) first
+trains the model, with transformers' own training step (AdamW, bf16 autocast over fp32 weights), on a task
+that only attention can do: sequences that repeat a random segment of 8..64 tokens, the loss on every token
+after the first period (the model must find the token one period back: induction heads over the whole
+context).  The prompts are then such sequences too (a segment repeated to 8..300 tokens, ragged), and the
+trained model continues the period with margins far above bf16's noise, so 256 new tokens can agree token for
+token - each one read from the right place of a context that crosses pages.  --train-steps 0 keeps the random
+model (the first token's logits are still compared).
+
 Run on the GPU machine (transformers' wheels travel in .whl, bench/FLASHINFER.md):
     eval "$(bash bench/install_wheelhouse.sh)"; python3 bench/check_transformers.py --pkv build-gpu/pkv
 """
@@ -21,6 +31,45 @@ import tempfile
 import time
 
 
+def periodic(rng, vocab, n, period=None):
+    """n tokens that repeat a random segment (its length `period`, else 8..64 and at most n // 2 + 1)."""
+    if period is None:
+        period = int(rng.integers(8, max(9, min(65, n // 2 + 2))))
+    seg = rng.integers(0, vocab, period)
+    return [int(seg[i % period]) for i in range(n)]
+
+
+def train_periodic(model, vocab, steps, rng, batch=32, length=640, device="cuda"):
+    """Trains model (fp32 weights, on the GPU) on repeated random segments: the loss on each token after the
+    segment's first period.  Returns the loss of the first and the last step."""
+    import numpy as np
+    import torch
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: min(1.0, (k + 1) / 50) * max(0.1, 1 - k / steps))
+    first = last = None
+    for k in range(steps):
+        periods = rng.integers(8, 65, batch)
+        ids = np.array([periodic(rng, vocab, length, int(p)) for p in periods])
+        labels = ids.copy()
+        for i, p in enumerate(periods):
+            labels[i, :p] = -100  # the first period cannot be predicted
+        ids_t = torch.tensor(ids, device=device)
+        lab_t = torch.tensor(labels, device=device)
+        with torch.autocast(device, dtype=torch.bfloat16):
+            loss = model(input_ids=ids_t, labels=lab_t).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if k == 0:
+            first = float(loss)
+        last = float(loss)
+    model.eval()
+    return first, last
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pkv", required=True, help="the pkv binary (a CUDA build)")
@@ -31,6 +80,8 @@ def main():
     ap.add_argument("--init-range", type=float, default=0.02,
                     help="LlamaConfig.initializer_range (0.02: transformers' default, whose random model's logits are "
                          "nearly flat, so greedy picks meet exact bf16 ties; larger spreads them)")
+    ap.add_argument("--train-steps", type=int, default=800,
+                    help="train on repeated random segments first (0: the random model; see above)")
     ap.add_argument("--json")
     args = ap.parse_args()
 
@@ -45,7 +96,17 @@ def main():
                       rope_theta=10000.0, max_position_embeddings=4096, tie_word_embeddings=False,
                       attention_bias=False, mlp_bias=False, attn_implementation=args.attn,
                       initializer_range=args.init_range)
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16).cuda().eval()
+    model = LlamaForCausalLM(cfg).cuda()
+    rng = np.random.default_rng(args.seed + 1)
+    train_s = 0.0
+    train_loss = None
+    if args.train_steps > 0:
+        t0 = time.time()
+        train_loss = train_periodic(model, cfg.vocab_size, args.train_steps, rng)
+        train_s = time.time() - t0
+        print(f"trained {args.train_steps} steps on repeated segments in {train_s:.1f} s: loss after the first period "
+              f"{train_loss[0]:.3f} -> {train_loss[1]:.4f}", flush=True)
+    model = model.to(torch.bfloat16).eval()
 
     work = tempfile.mkdtemp(prefix="pkv_hf_")
     wpath, ppath, tpath, lpath = (os.path.join(work, n) for n in ("w.bin", "prompts.txt", "tokens.txt", "logits.bin"))
@@ -65,8 +126,10 @@ def main():
         for name in order:
             f.write(sd[name].contiguous().view(torch.int16).cpu().numpy().tobytes())
 
-    rng = np.random.default_rng(args.seed + 1)
-    prompts = [rng.integers(0, cfg.vocab_size, int(rng.integers(8, 300))).tolist() for _ in range(args.prompts)]
+    if args.train_steps > 0:
+        prompts = [periodic(rng, cfg.vocab_size, int(rng.integers(8, 300))) for _ in range(args.prompts)]
+    else:
+        prompts = [rng.integers(0, cfg.vocab_size, int(rng.integers(8, 300))).tolist() for _ in range(args.prompts)]
     with open(ppath, "w") as f:
         for p in prompts:
             f.write(" ".join(map(str, p)) + "\n")
@@ -120,7 +183,8 @@ def main():
                      "ours_vs_fp32_rel_l2": float(np.linalg.norm(our_logits[i] - judge) / jn),
                      "hf_bf16_vs_fp32_rel_l2": float(np.linalg.norm(ref - judge) / jn)})
     full = sum(r_["agree"] == r_["of"] for r_ in rows)
-    print(f"transformers {transformers.__version__} ({args.attn}, initializer_range {args.init_range}) against pkv decode, hf-small, bf16, "
+    kind = f"trained {args.train_steps} steps, repeated-segment prompts" if args.train_steps > 0 else "random model"
+    print(f"transformers {transformers.__version__} ({args.attn}, initializer_range {args.init_range}, {kind}) against pkv decode, hf-small, bf16, "
           f"{torch.cuda.get_device_name()}: {full} of {len(rows)} prompts agree on all {args.new_tokens} new tokens")
     print("| prompt | length | tokens agreeing | top-2 margin at the first difference | first logits rel L2 | max abs |"
           " ours vs fp32 | transformers bf16 vs fp32 |")
@@ -135,6 +199,8 @@ def main():
             json.dump({"tool": "bench/check_transformers.py", "commit": os.environ.get("PKV_COMMIT", "unknown"),
                        "device": torch.cuda.get_device_name(), "transformers": transformers.__version__,
                        "attn_implementation": args.attn, "initializer_range": args.init_range,
+                       "train_steps": args.train_steps, "train_loss_first_last": train_loss, "train_s": train_s,
+                       "prompts_kind": "repeated random segments" if args.train_steps > 0 else "random tokens",
                        "new_tokens": args.new_tokens, "prompts": rows,
                        "all_agree": full, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, f, indent=1)
 
