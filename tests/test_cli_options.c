@@ -98,6 +98,9 @@ static void chosen(void) {
     EXPECT(0, CLI_PARSE_BAD, "--set-seeds applies to --heldout-set", "--set-seeds", "2");
     EXPECT(0, CLI_PARSE_GO_ON, "", "--heldout-set", "--set-seeds", "2", "--set-batches", "1,4096");
     EXPECT(0, CLI_PARSE_BAD, "--set-batches", "--heldout-set", "--set-batches", "1,4097");
+    EXPECT(0, CLI_PARSE_GO_ON, "", "--calibration-set", "--set-batches", "1,2,8,128");
+    EXPECT(0, CLI_PARSE_BAD, "--set-seeds", "--calibration-set", "--set-seeds", "2");
+    EXPECT(0, CLI_PARSE_BAD, "--set-batches", "--trace", "uniform", "--set-batches", "4");
     EXPECT(0, CLI_PARSE_BAD, "unknown anchor", "--anchor", "B3_nope");
     EXPECT(0, CLI_PARSE_GO_ON, "", "--graph-max-batch", "pow2", "--route", "workqueue");
     EXPECT(0, CLI_PARSE_BAD, "unknown route", "--route", "sideways");

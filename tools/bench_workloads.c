@@ -169,13 +169,15 @@ static int lens_step(const bench_opts *o, bench_workload *w) {
     return BENCH_GO_ON;
 }
 
-/* --calibration-set: every family, B 1, 4, 16, 64 (CPU: 1 and 4), the first and the middle step of each. */
+/* --calibration-set: every family, B 1, 4, 16, 64 (CPU: 1 and 4; or --set-batches, e.g. to span the B a
+ * server runs), the first and the middle step of each. */
 static int calibration_set(const bench_opts *o, bench_workload *w) {
     static const uint64_t seeds[] = {CALIBRATION_SEED};
     static const int32_t gpu_b[] = {1, 4, 16, 64}, cpu_b[] = {1, 4};
     w->trace_mode = true;
-    w->nsteps = o->cuda ? add_trace_set(o, seeds, 1, gpu_b, (int)(sizeof gpu_b / sizeof gpu_b[0]), &w->steps)
-                        : add_trace_set(o, seeds, 1, cpu_b, (int)(sizeof cpu_b / sizeof cpu_b[0]), &w->steps);
+    if (o->nset_batches > 0) w->nsteps = add_trace_set(o, seeds, 1, o->set_batches, o->nset_batches, &w->steps);
+    else if (o->cuda) w->nsteps = add_trace_set(o, seeds, 1, gpu_b, (int)(sizeof gpu_b / sizeof gpu_b[0]), &w->steps);
+    else w->nsteps = add_trace_set(o, seeds, 1, cpu_b, (int)(sizeof cpu_b / sizeof cpu_b[0]), &w->steps);
     snprintf(w->label, sizeof w->label, "calibration set (seed 20260622)");
     return BENCH_GO_ON;
 }

@@ -249,9 +249,9 @@ void bench_usage(FILE *f) {
         "  --anchor NAME|all         the anchor steps of anchors.md (paper shape); all 26 on a CPU take about\n"
         "                            half an hour and 9 GB of memory (README)\n"
         "  --lens N1,N2,...          one isolated step with these lengths (0..2^30 each, at most 4096)\n"
-        "  --calibration-set         the calibration traces (seed 20260622, five families, several B)\n"
+        "  --calibration-set         the calibration traces (seed 20260622, five families, B 1, 4, 16, 64)\n"
         "  --heldout-set             the held-out traces (seeds 20260623..27, five families, B 1..128)\n"
-        "      --set-batches B1,B2.. (1..4096, at most 16) --set-seeds N (first N of the five)\n"
+        "      --set-batches B1,B2.. (1..4096, at most 16; either set) --set-seeds N (held-out: first N of five)\n"
         "measuring:\n"
         "  --reps N --warmup N --wall-reps N   (CUDA defaults 100 / 10 / 20; CPU 2 / 0 / 2)\n"
         "  --rotate-gib X            KV rotated over at least X GiB (default 2)\n"
@@ -516,7 +516,8 @@ static cli_parse_status bench_workload(const opt_set *s, bench_opts *o, char *er
         {"--requests", 1u << BENCH_WORKLOAD_TRACE, "--trace"},
         {"--steps", 1u << BENCH_WORKLOAD_TRACE | 1u << BENCH_WORKLOAD_TRACE_FILE, "--trace or --trace-file"},
         {"--step", 1u << BENCH_WORKLOAD_TRACE | 1u << BENCH_WORKLOAD_TRACE_FILE, "--trace or --trace-file"},
-        {"--set-batches", 1u << BENCH_WORKLOAD_HELDOUT_SET, "--heldout-set"},
+        {"--set-batches", 1u << BENCH_WORKLOAD_HELDOUT_SET | 1u << BENCH_WORKLOAD_CALIBRATION_SET,
+         "--heldout-set or --calibration-set"},
         {"--set-seeds", 1u << BENCH_WORKLOAD_HELDOUT_SET, "--heldout-set"},
     };
     for (size_t k = 0; k < sizeof scope / sizeof scope[0]; k++)
