@@ -700,7 +700,9 @@ def plan_cells(args, shape, budget_bytes):
             n = B * (2 + -(-total // MIN_DECODE)) + 8
             reqs = family_requests(family, args.seed, B, n, ps, args.ctx_scale)
             peak, mean_ctx, max_ctx, used = simulate(reqs, B, args.seed, total, ps)
-            num_pages = peak + B + 16
+            # the simulated peak, plus the largest request's pages: an arrival in a step the simulation's count
+            # does not reach must not find the pool exhausted
+            num_pages = peak + max(-(-(p + d) // ps) for p, d in reqs[:used + B]) + B + 16
             pool_bytes = num_pages * ps * kv_token
             P = min(args.layers, budget_bytes // pool_bytes) if budget_bytes is not None else args.layers
             c = dict(family=family, B=B, seed=args.seed, requests=used, reqs=reqs[:used], num_pages=num_pages,
