@@ -370,9 +370,12 @@ class FiEngine(Engine):
                                            tabs.indptr_dev, tabs.last_dev, kv_layout="NHD")
 
     def attend(self, q, kc, vc, out, tabs):
-        if self.strided_q is None:
+        # decided at the first call of more than one row: a single row reads the same whatever the row stride, so
+        # a probe at B = 1 cannot see a path that ignores it (XQA's did, and its later cells read other rows' q)
+        if self.strided_q is None and tabs.B > 1:
             self.strided_q = self._probe_strided(q, kc, vc, out, tabs)
-        self._run(q if self.strided_q else q.contiguous(), kc, vc, out, tabs)
+            return
+        self._run(q if self.strided_q is not False else q.contiguous(), kc, vc, out, tabs)
 
     def _probe_strided(self, q, kc, vc, out, tabs):
         t = self.ctx.torch
