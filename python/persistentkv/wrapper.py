@@ -49,6 +49,22 @@ def _lens_from_last_page(h_indptr, h_last, page_size):
     return A.HostInt32(lens, "seq_lens")
 
 
+_RUN_MEMO_SIZE = 256
+
+
+def _tensor_key(x):
+    """What run()'s checks of a tensor or array read: its identity, address, shape, element strides, dtype and
+    device (a tensor resized or re-strided in place gets another key); None for anything else (a tuple of
+    caches: run checks it as it is)."""
+    if isinstance(x, (tuple, list)):
+        return tuple(_tensor_key(y) for y in x)
+    if A.is_torch(x):
+        return (id(x), x.data_ptr(), x.shape, x.stride(), x.dtype, x.device)
+    if A.is_numpy(x):
+        return (id(x), x.ctypes.data, x.shape, x.strides, x.dtype, x.flags.writeable)
+    return None if x is None else (id(x),)
+
+
 class BatchDecodeWithPagedKVCacheWrapper:
     """Decode attention over a paged KV cache (grouped-query attention), FlashInfer-style.
 
@@ -109,6 +125,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._ws_bytes = 0
         self._planned = False
         self._meta = None
+        self._run_memo = {}  # run()'s checked arguments by the tensors they were checked for (_tensor_key)
         self._indices_dev = None  # kv_page_indices as run() passes them (backend memory)
         self._seq_lens = None
         self._graph_key = None  # graph-stable plans: (signature, workspace, page-id buffer) of the first
@@ -360,6 +377,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
                           page_size=prob.page_size, num_pages=int(prob.num_pages), dtype=q_dtype, kv_dtype=kv_dtype)
         if _check_pages is not None:  # the pool is not known (persistentkv.flashinfer's graphs): ids checked
             self._meta["num_pages"] = int(_check_pages)
+        # what run()'s checks of its tensors depend on besides the tensors themselves (_run_memo)
+        self._meta_key = (self._kv_layout, *(self._meta[k] for k in ("B", "Hq", "Hkv", "d", "page_size", "num_pages",
+                                                                      "dtype", "kv_dtype")))
         if graph:
             key = (int(lib.pkv_plan_graph_signature(self._plan)), self._ws_ptr, self._ws_bytes,
                    self._indices_ptr if self._backend == "cuda" else None)
@@ -464,6 +484,14 @@ class BatchDecodeWithPagedKVCacheWrapper:
         is given).  CUDA: runs on torch.cuda.current_stream().
         """
         self._require_plan()
+        # the same tensors as a run checked before (every layer of a model calls run with its own caches and the same
+        # q and out, step after step): their arguments as checked then, the checks skipped
+        memo = None
+        if out is not None and lse is None and not return_lse and k_scale is None and v_scale is None:
+            memo = (self._meta_key, _tensor_key(q), _tensor_key(k_cache), _tensor_key(v_cache), _tensor_key(out))
+            t = self._run_memo.get(memo)
+            if t is not None:
+                return self._launch(t[0], out, None, False)
         m = self._meta
         if self._kv_layout == "NHD":
             tail, names = (m["page_size"], m["Hkv"], m["d"]), "[num_pages, page_size, num_kv_heads, head_dim]"
@@ -543,12 +571,24 @@ class BatchDecodeWithPagedKVCacheWrapper:
                       q_stride if q_stride != row_elems else 0, o_stride if o_stride != row_elems else 0)
         t.k_scale, t.k_head_scales, k_keep = self._scale(k_scale, "k_scale")
         t.v_scale, t.v_head_scales, v_keep = self._scale(v_scale, "v_scale")
+        res = self._launch(t, out, lse, return_lse)
+        del k_keep, v_keep  # alive until the run is queued (CUDA: torch's allocator keeps it for the stream)
+        if memo is not None:
+            if len(self._run_memo) >= _RUN_MEMO_SIZE:
+                self._run_memo.clear()
+            # the tensors themselves are kept with their arguments: while an entry lives, no other object can
+            # take one of their ids
+            self._run_memo[memo] = (t, q, k_cache, v_cache, out)
+        return res
+
+    def _launch(self, t, out, lse, return_lse):
+        """pkv_run with the checked arguments t (the plan's page ids set here: each plan has its own)."""
+        t.kv_page_indices = self._indices_ptr
         stream = None
         if self._backend == "cuda":
             stream = self._torch.cuda.current_stream(self._device).cuda_stream
         check(lib.pkv_run(self._ctx, self._plan, self._ws_ptr, self._ws_bytes, ctypes.byref(t), stream),
               self._ctx, "pkv_run")
-        del k_keep, v_keep  # alive until the run is queued (CUDA: torch's allocator keeps it for the stream)
         return (out, lse) if return_lse else out
 
     forward = run

@@ -266,6 +266,67 @@ def test_one_plan_two_layers_and_determinism(cpu):
     assert np.array_equal(cpu.run(p["q"], p["k"], p["v"]), o1)  # bitwise identical rerun
 
 
+def test_run_again_with_the_same_tensors(cpu):
+    """run() skips its checks for tensors it checked before (every layer, every step): what it reads and writes
+    must still follow the current plan and the tensors' current contents, and a changed tensor is checked again."""
+    p = make_problem(21, LENS, hq=8, hkv=2)
+    rng = np.random.default_rng(22)
+    k2 = to_dtype(rng.standard_normal(p["k"].shape, dtype=np.float32), "float16")
+    v2 = to_dtype(rng.standard_normal(p["v"].shape, dtype=np.float32), "float16")
+    out = np.full(p["q"].shape, np.nan, np.float16)
+    plan(cpu, p, route="split", **SPLITTY)
+    for _ in range(2):  # two layers' caches, twice each: the second round from the memo
+        assert cpu.run(p["q"], p["k"], p["v"], out=out) is out
+        assert_close(out, None, ref_of(p), "float16", LENS)
+        out[:] = np.nan
+        cpu.run(p["q"], k2, v2, out=out)
+        assert_close(out, None, ref_of(p, k2, v2), "float16", LENS)
+        out[:] = np.nan
+    # new contents of the same arrays are read
+    p["q"][:] = to_dtype(rng.standard_normal(p["q"].shape, dtype=np.float32), "float16")
+    cpu.run(p["q"], p["k"], p["v"], out=out)
+    assert_close(out, None, ref_of(p), "float16", LENS)
+    # a new plan (other lengths and pages, the same pool and tensors): the new plan's page ids are used
+    lens2 = np.array([5, 0, 200, 31, 64, 1, 90], np.int32)
+    pages2 = (lens2 + p["ps"] - 1) // p["ps"]
+    indptr2 = np.concatenate([[0], np.cumsum(pages2)]).astype(np.int32)
+    p2 = dict(p, lens=lens2, indptr=indptr2, indices=rng.permutation(p["pool"])[: indptr2[-1]].astype(np.int32))
+    plan(cpu, p2, route="workqueue", **SPLITTY)
+    out[:] = np.nan
+    cpu.run(p["q"], p["k"], p["v"], out=out)
+    assert_close(out, None, ref_of(p2), "float16", lens2)
+    # a plan of another batch: the same q no longer fits and is refused, not read as before
+    p3 = make_problem(24, [7, 9], hq=8, hkv=2)
+    plan(cpu, p3)
+    with pytest.raises(ValueError, match="q has shape"):
+        cpu.run(p["q"], p["k"], p["v"], out=out)
+    # a read-only out, which was writable when first checked, is refused
+    plan(cpu, p, route="split", **SPLITTY)
+    cpu.run(p["q"], p["k"], p["v"], out=out)
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        cpu.run(p["q"], p["k"], p["v"], out=out)
+
+
+def test_run_memo_sees_a_tensor_changed_in_place(cpu):
+    """A torch tensor resized or re-strided in place keeps its id: run() checks it again."""
+    torch = pytest.importorskip("torch")
+    p = make_problem(25, LENS, hq=8, hkv=2)
+    plan(cpu, p, route="split", **SPLITTY)
+    q, k, v = (torch.from_numpy(p[n].copy()) for n in ("q", "k", "v"))
+    out = torch.empty(q.shape, dtype=torch.float16)
+    for _ in range(2):
+        cpu.run(q, k, v, out=out)
+        assert_close(out.numpy(), None, ref_of(p), "float16", LENS)
+    out.resize_(q.shape[0] - 1, q.shape[1], q.shape[2])
+    with pytest.raises(ValueError, match="out has shape"):
+        cpu.run(q, k, v, out=out)
+    big = torch.empty((q.shape[0], 2 * q.shape[1], q.shape[2]), dtype=torch.float16)
+    out.set_(big.untyped_storage(), 0, q.shape, (2 * q.shape[1] * q.shape[2], q.shape[2], 1))  # rows 2x apart
+    cpu.run(q, k, v, out=out)
+    assert_close(out.numpy(), None, ref_of(p), "float16", LENS)
+
+
 def test_cpu_half_loads_bitwise_either_way(cpu, tmp_path):
     """The CPU backend converts fp16 K, V and q by F16C where the CPU has it, else by a table: the same bits
     (exact conversions), so o is bitwise the same in a process that turns F16C off (PKV_TUNING=cpu_f16c=0) -
