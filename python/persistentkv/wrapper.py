@@ -49,7 +49,23 @@ def _lens_from_last_page(h_indptr, h_last, page_size):
     return A.HostInt32(lens, "seq_lens")
 
 
-_RUN_MEMO_SIZE = 256
+_RUN_MEMO_SIZE = 64
+
+
+def _weak_refs(objs):
+    """Weak references to the tensors in objs (tuples and lists looked into; None kept as None)."""
+    return tuple(_weak_refs(o) if isinstance(o, (tuple, list)) else None if o is None else weakref.ref(o)
+                 for o in objs)
+
+
+def _same_objects(refs, objs):
+    for r, o in zip(refs, objs):
+        if isinstance(o, (tuple, list)):
+            if not isinstance(r, tuple) or len(r) != len(o) or not _same_objects(r, o):
+                return False
+        elif (r is None) != (o is None) or (r is not None and r() is not o):
+            return False
+    return True
 
 
 def _tensor_key(x):
@@ -489,9 +505,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         memo = None
         if out is not None and lse is None and not return_lse and k_scale is None and v_scale is None:
             memo = (self._meta_key, _tensor_key(q), _tensor_key(k_cache), _tensor_key(v_cache), _tensor_key(out))
-            t = self._run_memo.get(memo)
-            if t is not None:
-                return self._launch(t[0], out, None, False)
+            hit = self._run_memo.get(memo)
+            if hit is not None and _same_objects(hit[1], (q, k_cache, v_cache, out)):
+                return self._launch(hit[0], out, None, False)
         m = self._meta
         if self._kv_layout == "NHD":
             tail, names = (m["page_size"], m["Hkv"], m["d"]), "[num_pages, page_size, num_kv_heads, head_dim]"
@@ -576,9 +592,9 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if memo is not None:
             if len(self._run_memo) >= _RUN_MEMO_SIZE:
                 self._run_memo.clear()
-            # the tensors themselves are kept with their arguments: while an entry lives, no other object can
-            # take one of their ids
-            self._run_memo[memo] = (t, q, k_cache, v_cache, out)
+            # weak references to the tensors, so that a hit is the very objects (an id can be taken again once
+            # its object is gone) and the memo keeps no tensor alive
+            self._run_memo[memo] = (t, _weak_refs((q, k_cache, v_cache, out)))
         return res
 
     def _launch(self, t, out, lse, return_lse):

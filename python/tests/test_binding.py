@@ -308,6 +308,22 @@ def test_run_again_with_the_same_tensors(cpu):
         cpu.run(p["q"], p["k"], p["v"], out=out)
 
 
+def test_run_memo_keeps_no_tensor_alive(cpu):
+    """Outputs made per call (a new out each time) are not held by run()'s memo."""
+    import gc
+    import weakref
+    p = make_problem(26, LENS, hq=8, hkv=2)
+    plan(cpu, p, route="split", **SPLITTY)
+    refs = []
+    for _ in range(3):
+        out = np.empty(p["q"].shape, np.float16)
+        cpu.run(p["q"], p["k"], p["v"], out=out)
+        refs.append(weakref.ref(out))
+        del out
+    gc.collect()
+    assert all(r() is None for r in refs)
+
+
 def test_run_memo_sees_a_tensor_changed_in_place(cpu):
     """A torch tensor resized or re-strided in place keeps its id: run() checks it again."""
     torch = pytest.importorskip("torch")
