@@ -15,15 +15,23 @@
 
 #define STEPS 12
 
+/* The tiny model's decoder configuration with these sizes (max_len 0: the default). */
+static pkv_decoder_config tiny_config(pkv_model_shape *s, int32_t page_size, int64_t num_pages, int32_t max_batch,
+                                      int32_t max_requests, int32_t max_len) {
+    CHECK_OK(pkv_model_shape_named("tiny", s));
+    pkv_decoder_config cfg;
+    pkv_decoder_config_default(&cfg, s);
+    cfg.page_size = page_size;
+    cfg.num_pages = num_pages;
+    cfg.max_batch = max_batch;
+    cfg.max_requests = max_requests;
+    if (max_len > 0) cfg.max_len = max_len;
+    return cfg;
+}
+
 static void run(pkv_context *ctx, const char *what, int32_t graphs) {
     pkv_model_shape s;
-    CHECK_OK(pkv_model_shape_named("tiny", &s));
-    pkv_decoder_config cfg;
-    pkv_decoder_config_default(&cfg, &s);
-    cfg.page_size = 7;
-    cfg.num_pages = 512;
-    cfg.max_batch = 16;
-    cfg.max_requests = 16;
+    pkv_decoder_config cfg = tiny_config(&s, 7, 512, 16, 16, 0);
     cfg.graphs = graphs;
     pkv_decoder *d = NULL;
     CHECK_OK(pkv_decoder_create(ctx, &cfg, &d));
@@ -109,14 +117,7 @@ static void run(pkv_context *ctx, const char *what, int32_t graphs) {
  * same ops per row), within bf16 GEMM rounding on CUDA (cuBLAS may pick another kernel for more rows). */
 static void graphs_match(pkv_context *ctx, const char *what) {
     pkv_model_shape s;
-    CHECK_OK(pkv_model_shape_named("tiny", &s));
-    pkv_decoder_config cfg;
-    pkv_decoder_config_default(&cfg, &s);
-    cfg.page_size = 4;
-    cfg.num_pages = 2048;
-    cfg.max_batch = 12;
-    cfg.max_requests = 64;
-    cfg.max_len = 512;
+    pkv_decoder_config cfg = tiny_config(&s, 4, 2048, 12, 64, 512);
     pkv_decoder *d[2] = {NULL, NULL};
     for (int g = 0; g < 2; g++) {
         cfg.graphs = g;
@@ -184,14 +185,7 @@ static void graphs_match(pkv_context *ctx, const char *what) {
  * part way. */
 static void table_churn(pkv_context *ctx, const char *what) {
     pkv_model_shape s;
-    CHECK_OK(pkv_model_shape_named("tiny", &s));
-    pkv_decoder_config cfg;
-    pkv_decoder_config_default(&cfg, &s);
-    cfg.page_size = 5;
-    cfg.num_pages = 3000;
-    cfg.max_batch = 8;
-    cfg.max_requests = 64;
-    cfg.max_len = 400;
+    pkv_decoder_config cfg = tiny_config(&s, 5, 3000, 8, 64, 400);
     pkv_decoder *d = NULL;
     CHECK_OK(pkv_decoder_create(ctx, &cfg, &d));
     if (!d) return;
