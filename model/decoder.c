@@ -63,7 +63,6 @@ struct pkv_decoder {
     int32_t nbuckets;
     uint8_t *bucket_state;
     void **graphs;                                      /* [nbuckets x (layers + 1)] */
-    bool marking;                                       /* pkv_ops_mark between the ops (not while capturing) */
     pkv_decoder_times last;
 };
 
@@ -110,7 +109,7 @@ static pkv_status bgrow(pkv_decoder *d, int32_t **p, int64_t *cap, int64_t n) {
     } while (0)
 
 /* A timing mark of the ops (none while a graph is captured). */
-#define MARK(part) TRY(d->marking ? pkv_ops_mark(d->ops, (part)) : PKV_OK)
+#define MARK(part) TRY(d->ops->capturing ? PKV_OK : pkv_ops_mark(d->ops, (part)))
 
 /* A call into the backend (an op, an append, a run, a copy), its time added to d->busy_us: on the CPU backend
  * the call computes before it returns, so that time is the backend's and the step's host time leaves it
@@ -245,7 +244,6 @@ pkv_status pkv_decoder_create(pkv_context *ctx, const pkv_decoder_config *cfg, p
     if (st == PKV_OK) st = balloc(d, (size_t)(B + 1) * 4, &d->b_sindptr);
     if (st == PKV_OK) st = balloc(d, (size_t)d->stage_cap * 4, &d->b_stage);
     if (st == PKV_OK) st = pkv_ops_host_alloc(d->ops, (size_t)d->stage_cap * 4, (void **)&d->h_stage);
-    d->marking = true;
     while (((int64_t)1 << d->nbuckets) < B) d->nbuckets++;
     d->nbuckets++;
     d->bucket_state = (uint8_t *)calloc((size_t)d->nbuckets, 1);
@@ -494,12 +492,15 @@ static pkv_status piece(pkv_decoder *d, int32_t p, int32_t Bs, const append_tabl
     return model_head(d, 0, Bs);
 }
 
-/* The batch bucket of B rows: its index, and its rows (*Bs: B rounded up to a power of two, at most max_batch). */
-static int32_t bucket_of(const pkv_decoder *d, int32_t B, int32_t *Bs) {
+/* The rows a decode step of B requests stages and runs: in graphs (cfg.graphs) its batch bucket's, B rounded up to
+ * a power of two, at most max_batch (*bucket: the bucket's index); else B (*bucket -1). */
+static int32_t step_rows(const pkv_decoder *d, int32_t B, int32_t *bucket) {
+    *bucket = -1;
+    if (!d->cfg.graphs) return B;
     int32_t k = 0;
     while (((int64_t)1 << k) < B) k++;
-    *Bs = ((int64_t)1 << k) < d->cfg.max_batch ? (int32_t)1 << k : d->cfg.max_batch;
-    return k;
+    *bucket = k;
+    return ((int64_t)1 << k) < d->cfg.max_batch ? (int32_t)1 << k : d->cfg.max_batch;
 }
 
 /* Captures the L + 1 pieces of bucket k into its graphs (nothing runs). */
@@ -508,7 +509,6 @@ static pkv_status capture_bucket(pkv_decoder *d, int32_t k, int32_t Bs, const ap
     const int32_t L = d->s.layers;
     void **g = d->graphs + (int64_t)k * (L + 1);
     pkv_status st = PKV_OK;
-    d->marking = false;
     for (int32_t p = 0; p <= L && st == PKV_OK; p++) {
         st = pkv_ops_capture_begin(d->ops);
         if (st != PKV_OK) break;
@@ -519,7 +519,6 @@ static pkv_status capture_bucket(pkv_decoder *d, int32_t k, int32_t Bs, const ap
         else g[p] = graph;
         st = ps != PKV_OK ? ps : es;
     }
-    d->marking = true;
     if (st != PKV_OK)
         for (int32_t p = 0; p <= L; p++) {
             pkv_ops_graph_free(d->ops, g[p]);
@@ -528,16 +527,14 @@ static pkv_status capture_bucket(pkv_decoder *d, int32_t k, int32_t Bs, const ap
     return st;
 }
 
-/* A decode step's model work in graphs (cfg.graphs): B live rows padded to the bucket's Bs. */
-static pkv_status launch_graphed(pkv_decoder *d, int32_t B, int32_t Bs) {
+/* A decode step's model work in graphs (cfg.graphs): B live rows padded to bucket k's Bs. */
+static pkv_status launch_graphed(pkv_decoder *d, int32_t B, int32_t Bs, int32_t k) {
     const int32_t L = d->s.layers;
     const int32_t *lens = d->b_stage, *positions = lens + Bs, *tokens = positions + Bs;
     /* the append over the padded rows on CUDA (its kernel skips a row of length 0, so a graph has one launch
      * whatever B is); the CPU's append refuses such a row, and nothing there is captured: the B rows */
     const append_table at = {d->cuda ? Bs : B, d->b_sindptr, d->b_slots, lens, NULL};
     TRY(ensure_ws(d));
-    int32_t bs = 0;
-    const int32_t k = bucket_of(d, B, &bs);
     uint8_t *state = &d->bucket_state[k];
     if (d->cuda && *state == 1) {
         TRY(capture_bucket(d, k, Bs, &at, positions, tokens));
@@ -693,9 +690,9 @@ static pkv_status launch_scatter(pkv_decoder *d, int32_t Bs, int32_t npairs) {
 
 /* The rest of the decode step's device work: the embedding, every layer (the decode form of the append: token
  * i the last of row i, over the same strided table). */
-static pkv_status launch_model(pkv_decoder *d, int32_t B, int32_t Bs) {
+static pkv_status launch_model(pkv_decoder *d, int32_t B, int32_t Bs, int32_t bucket) {
     d->attn_indices = d->b_slots;
-    if (d->cfg.graphs) return launch_graphed(d, B, Bs);
+    if (bucket >= 0) return launch_graphed(d, B, Bs, bucket);
     const int32_t *lens = d->b_stage, *positions = lens + B, *tokens = positions + B;
     const append_table at = {B, d->b_sindptr, d->b_slots, lens, NULL};
     CALL(pkv_op_embed(d->ops, d->embed, d->s.vocab, d->s.hidden, tokens, B, d->x));
@@ -722,15 +719,15 @@ pkv_status pkv_decoder_step(pkv_decoder *d, const int32_t *reqs, const int32_t *
     pkv_decoder_times h;
     memset(&h, 0, sizeof h);
     const double t0 = pkv_wall_us();
-    int32_t ncopies = 0, npairs = 0, Bs = B;
-    if (d->cfg.graphs) bucket_of(d, B, &Bs);
+    int32_t ncopies = 0, npairs = 0, bucket = -1;
+    const int32_t Bs = step_rows(d, B, &bucket);
     pkv_status st = host_step(d, reqs, tokens, B, Bs, &ncopies, &npairs, &h);
     const double t1 = pkv_wall_us();
     d->busy_us = 0.0;
     const pkv_status cs = launch_copies(d, ncopies); /* those handed out, even when the step failed after them */
     if (st == PKV_OK) st = cs;
     if (st == PKV_OK) st = launch_scatter(d, Bs, npairs);
-    if (st == PKV_OK) st = launch_model(d, B, Bs);
+    if (st == PKV_OK) st = launch_model(d, B, Bs, bucket);
     h.host_launch_us = pkv_wall_us() - t1 - (d->cuda ? 0.0 : d->busy_us);
     if (st == PKV_OK) st = results(d, B, next, logits_out);
     if (st != PKV_OK) {
@@ -746,8 +743,8 @@ pkv_status pkv_decoder_step_host(pkv_decoder *d, const int32_t *reqs, const int3
     pkv_decoder_times h;
     memset(&h, 0, sizeof h);
     const double t0 = pkv_wall_us();
-    int32_t ncopies = 0, npairs = 0, Bs = B;
-    if (d->cfg.graphs) bucket_of(d, B, &Bs);
+    int32_t ncopies = 0, npairs = 0, bucket = -1;
+    const int32_t Bs = step_rows(d, B, &bucket);
     pkv_status st = host_step(d, reqs, tokens, B, Bs, &ncopies, &npairs, &h);
     const double t1 = pkv_wall_us();
     d->busy_us = 0.0;

@@ -174,10 +174,10 @@ static int lens_step(const bench_opts *o, bench_workload *w) {
 static int calibration_set(const bench_opts *o, bench_workload *w) {
     static const uint64_t seeds[] = {CALIBRATION_SEED};
     static const int32_t gpu_b[] = {1, 4, 16, 64}, cpu_b[] = {1, 4};
+    const int32_t *bs = o->nset_batches > 0 ? o->set_batches : o->cuda ? gpu_b : cpu_b;
+    const int nb = o->nset_batches > 0 ? o->nset_batches : o->cuda ? 4 : 2;
     w->trace_mode = true;
-    if (o->nset_batches > 0) w->nsteps = add_trace_set(o, seeds, 1, o->set_batches, o->nset_batches, &w->steps);
-    else if (o->cuda) w->nsteps = add_trace_set(o, seeds, 1, gpu_b, (int)(sizeof gpu_b / sizeof gpu_b[0]), &w->steps);
-    else w->nsteps = add_trace_set(o, seeds, 1, cpu_b, (int)(sizeof cpu_b / sizeof cpu_b[0]), &w->steps);
+    w->nsteps = add_trace_set(o, seeds, 1, bs, nb, &w->steps);
     snprintf(w->label, sizeof w->label, "calibration set (seed 20260622)");
     return BENCH_GO_ON;
 }

@@ -229,9 +229,11 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
     const char *kvt = o->kv_dtype ? cli_dtype_name(o->kv_dtype) : "bf16";
     const double kv_scale = o->kv_dtype ? o->kv_scale : 1.0;
     const int64_t kv_bytes = pkv_decoder_kv_bytes(d);
+    const char *mode = !o->graphs ? "no graphs"
+                       : cuda     ? "CUDA graphs per batch bucket"
+                                  : "batch buckets op by op (no graphs on a CPU)";
     printf("## pkv decode: %s (%d layers), %s, B %d, %s prefill, %s KV, %s, on %s\n\n", s->name, s->layers,
-           pkv_trace_family_name(o->family), B, prefill, kvt, !o->graphs ? "no graphs" : cuda ? "CUDA graphs per batch bucket" : "batch buckets op by op (no graphs on a CPU)",
-           device);
+           pkv_trace_family_name(o->family), B, prefill, kvt, mode, device);
     printf("| steps | tokens | tokens/s | median step ms | attention | GEMMs | append | other | in graphs | host | peak KV "
            "pages |\n");
     printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
