@@ -55,14 +55,19 @@ struct pkv_decoder {
     int64_t stage_cap;
     pkv_page_copy *copies;                              /* host [max_batch]: the step's copy-on-write copies */
     const int32_t *attn_indices;                        /* the page ids attention reads this forward */
-    void *ws;
+    void *ws;                                           /* plain plans' workspace (grown as a plan needs) */
     size_t ws_cap;
+    void *step_ws;                                      /* the workspace of this forward's plan: ws or a bucket's */
+    size_t step_ws_cap;
     double busy_us;                                     /* time inside backend calls (CALL) since cleared */
-    /* cfg.graphs: per batch bucket k (rows min(2^k, max_batch)), the graphs of its L + 1 pieces and how far it
-     * got: 0 never run, 1 run op by op once, 2 captured */
+    /* cfg.graphs: per batch bucket k (rows min(2^k, max_batch)), its graphs and how far it got: 0 never run, 1 run
+     * op by op once, 2 captured.  PKV_DECODER_GRAPH_PIECES: the L + 1 pieces at [k x (L + 1), ...);
+     * PKV_DECODER_GRAPH_STEP: the whole step at [k x (L + 1)], its graph-stable plans uploaded into bucket_ws[k] */
     int32_t nbuckets;
     uint8_t *bucket_state;
     void **graphs;                                      /* [nbuckets x (layers + 1)] */
+    void **bucket_ws;                                   /* [nbuckets] (PKV_DECODER_GRAPH_STEP) */
+    size_t *bucket_ws_cap;
     pkv_decoder_times last;
 };
 
@@ -248,10 +253,17 @@ pkv_status pkv_decoder_create(pkv_context *ctx, const pkv_decoder_config *cfg, p
     d->nbuckets++;
     d->bucket_state = (uint8_t *)calloc((size_t)d->nbuckets, 1);
     d->graphs = (void **)calloc((size_t)d->nbuckets * (size_t)(s->layers + 1), sizeof(void *));
-    if (st == PKV_OK && (!d->bucket_state || !d->graphs))
+    d->bucket_ws = (void **)calloc((size_t)d->nbuckets, sizeof(void *));
+    d->bucket_ws_cap = (size_t *)calloc((size_t)d->nbuckets, sizeof(size_t));
+    if (st == PKV_OK && (!d->bucket_state || !d->graphs || !d->bucket_ws || !d->bucket_ws_cap))
         st = pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "decoder: out of memory");
-    if (st == PKV_OK && cfg->graphs != 0 && cfg->graphs != 1)
-        st = pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "decoder: graphs %d (0 or 1)", cfg->graphs);
+    if (st == PKV_OK && (cfg->graphs < PKV_DECODER_GRAPH_NONE || cfg->graphs > PKV_DECODER_GRAPH_STEP))
+        st = pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "decoder: graphs %d (0 none, 1 pieces, 2 whole steps)", cfg->graphs);
+    if (st == PKV_OK && cfg->graphs == PKV_DECODER_GRAPH_STEP && cfg->route != PKV_ROUTE_AUTO &&
+        cfg->route != PKV_ROUTE_WORKQUEUE)
+        st = pkv_lab_fail(PKV_ERR_UNSUPPORTED,
+                          "decoder: whole steps in graphs plan graph-stable steps, whose route is the work queue "
+                          "(route auto or workqueue, not %d)", (int)cfg->route);
     d->slots = (table_slot *)malloc((size_t)B * sizeof(table_slot));
     d->copies = (pkv_page_copy *)malloc((size_t)B * sizeof(pkv_page_copy));
     d->h_indptr = (int32_t *)malloc((size_t)(B + 1) * 4);
@@ -287,6 +299,9 @@ void pkv_decoder_free(pkv_decoder *d) {
     if (d->graphs)
         for (int64_t i = 0; i < (int64_t)d->nbuckets * (d->s.layers + 1); i++) pkv_ops_graph_free(d->ops, d->graphs[i]);
     free(d->graphs), free(d->bucket_state);
+    if (d->bucket_ws)
+        for (int32_t k = 0; k < d->nbuckets; k++) bfree(d, d->bucket_ws[k]);
+    free(d->bucket_ws), free(d->bucket_ws_cap);
     void *bufs[] = {d->embed, d->final_norm, d->lm_head, d->inv_freq, d->x, d->h, d->qkv, d->attn, d->tmp, d->gu,
                     d->act, d->logits, d->b_tokens, d->b_positions, d->b_next, d->b_indptr, d->b_lens, d->b_aptr,
                     d->b_aindptr, d->b_alens, d->b_indices, d->b_aindices, d->ws, d->b_slots, d->b_sindptr,
@@ -368,14 +383,34 @@ typedef struct append_table {
 } append_table;
 
 /* Room in the workspace for d->plan. */
+/* The plain plans' workspace, grown to what the plan needs, as this forward's. */
 static pkv_status ensure_ws(pkv_decoder *d) {
     const size_t need = pkv_plan_workspace_size(d->plan);
-    if (need <= d->ws_cap) return PKV_OK;
-    bfree(d, d->ws);
-    d->ws = NULL;
-    d->ws_cap = 0;
-    TRY(balloc(d, need, &d->ws));
-    d->ws_cap = need;
+    if (need > d->ws_cap) {
+        bfree(d, d->ws);
+        d->ws = NULL;
+        d->ws_cap = 0;
+        TRY(balloc(d, need, &d->ws));
+        d->ws_cap = need;
+    }
+    d->step_ws = d->ws;
+    d->step_ws_cap = d->ws_cap;
+    return PKV_OK;
+}
+
+/* Bucket k's workspace as this step's (PKV_DECODER_GRAPH_STEP): allocated at the bucket's first step, for any
+ * graph-stable plan of its rows (a graph captured over it replays every later step's plan, so it never moves). */
+static pkv_status bucket_ws(pkv_decoder *d, int32_t k, const pkv_plan_options *opts, int32_t Bs) {
+    if (!d->bucket_ws[k]) {
+        size_t need = 0;
+        TRY(pkv_workspace_size(d->ctx, &d->prob, Bs, opts, &need));
+        TRY(balloc(d, need, &d->bucket_ws[k]));
+        d->bucket_ws_cap[k] = need;
+    }
+    if (pkv_plan_workspace_size(d->plan) > d->bucket_ws_cap[k])
+        return pkv_lab_fail(PKV_ERR_WORKSPACE_TOO_SMALL, "decoder: a graph-stable plan above its bucket's workspace");
+    d->step_ws = d->bucket_ws[k];
+    d->step_ws_cap = d->bucket_ws_cap[k];
     return PKV_OK;
 }
 
@@ -423,7 +458,7 @@ static pkv_status layer_attention(pkv_decoder *d, int32_t l) {
     t.kv_page_indices = d->attn_indices;
     t.o = d->attn;
     t.k_scale = t.v_scale = d->kv_scale;
-    CALL(pkv_run(d->ctx, d->plan, d->ws, d->ws_cap, &t, pkv_ops_stream(d->ops)));
+    CALL(pkv_run(d->ctx, d->plan, d->step_ws, d->step_ws_cap, &t, pkv_ops_stream(d->ops)));
     return PKV_OK;
 }
 
@@ -534,7 +569,6 @@ static pkv_status launch_graphed(pkv_decoder *d, int32_t B, int32_t Bs, int32_t 
     /* the append over the padded rows on CUDA (its kernel skips a row of length 0, so a graph has one launch
      * whatever B is); the CPU's append refuses such a row, and nothing there is captured: the B rows */
     const append_table at = {d->cuda ? Bs : B, d->b_sindptr, d->b_slots, lens, NULL};
-    TRY(ensure_ws(d));
     uint8_t *state = &d->bucket_state[k];
     if (d->cuda && *state == 1) {
         TRY(capture_bucket(d, k, Bs, &at, positions, tokens));
@@ -549,6 +583,47 @@ static pkv_status launch_graphed(pkv_decoder *d, int32_t B, int32_t Bs, int32_t 
             TRY(piece(d, p, Bs, &at, positions, tokens));
         }
         if (p < L) TRY(layer_attention(d, p));
+    }
+    MARK(-1);
+    if (d->cuda && *state == 0) *state = 1;
+    return PKV_OK;
+}
+
+/* A whole decode step (embedding, every layer with its attention, the head) of bucket k's Bs rows (B live). */
+static pkv_status whole_step(pkv_decoder *d, int32_t Bs, const append_table *at, const int32_t *positions,
+                             const int32_t *tokens) {
+    for (int32_t p = 0; p <= d->s.layers; p++) {
+        TRY(piece(d, p, Bs, at, positions, tokens));
+        if (p < d->s.layers) TRY(layer_attention(d, p));
+    }
+    return PKV_OK;
+}
+
+/* A decode step's model work as one graph (PKV_DECODER_GRAPH_STEP): B live rows padded to bucket k's Bs, attention
+ * from the step's graph-stable plan, already uploaded into the bucket's workspace (host_step).  The bucket's first
+ * step runs op by op, its second is captured (nothing runs while it is) and launched, every later one replays. */
+static pkv_status launch_whole(pkv_decoder *d, int32_t B, int32_t Bs, int32_t k) {
+    const int32_t *lens = d->b_stage, *positions = lens + Bs, *tokens = positions + Bs;
+    const append_table at = {d->cuda ? Bs : B, d->b_sindptr, d->b_slots, lens, NULL}; /* as in launch_graphed */
+    uint8_t *state = &d->bucket_state[k];
+    void **g = &d->graphs[(int64_t)k * (d->s.layers + 1)];
+    if (d->cuda && *state == 1) {
+        TRY(pkv_ops_capture_begin(d->ops));
+        const pkv_status ps = whole_step(d, Bs, &at, positions, tokens);
+        void *graph = NULL;
+        const pkv_status es = pkv_ops_capture_end(d->ops, &graph); /* ends the capture whatever the step did */
+        if (ps != PKV_OK || es != PKV_OK) {
+            pkv_ops_graph_free(d->ops, graph);
+            return ps != PKV_OK ? ps : es;
+        }
+        *g = graph;
+        *state = 2;
+    }
+    if (*state == 2) {
+        MARK(PKV_PART_GRAPHED);
+        CALL(pkv_ops_graph_launch(d->ops, *g));
+    } else {
+        TRY(whole_step(d, Bs, &at, positions, tokens));
     }
     MARK(-1);
     if (d->cuda && *state == 0) *state = 1;
@@ -599,7 +674,7 @@ void pkv_decoder_last_times(const pkv_decoder *d, pkv_decoder_times *t) {
  * the step's inputs and plan on their way to the backend (queued; *npairs: the changed ids).  A failure leaves
  * the requests grown by the token. */
 static pkv_status host_step(pkv_decoder *d, const int32_t *reqs, const int32_t *tokens, int32_t B, int32_t Bs,
-                            int32_t *ncopies_out, int32_t *npairs_out, pkv_decoder_times *h) {
+                            int32_t bucket, int32_t *ncopies_out, int32_t *npairs_out, pkv_decoder_times *h) {
     const double t0 = pkv_wall_us();
     int32_t *ncopies = ncopies_out; /* kept current: the copies handed out must run even if a later row fails */
     *ncopies = 0;
@@ -656,6 +731,8 @@ static pkv_status host_step(pkv_decoder *d, const int32_t *reqs, const int32_t *
     pkv_plan_options opts;
     pkv_plan_options_default(&opts);
     opts.route = d->cfg.route;
+    const bool whole = d->cfg.graphs == PKV_DECODER_GRAPH_STEP;
+    if (whole) opts.graph_max_batch = Bs; /* the bucket's rows: one launch signature for all its steps */
     TRY(pkv_plan_step(d->ctx, &d->prob, &table, &opts, d->plan));
     const double t3 = pkv_wall_us();
     h->host_plan_us = t3 - t2;
@@ -663,8 +740,8 @@ static pkv_status host_step(pkv_decoder *d, const int32_t *reqs, const int32_t *
      * at the first layer) */
     memcpy(positions + Bs, tokens, (size_t)B * 4);
     for (int32_t i = B; i < Bs; i++) lens[i] = positions[i] = positions[Bs + i] = 0; /* padding rows (cfg.graphs) */
-    TRY(ensure_ws(d));
-    TRY(pkv_plan_upload(d->ctx, d->plan, d->ws, d->ws_cap, pkv_ops_stream(d->ops)));
+    TRY(whole ? bucket_ws(d, bucket, &opts, Bs) : ensure_ws(d));
+    TRY(pkv_plan_upload(d->ctx, d->plan, d->step_ws, d->step_ws_cap, pkv_ops_stream(d->ops)));
     TRY(pkv_ops_upload(d->ops, d->b_stage, d->h_stage, (size_t)(3 * (int64_t)Bs + 2 * (int64_t)npairs) * 4));
     h->host_stage_us = pkv_wall_us() - t3;
     return PKV_OK;
@@ -692,7 +769,8 @@ static pkv_status launch_scatter(pkv_decoder *d, int32_t Bs, int32_t npairs) {
  * i the last of row i, over the same strided table). */
 static pkv_status launch_model(pkv_decoder *d, int32_t B, int32_t Bs, int32_t bucket) {
     d->attn_indices = d->b_slots;
-    if (bucket >= 0) return launch_graphed(d, B, Bs, bucket);
+    if (bucket >= 0)
+        return d->cfg.graphs == PKV_DECODER_GRAPH_STEP ? launch_whole(d, B, Bs, bucket) : launch_graphed(d, B, Bs, bucket);
     const int32_t *lens = d->b_stage, *positions = lens + B, *tokens = positions + B;
     const append_table at = {B, d->b_sindptr, d->b_slots, lens, NULL};
     CALL(pkv_op_embed(d->ops, d->embed, d->s.vocab, d->s.hidden, tokens, B, d->x));
@@ -721,7 +799,7 @@ pkv_status pkv_decoder_step(pkv_decoder *d, const int32_t *reqs, const int32_t *
     const double t0 = pkv_wall_us();
     int32_t ncopies = 0, npairs = 0, bucket = -1;
     const int32_t Bs = step_rows(d, B, &bucket);
-    pkv_status st = host_step(d, reqs, tokens, B, Bs, &ncopies, &npairs, &h);
+    pkv_status st = host_step(d, reqs, tokens, B, Bs, bucket, &ncopies, &npairs, &h);
     const double t1 = pkv_wall_us();
     d->busy_us = 0.0;
     const pkv_status cs = launch_copies(d, ncopies); /* those handed out, even when the step failed after them */
@@ -745,7 +823,7 @@ pkv_status pkv_decoder_step_host(pkv_decoder *d, const int32_t *reqs, const int3
     const double t0 = pkv_wall_us();
     int32_t ncopies = 0, npairs = 0, bucket = -1;
     const int32_t Bs = step_rows(d, B, &bucket);
-    pkv_status st = host_step(d, reqs, tokens, B, Bs, &ncopies, &npairs, &h);
+    pkv_status st = host_step(d, reqs, tokens, B, Bs, bucket, &ncopies, &npairs, &h);
     const double t1 = pkv_wall_us();
     d->busy_us = 0.0;
     if (st == PKV_OK) st = launch_scatter(d, Bs, npairs);
