@@ -12,15 +12,17 @@ first token's logits against each other (relative L2, max abs).  JSON with --jso
 A random model's logits are nearly flat: its greedy picks meet exact bf16 ties within a few dozen tokens, in
 transformers' own bf16 run against its fp32 one as much as in ours.  --train-steps N (the default 800) first
 trains the model, with transformers' own training step (AdamW, bf16 autocast over fp32 weights), on a task
-that only attention can do: sequences that repeat a random segment of 8..64 tokens, the loss on every token
+that only attention can do: sequences that repeat a random segment of 8..64 tokens (drawn from the first
+--train-vocab ids, 2048, so that each id is seen often enough to learn), the loss on every token
 after the first period (the model must find the token one period back: induction heads over the whole
 context).  The prompts are then such sequences too (a segment repeated to 8..300 tokens, ragged), and the
 trained model continues the period with margins far above bf16's noise, so 256 new tokens can agree token for
 token - each one read from the right place of a context that crosses pages.  --train-steps 0 keeps the random
 model (the first token's logits are still compared).
 
-Run on the GPU machine (transformers' wheels travel in .whl, bench/FLASHINFER.md):
-    eval "$(bash bench/install_wheelhouse.sh)"; python3 bench/check_transformers.py --pkv build-gpu/pkv
+Run on the GPU machine (transformers' wheels travel in .whl-hf, bench/FLASHINFER.md):
+    eval "$(PKV_SKIP_IMPORT_CHECK=1 bash bench/install_wheelhouse.sh .whl-hf /tmp/hf-site)"
+    python3 bench/check_transformers.py --pkv build-gpu/pkv
 """
 import argparse
 import json
@@ -32,7 +34,8 @@ import time
 
 
 def periodic(rng, vocab, n, period=None):
-    """n tokens that repeat a random segment (its length `period`, else 8..64 and at most n // 2 + 1)."""
+    """n tokens in [0, vocab) that repeat a random segment (its length `period`, else 8..64 and at most
+    n // 2 + 1)."""
     if period is None:
         period = int(rng.integers(8, max(9, min(65, n // 2 + 2))))
     seg = rng.integers(0, vocab, period)
@@ -40,8 +43,8 @@ def periodic(rng, vocab, n, period=None):
 
 
 def train_periodic(model, vocab, steps, rng, batch=32, length=640, device="cuda"):
-    """Trains model (fp32 weights, on the GPU) on repeated random segments: the loss on each token after the
-    segment's first period.  Returns the loss of the first and the last step."""
+    """Trains model (fp32 weights, on the GPU) on repeated random segments of tokens in [0, vocab): the loss on
+    each token after the segment's first period.  Returns the loss of the first and the last step."""
     import numpy as np
     import torch
     model.train()
@@ -66,6 +69,8 @@ def train_periodic(model, vocab, steps, rng, batch=32, length=640, device="cuda"
         if k == 0:
             first = float(loss)
         last = float(loss)
+        if (k + 1) % max(1, steps // 8) == 0:
+            print(f"  train step {k + 1}: loss {last:.4f}", flush=True)
     model.eval()
     return first, last
 
@@ -82,6 +87,9 @@ def main():
                          "nearly flat, so greedy picks meet exact bf16 ties; larger spreads them)")
     ap.add_argument("--train-steps", type=int, default=800,
                     help="train on repeated random segments first (0: the random model; see above)")
+    ap.add_argument("--train-vocab", type=int, default=2048,
+                    help="the trained task's and the prompts' tokens are drawn from [0, N): each token is then seen "
+                         "often enough for its embedding and LM-head row to learn the copy")
     ap.add_argument("--json")
     args = ap.parse_args()
 
@@ -102,7 +110,7 @@ def main():
     train_loss = None
     if args.train_steps > 0:
         t0 = time.time()
-        train_loss = train_periodic(model, cfg.vocab_size, args.train_steps, rng)
+        train_loss = train_periodic(model, args.train_vocab, args.train_steps, rng)
         train_s = time.time() - t0
         print(f"trained {args.train_steps} steps on repeated segments in {train_s:.1f} s: loss after the first period "
               f"{train_loss[0]:.3f} -> {train_loss[1]:.4f}", flush=True)
@@ -127,7 +135,7 @@ def main():
             f.write(sd[name].contiguous().view(torch.int16).cpu().numpy().tobytes())
 
     if args.train_steps > 0:
-        prompts = [periodic(rng, cfg.vocab_size, int(rng.integers(8, 300))) for _ in range(args.prompts)]
+        prompts = [periodic(rng, args.train_vocab, int(rng.integers(8, 300))) for _ in range(args.prompts)]
     else:
         prompts = [rng.integers(0, cfg.vocab_size, int(rng.integers(8, 300))).tolist() for _ in range(args.prompts)]
     with open(ppath, "w") as f:
@@ -199,7 +207,8 @@ def main():
             json.dump({"tool": "bench/check_transformers.py", "commit": os.environ.get("PKV_COMMIT", "unknown"),
                        "device": torch.cuda.get_device_name(), "transformers": transformers.__version__,
                        "attn_implementation": args.attn, "initializer_range": args.init_range,
-                       "train_steps": args.train_steps, "train_loss_first_last": train_loss, "train_s": train_s,
+                       "train_steps": args.train_steps, "train_vocab": args.train_vocab,
+                       "train_loss_first_last": train_loss, "train_s": train_s,
                        "prompts_kind": "repeated random segments" if args.train_steps > 0 else "random tokens",
                        "new_tokens": args.new_tokens, "prompts": rows,
                        "all_agree": full, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, f, indent=1)
