@@ -14,9 +14,10 @@
  * Medians of reps steps per B (after 64 untimed), microseconds; `patched`: the share of those steps whose plan was
  * patched over the last step's (the planner's incremental steps).  --flush-mb M writes M MiB between steps, as a
  * model's layers computed on the host (the CPU backend in `pkv decode`) would, so that each step starts with
- * the host's caches cold; by default they stay warm, as on a GPU machine's host.
+ * the host's caches cold; by default they stay warm, as on a GPU machine's host.  --graphs step plans as the
+ * decoder's whole steps in graphs do (PKV_DECODER_GRAPH_STEP: graph-stable plans for the batch's bucket).
  *
- *   build/bench_decode_host [--reps N] [--batch B] [--flush-mb M] [--policy FILE] [--json FILE]
+ *   build/bench_decode_host [--reps N] [--batch B] [--flush-mb M] [--policy FILE] [--graphs step] [--json FILE]
  *   (Markdown table on stdout; --batch: that B alone) */
 #define _POSIX_C_SOURCE 200809L
 #include "pkv_lab.h"
@@ -47,7 +48,7 @@ static int fail(const char *what) {
 }
 
 int main(int argc, char **argv) {
-    int reps = 2000, only_b = 0, flush_mb = 0;
+    int reps = 2000, only_b = 0, flush_mb = 0, step_graphs = 0;
     const char *policy = NULL, *json = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) reps = atoi(argv[++i]);
@@ -55,8 +56,10 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc) json = argv[++i];
         else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) only_b = atoi(argv[++i]);
         else if (strcmp(argv[i], "--flush-mb") == 0 && i + 1 < argc) flush_mb = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--graphs") == 0 && i + 1 < argc && strcmp(argv[i + 1], "step") == 0) step_graphs = 1, i++;
         else {
-            fprintf(stderr, "usage: bench_decode_host [--reps N] [--batch B] [--flush-mb M] [--policy FILE] [--json FILE]\n");
+            fprintf(stderr, "usage: bench_decode_host [--reps N] [--batch B] [--flush-mb M] [--policy FILE] [--graphs step] "
+                            "[--json FILE]\n");
             return 2;
         }
     }
@@ -88,6 +91,7 @@ int main(int argc, char **argv) {
     pkv_decoder_config_default(&dc, &s);
     dc.max_batch = MAX_B;
     dc.max_requests = MAX_B;
+    dc.graphs = step_graphs ? PKV_DECODER_GRAPH_STEP : PKV_DECODER_GRAPH_NONE;
     dc.max_len = MAX_LEN + 2 * ROLLBACK;
     dc.num_pages = (int64_t)MAX_B * ((dc.max_len + dc.page_size - 1) / dc.page_size + 1);
     pkv_decoder *d = NULL;
@@ -110,12 +114,13 @@ int main(int argc, char **argv) {
     }
     if (jf)
         fprintf(jf,
-                "{\"tool\": \"bench_decode_host\", \"planner\": \"%s\", \"caps\": \"H100 (132 SMs)\", \"flush_mb\": %d, \"reps\": %d, "
+                "{\"tool\": \"bench_decode_host\", \"planner\": \"%s\", \"caps\": \"H100 (132 SMs)\", \"flush_mb\": %d, \"graphs\": \"%s\", \"reps\": %d, "
                 "\"rows\": [",
-                policy ? policy : "auto rule", flush_mb, reps);
+                policy ? policy : "auto rule", flush_mb, step_graphs ? "step" : "off", reps);
     printf("## bench_decode_host: the decode step's host part, us (median of %d steps), planner %s, H100's "
-           "capabilities, caches %s\n\n",
-           reps, policy ? policy : "auto rule", flush ? "cold" : "warm");
+           "capabilities, caches %s%s\n\n",
+           reps, policy ? policy : "auto rule", flush ? "cold" : "warm",
+           step_graphs ? ", graph-stable plans (whole steps in graphs)" : "");
     printf("| B | route | tasks | extend | table | plan | stage | launch | host | call | patched |\n");
     printf("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     int rows = 0;
