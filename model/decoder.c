@@ -414,8 +414,9 @@ static pkv_status bucket_ws(pkv_decoder *d, int32_t k, const pkv_plan_options *o
     return PKV_OK;
 }
 
-/* Layer l up to its attention: RMSNorm, the QKV GEMM, RoPE, and the rows' K and V appended (at: the append's
- * table, atok tokens; the activations' R rows). */
+/* Layer l up to its attention: RMSNorm (after layer l - 1's MLP output, left in tmp, is added to the residual
+ * stream: one pass), the QKV GEMM, RoPE, and the rows' K and V appended (at: the append's table, atok tokens; the
+ * activations' R rows). */
 static pkv_status layer_pre(pkv_decoder *d, int32_t l, int32_t R, const append_table *at, int32_t atok,
                             const int32_t *positions) {
     const pkv_model_shape *s = &d->s;
@@ -423,7 +424,8 @@ static pkv_status layer_pre(pkv_decoder *d, int32_t l, int32_t R, const append_t
     pkv_ops *o = d->ops;
     const layer_w *w = &d->layers[l];
     MARK(PKV_PART_OTHER);
-    CALL(pkv_op_rmsnorm(o, d->x, w->attn_norm, R, (int32_t)H, s->rms_eps, d->h));
+    if (l == 0) CALL(pkv_op_rmsnorm(o, d->x, w->attn_norm, R, (int32_t)H, s->rms_eps, d->h));
+    else CALL(pkv_op_add_rmsnorm(o, d->x, d->tmp, w->attn_norm, R, (int32_t)H, s->rms_eps, d->h));
     MARK(PKV_PART_GEMM);
     CALL(pkv_op_gemm(o, d->h, 0, w->wqkv, R, (int32_t)d->qkv_row, (int32_t)H, d->qkv, 0));
     MARK(PKV_PART_OTHER);
@@ -462,7 +464,8 @@ static pkv_status layer_attention(pkv_decoder *d, int32_t l) {
     return PKV_OK;
 }
 
-/* Layer l after its attention: the O GEMM, the residual, RMSNorm, the SwiGLU MLP, the residual. */
+/* Layer l after its attention: the O GEMM, the residual and RMSNorm, the SwiGLU MLP; its output is left in tmp, for
+ * the next layer's (or the head's) norm to add to the residual stream. */
 static pkv_status layer_post(pkv_decoder *d, int32_t l, int32_t R) {
     const pkv_model_shape *s = &d->s;
     const int64_t H = s->hidden, qd = (int64_t)s->q_heads * s->head_dim;
@@ -471,26 +474,25 @@ static pkv_status layer_post(pkv_decoder *d, int32_t l, int32_t R) {
     MARK(PKV_PART_GEMM);
     CALL(pkv_op_gemm(o, d->attn, 0, w->wo, R, (int32_t)H, (int32_t)qd, d->tmp, 0));
     MARK(PKV_PART_OTHER);
-    CALL(pkv_op_add(o, d->x, d->tmp, (int64_t)R * H));
-    CALL(pkv_op_rmsnorm(o, d->x, w->mlp_norm, R, (int32_t)H, s->rms_eps, d->h));
+    CALL(pkv_op_add_rmsnorm(o, d->x, d->tmp, w->mlp_norm, R, (int32_t)H, s->rms_eps, d->h));
     MARK(PKV_PART_GEMM);
     CALL(pkv_op_gemm(o, d->h, 0, w->wgu, R, 2 * s->mlp, (int32_t)H, d->gu, 0));
     MARK(PKV_PART_OTHER);
     CALL(pkv_op_silu_mul(o, d->gu, R, s->mlp, d->act));
     MARK(PKV_PART_GEMM);
     CALL(pkv_op_gemm(o, d->act, 0, w->wd, R, (int32_t)H, s->mlp, d->tmp, 0));
-    MARK(PKV_PART_OTHER);
-    CALL(pkv_op_add(o, d->x, d->tmp, (int64_t)R * H));
     return PKV_OK;
 }
 
-/* The final norm, the LM head and the greedy tokens of rows [out_row, out_row + out_n). */
+/* The last layer's residual, the final norm, the LM head and the greedy tokens of rows [out_row, out_row + out_n)
+ * (the other rows' residual is not needed again). */
 static pkv_status model_head(pkv_decoder *d, int32_t out_row, int32_t out_n) {
     const pkv_model_shape *s = &d->s;
     const int64_t H = s->hidden;
     pkv_ops *o = d->ops;
     MARK(PKV_PART_OTHER);
-    CALL(pkv_op_rmsnorm(o, d->x + (int64_t)out_row * H, d->final_norm, out_n, (int32_t)H, s->rms_eps, d->h));
+    CALL(pkv_op_add_rmsnorm(o, d->x + (int64_t)out_row * H, d->tmp + (int64_t)out_row * H, d->final_norm, out_n,
+                            (int32_t)H, s->rms_eps, d->h));
     MARK(PKV_PART_GEMM);
     CALL(pkv_op_gemm(o, d->h, 0, d->lm_head, out_n, s->vocab, (int32_t)H, d->logits, 0));
     MARK(PKV_PART_OTHER);

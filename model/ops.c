@@ -194,6 +194,15 @@ pkv_status pkv_op_add(pkv_ops *ops, uint16_t *x, const uint16_t *y, int64_t coun
     return PKV_OK;
 }
 
+pkv_status pkv_op_add_rmsnorm(pkv_ops *ops, uint16_t *x, const uint16_t *y, const uint16_t *w, int32_t B, int32_t n,
+                              double eps, uint16_t *out) {
+    OPS_CHECK(ops && x && y && w && out, "add_rmsnorm: NULL argument");
+    OPS_CHECK(B >= 0 && n > 0 && eps > 0, "add_rmsnorm: bad sizes");
+    if (ops->cuda) return pkv_cuda_op_add_rmsnorm(ops, x, y, w, B, n, (float)eps, out);
+    const pkv_status st = pkv_op_add(ops, x, y, (int64_t)B * n);
+    return st != PKV_OK ? st : pkv_op_rmsnorm(ops, x, w, B, n, eps, out);
+}
+
 pkv_status pkv_op_gemm(pkv_ops *ops, const uint16_t *x, int64_t x_stride, const uint16_t *W, int32_t B, int32_t N,
                        int32_t K, uint16_t *y, int64_t y_stride) {
     OPS_CHECK(ops && x && W && y, "gemm: NULL argument");

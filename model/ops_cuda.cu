@@ -55,6 +55,33 @@ __global__ void rmsnorm_kernel(const uint16_t *x, const uint16_t *w, int32_t n, 
         out[(int64_t)blockIdx.x * n + i] = to_bf(bf(w[i]) * bf(to_bf(bf(xr[i]) * r)));
 }
 
+// The residual add and the next RMSNorm in one pass: a CTA per row writes x += y (rounded) and normalizes the sum,
+// each thread over the same elements in the same order as add_kernel then rmsnorm_kernel (the same bits).
+__global__ void add_rmsnorm_kernel(uint16_t *x, const uint16_t *y, const uint16_t *w, int32_t n, float eps,
+                                   uint16_t *out) {
+    __shared__ float part[kThreads / 32];
+    uint16_t *xr = x + (int64_t)blockIdx.x * n;
+    const uint16_t *yr = y + (int64_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+        const uint16_t v = to_bf(bf(xr[i]) + bf(yr[i]));
+        xr[i] = v;
+        ss += bf(v) * bf(v);
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        ss = threadIdx.x < kThreads / 32 ? part[threadIdx.x] : 0.0f;
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if (threadIdx.x == 0) part[0] = ss;
+    }
+    __syncthreads();
+    const float r = 1.0f / sqrtf(part[0] / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += kThreads) // the elements this thread wrote above
+        out[(int64_t)blockIdx.x * n + i] = to_bf(bf(w[i]) * bf(to_bf(bf(xr[i]) * r)));
+}
+
 __global__ void add_kernel(uint16_t *x, const uint16_t *y, int64_t count) {
     for (int64_t i = blockIdx.x * (int64_t)kThreads + threadIdx.x; i < count; i += (int64_t)gridDim.x * kThreads)
         x[i] = to_bf(bf(x[i]) + bf(y[i]));
@@ -299,6 +326,13 @@ extern "C" pkv_status pkv_cuda_op_rmsnorm(pkv_ops *ops, const uint16_t *x, const
     if (B == 0) return PKV_OK;
     rmsnorm_kernel<<<B, kThreads, 0, stream_of(ops)>>>(x, w, n, eps, out);
     return launched("rmsnorm");
+}
+
+extern "C" pkv_status pkv_cuda_op_add_rmsnorm(pkv_ops *ops, uint16_t *x, const uint16_t *y, const uint16_t *w,
+                                              int32_t B, int32_t n, float eps, uint16_t *out) {
+    if (B == 0) return PKV_OK;
+    add_rmsnorm_kernel<<<B, kThreads, 0, stream_of(ops)>>>(x, y, w, n, eps, out);
+    return launched("add_rmsnorm");
 }
 
 extern "C" pkv_status pkv_cuda_op_add(pkv_ops *ops, uint16_t *x, const uint16_t *y, int64_t count) {

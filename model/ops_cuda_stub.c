@@ -28,6 +28,11 @@ pkv_status pkv_cuda_op_rmsnorm(pkv_ops *ops, const uint16_t *x, const uint16_t *
     (void)ops, (void)x, (void)w, (void)B, (void)n, (void)eps, (void)out;
     return NO_CUDA;
 }
+pkv_status pkv_cuda_op_add_rmsnorm(pkv_ops *ops, uint16_t *x, const uint16_t *y, const uint16_t *w, int32_t B, int32_t n,
+                                   float eps, uint16_t *out) {
+    (void)ops, (void)x, (void)y, (void)w, (void)B, (void)n, (void)eps, (void)out;
+    return NO_CUDA;
+}
 pkv_status pkv_cuda_op_add(pkv_ops *ops, uint16_t *x, const uint16_t *y, int64_t count) {
     (void)ops, (void)x, (void)y, (void)count;
     return NO_CUDA;

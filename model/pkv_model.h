@@ -63,6 +63,9 @@ pkv_status pkv_op_rmsnorm(pkv_ops *ops, const uint16_t *x, const uint16_t *w, in
                           uint16_t *out);
 /* x += y elementwise (the residual stream), count elements. */
 pkv_status pkv_op_add(pkv_ops *ops, uint16_t *x, const uint16_t *y, int64_t count);
+/* x += y over [B, n], then out = rmsnorm(x) as pkv_op_rmsnorm: the two ops in one pass, the same bits. */
+pkv_status pkv_op_add_rmsnorm(pkv_ops *ops, uint16_t *x, const uint16_t *y, const uint16_t *w, int32_t B, int32_t n,
+                              double eps, uint16_t *out);
 /* y[B, N] = x[B, K] W^T, W [N, K] as a torch Linear's weight; fp32 accumulation, y rounded to bf16.
  * x and y rows are x_stride / y_stride elements apart (0: K / N). */
 pkv_status pkv_op_gemm(pkv_ops *ops, const uint16_t *x, int64_t x_stride, const uint16_t *W, int32_t B, int32_t N,

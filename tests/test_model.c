@@ -107,6 +107,17 @@ static void cpu_ops(pkv_ops *ops, pkv_rng *rng) {
     bad = 0;
     for (int i = 0; i < 64; i++) bad += a2[i] != pkv_float_to_bf16(bf(a0[i]) + bf(a1[i]));
     CHECK(bad == 0);
+    /* add_rmsnorm: the same bits as add, then rmsnorm (2 rows of 32) */
+    uint16_t *w32 = random_bf16(rng, 32, 1.0), *n1 = (uint16_t *)malloc(128), *n2 = (uint16_t *)malloc(128);
+    memcpy(a2, a0, 128);
+    CHECK_OK(pkv_op_add_rmsnorm(ops, a2, a1, w32, 2, 32, 1e-5, n1));
+    uint16_t a3[64];
+    memcpy(a3, a0, 128);
+    CHECK_OK(pkv_op_add(ops, a3, a1, 64));
+    CHECK_OK(pkv_op_rmsnorm(ops, a3, w32, 2, 32, 1e-5, n2));
+    CHECK(memcmp(a2, a3, 128) == 0 && memcmp(n1, n2, 128) == 0);
+    CHECK_STATUS(pkv_op_add_rmsnorm(ops, a2, NULL, w32, 2, 32, 1e-5, n1), PKV_ERR_INVALID_ARGUMENT);
+    free(w32), free(n1), free(n2);
 
     /* argmax: the first of equal maxima, NaN above all */
     uint16_t *lg = random_bf16(rng, (int64_t)3 * V, 1.0);
@@ -155,6 +166,10 @@ static void cuda_vs_cpu(pkv_ops *cpu, pkv_context *gctx, pkv_rng *rng) {
     CHECK_OK(pkv_op_silu_mul(cpu, gu, B, MLP, c_act));
     CHECK_OK(pkv_op_add(cpu, c_add, c_norm, (int64_t)B * K));
     CHECK_OK(pkv_op_argmax(cpu, c_y, B, N, c_am));
+    /* add_rmsnorm: x + the norm's output, normalized again (c_add2 the sum, c_norm2 its norm) */
+    uint16_t *c_add2 = malloc((size_t)B * K * 2), *c_norm2 = malloc((size_t)B * K * 2);
+    memcpy(c_add2, x, (size_t)B * K * 2);
+    CHECK_OK(pkv_op_add_rmsnorm(cpu, c_add2, c_norm, w, B, K, 1e-5, c_norm2));
     /* the same on the device */
     void *d_x, *d_w, *d_W, *d_qkv, *d_gu, *d_norm, *d_y, *d_act, *d_pos, *d_inv, *d_am;
     pkv_status st = PKV_OK;
@@ -205,9 +220,32 @@ static void cuda_vs_cpu(pkv_ops *cpu, pkv_context *gctx, pkv_rng *rng) {
     CHECK_OK(pkv_op_argmax(cpu, g, B, N, ref_am));
     CHECK_OK(pkv_dev_copy_d2h(gctx, g_am, d_am, sizeof g_am));
     CHECK(memcmp(ref_am, g_am, sizeof g_am) == 0);
-    void *bufs[] = {d_x, d_w, d_W, d_qkv, d_gu, d_norm, d_y, d_act, d_pos, d_inv, d_am};
+    /* add_rmsnorm on the device: the same bits as its add then rmsnorm there, and the CPU's within a rounding */
+    void *d_x2 = NULL, *d_n2 = NULL, *d_n3 = NULL;
+    st = dev_put(gctx, &d_x2, (size_t)B * K * 2, x);
+    if (st == PKV_OK) st = dev_put(gctx, &d_n2, (size_t)B * K * 2, NULL);
+    if (st == PKV_OK) st = dev_put(gctx, &d_n3, (size_t)B * K * 2, NULL);
+    CHECK_OK(st);
+    if (st == PKV_OK) {
+        CHECK_OK(pkv_op_add_rmsnorm(gpu, d_x2, d_norm, d_w, B, K, 1e-5, d_n2));
+        CHECK_OK(pkv_op_rmsnorm(gpu, d_x, d_w, B, K, 1e-5, d_n3)); /* d_x: x + the norm, by the add above */
+        CHECK_OK(pkv_ops_synchronize(gpu));
+        uint16_t *g2 = malloc((size_t)B * K * 2);
+        CHECK_OK(pkv_dev_copy_d2h(gctx, g, d_x2, (size_t)B * K * 2));
+        CHECK_OK(pkv_dev_copy_d2h(gctx, g2, d_x, (size_t)B * K * 2));
+        CHECK_MSG(memcmp(g, g2, (size_t)B * K * 2) == 0, "add_rmsnorm: the sum differs from add's");
+        CHECK_OK(pkv_dev_copy_d2h(gctx, g, d_n2, (size_t)B * K * 2));
+        CHECK_OK(pkv_dev_copy_d2h(gctx, g2, d_n3, (size_t)B * K * 2));
+        CHECK_MSG(memcmp(g, g2, (size_t)B * K * 2) == 0, "add_rmsnorm: the norm differs from add then rmsnorm");
+        far = 0;
+        for (int i = 0; i < B * K; i++) far += !near_bf16(bf(g[i]), bf(c_norm2[i]), 1.0);
+        CHECK_MSG(far == 0, "add_rmsnorm: %d values differ from the CPU's by more than one rounding", far);
+        free(g2);
+    }
+    void *bufs[] = {d_x, d_w, d_W, d_qkv, d_gu, d_norm, d_y, d_act, d_pos, d_inv, d_am, d_x2, d_n2, d_n3};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) pkv_dev_free(gctx, bufs[i]);
     free(x), free(w), free(W), free(qkv), free(gu), free(c_norm), free(c_y), free(c_qkv), free(c_act), free(c_add);
+    free(c_add2), free(c_norm2);
     free(g);
     pkv_ops_free(gpu);
 }
