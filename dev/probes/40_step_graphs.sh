@@ -2,7 +2,8 @@
 # 40_step_graphs.sh OUT [BUILD] - whole decode steps in one CUDA graph (pkv decode --graphs step: attention from
 # graph-stable work-queue plans inside the replay) against the pieces (--graphs pieces: L + 1 replays, attention
 # planned by the policy and launched between them) and no graphs, in the end-to-end loop: first test_decoder
-# (graphs of both kinds against op by op, bit for bit on the CPU, bf16 GEMM rounding on CUDA), then pkv decode,
+# (graphs of both kinds against op by op, bit for bit on the CPU, bf16 GEMM rounding on CUDA) and test_model (the
+# fused add_rmsnorm against its two ops on the device), then pkv decode,
 # Llama-3-8B's first 8 layers (and all 32 at B 1 and 128), the uniform trace, 60 steps, the three modes in turn
 # (two rounds at 8 layers).  The questions: does the step graph's single replay lift tokens/s (the launch gaps of
 # L attention launches gone) or lose it (graph-stable plans' surplus CTAs, no per-step route), and does it bring the
@@ -13,9 +14,9 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 out=${1:?usage: dev/probes/40_step_graphs.sh OUT [BUILD]}
 build=${2:-$root/build-gpu}
 mkdir -p "$out"
-if [ ! -x "$build/pkv" ] || [ ! -x "$build/tests/test_decoder" ]; then
+if [ ! -x "$build/pkv" ] || [ ! -x "$build/tests/test_decoder" ] || [ ! -x "$build/tests/test_model" ]; then
   cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a-real -DBUILD_TESTING=ON \
-    >"$out/build.log" 2>&1 && cmake --build "$build" -j "$(nproc)" --target pkv test_decoder >>"$out/build.log" 2>&1 ||
+    >"$out/build.log" 2>&1 && cmake --build "$build" -j "$(nproc)" --target pkv test_decoder test_model >>"$out/build.log" 2>&1 ||
     { tail -n 30 "$out/build.log"; exit 1; }
 fi
 {
@@ -24,6 +25,9 @@ fi
   echo
   timeout 150 "$build/tests/test_decoder" >"$out/test_decoder.log" 2>&1
   echo "test_decoder: exit $?, $(tail -n 1 "$out/test_decoder.log")"
+  timeout 60 "$build/tests/test_model" >"$out/test_model.log" 2>&1
+  echo "test_model: exit $?, $(tail -n 1 "$out/test_model.log")"
+  grep -h "CHECK failed" "$out/test_model.log" | head -n 4
   grep -h "graphs (\|CHECK failed" "$out/test_decoder.log" | head -n 8
   echo
   echo "| layers | B | graphs | round | tokens/s | median step ms | attention | in graphs | host mean us | host median us | plan median us | stage median us | launch median us |"
