@@ -5,7 +5,7 @@
 # (graphs of both kinds against op by op, bit for bit on the CPU, bf16 GEMM rounding on CUDA) and test_model (the
 # fused add_rmsnorm against its two ops on the device), then pkv decode,
 # Llama-3-8B's first 8 layers (and all 32 at B 1 and 128), the uniform trace, 60 steps, the three modes in turn
-# (two rounds at 8 layers).  The questions: does the step graph's single replay lift tokens/s (the launch gaps of
+# (PKV_ROUNDS rounds at 8 layers, default 1).  The questions: does the step graph's single replay lift tokens/s (the launch gaps of
 # L attention launches gone) or lose it (graph-stable plans' surplus CTAs, no per-step route), and does it bring the
 # host's part per step under the 10 us bar at B = 128?  BUILD: a CUDA build folder (default build-gpu, built here
 # when pkv or test_decoder is missing).  OUT/summary.txt, the reports and JSON in OUT.
@@ -46,7 +46,7 @@ print(f"| {sys.argv[2]} | {sys.argv[3]} | {sys.argv[4]} | {sys.argv[5]} | {x['to
 PY
   }
   for b in 1 32 128; do
-    for round in 1 2; do
+    for round in $(seq 1 "${PKV_ROUNDS:-1}"); do
       for g in off pieces step; do one 8 "$b" "$g" "$round"; done
     done
   done
