@@ -40,6 +40,27 @@ def is_numpy(x):
     return np is not None and isinstance(x, np.ndarray)
 
 
+NO_MEMO = object()  # memo_key of an argument whose checks cannot be remembered
+
+
+def memo_key(x):
+    """What the argument checks of a tensor or array read, as a key of the checks' memos: its kind, address,
+    shape, element strides, dtype and device (numpy: whether it is writable) - not its identity, so a fresh view
+    of the same memory (q = qkv[:, :Hq * d].view(...) again at every layer) is the same argument, and a tensor
+    resized or re-strided in place is another.  Tuples and lists are looked into; None is a key; anything else is
+    NO_MEMO."""
+    if x is None:
+        return None
+    if isinstance(x, (tuple, list)):
+        keys = tuple(memo_key(y) for y in x)
+        return NO_MEMO if any(k is NO_MEMO for k in keys) else keys
+    if is_torch(x):
+        return ("torch", x.data_ptr(), x.shape, x.stride(), x.dtype, x.device)
+    if is_numpy(x):
+        return ("numpy", x.ctypes.data, x.shape, x.strides, x.dtype, x.flags.writeable)
+    return NO_MEMO
+
+
 def torch_cuda_usable():
     """True when torch imports and sees a CUDA device (never raises)."""
     try:

@@ -52,35 +52,6 @@ def _lens_from_last_page(h_indptr, h_last, page_size):
 _RUN_MEMO_SIZE = 64
 
 
-def _weak_refs(objs):
-    """Weak references to the tensors in objs (tuples and lists looked into; None kept as None)."""
-    return tuple(_weak_refs(o) if isinstance(o, (tuple, list)) else None if o is None else weakref.ref(o)
-                 for o in objs)
-
-
-def _same_objects(refs, objs):
-    for r, o in zip(refs, objs):
-        if isinstance(o, (tuple, list)):
-            if not isinstance(r, tuple) or len(r) != len(o) or not _same_objects(r, o):
-                return False
-        elif (r is None) != (o is None) or (r is not None and r() is not o):
-            return False
-    return True
-
-
-def _tensor_key(x):
-    """What run()'s checks of a tensor or array read: its identity, address, shape, element strides, dtype and
-    device (a tensor resized or re-strided in place gets another key); None for anything else (a tuple of
-    caches: run checks it as it is)."""
-    if isinstance(x, (tuple, list)):
-        return tuple(_tensor_key(y) for y in x)
-    if A.is_torch(x):
-        return (id(x), x.data_ptr(), x.shape, x.stride(), x.dtype, x.device)
-    if A.is_numpy(x):
-        return (id(x), x.ctypes.data, x.shape, x.strides, x.dtype, x.flags.writeable)
-    return None if x is None else (id(x),)
-
-
 class BatchDecodeWithPagedKVCacheWrapper:
     """Decode attention over a paged KV cache (grouped-query attention), FlashInfer-style.
 
@@ -141,7 +112,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         self._ws_bytes = 0
         self._planned = False
         self._meta = None
-        self._run_memo = {}  # run()'s checked arguments by the tensors they were checked for (_tensor_key)
+        self._run_memo = {}  # run()'s checked arguments by the tensors they were checked for (_arrays.memo_key)
         self._indices_dev = None  # kv_page_indices as run() passes them (backend memory)
         self._seq_lens = None
         self._graph_key = None  # graph-stable plans: (signature, workspace, page-id buffer) of the first
@@ -500,14 +471,17 @@ class BatchDecodeWithPagedKVCacheWrapper:
         is given).  CUDA: runs on torch.cuda.current_stream().
         """
         self._require_plan()
-        # the same tensors as a run checked before (every layer of a model calls run with its own caches and the same
+        # tensors as a run checked before (every layer of a model calls run with its own caches and views of the same
         # q and out, step after step): their arguments as checked then, the checks skipped
         memo = None
         if out is not None and lse is None and not return_lse and k_scale is None and v_scale is None:
-            memo = (self._meta_key, _tensor_key(q), _tensor_key(k_cache), _tensor_key(v_cache), _tensor_key(out))
-            hit = self._run_memo.get(memo)
-            if hit is not None and _same_objects(hit[1], (q, k_cache, v_cache, out)):
-                return self._launch(hit[0], out, None, False)
+            memo = (self._meta_key, A.memo_key(q), A.memo_key(k_cache), A.memo_key(v_cache), A.memo_key(out))
+            if any(k is A.NO_MEMO for k in memo):
+                memo = None
+            else:
+                hit = self._run_memo.get(memo)
+                if hit is not None:
+                    return self._launch(hit, out, None, False)
         m = self._meta
         if self._kv_layout == "NHD":
             tail, names = (m["page_size"], m["Hkv"], m["d"]), "[num_pages, page_size, num_kv_heads, head_dim]"
@@ -592,9 +566,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if memo is not None:
             if len(self._run_memo) >= _RUN_MEMO_SIZE:
                 self._run_memo.clear()
-            # weak references to the tensors, so that a hit is the very objects (an id can be taken again once
-            # its object is gone) and the memo keeps no tensor alive
-            self._run_memo[memo] = (t, _weak_refs((q, k_cache, v_cache, out)))
+            self._run_memo[memo] = t  # addresses only: the memo keeps no tensor alive
         return res
 
     def _launch(self, t, out, lse, return_lse):

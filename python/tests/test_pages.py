@@ -121,3 +121,40 @@ def test_append_interleaved_cache_and_errors():
         pkv.append_paged_kv_cache(k[:1], v[:1], np.array([0], np.int32), np.array([3], np.int32), kv, indices,
                                   indptr, last)
     assert e.value.status == Status.BEYOND_LENGTH
+
+
+def test_cuda_append_from_views_of_a_qkv_output():
+    """CUDA: decode appends as a model makes them - k and v fresh strided views of one QKV output at every layer,
+    two layers' caches, tables made anew at every step - against the numpy scatter; the calls after a layer's
+    first are made from append_kv's memo of checked arguments, so a stale memo shows here as a wrong cache."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or not pkv.cuda_available():
+        pytest.skip("no CUDA device (or a library without CUDA)")
+    rng = np.random.default_rng(37)
+    P, ps, H, d, B, hq = 48, 16, 2, 64, 3, 4
+    caches = [(torch.zeros((P, ps, H, d), dtype=torch.float16, device="cuda"),
+               torch.zeros((P, ps, H, d), dtype=torch.float16, device="cuda")) for _ in range(2)]
+    refs = [(np.zeros((P, ps, H, d), np.float16), np.zeros((P, ps, H, d), np.float16)) for _ in range(2)]
+    pool = pkv.PagePool(P, ps, B)
+    for r, n in enumerate((5, 16, 33)):
+        pool.create(r, n)
+    row = (hq + 2 * H) * d
+    qkv = torch.empty((B, row), dtype=torch.float16, device="cuda")
+    for step in range(40):
+        for r in range(B):
+            pool.extend(r, 1)
+        indptr, indices, last, lens = pool.table(list(range(B)))
+        tabs = [torch.from_numpy(np.ascontiguousarray(x, np.int32)).cuda() for x in (indptr, indices, last)]
+        for layer in range(2):
+            vals = rng.integers(1, 30000, (B, row)).astype(np.uint16).view(np.float16)
+            qkv.copy_(torch.from_numpy(vals))
+            k = qkv[:, hq * d:(hq + H) * d].view(B, H, d)  # fresh views, rows `row` elements apart
+            v = qkv[:, (hq + H) * d:].view(B, H, d)
+            pkv.append_kv(k, v, caches[layer], tabs[0], tabs[1], kv_last_page_len=tabs[2])
+            kn = vals[:, hq * d:(hq + H) * d].reshape(B, H, d)
+            vn = vals[:, (hq + H) * d:].reshape(B, H, d)
+            _scatter(refs[layer][0], refs[layer][1], kn, vn, np.arange(B), lens - 1, indptr, indices, "NHD")
+        torch.cuda.synchronize()
+        for layer in range(2):
+            for c, ref in zip(caches[layer], refs[layer]):
+                assert np.array_equal(c.cpu().numpy().view(np.uint16), ref.view(np.uint16)), (step, layer)
