@@ -14,10 +14,10 @@
  * Medians of reps steps per B (after 64 untimed), microseconds; `patched`: the share of those steps whose plan was
  * patched over the last step's (the planner's incremental steps).  --flush-mb M writes M MiB between steps, as a
  * model's layers computed on the host (the CPU backend in `pkv decode`) would, so that each step starts with
- * the host's caches cold; by default they stay warm, as on a GPU machine's host.  --graphs step plans as the
- * decoder's whole steps in graphs do (PKV_DECODER_GRAPH_STEP: graph-stable plans for the batch's bucket).
+ * the host's caches cold; by default they stay warm, as on a GPU machine's host.  --graphs on plans as the
+ * decoder's steps in graphs do (pkv_decoder_config.graphs: graph-stable plans for the batch's bucket).
  *
- *   build/bench_decode_host [--reps N] [--batch B] [--flush-mb M] [--policy FILE] [--graphs step] [--json FILE]
+ *   build/bench_decode_host [--reps N] [--batch B] [--flush-mb M] [--policy FILE] [--graphs on] [--json FILE]
  *   (Markdown table on stdout; --batch: that B alone) */
 #define _POSIX_C_SOURCE 200809L
 #include "pkv_lab.h"
@@ -56,9 +56,9 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc) json = argv[++i];
         else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) only_b = atoi(argv[++i]);
         else if (strcmp(argv[i], "--flush-mb") == 0 && i + 1 < argc) flush_mb = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--graphs") == 0 && i + 1 < argc && strcmp(argv[i + 1], "step") == 0) step_graphs = 1, i++;
+        else if (strcmp(argv[i], "--graphs") == 0 && i + 1 < argc && strcmp(argv[i + 1], "on") == 0) step_graphs = 1, i++;
         else {
-            fprintf(stderr, "usage: bench_decode_host [--reps N] [--batch B] [--flush-mb M] [--policy FILE] [--graphs step] "
+            fprintf(stderr, "usage: bench_decode_host [--reps N] [--batch B] [--flush-mb M] [--policy FILE] [--graphs on] "
                             "[--json FILE]\n");
             return 2;
         }
@@ -91,7 +91,7 @@ int main(int argc, char **argv) {
     pkv_decoder_config_default(&dc, &s);
     dc.max_batch = MAX_B;
     dc.max_requests = MAX_B;
-    dc.graphs = step_graphs ? PKV_DECODER_GRAPH_STEP : PKV_DECODER_GRAPH_NONE;
+    dc.graphs = step_graphs;
     dc.max_len = MAX_LEN + 2 * ROLLBACK;
     dc.num_pages = (int64_t)MAX_B * ((dc.max_len + dc.page_size - 1) / dc.page_size + 1);
     pkv_decoder *d = NULL;
@@ -116,7 +116,7 @@ int main(int argc, char **argv) {
         fprintf(jf,
                 "{\"tool\": \"bench_decode_host\", \"planner\": \"%s\", \"caps\": \"H100 (132 SMs)\", \"flush_mb\": %d, \"graphs\": \"%s\", \"reps\": %d, "
                 "\"rows\": [",
-                policy ? policy : "auto rule", flush_mb, step_graphs ? "step" : "off", reps);
+                policy ? policy : "auto rule", flush_mb, step_graphs ? "on" : "off", reps);
     printf("## bench_decode_host: the decode step's host part, us (median of %d steps), planner %s, H100's "
            "capabilities, caches %s%s\n\n",
            reps, policy ? policy : "auto rule", flush ? "cold" : "warm",

@@ -10,15 +10,15 @@ append and attention.  Reported: per prompt, how many of the new tokens agree be
 first token's logits against each other (relative L2, max abs).  JSON with --json.
 
 A random model's logits are nearly flat: its greedy picks meet exact bf16 ties within a few dozen tokens, in
-transformers' own bf16 run against its fp32 one as much as in ours.  --train-steps N (the default 800) first
-trains the model, with transformers' own training step (AdamW, bf16 autocast over fp32 weights), on a task
-that only attention can do: sequences that repeat a random segment of 8..64 tokens (drawn from the first
---train-vocab ids, 2048, so that each id is seen often enough to learn), the loss on every token
-after the first period (the model must find the token one period back: induction heads over the whole
-context).  The prompts are then such sequences too (a segment repeated to 8..300 tokens, ragged), and the
-trained model continues the period with margins far above bf16's noise, so 256 new tokens can agree token for
-token - each one read from the right place of a context that crosses pages.  --train-steps 0 keeps the random
-model (the first token's logits are still compared).
+transformers' own bf16 run against its fp32 one as much as in ours.  So the model is first trained
+(--train-steps, at most 3000 steps or --train-seconds, 150 s, or until the loss is below 0.02), with
+transformers' own training step (AdamW, bf16 autocast over fp32 weights), on a task that only attention can do:
+sequences that repeat a random segment of 8..64 distinct tokens (drawn from the first --train-vocab ids, 512, so
+that each id is seen often enough to learn), the loss on every token after the first period (the model must find
+the token one period back: induction heads over the whole context).  The prompts are then such sequences too (a
+segment repeated to 8..300 tokens, ragged), and a trained model continues the period with margins far above
+bf16's noise, so 256 new tokens can agree token for token - each one read from the right place of a context
+that crosses pages.  --train-steps 0 keeps the random model (the first token's logits are still compared).
 
 Run on the GPU machine (transformers' wheels travel in .whl-hf, bench/FLASHINFER.md):
     eval "$(PKV_SKIP_IMPORT_CHECK=1 bash bench/install_wheelhouse.sh .whl-hf /tmp/hf-site)"
@@ -34,19 +34,24 @@ import time
 
 
 def periodic(rng, vocab, n, period=None):
-    """n tokens in [0, vocab) that repeat a random segment (its length `period`, else 8..64 and at most
-    n // 2 + 1)."""
+    """n tokens in [0, vocab) that repeat a random segment of distinct tokens (its length `period`, else 8..64 and
+    at most n // 2 + 1): each token's successor is then the same wherever it appears."""
     if period is None:
         period = int(rng.integers(8, max(9, min(65, n // 2 + 2))))
-    seg = rng.integers(0, vocab, period)
+    seg = rng.choice(vocab, period, replace=False)
     return [int(seg[i % period]) for i in range(n)]
 
 
-def train_periodic(model, vocab, steps, rng, batch=32, length=640, device="cuda"):
+def train_periodic(model, vocab, steps, rng, batch=32, length=512, device="cuda", seconds=None, stop_loss=0.02):
     """Trains model (fp32 weights, on the GPU) on repeated random segments of tokens in [0, vocab): the loss on
-    each token after the segment's first period.  Returns the loss of the first and the last step."""
+    each token after the segment's first period.  Stops after `steps` steps, `seconds` seconds, or once the mean
+    loss of the last 20 steps is below stop_loss.  Returns the loss of the first and the last step and the steps
+    taken."""
+    import time
     import numpy as np
     import torch
+    t0 = time.time()
+    recent = []
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda k: min(1.0, (k + 1) / 50) * max(0.1, 1 - k / steps))
@@ -66,13 +71,16 @@ def train_periodic(model, vocab, steps, rng, batch=32, length=640, device="cuda"
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
+        last = float(loss.detach())
         if k == 0:
-            first = float(loss)
-        last = float(loss)
-        if (k + 1) % max(1, steps // 8) == 0:
-            print(f"  train step {k + 1}: loss {last:.4f}", flush=True)
+            first = last
+        recent = (recent + [last])[-20:]
+        if (k + 1) % 250 == 0:
+            print(f"  train step {k + 1}: loss {last:.4f} ({time.time() - t0:.0f} s)", flush=True)
+        if (len(recent) == 20 and sum(recent) / 20 < stop_loss) or (seconds and time.time() - t0 > seconds):
+            break
     model.eval()
-    return first, last
+    return first, last, k + 1
 
 
 def main():
@@ -85,9 +93,12 @@ def main():
     ap.add_argument("--init-range", type=float, default=0.02,
                     help="LlamaConfig.initializer_range (0.02: transformers' default, whose random model's logits are "
                          "nearly flat, so greedy picks meet exact bf16 ties; larger spreads them)")
-    ap.add_argument("--train-steps", type=int, default=800,
-                    help="train on repeated random segments first (0: the random model; see above)")
-    ap.add_argument("--train-vocab", type=int, default=2048,
+    ap.add_argument("--train-steps", type=int, default=3000,
+                    help="train on repeated random segments first, at most this many steps (0: the random model; "
+                         "see above)")
+    ap.add_argument("--train-seconds", type=float, default=150.0,
+                    help="stop training after this many seconds (or once the loss is below 0.02)")
+    ap.add_argument("--train-vocab", type=int, default=512,
                     help="the trained task's and the prompts' tokens are drawn from [0, N): each token is then seen "
                          "often enough for its embedding and LM-head row to learn the copy")
     ap.add_argument("--json")
@@ -108,11 +119,13 @@ def main():
     rng = np.random.default_rng(args.seed + 1)
     train_s = 0.0
     train_loss = None
+    trained = 0
     if args.train_steps > 0:
         t0 = time.time()
-        train_loss = train_periodic(model, args.train_vocab, args.train_steps, rng)
+        *train_loss, trained = train_periodic(model, args.train_vocab, args.train_steps, rng,
+                                              seconds=args.train_seconds)
         train_s = time.time() - t0
-        print(f"trained {args.train_steps} steps on repeated segments in {train_s:.1f} s: loss after the first period "
+        print(f"trained {trained} steps on repeated segments in {train_s:.1f} s: loss after the first period "
               f"{train_loss[0]:.3f} -> {train_loss[1]:.4f}", flush=True)
     model = model.to(torch.bfloat16).eval()
 
@@ -191,7 +204,7 @@ def main():
                      "ours_vs_fp32_rel_l2": float(np.linalg.norm(our_logits[i] - judge) / jn),
                      "hf_bf16_vs_fp32_rel_l2": float(np.linalg.norm(ref - judge) / jn)})
     full = sum(r_["agree"] == r_["of"] for r_ in rows)
-    kind = f"trained {args.train_steps} steps, repeated-segment prompts" if args.train_steps > 0 else "random model"
+    kind = f"trained {trained} steps, repeated-segment prompts" if args.train_steps > 0 else "random model"
     print(f"transformers {transformers.__version__} ({args.attn}, initializer_range {args.init_range}, {kind}) against pkv decode, hf-small, bf16, "
           f"{torch.cuda.get_device_name()}: {full} of {len(rows)} prompts agree on all {args.new_tokens} new tokens")
     print("| prompt | length | tokens agreeing | top-2 margin at the first difference | first logits rel L2 | max abs |"
@@ -207,7 +220,7 @@ def main():
             json.dump({"tool": "bench/check_transformers.py", "commit": os.environ.get("PKV_COMMIT", "unknown"),
                        "device": torch.cuda.get_device_name(), "transformers": transformers.__version__,
                        "attn_implementation": args.attn, "initializer_range": args.init_range,
-                       "train_steps": args.train_steps, "train_vocab": args.train_vocab,
+                       "train_steps": trained, "train_vocab": args.train_vocab,
                        "train_loss_first_last": train_loss, "train_s": train_s,
                        "prompts_kind": "repeated random segments" if args.train_steps > 0 else "random tokens",
                        "new_tokens": args.new_tokens, "prompts": rows,

@@ -60,13 +60,12 @@ struct pkv_decoder {
     void *step_ws;                                      /* the workspace of this forward's plan: ws or a bucket's */
     size_t step_ws_cap;
     double busy_us;                                     /* time inside backend calls (CALL) since cleared */
-    /* cfg.graphs: per batch bucket k (rows min(2^k, max_batch)), its graphs and how far it got: 0 never run, 1 run
-     * op by op once, 2 captured.  PKV_DECODER_GRAPH_PIECES: the L + 1 pieces at [k x (L + 1), ...);
-     * PKV_DECODER_GRAPH_STEP: the whole step at [k x (L + 1)], its graph-stable plans uploaded into bucket_ws[k] */
+    /* cfg.graphs: per batch bucket k (rows min(2^k, max_batch)), the graph of its whole step, the workspace its
+     * graph-stable plans are uploaded into, and how far it got: 0 never run, 1 run op by op once, 2 captured */
     int32_t nbuckets;
     uint8_t *bucket_state;
-    void **graphs;                                      /* [nbuckets x (layers + 1)] */
-    void **bucket_ws;                                   /* [nbuckets] (PKV_DECODER_GRAPH_STEP) */
+    void **graphs;                                      /* [nbuckets] */
+    void **bucket_ws;                                   /* [nbuckets] */
     size_t *bucket_ws_cap;
     pkv_decoder_times last;
 };
@@ -252,15 +251,14 @@ pkv_status pkv_decoder_create(pkv_context *ctx, const pkv_decoder_config *cfg, p
     while (((int64_t)1 << d->nbuckets) < B) d->nbuckets++;
     d->nbuckets++;
     d->bucket_state = (uint8_t *)calloc((size_t)d->nbuckets, 1);
-    d->graphs = (void **)calloc((size_t)d->nbuckets * (size_t)(s->layers + 1), sizeof(void *));
+    d->graphs = (void **)calloc((size_t)d->nbuckets, sizeof(void *));
     d->bucket_ws = (void **)calloc((size_t)d->nbuckets, sizeof(void *));
     d->bucket_ws_cap = (size_t *)calloc((size_t)d->nbuckets, sizeof(size_t));
     if (st == PKV_OK && (!d->bucket_state || !d->graphs || !d->bucket_ws || !d->bucket_ws_cap))
         st = pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "decoder: out of memory");
-    if (st == PKV_OK && (cfg->graphs < PKV_DECODER_GRAPH_NONE || cfg->graphs > PKV_DECODER_GRAPH_STEP))
-        st = pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "decoder: graphs %d (0 none, 1 pieces, 2 whole steps)", cfg->graphs);
-    if (st == PKV_OK && cfg->graphs == PKV_DECODER_GRAPH_STEP && cfg->route != PKV_ROUTE_AUTO &&
-        cfg->route != PKV_ROUTE_WORKQUEUE)
+    if (st == PKV_OK && cfg->graphs != 0 && cfg->graphs != 1)
+        st = pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "decoder: graphs %d (0 or 1)", cfg->graphs);
+    if (st == PKV_OK && cfg->graphs && cfg->route != PKV_ROUTE_AUTO && cfg->route != PKV_ROUTE_WORKQUEUE)
         st = pkv_lab_fail(PKV_ERR_UNSUPPORTED,
                           "decoder: whole steps in graphs plan graph-stable steps, whose route is the work queue "
                           "(route auto or workqueue, not %d)", (int)cfg->route);
@@ -297,7 +295,7 @@ void pkv_decoder_free(pkv_decoder *d) {
         }
     free(d->layers);
     if (d->graphs)
-        for (int64_t i = 0; i < (int64_t)d->nbuckets * (d->s.layers + 1); i++) pkv_ops_graph_free(d->ops, d->graphs[i]);
+        for (int32_t k = 0; k < d->nbuckets; k++) pkv_ops_graph_free(d->ops, d->graphs[k]);
     free(d->graphs), free(d->bucket_state);
     if (d->bucket_ws)
         for (int32_t k = 0; k < d->nbuckets; k++) bfree(d, d->bucket_ws[k]);
@@ -398,7 +396,7 @@ static pkv_status ensure_ws(pkv_decoder *d) {
     return PKV_OK;
 }
 
-/* Bucket k's workspace as this step's (PKV_DECODER_GRAPH_STEP): allocated at the bucket's first step, for any
+/* Bucket k's workspace as this step's (cfg.graphs): allocated at the bucket's first step, for any
  * graph-stable plan of its rows (a graph captured over it replays every later step's plan, so it never moves). */
 static pkv_status bucket_ws(pkv_decoder *d, int32_t k, const pkv_plan_options *opts, int32_t Bs) {
     if (!d->bucket_ws[k]) {
@@ -515,20 +513,6 @@ static pkv_status forward(pkv_decoder *d, int32_t R, const append_table *at, con
     return PKV_OK;
 }
 
-/* Piece p of a decode step in graphs (cfg.graphs; Bs rows, the padded batch): the embedding (p = 0) or layer
- * p - 1 after its attention, then layer p up to its attention, or (p = L) the head. */
-static pkv_status piece(pkv_decoder *d, int32_t p, int32_t Bs, const append_table *at, const int32_t *positions,
-                        const int32_t *tokens) {
-    if (p == 0) {
-        MARK(PKV_PART_OTHER);
-        CALL(pkv_op_embed(d->ops, d->embed, d->s.vocab, d->s.hidden, tokens, Bs, d->x));
-    } else {
-        TRY(layer_post(d, p - 1, Bs));
-    }
-    if (p < d->s.layers) return layer_pre(d, p, Bs, at, at->rows, positions);
-    return model_head(d, 0, Bs);
-}
-
 /* The rows a decode step of B requests stages and runs: in graphs (cfg.graphs) its batch bucket's, B rounded up to
  * a power of two, at most max_batch (*bucket: the bucket's index); else B (*bucket -1). */
 static int32_t step_rows(const pkv_decoder *d, int32_t B, int32_t *bucket) {
@@ -540,75 +524,30 @@ static int32_t step_rows(const pkv_decoder *d, int32_t B, int32_t *bucket) {
     return ((int64_t)1 << k) < d->cfg.max_batch ? (int32_t)1 << k : d->cfg.max_batch;
 }
 
-/* Captures the L + 1 pieces of bucket k into its graphs (nothing runs). */
-static pkv_status capture_bucket(pkv_decoder *d, int32_t k, int32_t Bs, const append_table *at, const int32_t *positions,
-                                 const int32_t *tokens) {
-    const int32_t L = d->s.layers;
-    void **g = d->graphs + (int64_t)k * (L + 1);
-    pkv_status st = PKV_OK;
-    for (int32_t p = 0; p <= L && st == PKV_OK; p++) {
-        st = pkv_ops_capture_begin(d->ops);
-        if (st != PKV_OK) break;
-        const pkv_status ps = piece(d, p, Bs, at, positions, tokens);
-        void *graph = NULL;
-        const pkv_status es = pkv_ops_capture_end(d->ops, &graph); /* ends the capture whatever the piece did */
-        if (ps != PKV_OK) pkv_ops_graph_free(d->ops, graph);
-        else g[p] = graph;
-        st = ps != PKV_OK ? ps : es;
+/* A whole decode step over bucket k's Bs rows (B live; at: the append's table): the embedding, every layer with its
+ * attention, the head. */
+static pkv_status whole_step(pkv_decoder *d, int32_t Bs, const append_table *at, const int32_t *positions,
+                             const int32_t *tokens) {
+    MARK(PKV_PART_OTHER);
+    CALL(pkv_op_embed(d->ops, d->embed, d->s.vocab, d->s.hidden, tokens, Bs, d->x));
+    for (int32_t l = 0; l < d->s.layers; l++) {
+        TRY(layer_pre(d, l, Bs, at, at->rows, positions));
+        TRY(layer_attention(d, l));
+        TRY(layer_post(d, l, Bs));
     }
-    if (st != PKV_OK)
-        for (int32_t p = 0; p <= L; p++) {
-            pkv_ops_graph_free(d->ops, g[p]);
-            g[p] = NULL;
-        }
-    return st;
+    return model_head(d, 0, Bs);
 }
 
-/* A decode step's model work in graphs (cfg.graphs): B live rows padded to bucket k's Bs. */
+/* A decode step's model work as one graph (cfg.graphs): B live rows padded to bucket k's Bs, attention from the
+ * step's graph-stable plan, already uploaded into the bucket's workspace (host_step).  The bucket's first step runs
+ * op by op, its second is captured (nothing runs while it is) and launched, every later one replays. */
 static pkv_status launch_graphed(pkv_decoder *d, int32_t B, int32_t Bs, int32_t k) {
-    const int32_t L = d->s.layers;
     const int32_t *lens = d->b_stage, *positions = lens + Bs, *tokens = positions + Bs;
     /* the append over the padded rows on CUDA (its kernel skips a row of length 0, so a graph has one launch
      * whatever B is); the CPU's append refuses such a row, and nothing there is captured: the B rows */
     const append_table at = {d->cuda ? Bs : B, d->b_sindptr, d->b_slots, lens, NULL};
     uint8_t *state = &d->bucket_state[k];
-    if (d->cuda && *state == 1) {
-        TRY(capture_bucket(d, k, Bs, &at, positions, tokens));
-        *state = 2;
-    }
-    void **g = d->graphs + (int64_t)k * (L + 1);
-    for (int32_t p = 0; p <= L; p++) {
-        if (*state == 2) {
-            MARK(PKV_PART_GRAPHED);
-            CALL(pkv_ops_graph_launch(d->ops, g[p]));
-        } else {
-            TRY(piece(d, p, Bs, &at, positions, tokens));
-        }
-        if (p < L) TRY(layer_attention(d, p));
-    }
-    MARK(-1);
-    if (d->cuda && *state == 0) *state = 1;
-    return PKV_OK;
-}
-
-/* A whole decode step (embedding, every layer with its attention, the head) of bucket k's Bs rows (B live). */
-static pkv_status whole_step(pkv_decoder *d, int32_t Bs, const append_table *at, const int32_t *positions,
-                             const int32_t *tokens) {
-    for (int32_t p = 0; p <= d->s.layers; p++) {
-        TRY(piece(d, p, Bs, at, positions, tokens));
-        if (p < d->s.layers) TRY(layer_attention(d, p));
-    }
-    return PKV_OK;
-}
-
-/* A decode step's model work as one graph (PKV_DECODER_GRAPH_STEP): B live rows padded to bucket k's Bs, attention
- * from the step's graph-stable plan, already uploaded into the bucket's workspace (host_step).  The bucket's first
- * step runs op by op, its second is captured (nothing runs while it is) and launched, every later one replays. */
-static pkv_status launch_whole(pkv_decoder *d, int32_t B, int32_t Bs, int32_t k) {
-    const int32_t *lens = d->b_stage, *positions = lens + Bs, *tokens = positions + Bs;
-    const append_table at = {d->cuda ? Bs : B, d->b_sindptr, d->b_slots, lens, NULL}; /* as in launch_graphed */
-    uint8_t *state = &d->bucket_state[k];
-    void **g = &d->graphs[(int64_t)k * (d->s.layers + 1)];
+    void **g = &d->graphs[k];
     if (d->cuda && *state == 1) {
         TRY(pkv_ops_capture_begin(d->ops));
         const pkv_status ps = whole_step(d, Bs, &at, positions, tokens);
@@ -733,8 +672,7 @@ static pkv_status host_step(pkv_decoder *d, const int32_t *reqs, const int32_t *
     pkv_plan_options opts;
     pkv_plan_options_default(&opts);
     opts.route = d->cfg.route;
-    const bool whole = d->cfg.graphs == PKV_DECODER_GRAPH_STEP;
-    if (whole) opts.graph_max_batch = Bs; /* the bucket's rows: one launch signature for all its steps */
+    if (d->cfg.graphs) opts.graph_max_batch = Bs; /* the bucket's rows: one launch signature for all its steps */
     TRY(pkv_plan_step(d->ctx, &d->prob, &table, &opts, d->plan));
     const double t3 = pkv_wall_us();
     h->host_plan_us = t3 - t2;
@@ -742,7 +680,7 @@ static pkv_status host_step(pkv_decoder *d, const int32_t *reqs, const int32_t *
      * at the first layer) */
     memcpy(positions + Bs, tokens, (size_t)B * 4);
     for (int32_t i = B; i < Bs; i++) lens[i] = positions[i] = positions[Bs + i] = 0; /* padding rows (cfg.graphs) */
-    TRY(whole ? bucket_ws(d, bucket, &opts, Bs) : ensure_ws(d));
+    TRY(d->cfg.graphs ? bucket_ws(d, bucket, &opts, Bs) : ensure_ws(d));
     TRY(pkv_plan_upload(d->ctx, d->plan, d->step_ws, d->step_ws_cap, pkv_ops_stream(d->ops)));
     TRY(pkv_ops_upload(d->ops, d->b_stage, d->h_stage, (size_t)(3 * (int64_t)Bs + 2 * (int64_t)npairs) * 4));
     h->host_stage_us = pkv_wall_us() - t3;
@@ -771,8 +709,7 @@ static pkv_status launch_scatter(pkv_decoder *d, int32_t Bs, int32_t npairs) {
  * i the last of row i, over the same strided table). */
 static pkv_status launch_model(pkv_decoder *d, int32_t B, int32_t Bs, int32_t bucket) {
     d->attn_indices = d->b_slots;
-    if (bucket >= 0)
-        return d->cfg.graphs == PKV_DECODER_GRAPH_STEP ? launch_whole(d, B, Bs, bucket) : launch_graphed(d, B, Bs, bucket);
+    if (bucket >= 0) return launch_graphed(d, B, Bs, bucket);
     const int32_t *lens = d->b_stage, *positions = lens + B, *tokens = positions + B;
     const append_table at = {B, d->b_sindptr, d->b_slots, lens, NULL};
     CALL(pkv_op_embed(d->ops, d->embed, d->s.vocab, d->s.hidden, tokens, B, d->x));

@@ -141,26 +141,17 @@ typedef struct pkv_decoder_config {
      * attention reads it, real value = stored x kv_scale (the per-tensor k_scale = v_scale of every layer). */
     pkv_dtype kv_dtype;
     float kv_scale;        /* 0: 1.0; an fp8 pool's only */
-    /* Decode steps in CUDA graphs (PKV_DECODER_GRAPH_*, below), one set per batch bucket: B rounded up to a power of two,
-     * at most max_batch; the rows past B are padding (length 0, nothing appended, their outputs dropped).  A
-     * bucket's first step runs op by op (and is timed by part), its second captures the graphs, every later one
-     * replays them.  On the CPU backend the steps run op by op over the same padded rows and plans (the path CI
-     * tests); the append takes the B rows there. */
+    /* 1: each decode step one CUDA graph replay, attention included, one graph per batch bucket (B rounded up to a
+     * power of two, at most max_batch; the rows past B are padding: length 0, nothing appended, their outputs
+     * dropped).  Attention is planned graph-stable (pkv_plan_options.graph_max_batch = the bucket's rows: the work
+     * queue, so route AUTO or WORKQUEUE, else PKV_ERR_UNSUPPORTED at creation), each step's plan uploaded into its
+     * bucket's own workspace before the replay: the host queues one plan upload, one input upload and one launch a
+     * step.  A bucket's first step runs op by op (and is timed by part), its second captures the graph, every later
+     * one replays it; attention's time is then inside the replay (graphed_us).  On the CPU backend the steps run op
+     * by op over the same padded rows and plans (the path CI tests); the append takes the B rows there.  0: every op
+     * launched by itself, B rows, attention by the policy's route. */
     int32_t graphs;
 } pkv_decoder_config;
-
-/* pkv_decoder_config.graphs:
- *   NONE    every op launched by itself, B rows.
- *   PIECES  L + 1 graph replays with each layer's attention launched between them, as the library plans it for
- *           the step (pkv_run with the step's plan, route and all: the policy picks per step as without graphs):
- *           the embedding and layer 0 up to its append; layer l's O projection and MLP and layer l + 1 up to
- *           its append; the last layer's and the LM head with the argmax.
- *   STEP    the whole step, attention included, one graph replay: attention from graph-stable plans
- *           (pkv_plan_options.graph_max_batch = the bucket's rows; the work queue, so route AUTO or WORKQUEUE,
- *           else PKV_ERR_UNSUPPORTED), each uploaded into its bucket's workspace before the replay.  The host
- *           queues one plan upload, one input upload and one graph launch a step; attention's time is inside
- *           the replay (graphed_us), split out only on the bucket's first step. */
-enum { PKV_DECODER_GRAPH_NONE = 0, PKV_DECODER_GRAPH_PIECES = 1, PKV_DECODER_GRAPH_STEP = 2 };
 
 typedef struct pkv_decoder pkv_decoder;
 
@@ -176,7 +167,7 @@ typedef struct pkv_decoder pkv_decoder;
  *                   before they return, only the decoder's work between them)
  * The CPU backend's computing (attention, GEMMs, append, copies) is never in host_us. */
 typedef struct pkv_decoder_times {
-    /* graphed_us: the replayed graphs (GEMMs, append and the small ops together) of a step in CUDA graphs */
+    /* graphed_us: the replayed graph of a step in CUDA graphs (every op of the step, attention included) */
     double attention_us, append_us, gemm_us, other_us, graphed_us, host_us, step_us;
     double host_extend_us, host_table_us, host_plan_us, host_stage_us, host_launch_us;
 } pkv_decoder_times;

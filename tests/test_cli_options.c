@@ -160,16 +160,16 @@ static void chosen(void) {
         set_args(&c, none);
         CHECK(decode_options_parse(c.argc, c.argv, &de, err, sizeof err) == CLI_PARSE_GO_ON && de.kv_dtype == 0 &&
               de.kv_compare == 0 && de.kv_scale == 1.0f && de.graphs == 0);
-        /* --graphs: off 0, pieces (or on) 1, step 2 (pkv_decoder_config.graphs) */
-        static const char *const modes[] = {"off", "pieces", "on", "step"};
-        static const int32_t want[] = {0, 1, 1, 2};
-        for (int m = 0; m < 4; m++) {
+        /* --graphs: off 0, on 1 (pkv_decoder_config.graphs) */
+        static const char *const modes[] = {"off", "on"};
+        static const int32_t want[] = {0, 1};
+        for (int m = 0; m < 2; m++) {
             const char *const g[] = {"--graphs", modes[m], NULL};
             set_args(&c, g);
             CHECK(decode_options_parse(c.argc, c.argv, &de, err, sizeof err) == CLI_PARSE_GO_ON && de.graphs == want[m]);
         }
     }
-    EXPECT(4, CLI_PARSE_BAD, "--graphs takes off, pieces (or on) or step", "--graphs", "whole");
+    EXPECT(4, CLI_PARSE_BAD, "--graphs takes on or off", "--graphs", "step");
     /* the last value of a repeated option */
     {
         const char *const args[] = {"--reps", "3", "--reps", "5", NULL};

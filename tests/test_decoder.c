@@ -99,9 +99,8 @@ static void run(pkv_context *ctx, const char *what, int32_t graphs) {
     CHECK(st.cow_copies >= 1);
     pkv_decoder_times t;
     pkv_decoder_last_times(d, &t);
-    /* (a whole step replayed in one graph has its attention inside the replay) */
-    CHECK(t.step_us > 0 && ((t.attention_us > 0 && t.gemm_us > 0 && t.append_us > 0) ||
-                            (t.graphed_us > 0 && (t.attention_us > 0 || graphs == PKV_DECODER_GRAPH_STEP))));
+    /* (a step replayed in one graph has its attention inside the replay) */
+    CHECK(t.step_us > 0 && ((t.attention_us > 0 && t.gemm_us > 0 && t.append_us > 0) || (graphs && t.graphed_us > 0)));
     /* refusals */
     CHECK_STATUS(pkv_decoder_prefill(d, 13, (int32_t[]){s.vocab}, 1, &t8, NULL), PKV_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(pkv_decoder_step(d, reqs, tok, 0, next, NULL), PKV_ERR_INVALID_ARGUMENT);
@@ -110,7 +109,7 @@ static void run(pkv_context *ctx, const char *what, int32_t graphs) {
     pkv_decoder *bad = NULL;
     cfg.graphs = 3;
     CHECK_STATUS(pkv_decoder_create(ctx, &cfg, &bad), PKV_ERR_INVALID_ARGUMENT);
-    cfg.graphs = PKV_DECODER_GRAPH_STEP; /* graph-stable plans are work-queue plans */
+    cfg.graphs = 1; /* graph-stable plans are work-queue plans */
     cfg.route = PKV_ROUTE_SPLIT;
     CHECK_STATUS(pkv_decoder_create(ctx, &cfg, &bad), PKV_ERR_UNSUPPORTED);
     CHECK(bad == NULL);
@@ -118,20 +117,20 @@ static void run(pkv_context *ctx, const char *what, int32_t graphs) {
     pkv_decoder_free(d);
 }
 
-/* Decode steps in graphs (cfg.graphs = mode: batch buckets, padded rows, on CUDA captured at a bucket's second step
- * and replayed after) against steps op by op: two decoders of the same weights decode the same requests through
- * batch sizes that move between buckets (1, 2, 3, 4, 5, 7, 8, 6, 12 of a max_batch of 12: a last bucket that is not
- * a power of two), each size for three steps (run, capture, replay) and again later (replays after other buckets);
- * requests leave and come.  Whole steps in graphs (graph-stable plans) are held against op by op on the work queue,
- * whose plans have the same tasks.  Every step's greedy tokens are equal, and its logits: bit for bit on the CPU
- * (the same ops per row), within bf16 GEMM rounding on CUDA (cuBLAS may pick another kernel for more rows). */
-static void graphs_match(pkv_context *ctx, const char *what, int32_t mode) {
+/* Decode steps in graphs (cfg.graphs: batch buckets, padded rows, graph-stable plans, on CUDA captured at a bucket's
+ * second step and replayed after) against steps op by op on the work queue, whose plans have the same tasks: two
+ * decoders of the same weights decode the same requests through batch sizes that move between buckets (1, 2, 3, 4,
+ * 5, 7, 8, 6, 12 of a max_batch of 12: a last bucket that is not a power of two), each size for three steps (run,
+ * capture, replay) and again later (replays after other buckets); requests leave and come.  Every step's greedy
+ * tokens are equal, and its logits: bit for bit on the CPU (the same ops per row), within bf16 GEMM rounding on
+ * CUDA (cuBLAS may pick another kernel for more rows). */
+static void graphs_match(pkv_context *ctx, const char *what) {
     pkv_model_shape s;
     pkv_decoder_config cfg = tiny_config(&s, 4, 2048, 12, 64, 512);
-    if (mode == PKV_DECODER_GRAPH_STEP) cfg.route = PKV_ROUTE_WORKQUEUE;
+    cfg.route = PKV_ROUTE_WORKQUEUE;
     pkv_decoder *d[2] = {NULL, NULL};
     for (int g = 0; g < 2; g++) {
-        cfg.graphs = g ? mode : PKV_DECODER_GRAPH_NONE;
+        cfg.graphs = g;
         CHECK_OK(pkv_decoder_create(ctx, &cfg, &d[g]));
     }
     if (!d[0] || !d[1]) {
@@ -178,18 +177,18 @@ static void graphs_match(pkv_context *ctx, const char *what, int32_t mode) {
             memcpy(tok, next[0], (size_t)nlive * 4);
         }
     }
-    if (mode == PKV_DECODER_GRAPH_STEP)
-        CHECK_MSG(pkv_plan_graph_signature(pkv_decoder_plan(d[1])) != 0, "%s: whole steps not on graph-stable plans", what);
+    CHECK_MSG(pkv_plan_graph_signature(pkv_decoder_plan(d[1])) != 0, "%s: steps in graphs not on graph-stable plans", what);
     pkv_decoder_times t;
     pkv_decoder_last_times(d[1], &t);
-    printf("%s: graphs (%s) against op by op: %d steps, logits rel L2 up to %.3g, %d tokens differ; last step %.0f us "
-           "graphed\n", what, mode == PKV_DECODER_GRAPH_STEP ? "whole steps" : "pieces", steps, worst, bad_tok, t.graphed_us);
+    printf("%s: graphs against op by op: %d steps, logits rel L2 up to %.3g, %d tokens differ; last step %.0f us graphed\n",
+           what, steps, worst, bad_tok, t.graphed_us);
     CHECK_MSG(bad_tok == 0, "%s: %d greedy tokens of steps in graphs differ", what, bad_tok);
     CHECK_MSG(cuda ? worst < 1e-2 : worst == 0.0, "%s: logits of steps in graphs differ by %.3g", what, worst);
-    if (cuda) CHECK_MSG(t.graphed_us > 0 && t.gemm_us == 0, "%s: the last step did not replay graphs", what);
-    if (cuda && mode == PKV_DECODER_GRAPH_STEP)
-        CHECK_MSG(t.attention_us == 0, "%s: the last step's attention ran outside its graph", what);
-    else CHECK(t.graphed_us == 0 && t.gemm_us > 0);
+    if (cuda)
+        CHECK_MSG(t.graphed_us > 0 && t.gemm_us == 0 && t.attention_us == 0, "%s: the last step did not replay its graph",
+                  what);
+    else
+        CHECK(t.graphed_us == 0 && t.gemm_us > 0);
     free(lg[0]), free(lg[1]);
     pkv_decoder_free(d[0]), pkv_decoder_free(d[1]);
 }
@@ -289,10 +288,8 @@ int main(void) {
     pkv_context *ctx = NULL;
     CHECK_OK(pkv_context_create(&cc, &ctx));
     if (ctx) run(ctx, "cpu", 0);
-    if (ctx) run(ctx, "cpu, graphs", PKV_DECODER_GRAPH_PIECES);
-    if (ctx) run(ctx, "cpu, whole steps in graphs", PKV_DECODER_GRAPH_STEP);
-    if (ctx) graphs_match(ctx, "cpu", PKV_DECODER_GRAPH_PIECES);
-    if (ctx) graphs_match(ctx, "cpu", PKV_DECODER_GRAPH_STEP);
+    if (ctx) run(ctx, "cpu, graphs", 1);
+    if (ctx) graphs_match(ctx, "cpu");
     if (ctx) table_churn(ctx, "cpu");
     pkv_context_free(ctx);
     if (pkv_cuda_available()) {
@@ -300,10 +297,8 @@ int main(void) {
         ctx = NULL;
         CHECK_OK(pkv_context_create(&cc, &ctx));
         if (ctx) run(ctx, "cuda", 0);
-        if (ctx) run(ctx, "cuda, graphs", PKV_DECODER_GRAPH_PIECES);
-        if (ctx) run(ctx, "cuda, whole steps in graphs", PKV_DECODER_GRAPH_STEP);
-        if (ctx) graphs_match(ctx, "cuda", PKV_DECODER_GRAPH_PIECES);
-        if (ctx) graphs_match(ctx, "cuda", PKV_DECODER_GRAPH_STEP);
+        if (ctx) run(ctx, "cuda, graphs", 1);
+        if (ctx) graphs_match(ctx, "cuda");
         if (ctx) table_churn(ctx, "cuda");
         pkv_context_free(ctx);
     } else {

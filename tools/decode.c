@@ -229,11 +229,9 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
     const char *kvt = o->kv_dtype ? cli_dtype_name(o->kv_dtype) : "bf16";
     const double kv_scale = o->kv_dtype ? o->kv_scale : 1.0;
     const int64_t kv_bytes = pkv_decoder_kv_bytes(d);
-    static const char *const graph_names[] = {"off", "pieces", "step"};
     const char *mode = !o->graphs ? "no graphs"
-                       : !cuda    ? "batch buckets op by op (no graphs on a CPU)"
-                       : o->graphs == PKV_DECODER_GRAPH_PIECES ? "CUDA graphs per batch bucket, attention between them"
-                                                               : "one CUDA graph per step and batch bucket";
+                       : cuda     ? "one CUDA graph per step and batch bucket"
+                                  : "batch buckets op by op (no graphs on a CPU)";
     printf("## pkv decode: %s (%d layers), %s, B %d, %s prefill, %s KV, %s, on %s\n\n", s->name, s->layers,
            pkv_trace_family_name(o->family), B, prefill, kvt, mode, device);
     printf("| steps | tokens | tokens/s | median step ms | attention | GEMMs | append | other | in graphs | host | peak KV "
@@ -242,10 +240,7 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
     printf("| %d | %lld | %.1f | %.3f | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %.1f%% | %lld |\n\n", steps,
            (long long)tokens, tps, median, 100 * attn / wall, 100 * gemm / wall, 100 * append / wall, 100 * other / wall,
            100 * graphed / wall, 100 * host / wall, (long long)ps.peak_used);
-    if (o->graphs == PKV_DECODER_GRAPH_PIECES && cuda)
-        printf("in graphs: the replayed layers' GEMMs, append and small ops together (a bucket's first step runs them op "
-               "by op, and is timed by part)\n\n");
-    if (o->graphs == PKV_DECODER_GRAPH_STEP && cuda)
+    if (o->graphs && cuda)
         printf("in graphs: the replayed steps, attention included (a bucket's first step runs op by op, and is timed by "
                "part)\n\n");
     printf("attention's share of the step by mean context:");
@@ -278,13 +273,13 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
         const char *commit = getenv("PKV_COMMIT");
         fprintf(f, "{\"tool\": \"pkv decode\", \"commit\": \"%s\", \"device\": \"%s\", \"model\": \"%s\", \"layers\": %d, "
                    "\"trace\": \"%s\", \"batch\": %d, \"requests\": %d, \"prefill\": \"%s\", \"steps\": %d, "
-                   "\"tokens\": %lld, \"tokens_per_s\": %.2f, \"median_step_ms\": %.4f, \"graphs\": \"%s\", "
+                   "\"tokens\": %lld, \"tokens_per_s\": %.2f, \"median_step_ms\": %.4f, \"graphs\": %s, "
                    "\"split_us\": {\"attention\": %.1f, \"gemm\": %.1f, \"append\": %.1f, \"other\": %.1f, "
                    "\"graphed\": %.1f, \"host\": %.1f, \"wall\": %.1f}, "
                    "\"peak_kv_pages\": %lld, \"prefill_s\": %.3f, \"kv_dtype\": \"%s\", \"kv_scale\": %.9g, "
                    "\"kv_bytes\": %lld, ",
                 commit ? commit : "unknown", device, s->name, s->layers, pkv_trace_family_name(o->family), B, nreq,
-                prefill, steps, (long long)tokens, tps, median, graph_names[o->graphs], attn, gemm, append, other,
+                prefill, steps, (long long)tokens, tps, median, o->graphs ? "true" : "false", attn, gemm, append, other,
                 graphed, host, wall,
                 (long long)ps.peak_used, prefill_s, kvt, kv_scale, (long long)kv_bytes);
         for (int m = 0; m < 2; m++) {

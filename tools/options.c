@@ -4,7 +4,6 @@
  * message.  Nothing here prints (but the usages), exits, opens a file or keeps static state. */
 #define _POSIX_C_SOURCE 200809L
 #include "options.h"
-#include "pkv_model.h"
 
 #include <errno.h>
 #include <float.h>
@@ -726,11 +725,9 @@ void decode_usage(FILE *f) {
             "                        run twice, bf16 KV and T KV, the same weights, both fed the bf16 run's greedy\n"
             "                        tokens for --max-new steps; per step and overall the max absolute logit\n"
             "                        difference, the logits' relative L2 difference and greedy agreement\n"
-            "  --graphs M            decode steps in CUDA graphs, one set per batch bucket (B rounded up to a\n"
-            "                        power of two): off (the default), pieces (or on: every layer's ops but\n"
-            "                        attention replayed, attention planned by the policy and launched per step\n"
-            "                        between them) or step (the whole step one replay, attention from graph-stable\n"
-            "                        work-queue plans); the CPU runs the padded buckets op by op\n");
+            "  --graphs on|off       decode steps in CUDA graphs, one per batch bucket (B rounded up to a power\n"
+            "                        of two): the whole step one replay, attention from graph-stable work-queue\n"
+            "                        plans (default off; the CPU runs the padded buckets op by op)\n");
 }
 
 /* --kv-dtype, --kv-compare and --kv-scale (the decoder's model is bf16: a 16-bit pool is bf16). */
@@ -786,11 +783,9 @@ cli_parse_status decode_options_parse(int argc, char **argv, decode_opts *o, cha
     if (fam && pkv_trace_family_parse(fam, &o->family) != PKV_OK)
         return bad(err, cap, "unknown trace family '%.*s' (uniform, bimodal, zipf, bucketed, homogeneous)", SHOWN, fam);
     const char *gr = get(&s, "--graphs");
-    o->graphs = PKV_DECODER_GRAPH_NONE;
-    if (gr && (strcmp(gr, "pieces") == 0 || strcmp(gr, "on") == 0)) o->graphs = PKV_DECODER_GRAPH_PIECES;
-    else if (gr && strcmp(gr, "step") == 0) o->graphs = PKV_DECODER_GRAPH_STEP;
-    else if (gr && strcmp(gr, "off") != 0)
-        return bad(err, cap, "option --graphs takes off, pieces (or on) or step, got '%.*s'", SHOWN, gr);
+    if (gr && strcmp(gr, "on") != 0 && strcmp(gr, "off") != 0)
+        return bad(err, cap, "option --graphs takes on or off, got '%.*s'", SHOWN, gr);
+    o->graphs = gr && strcmp(gr, "on") == 0;
     const char *pre = get(&s, "--prefill");
     if (pre && strcmp(pre, "exact") != 0 && strcmp(pre, "synthetic") != 0)
         return bad(err, cap, "option --prefill takes exact or synthetic, got '%.*s'", SHOWN, pre);

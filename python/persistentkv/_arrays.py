@@ -44,21 +44,37 @@ NO_MEMO = object()  # memo_key of an argument whose checks cannot be remembered
 
 
 def memo_key(x):
-    """What the argument checks of a tensor or array read, as a key of the checks' memos: its kind, address,
-    shape, element strides, dtype and device (numpy: whether it is writable) - not its identity, so a fresh view
-    of the same memory (q = qkv[:, :Hq * d].view(...) again at every layer) is the same argument, and a tensor
-    resized or re-strided in place is another.  Tuples and lists are looked into; None is a key; anything else is
-    NO_MEMO."""
+    """What the argument checks of a tensor or array read, as a key of the checks' memos: its kind, shape,
+    element strides, dtype, device and its address modulo 16 (the alignment the checks ask for; numpy: whether it
+    is writable) - not its identity or its address, so the fresh views a model makes at every layer (q =
+    qkv[:, :Hq * d].view(...) of a new QKV output) are the same argument, whose address the call then takes anew
+    (data_ptr); a tensor resized or re-strided in place is another.  Tuples and lists are looked into; None is a
+    key; anything else is NO_MEMO."""
     if x is None:
         return None
     if isinstance(x, (tuple, list)):
         keys = tuple(memo_key(y) for y in x)
         return NO_MEMO if any(k is NO_MEMO for k in keys) else keys
     if is_torch(x):
-        return ("torch", x.data_ptr(), x.shape, x.stride(), x.dtype, x.device)
+        return ("torch", x.shape, x.stride(), x.dtype, x.device, x.data_ptr() & 15)
     if is_numpy(x):
-        return ("numpy", x.ctypes.data, x.shape, x.strides, x.dtype, x.flags.writeable)
+        return ("numpy", x.shape, x.strides, x.dtype, x.flags.writeable, x.ctypes.data & 15)
     return NO_MEMO
+
+
+def data_ptr(x):
+    """The address of a tensor or array that memo_key took (None for None)."""
+    if x is None:
+        return None
+    return x.data_ptr() if is_torch(x) else x.ctypes.data
+
+
+def raw_stream(device_index):
+    """The handle of torch's current CUDA stream on the device (torch's raw accessor where it has one: no Stream
+    object made per call)."""
+    t = torch()
+    get = getattr(t._C, "_cuda_getCurrentRawStream", None)
+    return get(device_index) if get is not None else t.cuda.current_stream(device_index).cuda_stream
 
 
 def torch_cuda_usable():

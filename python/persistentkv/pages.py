@@ -239,10 +239,18 @@ def append_kv(append_key, append_value, paged_kv_cache, kv_indptr, kv_indices, k
     memo = _append_memo_key(append_key, append_value, paged_kv_cache, tables, kv_layout, kv_data_type, k_scale,
                             v_scale)
     hit = None if memo is None else _append_memo.get(memo)
-    if hit is not None:  # arguments checked before (every layer of a step): the call as it was made then
-        ctx, prob, batch, nnz, t, dev = hit
-        stream = A.torch().cuda.current_stream(dev).cuda_stream
-        check(lib.pkv_append_kv(ctx, ctypes.byref(prob), batch, nnz, ctypes.byref(t), stream), call="pkv_append_kv")
+    if hit is not None:  # arguments checked before (every layer of every step): the call as made then, at the
+        ctx, prob, batch, nnz, t, dev, v_offset = hit  # addresses these tensors have now
+        t.k, t.v = append_key.data_ptr(), append_value.data_ptr()
+        if isinstance(paged_kv_cache, (tuple, list)):
+            t.k_cache, t.v_cache = paged_kv_cache[0].data_ptr(), paged_kv_cache[1].data_ptr()
+        else:
+            t.k_cache = paged_kv_cache.data_ptr()
+            t.v_cache = t.k_cache + v_offset
+        (t.kv_indptr, t.kv_page_indices, t.kv_last_page_len, t.seq_lens, t.batch_indices, t.positions,
+         t.append_indptr) = (None if x is None else x.data_ptr() for x in tables)
+        check(lib.pkv_append_kv(ctx, ctypes.byref(prob), batch, nnz, ctypes.byref(t), A.raw_stream(dev)),
+              call="pkv_append_kv")
         return
     k, v, page_stride, ps, hkv, d, num_pages = _split_cache(paged_kv_cache, kv_layout)
     ak, av = A.describe(append_key, "append_key"), A.describe(append_value, "append_value")
@@ -295,7 +303,7 @@ def append_kv(append_key, append_value, paged_kv_cache, kv_indptr, kv_indices, k
     if memo is not None:
         if len(_append_memo) >= _APPEND_MEMO_SIZE:
             _append_memo.clear()
-        _append_memo[memo] = (_context(device), prob, batch, ak.shape[0], t, int(device.split(":")[1]))
+        _append_memo[memo] = (_context(device), prob, batch, ak.shape[0], t, int(device.split(":")[1]), v.ptr - k.ptr)
 
 
 _APPEND_MEMO_SIZE = 256
@@ -303,9 +311,11 @@ _append_memo = {}  # append_kv's checked calls by their arguments' memo keys (_a
 
 
 def _append_memo_key(append_key, append_value, paged_kv_cache, tables, kv_layout, kv_data_type, k_scale, v_scale):
-    """The memo key of an append_kv call whose checks depend only on its tensors' addresses, shapes, strides,
-    dtypes and devices (A.memo_key): CUDA tensors throughout, the tables int32 and contiguous (used as they are,
-    nothing converted), per-tensor scales of 1 (None); else None (the call is checked)."""
+    """The memo key of an append_kv call whose checks depend only on its tensors' shapes, strides, dtypes, devices
+    and alignments (A.memo_key): CUDA tensors throughout, the tables int32 and contiguous (used as they are,
+    nothing converted), per-tensor scales of 1 (None); else None (the call is checked).  Every call a batch of B
+    makes at every layer and step has one key: the lengths and page ids are the tables' contents, which the
+    library reads on the device."""
     if k_scale is not None or v_scale is not None or not A.is_torch(append_key) or append_key.device.type != "cuda":
         return None
     t = A.torch()

@@ -480,8 +480,14 @@ class BatchDecodeWithPagedKVCacheWrapper:
                 memo = None
             else:
                 hit = self._run_memo.get(memo)
-                if hit is not None:
-                    return self._launch(hit, out, None, False)
+                if hit is not None:  # the addresses of these tensors, into the arguments as checked
+                    t, v_offset = hit
+                    if v_cache is None and isinstance(k_cache, (tuple, list)):
+                        k_cache, v_cache = k_cache
+                    t.q, t.o = A.data_ptr(q), A.data_ptr(out)
+                    t.k_cache = A.data_ptr(k_cache)
+                    t.v_cache = t.k_cache + v_offset if v_cache is None else A.data_ptr(v_cache)
+                    return self._launch(t, out, None, False)
         m = self._meta
         if self._kv_layout == "NHD":
             tail, names = (m["page_size"], m["Hkv"], m["d"]), "[num_pages, page_size, num_kv_heads, head_dim]"
@@ -566,7 +572,8 @@ class BatchDecodeWithPagedKVCacheWrapper:
         if memo is not None:
             if len(self._run_memo) >= _RUN_MEMO_SIZE:
                 self._run_memo.clear()
-            self._run_memo[memo] = t  # addresses only: the memo keeps no tensor alive
+            # the arguments and where V starts in a one-tensor cache; the memo keeps no tensor alive
+            self._run_memo[memo] = (t, v_ptr - k_ptr)
         return res
 
     def _launch(self, t, out, lse, return_lse):
@@ -574,7 +581,7 @@ class BatchDecodeWithPagedKVCacheWrapper:
         t.kv_page_indices = self._indices_ptr
         stream = None
         if self._backend == "cuda":
-            stream = self._torch.cuda.current_stream(self._device).cuda_stream
+            stream = A.raw_stream(self._device)
         check(lib.pkv_run(self._ctx, self._plan, self._ws_ptr, self._ws_bytes, ctypes.byref(t), stream),
               self._ctx, "pkv_run")
         return (out, lse) if return_lse else out

@@ -287,7 +287,17 @@ def test_run_again_with_the_same_tensors(cpu):
         cpu.run(p["q"][:], p["k"][:], p["v"], out=out[:])
         assert_close(out, None, ref_of(p), "float16", LENS)
         out[:] = np.nan
-    assert len(cpu._run_memo) == 2  # (the caches of two layers)
+    assert len(cpu._run_memo) == 1  # the two layers' caches differ only in their addresses: one entry
+    # other arrays of the same shapes at other addresses (a model's new QKV output at every layer): the memo's
+    # arguments with these addresses, not the first ones'
+    for _ in range(2):
+        q2, k3, out2 = p["q"].copy(), p["k"].copy(), np.full(p["q"].shape, np.nan, np.float16)
+        cpu.run(q2, k3, p["v"], out=out2)
+        assert_close(out2, None, ref_of(p), "float16", LENS)
+        q2[:] = 0  # an input the memo's first call never saw: its own result
+        cpu.run(q2, k3, p["v"], out=out2)
+        assert_close(out2, None, ref_of(dict(p, q=q2)), "float16", LENS)
+    assert len(cpu._run_memo) == 1
     # new contents of the same arrays are read
     p["q"][:] = to_dtype(rng.standard_normal(p["q"].shape, dtype=np.float32), "float16")
     cpu.run(p["q"], p["k"], p["v"], out=out)
