@@ -17,7 +17,7 @@
  * the host's caches cold; by default they stay warm, as on a GPU machine's host.  --graphs on plans as the
  * decoder's steps in graphs do (pkv_decoder_config.graphs: graph-stable plans for the batch's bucket).
  *
- *   build/bench_decode_host [--reps N] [--batch B] [--flush-mb M] [--policy FILE] [--graphs on] [--json FILE]
+ *   build/bench_decode_host [--reps N] [--batch B] [--flush-mb M] [--policy FILE] [--graphs on|off] [--json FILE]
  *   (Markdown table on stdout; --batch: that B alone) */
 #define _POSIX_C_SOURCE 200809L
 #include "pkv_lab.h"
@@ -56,9 +56,11 @@ int main(int argc, char **argv) {
         else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc) json = argv[++i];
         else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) only_b = atoi(argv[++i]);
         else if (strcmp(argv[i], "--flush-mb") == 0 && i + 1 < argc) flush_mb = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--graphs") == 0 && i + 1 < argc && strcmp(argv[i + 1], "on") == 0) step_graphs = 1, i++;
+        else if (strcmp(argv[i], "--graphs") == 0 && i + 1 < argc &&
+                 (strcmp(argv[i + 1], "on") == 0 || strcmp(argv[i + 1], "off") == 0))
+            step_graphs = strcmp(argv[++i], "on") == 0;
         else {
-            fprintf(stderr, "usage: bench_decode_host [--reps N] [--batch B] [--flush-mb M] [--policy FILE] [--graphs on] "
+            fprintf(stderr, "usage: bench_decode_host [--reps N] [--batch B] [--flush-mb M] [--policy FILE] [--graphs on|off] "
                             "[--json FILE]\n");
             return 2;
         }

@@ -61,10 +61,12 @@ struct pkv_decoder {
     size_t step_ws_cap;
     double busy_us;                                     /* time inside backend calls (CALL) since cleared */
     /* cfg.graphs: per batch bucket k (rows min(2^k, max_batch)), the graph of its whole step, the workspace its
-     * graph-stable plans are uploaded into, and how far it got: 0 never run, 1 run op by op once, 2 captured */
+     * graph-stable plans are uploaded into, and how far it got: 0 never run, 1 run op by op once, 2 captured, 3 op
+     * by op for good (its capture failed); graph_sig[k]: the launch signature of the plan it was captured with */
     int32_t nbuckets;
     uint8_t *bucket_state;
     void **graphs;                                      /* [nbuckets] */
+    uint64_t *graph_sig;                                /* [nbuckets] */
     void **bucket_ws;                                   /* [nbuckets] */
     size_t *bucket_ws_cap;
     pkv_decoder_times last;
@@ -252,9 +254,10 @@ pkv_status pkv_decoder_create(pkv_context *ctx, const pkv_decoder_config *cfg, p
     d->nbuckets++;
     d->bucket_state = (uint8_t *)calloc((size_t)d->nbuckets, 1);
     d->graphs = (void **)calloc((size_t)d->nbuckets, sizeof(void *));
+    d->graph_sig = (uint64_t *)calloc((size_t)d->nbuckets, sizeof(uint64_t));
     d->bucket_ws = (void **)calloc((size_t)d->nbuckets, sizeof(void *));
     d->bucket_ws_cap = (size_t *)calloc((size_t)d->nbuckets, sizeof(size_t));
-    if (st == PKV_OK && (!d->bucket_state || !d->graphs || !d->bucket_ws || !d->bucket_ws_cap))
+    if (st == PKV_OK && (!d->bucket_state || !d->graphs || !d->graph_sig || !d->bucket_ws || !d->bucket_ws_cap))
         st = pkv_lab_fail(PKV_ERR_OUT_OF_MEMORY, "decoder: out of memory");
     if (st == PKV_OK && cfg->graphs != 0 && cfg->graphs != 1)
         st = pkv_lab_fail(PKV_ERR_INVALID_ARGUMENT, "decoder: graphs %d (0 or 1)", cfg->graphs);
@@ -296,7 +299,7 @@ void pkv_decoder_free(pkv_decoder *d) {
     free(d->layers);
     if (d->graphs)
         for (int32_t k = 0; k < d->nbuckets; k++) pkv_ops_graph_free(d->ops, d->graphs[k]);
-    free(d->graphs), free(d->bucket_state);
+    free(d->graphs), free(d->graph_sig), free(d->bucket_state);
     if (d->bucket_ws)
         for (int32_t k = 0; k < d->nbuckets; k++) bfree(d, d->bucket_ws[k]);
     free(d->bucket_ws), free(d->bucket_ws_cap);
@@ -540,7 +543,9 @@ static pkv_status whole_step(pkv_decoder *d, int32_t Bs, const append_table *at,
 
 /* A decode step's model work as one graph (cfg.graphs): B live rows padded to bucket k's Bs, attention from the
  * step's graph-stable plan, already uploaded into the bucket's workspace (host_step).  The bucket's first step runs
- * op by op, its second is captured (nothing runs while it is) and launched, every later one replays. */
+ * op by op, its second is captured (nothing runs while it is) and launched, every later one replays - while the
+ * plan's launch signature is the one captured (else the bucket is captured again).  A bucket whose capture fails
+ * runs op by op from then on (the step that failed too: nothing ran while capturing). */
 static pkv_status launch_graphed(pkv_decoder *d, int32_t B, int32_t Bs, int32_t k) {
     const int32_t *lens = d->b_stage, *positions = lens + Bs, *tokens = positions + Bs;
     /* the append over the padded rows on CUDA (its kernel skips a row of length 0, so a graph has one launch
@@ -548,17 +553,25 @@ static pkv_status launch_graphed(pkv_decoder *d, int32_t B, int32_t Bs, int32_t 
     const append_table at = {d->cuda ? Bs : B, d->b_sindptr, d->b_slots, lens, NULL};
     uint8_t *state = &d->bucket_state[k];
     void **g = &d->graphs[k];
+    const uint64_t sig = pkv_plan_graph_signature(d->plan);
+    if (*state == 2 && d->graph_sig[k] != sig) { /* another launch: the graph would not replay this plan */
+        pkv_ops_graph_free(d->ops, *g);
+        *g = NULL;
+        *state = 1;
+    }
     if (d->cuda && *state == 1) {
-        TRY(pkv_ops_capture_begin(d->ops));
-        const pkv_status ps = whole_step(d, Bs, &at, positions, tokens);
+        const pkv_status bs = pkv_ops_capture_begin(d->ops);
+        const pkv_status ps = bs == PKV_OK ? whole_step(d, Bs, &at, positions, tokens) : bs;
         void *graph = NULL;
-        const pkv_status es = pkv_ops_capture_end(d->ops, &graph); /* ends the capture whatever the step did */
-        if (ps != PKV_OK || es != PKV_OK) {
+        const pkv_status es = bs == PKV_OK ? pkv_ops_capture_end(d->ops, &graph) : bs; /* ends it whatever the step did */
+        if (ps == PKV_OK && es == PKV_OK) {
+            *g = graph;
+            d->graph_sig[k] = sig;
+            *state = 2;
+        } else {
             pkv_ops_graph_free(d->ops, graph);
-            return ps != PKV_OK ? ps : es;
+            *state = 3;
         }
-        *g = graph;
-        *state = 2;
     }
     if (*state == 2) {
         MARK(PKV_PART_GRAPHED);

@@ -147,7 +147,8 @@ typedef struct pkv_decoder_config {
      * queue, so route AUTO or WORKQUEUE, else PKV_ERR_UNSUPPORTED at creation), each step's plan uploaded into its
      * bucket's own workspace before the replay: the host queues one plan upload, one input upload and one launch a
      * step.  A bucket's first step runs op by op (and is timed by part), its second captures the graph, every later
-     * one replays it; attention's time is then inside the replay (graphed_us).  On the CPU backend the steps run op
+     * one replays it; attention's time is then inside the replay (graphed_us).  A bucket whose capture fails runs op
+     * by op from then on (its steps report graphed_us 0).  On the CPU backend the steps run op
      * by op over the same padded rows and plans (the path CI tests); the append takes the B rows there.  0: every op
      * launched by itself, B rows, attention by the policy's route. */
     int32_t graphs;

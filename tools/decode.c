@@ -202,8 +202,10 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
         mean_ctx /= nlive;
         int bucket = 0;
         while (bucket < 8 && mean_ctx >= 1024.0 * (1 << (bucket + 1))) bucket++;
-        share_sum[bucket] += tm.attention_us / tm.step_us;
-        share_n[bucket]++;
+        if (tm.graphed_us == 0) { /* a replayed step's attention is inside its graph: the share from steps op by op */
+            share_sum[bucket] += tm.attention_us / tm.step_us;
+            share_n[bucket]++;
+        }
         step_ms[steps] = tm.step_us / 1e3;
         h_us[H_EXTEND][steps] = tm.host_extend_us, h_us[H_TABLE][steps] = tm.host_table_us;
         h_us[H_PLAN][steps] = tm.host_plan_us, h_us[H_STAGE][steps] = tm.host_stage_us;
@@ -243,9 +245,12 @@ static int serve(pkv_decoder *d, const decode_opts *o, const pkv_model_shape *s,
     if (o->graphs && cuda)
         printf("in graphs: the replayed steps, attention included (a bucket's first step runs op by op, and is timed by "
                "part)\n\n");
-    printf("attention's share of the step by mean context:");
+    printf("attention's share of the step by mean context%s:", o->graphs && cuda ? " (the steps run op by op)" : "");
+    int shares = 0;
     for (int b = 0; b < 9; b++)
-        if (share_n[b] > 0) printf(" %s%dK: %.1f%%", b == 8 ? ">=" : "<", 2 << b, 100 * share_sum[b] / share_n[b]);
+        if (share_n[b] > 0)
+            printf(" %s%dK: %.1f%%", b == 8 ? ">=" : "<", 2 << b, 100 * share_sum[b] / share_n[b]), shares++;
+    if (!shares) printf(" not measured (every step replayed a graph)");
     printf("\nprefill (%s, counted apart): %.2f s\n", prefill, prefill_s);
     printf("KV pools: %s, scale %g (real value = stored x scale), %.1f MiB in all layers (%lld bytes)\n", kvt, kv_scale,
            (double)kv_bytes / (1 << 20), (long long)kv_bytes);

@@ -316,7 +316,8 @@ def _append_memo_key(append_key, append_value, paged_kv_cache, tables, kv_layout
     nothing converted), per-tensor scales of 1 (None); else None (the call is checked).  Every call a batch of B
     makes at every layer and step has one key: the lengths and page ids are the tables' contents, which the
     library reads on the device."""
-    if k_scale is not None or v_scale is not None or not A.is_torch(append_key) or append_key.device.type != "cuda":
+    if (k_scale is not None or v_scale is not None or not isinstance(kv_layout, str) or not A.is_torch(append_key) or
+            append_key.device.type != "cuda"):
         return None
     t = A.torch()
     for x in tables:
