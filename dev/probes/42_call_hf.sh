@@ -4,7 +4,7 @@
 # binding's CUDA tests (run()'s and append_kv's memos over fresh views and new addresses among them; pytest travels
 # in .whl-hf, the machine's own pytest plugins are not loaded); bench/check_transformers.py (transformers'
 # LlamaForCausalLM trained on repeated segments of distinct tokens, against pkv decode's tokens and logits).
-# PKV_CALL_S: seconds the call may take (default 575).  OUT/summary.txt; the parts' logs beside it.
+# PKV_CALL_S: seconds the call may take (default 575); PKV_TESTS: the C tests to run (default test_decoder test_model).  OUT/summary.txt; the parts' logs beside it.
 set -u
 T=${PKV_CALL_S:-575}
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -19,7 +19,7 @@ b=$root/build-gpu
     >"$out/build.log" 2>&1 && cmake --build "$b" -j "$(nproc)" --target persistentkv persistentkv_lab pkv test_decoder \
     test_model >>"$out/build.log" 2>&1 || { tail -n 40 "$out/build.log"; exit 1; }
   echo "built in $((SECONDS - T0)) s"
-  for t in test_decoder test_model; do
+  for t in ${PKV_TESTS-test_decoder test_model}; do
     timeout 120 "$b/tests/$t" >"$out/$t.log" 2>&1
     echo "$t: exit $?, $(tail -n 1 "$out/$t.log")"
   done
