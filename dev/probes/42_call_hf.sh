@@ -32,7 +32,7 @@ b=$root/build-gpu
   grep -m 8 -E "^FAILED|^ERROR|Error:" "$out/pytest_cuda.log"
   echo "check_transformers from $((SECONDS - T0)) s"
   timeout $(($(left) - 5)) python3 "$root/bench/check_transformers.py" --pkv "$b/pkv" \
-    --train-seconds $(( $(left) - 150 > 150 ? 150 : $(left) - 150 )) \
+    --train-seconds $(( $(left) - 95 > 150 ? 150 : $(left) - 95 )) \
     --json "$out/check_transformers.json" >"$out/check_transformers.md" 2>"$out/check_transformers.err"
   echo "check_transformers: exit $? at $((SECONDS - T0)) s"
   cat "$out/check_transformers.md"; grep -v Warning "$out/check_transformers.err" | tail -n 12
