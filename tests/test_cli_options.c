@@ -159,8 +159,8 @@ static void chosen(void) {
         const char *const none[] = {NULL};
         set_args(&c, none);
         CHECK(decode_options_parse(c.argc, c.argv, &de, err, sizeof err) == CLI_PARSE_GO_ON && de.kv_dtype == 0 &&
-              de.kv_compare == 0 && de.kv_scale == 1.0f && de.graphs == 0);
-        /* --graphs: off 0, on 1 (pkv_decoder_config.graphs) */
+              de.kv_compare == 0 && de.kv_scale == 1.0f && de.graphs == -1);
+        /* --graphs: off 0, on 1 (pkv_decoder_config.graphs); not given -1 (on where the backend is CUDA) */
         static const char *const modes[] = {"off", "on"};
         static const int32_t want[] = {0, 1};
         for (int m = 0; m < 2; m++) {

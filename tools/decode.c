@@ -493,6 +493,7 @@ int cmd_decode(int argc, char **argv) {
         pkv_trace_free(t);
         return 1;
     }
+    if (o.graphs < 0) o.graphs = pkv_context_backend(ctx) == PKV_BACKEND_CUDA; /* the default: graphs on CUDA */
     pkv_decoder_config dc;
     pkv_decoder_config_default(&dc, &s);
     dc.page_size = o.page_size;

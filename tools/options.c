@@ -727,7 +727,8 @@ void decode_usage(FILE *f) {
             "                        difference, the logits' relative L2 difference and greedy agreement\n"
             "  --graphs on|off       decode steps in CUDA graphs, one per batch bucket (B rounded up to a power\n"
             "                        of two): the whole step one replay, attention from graph-stable work-queue\n"
-            "                        plans (default off; the CPU runs the padded buckets op by op)\n");
+            "                        plans (default on for CUDA, off for the CPU, which runs the padded buckets op\n"
+            "                        by op); off times every step by part (attention, GEMMs, append, other)\n");
 }
 
 /* --kv-dtype, --kv-compare and --kv-scale (the decoder's model is bf16: a 16-bit pool is bf16). */
@@ -785,7 +786,7 @@ cli_parse_status decode_options_parse(int argc, char **argv, decode_opts *o, cha
     const char *gr = get(&s, "--graphs");
     if (gr && strcmp(gr, "on") != 0 && strcmp(gr, "off") != 0)
         return bad(err, cap, "option --graphs takes on or off, got '%.*s'", SHOWN, gr);
-    o->graphs = gr && strcmp(gr, "on") == 0;
+    o->graphs = !gr ? -1 : strcmp(gr, "on") == 0; /* -1: on where the backend is CUDA */
     const char *pre = get(&s, "--prefill");
     if (pre && strcmp(pre, "exact") != 0 && strcmp(pre, "synthetic") != 0)
         return bad(err, cap, "option --prefill takes exact or synthetic, got '%.*s'", SHOWN, pre);

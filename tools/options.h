@@ -135,7 +135,7 @@ typedef struct decode_opts {
     pkv_dtype kv_dtype;  /* --kv-dtype: the KV pools' type, 0 for the model's (bf16), or fp8 (E4M3 / E5M2) */
     pkv_dtype kv_compare; /* --kv-compare: the fp8 type run beside a bf16 KV run (0: no comparison) */
     float kv_scale;      /* --kv-scale: an fp8 pool's k_scale = v_scale, real value = stored x scale (default 1) */
-    int32_t graphs;      /* --graphs on: decode steps in CUDA graphs per batch bucket (pkv_decoder_config.graphs) */
+    int32_t graphs;      /* --graphs: 1 on, 0 off, -1 not given (on where the backend is CUDA; pkv_decoder_config.graphs) */
 } decode_opts;
 
 cli_parse_status decode_options_parse(int argc, char **argv, decode_opts *o, char *err, size_t cap);
