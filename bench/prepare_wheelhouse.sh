@@ -3,7 +3,8 @@
 # machine into an ignored folder of this repo (default: <repo>/.whl).
 #
 # Usage: bench/prepare_wheelhouse.sh [DEST_DIR]
-# Env overrides: FLASHINFER_VERSION, TVM_FFI_VERSION, PY_VERSION, PYTHON
+#        WHEELS=hf bench/prepare_wheelhouse.sh .whl-hf   (transformers' set, for bench/check_transformers.py)
+# Env overrides: FLASHINFER_VERSION, TVM_FFI_VERSION, PY_VERSION, PYTHON, WHEELS (flashinfer | hf)
 #
 # Only what the GPU machine lacks is fetched (see bench/FLASHINFER.md):
 #   flashinfer-python  pure-Python wheel; kernels are JIT-compiled with the
@@ -16,6 +17,9 @@
 # Optional extras (nvidia-cutlass-dsl, nvidia-cudnn-frontend, cuda-tile,
 # nccl4py, nccl-extensions, flashinfer-cubin, flashinfer-jit-cache) are left
 # out on purpose: they are only imported lazily by other kernels/backends.
+# Both sets carry pytest (and pluggy, iniconfig: 0.5 MiB) for the Python
+# binding's CUDA tests; the machine's own pytest plugins need a newer pytest,
+# so run it there with PYTEST_DISABLE_PLUGIN_AUTOLOAD=1.
 set -euo pipefail
 
 # 0.7.0.post1 is the newest flashinfer-python whose wheel fits the 64 MiB
@@ -30,10 +34,13 @@ REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 DEST="${1:-$REPO_ROOT/.whl}"
 mkdir -p "$DEST"
 
-PKGS=(
-  "flashinfer-python==$FLASHINFER_VERSION"
-  "apache-tvm-ffi==$TVM_FFI_VERSION"
-)
+TEST_PKGS=("pytest==8.3.3" "pluggy==1.5.0" "iniconfig==2.0.0")
+case "${WHEELS:-flashinfer}" in
+  flashinfer) PKGS=("flashinfer-python==$FLASHINFER_VERSION" "apache-tvm-ffi==$TVM_FFI_VERSION" "${TEST_PKGS[@]}") ;;
+  hf) PKGS=("transformers==4.57.1" "tokenizers==0.22.1" "huggingface_hub==0.36.0" "safetensors==0.6.2"
+            "regex==2025.9.18" "PyYAML==6.0.2" "${TEST_PKGS[@]}") ;;
+  *) echo "WHEELS must be flashinfer or hf, not '$WHEELS'" >&2; exit 2 ;;
+esac
 
 PLATFORMS=(
   manylinux_2_28_x86_64 manylinux_2_27_x86_64 manylinux_2_24_x86_64
