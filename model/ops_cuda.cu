@@ -35,12 +35,10 @@ __global__ void embed_kernel(const uint16_t *table, int32_t vocab, int32_t hidde
     for (int i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = src[i];
 }
 
-// A CTA per row: the sum of squares in fp32 (warp shuffles, then one warp over the warps' sums).
-__global__ void rmsnorm_kernel(const uint16_t *x, const uint16_t *w, int32_t n, float eps, uint16_t *out) {
+// A row's RMSNorm from each thread's share of its sum of squares (fp32, over the elements the thread strides): the
+// CTA's sum (warp shuffles, then one warp over the warps' sums), then out = w * bf16(x * r) over the same elements.
+__device__ void rmsnorm_row(const uint16_t *xr, float ss, const uint16_t *w, int32_t n, float eps, uint16_t *outr) {
     __shared__ float part[kThreads / 32];
-    const uint16_t *xr = x + (int64_t)blockIdx.x * n;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += kThreads) ss += bf(xr[i]) * bf(xr[i]);
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
     __syncthreads();
@@ -51,15 +49,22 @@ __global__ void rmsnorm_kernel(const uint16_t *x, const uint16_t *w, int32_t n, 
     }
     __syncthreads();
     const float r = 1.0f / sqrtf(part[0] / (float)n + eps);
-    for (int i = threadIdx.x; i < n; i += kThreads)
-        out[(int64_t)blockIdx.x * n + i] = to_bf(bf(w[i]) * bf(to_bf(bf(xr[i]) * r)));
+    for (int i = threadIdx.x; i < n; i += kThreads) outr[i] = to_bf(bf(w[i]) * bf(to_bf(bf(xr[i]) * r)));
+}
+
+// A CTA per row.
+__global__ void rmsnorm_kernel(const uint16_t *x, const uint16_t *w, int32_t n, float eps, uint16_t *out) {
+    const uint16_t *xr = x + (int64_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += kThreads) ss += bf(xr[i]) * bf(xr[i]);
+    rmsnorm_row(xr, ss, w, n, eps, out + (int64_t)blockIdx.x * n);
 }
 
 // The residual add and the next RMSNorm in one pass: a CTA per row writes x += y (rounded) and normalizes the sum,
-// each thread over the same elements in the same order as add_kernel then rmsnorm_kernel (the same bits).
+// each thread over the same elements in the same order as add_kernel then rmsnorm_kernel (the same bits; the norm
+// reads back only the elements the thread wrote).
 __global__ void add_rmsnorm_kernel(uint16_t *x, const uint16_t *y, const uint16_t *w, int32_t n, float eps,
                                    uint16_t *out) {
-    __shared__ float part[kThreads / 32];
     uint16_t *xr = x + (int64_t)blockIdx.x * n;
     const uint16_t *yr = y + (int64_t)blockIdx.x * n;
     float ss = 0.0f;
@@ -68,18 +73,7 @@ __global__ void add_rmsnorm_kernel(uint16_t *x, const uint16_t *y, const uint16_
         xr[i] = v;
         ss += bf(v) * bf(v);
     }
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    if (threadIdx.x < 32) {
-        ss = threadIdx.x < kThreads / 32 ? part[threadIdx.x] : 0.0f;
-        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        if (threadIdx.x == 0) part[0] = ss;
-    }
-    __syncthreads();
-    const float r = 1.0f / sqrtf(part[0] / (float)n + eps);
-    for (int i = threadIdx.x; i < n; i += kThreads) // the elements this thread wrote above
-        out[(int64_t)blockIdx.x * n + i] = to_bf(bf(w[i]) * bf(to_bf(bf(xr[i]) * r)));
+    rmsnorm_row(xr, ss, w, n, eps, out + (int64_t)blockIdx.x * n);
 }
 
 __global__ void add_kernel(uint16_t *x, const uint16_t *y, int64_t count) {
