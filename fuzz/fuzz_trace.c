@@ -27,12 +27,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                (long long)pages);
     const int32_t max_active = pkv_trace_get_config(t)->max_active, page_size = pkv_trace_get_config(t)->page_size;
     int32_t *indptr = malloc(((size_t)max_active + 1) * sizeof *indptr), *lens = malloc((size_t)max_active * sizeof *lens);
-    const int64_t cap = pages > 0 ? pages : 1;
-    int32_t *indices = malloc((size_t)cap * sizeof *indices);
-    for (int32_t s = 0; indptr && lens && indices && s < steps && s < MAX_CHECKED_STEPS; s++) {
+    /* the page ids of a step's table: sized by its rows' lengths (the pool's size, a header's count, can be far
+     * larger than any step needs) */
+    int64_t cap = 0;
+    int32_t *indices = NULL;
+    for (int32_t s = 0; indptr && lens && s < steps && s < MAX_CHECKED_STEPS; s++) {
         const int32_t *rid = NULL, *slen = NULL;
         const int32_t n = pkv_trace_step(t, s, &rid, &slen);
         FUZZ_CHECK(n >= 0 && n <= max_active, "step %d has %d rows (max_active %d)", s, n, max_active);
+        int64_t need = 1;
+        for (int32_t i = 0; i < n; i++) need += ((int64_t)slen[i] + page_size - 1) / page_size;
+        if (need > cap) {
+            free(indices);
+            indices = malloc((size_t)need * sizeof *indices);
+            cap = indices ? need : 0;
+            if (!indices) break;
+        }
         FUZZ_CHECK(pkv_trace_step_table(t, s, indptr, indices, cap, lens) == PKV_OK, "step %d table: %s", s,
                    pkv_last_error());
         for (int32_t i = 0; i < n; i++) {
