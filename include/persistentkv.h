@@ -276,7 +276,7 @@ typedef struct pkv_plan_options {
      * else 4 waves or more), so every step is planned as a plain work-queue step; raised to
      * graph_max_batch x Hkv if below.  A smaller grid caps the step's tasks (fewer, longer splits).  The
      * surplus CTAs cost some kernel time against the plain work queue (docs/benchmarks.md): the price of
-     * replaying one graph. */
+     * replaying one graph.  A grid past 2^24 CTAs, asked for or resolved, is PKV_ERR_INVALID_ARGUMENT. */
     int32_t graph_tasks;
 } pkv_plan_options;
 

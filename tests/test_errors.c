@@ -385,7 +385,7 @@ static void test_bounds(pkv_context *ctx) {
         CHECK_ERR(pkv_plan_step(ctx, &f.problem, &f.table, &o, plan), PKV_ERR_INVALID_ARGUMENT, ctx);
     }
     {
-        pkv_plan_options o; /* a graph-stable grid the options force past INT32_MAX / 2 tasks */
+        pkv_plan_options o; /* a graph-stable grid the options force past 2^24 tasks */
         pkv_plan_options_default(&o);
         o.graph_max_batch = 4;
         o.graph_tasks = INT32_MAX;

@@ -1160,6 +1160,21 @@ static void test_graph_stable(void) {
     CHECK(pkv_plan_num_tasks(plan) <= pkv_plan_grid_tasks(plan) && pkv_plan_graph_signature(plan) != 0);
     size_t bound = 0;
     CHECK_STATUS(pkv_workspace_size(NULL, &pb, 3, &opts, &bound), PKV_ERR_BATCH_SIZE);
+    /* the widest machine the options allow (2^16 units x 1024 CTAs, 4 waves: 2^28 tasks) still plans: the
+     * default grid holds max_splits tasks per pair, no more; a grid asked for past 2^24 CTAs is refused */
+    opts.parallelism = 1 << 16;
+    opts.ctas_per_unit = 1024;
+    opts.max_splits = 0;
+    CHECK_OK(pkv_plan_step_host(&pb, &t, &opts, plan));
+    CHECK_MSG(pkv_plan_grid_tasks(plan) == 2 * 8 * 256 && pkv_plan_num_tasks(plan) <= pkv_plan_grid_tasks(plan),
+              "the widest machine's graph grid: %d tasks", pkv_plan_grid_tasks(plan));
+    CHECK_OK(pkv_workspace_size(NULL, &pb, 2, &opts, &bound));
+    CHECK(bound == pkv_plan_workspace_size(plan));
+    opts.graph_tasks = (1 << 24) + 1;
+    CHECK_STATUS(pkv_plan_step_host(&pb, &t, &opts, plan), PKV_ERR_INVALID_ARGUMENT);
+    CHECK_STATUS(pkv_workspace_size(NULL, &pb, 2, &opts, &bound), PKV_ERR_INVALID_ARGUMENT);
+    opts.graph_tasks = 1 << 24; /* the largest grid: planned (its task list alone is some 0.5 GB) */
+    CHECK_OK(pkv_workspace_size(NULL, &pb, 2, &opts, &bound));
     pkv_plan_free(plan);
 }
 

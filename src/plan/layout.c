@@ -165,18 +165,25 @@ pkv_status plan_scratch_reserve(pkv_context *ctx, pkv_plan *plan, size_t n) {
  * of up to graph_max_batch rows (params.c: below PKV_RAGGED_MANY_PAIRS (row, KV head) pairs one wave of
  * the resident slots; from there, PKV_RAGGED_WAVES waves for ragged batches and up to
  * ceil(PKV_EVEN_MAX_SPLIT x pairs / slots) waves for even ones), so a graph-stable step is planned as a
- * plain one is and only the grid's surplus CTAs differ; at least a task per pair of the largest batch.
- * A grid past PKV_GRAPH_MAX_TASKS tasks is refused (PKV_ERR_INVALID_ARGUMENT), for the plan and its
- * workspace size alike. */
+ * plain one is and only the grid's surplus CTAs differ; at most max_splits tasks per pair (the wave of a
+ * forced parallelism and ctas_per_unit could ask for far more than any step has) and PKV_GRAPH_MAX_TASKS;
+ * at least a task per pair of the largest batch.  A grid past PKV_GRAPH_MAX_TASKS tasks (graph_tasks, or a
+ * batch of more pairs) is refused (PKV_ERR_INVALID_ARGUMENT), for the plan and its workspace size alike. */
 pkv_status plan_graph_capacity(pkv_context *ctx, const pkv_plan_options *opts, int64_t slots, const pkv_problem *p,
                                int64_t *cap_out) {
     const int64_t pairs = (int64_t)opts->graph_max_batch * p->num_kv_heads;
     int64_t cap = slots;
     if (opts->graph_tasks > 0) {
         cap = opts->graph_tasks;
-    } else if (pairs >= PKV_RAGGED_MANY_PAIRS && slots > 0) {
-        const int64_t even = (PKV_EVEN_MAX_SPLIT * pairs + slots - 1) / slots * slots;
-        cap = PKV_RAGGED_WAVES * slots > even ? PKV_RAGGED_WAVES * slots : even;
+    } else {
+        if (pairs >= PKV_RAGGED_MANY_PAIRS && slots > 0) {
+            const int64_t even = (PKV_EVEN_MAX_SPLIT * pairs + slots - 1) / slots * slots;
+            cap = PKV_RAGGED_WAVES * slots > even ? PKV_RAGGED_WAVES * slots : even;
+        }
+        /* no step has more: the work queue leaves at most max_splits tasks per (row, KV head) */
+        const int64_t most = pairs * (opts->max_splits > 0 ? opts->max_splits : PKV_DEFAULT_MAX_SPLITS);
+        if (cap > most) cap = most;
+        if (cap > PKV_GRAPH_MAX_TASKS) cap = PKV_GRAPH_MAX_TASKS; /* fewer, longer splits past the largest grid */
     }
     if (cap < pairs) cap = pairs;
     if (cap > PKV_GRAPH_MAX_TASKS)

@@ -46,9 +46,10 @@
 /* Bucketed route: bucket floor(log2(N)) + 1 of a row of N tokens, 0 when empty - 0..32 for int32
  * lengths; the arrays and the workspace bound count PKV_LENGTH_BUCKETS (one spare). */
 #define PKV_LENGTH_BUCKETS 34
-/* Graph-stable plans: the largest task grid (INT32_MAX / 2 keeps the grid's and its slots' int32
- * arithmetic away from overflow). */
-#define PKV_GRAPH_MAX_TASKS (INT32_MAX / 2)
+/* Graph-stable plans: the largest task grid, 2^24 CTAs (a batch of PKV_MAX_BATCH rows over 16 KV heads; the
+ * plan's task list alone is some 0.5 GB there, and the int32 arithmetic of grid and slots stays far from
+ * overflow). */
+#define PKV_GRAPH_MAX_TASKS (1 << 24)
 /* Candidate waves of the cost-model comparison: the planner's wave and one wave of the resident slots. */
 #define PKV_MAX_WAVE_CANDIDATES 2
 
