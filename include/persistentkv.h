@@ -273,10 +273,11 @@ typedef struct pkv_plan_options {
     int32_t graph_max_batch;
     /* graph-stable plans: CTAs of the task grid; <= 0: the default, the most tasks the planner gives any
      * batch of up to graph_max_batch rows (one wave of the resident CTAs below 128 (row, KV head) pairs,
-     * else 4 waves or more), so every step is planned as a plain work-queue step; raised to
-     * graph_max_batch x Hkv if below.  A smaller grid caps the step's tasks (fewer, longer splits).  The
-     * surplus CTAs cost some kernel time against the plain work queue (docs/benchmarks.md): the price of
-     * replaying one graph.  A grid past 2^24 CTAs, asked for or resolved, is PKV_ERR_INVALID_ARGUMENT. */
+     * else 4 waves or more; at most max_splits tasks per (row, KV head) and 2^24), so every step is planned
+     * as a plain work-queue step; raised to graph_max_batch x Hkv if below.  A smaller grid caps the
+     * step's tasks (fewer, longer splits).  The surplus CTAs cost some kernel time against the plain work
+     * queue (docs/benchmarks.md): the price of replaying one graph.  A graph_tasks, or a graph_max_batch x
+     * Hkv, past 2^24 is PKV_ERR_INVALID_ARGUMENT. */
     int32_t graph_tasks;
 } pkv_plan_options;
 

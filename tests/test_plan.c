@@ -1173,7 +1173,7 @@ static void test_graph_stable(void) {
     opts.graph_tasks = (1 << 24) + 1;
     CHECK_STATUS(pkv_plan_step_host(&pb, &t, &opts, plan), PKV_ERR_INVALID_ARGUMENT);
     CHECK_STATUS(pkv_workspace_size(NULL, &pb, 2, &opts, &bound), PKV_ERR_INVALID_ARGUMENT);
-    opts.graph_tasks = 1 << 24; /* the largest grid: planned (its task list alone is some 0.5 GB) */
+    opts.graph_tasks = 1 << 24; /* the largest grid is taken (sized only: its task list would be some 0.5 GB) */
     CHECK_OK(pkv_workspace_size(NULL, &pb, 2, &opts, &bound));
     pkv_plan_free(plan);
 }
